@@ -1,0 +1,1 @@
+"""iosim: the IO cost of attention, simulated, predicted and checked."""

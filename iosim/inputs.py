@@ -1,0 +1,100 @@
+"""Validation of attention inputs shared by the simulator, the reference and the kernels.
+
+Shapes follow the paper's (batch, heads, N, d) layout. Q has N_q rows and K, V have
+N_k rows; N_q may differ from N_k (decoding has N_q = 1).
+
+Causal masking with N_q != N_k is aligned bottom-right, as in FlashAttention-2 and
+PyTorch's ``causal_lower_right``: query i sees key j exactly when j <= i + N_k - N_q.
+The last query row then sees every key, and with N_q > N_k the first N_q - N_k
+query rows see no key at all (fully masked rows, whose output is defined as 0).
+
+A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def check_positive_int(name: str, value) -> int:
+    """Return value as an int, or raise naming the parameter when it is not >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r} must be an integer >= 1")
+    if value < 1:
+        raise ValueError(f"{name}={value!r} is outside the allowed range [1, inf)")
+    return int(value)
+
+
+def check_scale(scale, d: int) -> float:
+    """The softmax scale tau: 1/sqrt(d) by default, else any finite non-zero float."""
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    tau = float(scale)
+    if not math.isfinite(tau) or tau == 0.0:
+        raise ValueError(f"scale={scale!r} must be a finite non-zero number")
+    return tau
+
+
+def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
+    """Bottom-right aligned causal mask of one tile: (Br, Bc) booleans, True = attend."""
+    i = np.arange(rows.start, rows.stop)[:, None]
+    j = np.arange(cols.start, cols.stop)[None, :]
+    return j <= i + (n_k - n_q)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The sizes of one attention problem."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    d: int
+
+    @property
+    def bh(self) -> int:
+        return self.batch * self.heads
+
+
+def check_qkv(q, k, v) -> AttentionShape:
+    """Check that q, k, v are (batch, heads, N, d) arrays that fit together."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions (batch, heads, N, d); got shape {getattr(x, 'shape', None)}"
+            )
+        if 0 in x.shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; every dimension must be >= 1")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and d"
+        )
+    b, h, n_q, d = q.shape
+    return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d))
+
+
+def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:
+    """Broadcast a boolean mask to (batch, heads, N_q, N_k) as a read-only view."""
+    if mask is None:
+        return None
+    m = np.asarray(mask)
+    if m.dtype != np.bool_:
+        raise TypeError(f"mask must be boolean (True = attend); got dtype {m.dtype}")
+    full = (shape.batch, shape.heads, shape.n_q, shape.n_k)
+    try:
+        return np.broadcast_to(m, full)
+    except ValueError:
+        raise ValueError(f"mask of shape {m.shape} does not broadcast to (batch, heads, N_q, N_k) = {full}") from None
+
+
+def check_dout(dout, shape: AttentionShape) -> None:
+    """dO must have the shape of the output, (batch, heads, N_q, d)."""
+    want = (shape.batch, shape.heads, shape.n_q, shape.d)
+    if tuple(getattr(dout, "shape", ())) != want:
+        raise ValueError(f"dout must have shape {want}; got {tuple(getattr(dout, 'shape', ()))}")

@@ -1,0 +1,84 @@
+"""Plain float64 attention, forward and backward: the yardstick every fast path is held to.
+
+O = dropout(softmax(MASK(tau · Q Kᵀ))) V, computed with whole N_q × N_k matrices.
+Rows with no visible key give O = 0 and logsumexp = -inf. NaN in the inputs
+propagates to every output that depends on it, as plain arithmetic does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from iosim.inputs import AttentionShape, causal_keep, check_dout, check_mask, check_qkv, check_scale
+from iosim.rng import check_dropout_p, dropout_tile
+
+
+@dataclass(frozen=True)
+class ReferenceOutput:
+    out: np.ndarray  # (batch, heads, N_q, d), float64
+    lse: np.ndarray  # (batch, heads, N_q), float64: log Σ_j exp(S_ij), -inf on fully masked rows
+
+
+def _keep_matrix(shape: AttentionShape, causal: bool, mask) -> np.ndarray:
+    """Visibility of every (query, key) pair: (batch, heads, N_q, N_k) booleans."""
+    keep = np.ones((shape.batch, shape.heads, shape.n_q, shape.n_k), dtype=bool)
+    if causal:
+        keep &= causal_keep(shape.n_q, shape.n_k, slice(0, shape.n_q), slice(0, shape.n_k))
+    m = check_mask(mask, shape)
+    if m is not None:
+        keep &= m
+    return keep
+
+
+def _probabilities(q, k, v, causal, mask, scale):
+    shape = check_qkv(q, k, v)
+    tau = check_scale(scale, shape.d)
+    q64, k64 = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
+    s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, N_q, N_k)
+    keep = _keep_matrix(shape, causal, mask)
+    s = np.where(keep, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    e = np.exp(s - m_safe)
+    l = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+    return shape, tau, p, lse
+
+
+def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int) -> np.ndarray | float:
+    """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, N_q, N_k)."""
+    p = check_dropout_p(dropout_p)
+    if p == 0.0:
+        return 1.0
+    keep = dropout_tile(seed, p, shape.bh, slice(0, shape.n_q), slice(0, shape.n_k))
+    return keep.reshape(shape.batch, shape.heads, shape.n_q, shape.n_k) / (1.0 - p)
+
+
+def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0) -> ReferenceOutput:
+    """Float64 attention of q (b, h, N_q, d) against k, v (b, h, N_k, d)."""
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale)
+    z = dropout_scale_matrix(shape, dropout_p, seed)
+    out = (p * z) @ np.asarray(v, dtype=np.float64)
+    return ReferenceOutput(out=out, lse=lse)
+
+
+def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0):
+    """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v.
+
+    Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
+    D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
+    """
+    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale)
+    check_dout(dout, shape)
+    z = dropout_scale_matrix(shape, dropout_p, seed)
+    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    do64 = np.asarray(dout, dtype=np.float64)
+    dv = np.swapaxes(p * z, -1, -2) @ do64
+    dp = (do64 @ np.swapaxes(v64, -1, -2)) * z
+    big_d = (dp * p).sum(axis=-1, keepdims=True)
+    ds = p * (dp - big_d)
+    return tau * (ds @ k64), tau * (np.swapaxes(ds, -1, -2) @ q64), dv
