@@ -1,0 +1,51 @@
+"""On-chip arithmetic shared by the algorithms: masking, safe exponentials, dropout.
+
+Every function works on (bh, rows, cols) arrays that live in SRAM tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iosim.inputs import causal_keep
+from iosim.memory import Memory, Tile
+from iosim.problem import Problem
+from iosim.rng import dropout_tile
+
+
+def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """exp(a − b) for a running max b of a, with 0 where both are −inf.
+
+    b may be −inf only where a is too (a row that has seen no key yet), so only
+    the small b needs guarding: exp(−inf − 0) = 0 there, and no NaN arises.
+    """
+    return np.exp(a - np.where(np.isneginf(b), 0.0, b))
+
+
+def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
+    """S_ij = MASK(tau · Q_i K_jᵀ): (bh, Br, Bc), −inf where a key is hidden."""
+    S = pb.tau * (Q_i.data @ np.swapaxes(K_j.data, -1, -2))  # (bh, Br, Bc)
+    if pb.causal:
+        S = np.where(causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols), S, -np.inf)
+    if mask_ij is not None:
+        S = np.where(mask_ij.data > 0.5, S, -np.inf)
+    return S
+
+
+def apply_dropout(pb: Problem, P: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
+    """P ∘ Z: zero the dropped entries and scale the kept ones by 1/(1 − p)."""
+    if pb.dropout_p == 0.0:
+        return P
+    keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+    return np.where(keep, P / (1.0 - pb.dropout_p), 0.0)
+
+
+def safe_divide(x: np.ndarray, l: np.ndarray) -> np.ndarray:
+    """x / l by rows, and 0 on rows whose normalizer is 0 (rows that see no key)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(l > 0, x / np.where(l > 0, l, 1.0), 0.0)
+
+
+def load_mask(mem: Memory, pb: Problem, rows: slice, cols: slice) -> Tile | None:
+    """Read the mask tile from HBM when the problem has an explicit mask."""
+    return mem.load("mask", rows, cols, tile="mask_ij") if pb.has_mask else None

@@ -1,0 +1,110 @@
+"""Standard attention: Algorithm 0, with S and P materialized in HBM.
+
+Seed 003, Algorithm 0: (1) S = QKᵀ, (2) P = softmax(S), (3) O = PV, each step
+reading its inputs from HBM by blocks and writing its result back.
+
+Step 1 streams K_j past each Q_i and writes S_ij = MASK(tau · Q_i K_jᵀ). Step 2
+reads R whole rows of S at a time, R = ⌊M / (N_k + 2)⌋ (the rows and their max and
+sum fit on chip), and writes P = dropout(softmax(S)). Where not even one row fits
+(N_k + 2 > M) it falls back to the two-pass online softmax of seed 001 on
+B_r × B_c tiles, reading S twice. Step 3 accumulates O_i on chip while P_ij and
+V_j stream past, and writes O_i once.
+
+On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c),
+mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, ℓ
+(R each), or in the two-pass case S_ij plus m_i, ℓ_i, m̃_ij, ℓ̃_ij (B_r each);
+step 3 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
+
+Deviations: the scale and the mask are applied in step 1, before S is written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.memory import Memory
+from iosim.problem import Problem
+
+
+def softmax_rows(M: int, n_q: int, n_k: int) -> int:
+    """R, the rows of S that step 2 holds at once; 0 selects the two-pass fallback."""
+    return min(n_q, M // (n_k + 2))
+
+
+def standard(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
+    """Run Alg. 0 on Q, K, V (and mask) in ``mem``; leaves S, P and O in HBM."""
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+
+    # Alg. 0 line 1: load Q, K by blocks, compute S = QKᵀ, write S to HBM
+    for _, rows in mem.blocks(n_q, Br):
+        Q_i = mem.load("Q", rows)
+        for _, cols in mem.blocks(n_k, Bc):
+            K_j = mem.load("K", cols)
+            mask_ij = load_mask(mem, pb, rows, cols)
+            S_ij = mem.alloc("S_ij", rows.stop - rows.start, cols.stop - cols.start)
+            if mem.numeric:
+                S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
+            mem.store(S_ij, "S", rows, cols)
+            mem.free(K_j, S_ij)
+            if mask_ij is not None:
+                mem.free(mask_ij)
+        mem.free(Q_i)
+
+    # Alg. 0 line 2: read S, compute P = softmax(S), write P to HBM
+    R = softmax_rows(mem.M, n_q, n_k)
+    if R >= 1:
+        _softmax_whole_rows(mem, pb, R)
+    else:
+        _softmax_two_pass(mem, pb, Br, Bc)
+
+    # Alg. 0 line 3: load P and V by blocks, compute O = PV, write O to HBM
+    for _, rows in mem.blocks(n_q, Br):
+        O_i = mem.alloc("O_i", rows.stop - rows.start, pb.shape.d, fill=0.0)
+        for _, cols in mem.blocks(n_k, Bc):
+            P_ij, V_j = mem.load("P", rows, cols, tile="P_ij"), mem.load("V", cols)
+            if mem.numeric:
+                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
+            mem.free(P_ij, V_j)
+        mem.store(O_i, "O", rows)
+        mem.free(O_i)
+
+
+def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
+    """Step 2 with R full rows of S on chip: S is read once."""
+    n_k = pb.shape.n_k
+    for _, rows in mem.blocks(pb.shape.n_q, R):
+        S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
+        m_i, l_i = mem.alloc("m_i", rows.stop - rows.start), mem.alloc("l_i", rows.stop - rows.start)
+        if mem.numeric:
+            m_i.data = S_i.data.max(axis=-1, keepdims=True)
+            S_i.data = exp_diff(S_i.data, m_i.data)
+            l_i.data = S_i.data.sum(axis=-1, keepdims=True)
+            S_i.data = apply_dropout(pb, safe_divide(S_i.data, l_i.data), rows, slice(0, n_k))
+        mem.store(S_i, "P", rows)
+        mem.free(S_i, m_i, l_i)
+
+
+def _softmax_two_pass(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
+    """Step 2 when no row fits: online max and sum (seed 001), then normalize; S is read twice."""
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    for _, rows in mem.blocks(n_q, Br):
+        br = rows.stop - rows.start
+        m_i, l_i = mem.alloc("m_i", br, fill=-np.inf), mem.alloc("l_i", br, fill=0.0)
+        for _, cols in mem.blocks(n_k, Bc):  # pass 1: running max and sum
+            S_ij = mem.load("S", rows, cols, tile="S_ij")
+            m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
+            if mem.numeric:
+                m_tilde.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
+                l_tilde.data = exp_diff(S_ij.data, m_tilde.data).sum(axis=-1, keepdims=True)
+                l_i.data = exp_diff(m_i.data, m_tilde.data) * l_i.data + l_tilde.data
+                m_i.data = m_tilde.data
+            mem.free(S_ij, m_tilde, l_tilde)
+        for _, cols in mem.blocks(n_k, Bc):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
+            S_ij = mem.load("S", rows, cols, tile="S_ij")
+            if mem.numeric:
+                P = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
+                S_ij.data = apply_dropout(pb, P, rows, cols)
+            mem.store(S_ij, "P", rows, cols)
+            mem.free(S_ij)
+        mem.free(m_i, l_i)
