@@ -45,7 +45,7 @@ class SimResult:
         if self.l is None:
             return None
         with np.errstate(divide="ignore"):
-            return np.where(self.l > 0, self.m + np.log(np.where(self.l > 0, self.l, 1.0)), -np.inf)
+            return np.where(self.l == 0, -np.inf, self.m + np.log(np.where(self.l == 0, 1.0, self.l)))
 
 
 def _problem(shape: AttentionShape, *, scale, causal, has_mask, dropout_p, seed, dtype) -> Problem:

@@ -44,8 +44,8 @@ def _probabilities(q, k, v, causal, mask, scale):
     e = np.exp(s - m_safe)
     l = e.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
-        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
+        p = np.where(l == 0, 0.0, e / np.where(l == 0, 1.0, l))
+        lse = np.where(l[..., 0] == 0, -np.inf, m_safe[..., 0] + np.log(l[..., 0]))
     return shape, tau, p, lse
 
 

@@ -41,9 +41,12 @@ def apply_dropout(pb: Problem, P: np.ndarray, rows: slice, cols: slice) -> np.nd
 
 
 def safe_divide(x: np.ndarray, l: np.ndarray) -> np.ndarray:
-    """x / l by rows, and 0 on rows whose normalizer is 0 (rows that see no key)."""
+    """x / l by rows, and 0 on rows whose normalizer is 0 (rows that see no key).
+
+    A NaN normalizer stays NaN: NaN inputs are never turned into zeros.
+    """
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(l > 0, x / np.where(l > 0, l, 1.0), 0.0)
+        return np.where(l == 0, 0.0, x / np.where(l == 0, 1.0, l))
 
 
 def load_mask(mem: Memory, pb: Problem, rows: slice, cols: slice) -> Tile | None:
