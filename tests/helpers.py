@@ -1,0 +1,44 @@
+"""Shared builders for the simulator tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iosim.blocks import choose_blocks, shape_rule
+from iosim.inputs import AttentionShape
+from iosim.problem import Problem
+from iosim.registry import ALGORITHMS
+
+ALGORITHM_NAMES = list(ALGORITHMS)
+
+
+def random_qkv(rng: np.random.Generator, batch: int, heads: int, n_q: int, n_k: int, d: int):
+    q = rng.standard_normal((batch, heads, n_q, d))
+    k = rng.standard_normal((batch, heads, n_k, d))
+    v = rng.standard_normal((batch, heads, n_k, d))
+    return q, k, v
+
+
+def problem(n_q: int, n_k: int, d: int, *, bh: int = 1, has_mask: bool = False) -> Problem:
+    return Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, has_mask=has_mask)
+
+
+def M_for_block(algorithm: str, n_q: int, n_k: int, d: int, B: int, has_mask: bool = False) -> int:
+    """The smallest M whose 'fit' blocks have outer block B: tests pick tilings through it."""
+    algo = ALGORITHMS[algorithm]
+    pb = problem(n_q, n_k, d, has_mask=has_mask)
+    lo = algo.working_set(pb, *shape_rule(algo, pb, B), 10**12)
+    if algorithm == "standard":  # step 2's row buffer grows with M: search upward from lo
+        M = lo
+        while algo.working_set(pb, *shape_rule(algo, pb, B), M) > M:
+            M += 1
+        return M
+    return lo
+
+
+def relative_error(x: np.ndarray, ref: np.ndarray) -> float:
+    """max |x − ref| / max(1, max |ref|), with NaN positions required to agree."""
+    return float(np.max(np.abs(x - ref)) / max(1.0, float(np.max(np.abs(ref)))))
+
+
+__all__ = ["ALGORITHM_NAMES", "M_for_block", "choose_blocks", "problem", "random_qkv", "relative_error"]

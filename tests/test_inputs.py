@@ -1,0 +1,108 @@
+"""Bad input gets an exception that names the parameter, the value and the allowed range."""
+
+import numpy as np
+import pytest
+
+import iosim
+from helpers import ALGORITHM_NAMES, random_qkv
+from iosim.memory import Memory
+from iosim.units import parse_size
+
+
+@pytest.mark.parametrize("text, dtype, elements", [
+    ("100k", "float16", 100_000), ("64Ki", "float16", 65_536), ("1M", "float32", 1_000_000),
+    ("1Mi", "float16", 1_048_576), ("192KiB", "float16", 98_304), ("192KiB", "float32", 49_152),
+    ("4096", "float16", 4096), (5000, "float16", 5000), ("2G", "float16", 2 * 10**9),
+])
+def test_parse_size(text, dtype, elements):
+    assert parse_size(text, dtype) == elements
+
+
+@pytest.mark.parametrize("text", ["100q", "", "k", "-5", "1.5", "3B", "0", "12 KiBB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="M="):
+        parse_size(text, "float16")
+
+
+@pytest.mark.parametrize("field", ["N", "d", "batch", "heads", "N_k"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_nonpositive_sizes(field, value):
+    kwargs = dict(N=64, d=16, M=10_000)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=f"{field}={value}.*allowed range"):
+        iosim.count("flash", **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_M_below_smallest_working_set(algorithm):
+    with pytest.raises(iosim.BlockSizeError, match="M=10 is below the smallest working set.*allowed range M >="):
+        iosim.count(algorithm, N=128, d=64, M=10)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
+def test_dropout_out_of_range(p):
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 8, 8, 4)
+    with pytest.raises(ValueError, match=r"dropout_p=.*\[0, 1\)"):
+        iosim.simulate("flash", q, k, v, M=1000, dropout_p=p)
+
+
+def test_mismatched_shapes():
+    rng = np.random.default_rng(0)
+    q, k, v = random_qkv(rng, 1, 2, 8, 8, 4)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        iosim.simulate("flash", q, k, v[:, :, :5], M=1000)
+    with pytest.raises(ValueError, match="must agree in batch, heads and d"):
+        iosim.simulate("flash", q[..., :3], k, v, M=1000)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        iosim.simulate("flash", q[0], k, v, M=1000)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        iosim.simulate("flash", q, k, v, M=1000, mask=np.ones((3, 8), dtype=bool))
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        iosim.simulate("flash", q, k, v, M=1000, mask=np.ones((8, 8)))
+
+
+def test_unknown_algorithm_and_policy():
+    with pytest.raises(ValueError, match="algorithm='flash3' is not one of"):
+        iosim.count("flash3", N=8, d=4, M=1000)
+    with pytest.raises(ValueError, match="block_policy='huge'"):
+        iosim.count("flash", N=8, d=4, M=1000, block_policy="huge")
+
+
+def test_paper_policy_overflow_is_reported_not_exceeded():
+    # d = 128, M = 100k: B_c = ⌈M/4d⌉ = 196, B_r = 128, and 4·B·d leaves no room for the 128 × 196 S tile
+    with pytest.raises(iosim.BlockSizeError, match="working set of 108800 elements exceeds M=100000"):
+        iosim.count("flash", N=1024, d=128, M="100k", block_policy="paper")
+    r = iosim.count("flash", N=1024, d=64, M="100k", block_policy="paper")
+    assert (r.Br, r.Bc) == (64, 391) and r.traffic.peak_sram <= r.M
+
+
+def test_capacity_error_names_the_resident_buffers():
+    mem = Memory(100, bh=1, numeric=False)
+    mem.alloc("K_j", 4, 10)
+    mem.alloc("V_j", 4, 10)
+    with pytest.raises(iosim.CapacityError, match=r"allocating S_ij \(30 elements\).*K_j=40, V_j=40.*needs 110"):
+        mem.alloc("S_ij", 3, 10)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_algorithm_raises_capacity_error_when_blocks_do_not_fit(algorithm):
+    from helpers import problem
+    pb = problem(64, 64, 16)
+    algo = iosim.ALGORITHMS[algorithm]
+    M = algo.working_set(pb, 32, 16, 1000) - 1
+    assert algo.working_set(pb, 32, 16, M) > M, "precondition: 32 x 16 blocks overflow M"
+    mem = Memory(M, bh=1, numeric=False)
+    for name, rows, cols in (("Q", 64, 16), ("K", 64, 16), ("V", 64, 16)):
+        mem.add_tensor(name, rows, cols, 2)
+    for name in algo.outputs:
+        mem.add_tensor(name, 64, {"O": 16, "l": 1, "m": 1}.get(name, 64), 2)
+    with pytest.raises(iosim.CapacityError, match=f"M={M} elements exceeded"):
+        algo.run(mem, pb, 32, 16)
+
+
+def test_bad_scale_and_seed():
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 8, 8, 4)
+    with pytest.raises(ValueError, match="scale=inf"):
+        iosim.simulate("flash", q, k, v, M=1000, scale=float("inf"))
+    with pytest.raises(ValueError, match="seed=-1"):
+        iosim.simulate("flash", q, k, v, M=1000, seed=-1)

@@ -1,0 +1,145 @@
+"""Measured HBM traffic equals the exact closed form, in both modes, within the paper's bounds."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iosim
+from helpers import ALGORITHM_NAMES, M_for_block, random_qkv
+from iosim.blocks import BlockSizeError
+
+
+def measured_counts(traffic):
+    reads = {t.name: t.reads for t in traffic.tensors if t.reads}
+    writes = {t.name: t.writes for t in traffic.tensors if t.writes}
+    return reads, writes
+
+
+def assert_matches_prediction(algorithm, result, **shape):
+    pred = iosim.predict(algorithm, M=result.M, dtype=result.problem.dtype, **shape)
+    assert (pred.Br, pred.Bc) == (result.Br, result.Bc)
+    reads, writes = measured_counts(result.traffic)
+    assert reads == pred.exact.reads, f"{algorithm} {shape} M={result.M}: reads {reads} != {pred.exact.reads}"
+    assert writes == pred.exact.writes, f"{algorithm} {shape} M={result.M}: writes {writes} != {pred.exact.writes}"
+    assert result.traffic.total == pred.exact.total
+    assert result.traffic.total_bytes == pred.exact.total_bytes(result.problem)
+    assert result.traffic.peak_sram == pred.exact.peak_sram, (
+        f"{algorithm}: peak SRAM {result.traffic.peak_sram} != working set {pred.exact.peak_sram}"
+    )
+    assert result.traffic.peak_sram <= result.M
+
+
+@st.composite
+def count_cases(draw):
+    d = draw(st.integers(1, 256))
+    n_q = draw(st.integers(1, 70000))
+    n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70000)))
+    M = draw(st.integers(4 * d + 10, 2_000_000))
+    return dict(N=n_q, N_k=n_k, d=d, M=M, batch=draw(st.integers(1, 4)), heads=draw(st.integers(1, 16)),
+                causal=draw(st.booleans()), mask=draw(st.booleans()),
+                dtype=draw(st.sampled_from(["float16", "float32"])))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=200, deadline=None)
+@given(c=count_cases())
+def test_count_only_equals_exact_prediction(algorithm, c):
+    try:
+        r = iosim.count(algorithm, **c)
+    except BlockSizeError:  # M below this shape's smallest working set: covered by test_inputs
+        return
+    shape = {k: c[k] for k in ("N", "N_k", "d", "batch", "heads", "causal", "mask")}
+    assert_matches_prediction(algorithm, r, **shape)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=25, deadline=None)
+@given(n_q=st.sampled_from([1, 31, 113, 239]), n_k=st.sampled_from([1, 64, 113, 239]),
+       d=st.sampled_from([3, 8, 20]), B=st.integers(1, 80), masked=st.booleans(), causal=st.booleans())
+def test_numeric_and_count_only_modes_move_the_same_traffic(algorithm, n_q, n_k, d, B, masked, causal):
+    M = M_for_block(algorithm, n_q, n_k, d, B, has_mask=masked)
+    rng = np.random.default_rng(B)
+    q, k, v = random_qkv(rng, 2, 1, n_q, n_k, d)
+    mask = rng.random((n_q, n_k)) > 0.5 if masked else None
+    numeric = iosim.simulate(algorithm, q, k, v, M=M, mask=mask, causal=causal, dropout_p=0.1)
+    counted = iosim.count(algorithm, N=n_q, N_k=n_k, d=d, M=M, batch=2, mask=masked, causal=causal, dropout_p=0.1)
+    assert (numeric.Br, numeric.Bc) == (counted.Br, counted.Bc)
+    assert numeric.traffic == counted.traffic, f"{algorithm} blocks {numeric.Br}x{numeric.Bc}"
+    assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked)
+
+
+def test_flash_counts_by_hand():
+    # N = 239, d = 16 and blocks B_r = 16, B_c = 50 (the 'fit' choice below), so
+    # T_c = ⌈239/50⌉ = 5. K and V are read once each (2·N·d); Q, O, ℓ and m are read
+    # once per KV block (T_c·(2·N·d + 2·N)); O, ℓ, m are written once per KV block and
+    # once more by the initialization of line 3 ((T_c + 1)·(N·d + 2·N)).
+    N, d = 239, 16
+    M = 2 * 50 * d + 2 * 16 * d + 16 * 50 + 6 * 16  # working set of B_r = 16, B_c = 50
+    r = iosim.count("flash", N=N, d=d, M=M)
+    assert (r.Br, r.Bc) == (16, 50)
+    assert r.traffic.reads == 2 * N * d + 5 * (2 * N * d + 2 * N)
+    assert r.traffic.writes == 6 * (N * d + 2 * N)
+
+
+def test_swapped_counts_by_hand():
+    # N_q = 113, N_k = 239, d = 8, B_r = 40 → T_r = 3. Q read once (N_q·d), K and V
+    # once per query block (2·T_r·N_k·d); O, ℓ, m written once (N_q·d + 2·N_q).
+    n_q, n_k, d = 113, 239, 8
+    Bc = min(40, d)
+    M = 2 * 40 * d + 2 * Bc * d + 40 * Bc + 4 * 40
+    r = iosim.count("flash-swapped", N=n_q, N_k=n_k, d=d, M=M)
+    assert (r.Br, r.Bc) == (40, 8)
+    assert r.traffic.reads == n_q * d + 2 * 3 * n_k * d
+    assert r.traffic.writes == n_q * d + 2 * n_q
+
+
+def test_standard_counts_by_hand():
+    # N = 113, d = 8, M = 1000: R = ⌊1000/115⌋ = 8 rows of S fit, so S is read once.
+    # Steps: Q once, K and V once per query block (T_r·N·d each), S written and
+    # read once (2·N²), P written and read once (2·N²), O written once (N·d).
+    N, d = 113, 8
+    r = iosim.count("standard", N=N, d=d, M=1000)
+    Tr = -(-N // r.Br)
+    assert r.traffic.reads == N * d + 2 * Tr * N * d + 2 * N * N
+    assert r.traffic.writes == 2 * N * N + N * d
+
+
+def test_standard_falls_back_to_two_pass_softmax_when_no_row_fits():
+    N, d, M = 300, 4, 250  # a row of S (300 + 2) does not fit in 250
+    r = iosim.count("standard", N=N, d=d, M=M)
+    assert r.traffic.tensor("S").reads == 2 * N * N, "S must be read twice by the two-pass softmax"
+    assert_matches_prediction("standard", r, N=N, d=d)
+
+
+@settings(max_examples=100, deadline=None)
+@given(N=st.integers(1, 20000), d=st.integers(1, 256), data=st.data())
+def test_standard_writes_at_least_N_squared(N, d, data):
+    # smallest working set: Q_i, K_j, S_ij of one row and column (2d + 1), or the
+    # two-pass softmax's S_ij and four statistics (5)
+    M = data.draw(st.integers(max(2 * d + 1, 5), 1_000_000))
+    r = iosim.count("standard", N=N, d=d, M=M)
+    assert r.traffic.writes >= N * N
+
+
+# FlashAttention's bound (docs/derivations.md, "A bound that holds for every M"):
+# traffic ≤ C·N²d²/M + C'·N·d for every M from the smallest working set up to N·d.
+C_QUADRATIC, C_LINEAR = 154, 12
+
+
+@settings(max_examples=300, deadline=None)
+@given(N=st.integers(5, 100000), d=st.integers(1, 256), data=st.data())
+def test_flash_traffic_within_the_paper_bound(N, d, data):
+    smallest = 4 * d + 7  # working set at B_r = B_c = 1
+    if N * d < smallest:
+        return
+    M = data.draw(st.integers(smallest, N * d))
+    total = iosim.count("flash", N=N, d=d, M=M).traffic.total
+    bound = C_QUADRATIC * N * N * d * d / M + C_LINEAR * N * d
+    assert total <= bound, f"N={N} d={d} M={M}: {total} > {bound:.0f}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_traffic_falls_as_M_grows(d):
+    totals = [iosim.count("flash", N=8192, d=d, M=M).traffic.total for M in (20_000, 50_000, 100_000, 400_000)]
+    assert totals == sorted(totals, reverse=True) and totals[0] > 2 * totals[-1], totals
