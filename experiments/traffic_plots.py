@@ -1,0 +1,92 @@
+"""Figures of HBM traffic: against N at fixed M, and against M (down to M < d²) at fixed N.
+
+Points are the simulator's count-only measurements; lines are the exact closed forms
+and, dashed, the paper's asymptotic forms. Writes docs/figures/traffic_vs_N.png and
+docs/figures/traffic_vs_M.png plus the data as JSON beside them.
+
+Usage: python experiments/traffic_plots.py [--out docs/figures]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+import iosim  # noqa: E402
+
+# The experiments, declared as data.
+VS_N = dict(M=100_000, ds=(64, 128), Ns=[2**e for e in range(8, 17)])
+VS_M = dict(N=4096, d=64, Ms=[int(4 * 64 + 7) * 2**e for e in range(0, 10)] + [262_144])
+COLORS = {"standard": "tab:red", "flash": "tab:blue", "flash-swapped": "tab:green"}
+
+
+def measure(algorithm: str, N: int, d: int, M: int) -> dict:
+    c = iosim.count(algorithm, N=N, d=d, M=M)
+    p = iosim.predict(algorithm, N=N, d=d, M=M)
+    return dict(algorithm=algorithm, N=N, d=d, M=M, Br=c.Br, Bc=c.Bc, measured=c.traffic.total,
+                predicted=p.exact.total, paper=p.paper)
+
+
+def plot_vs_N(out: Path) -> list[dict]:
+    rows = []
+    fig, axes = plt.subplots(1, len(VS_N["ds"]), figsize=(11, 4.2), sharey=True)
+    for ax, d in zip(axes, VS_N["ds"]):
+        for algo in iosim.ALGORITHMS:
+            pts = [measure(algo, N, d, VS_N["M"]) for N in VS_N["Ns"]]
+            rows += pts
+            Ns = [p["N"] for p in pts]
+            ax.plot(Ns, [p["predicted"] for p in pts], "-", color=COLORS[algo], lw=1.2, label=f"{algo} exact")
+            ax.plot(Ns, [p["measured"] for p in pts], "o", color=COLORS[algo], ms=4, label=f"{algo} measured")
+            ax.plot(Ns, [p["paper"] for p in pts], "--", color=COLORS[algo], lw=0.8, alpha=0.7,
+                    label=f"{algo} paper's form")
+        ax.set(xscale="log", yscale="log", xlabel="N", title=f"d = {d}, M = {VS_N['M']:,} elements")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel("HBM traffic (elements, one head)")
+    axes[0].legend(fontsize=7, ncol=1)
+    fig.tight_layout()
+    fig.savefig(out / "traffic_vs_N.png", dpi=120)
+    plt.close(fig)
+    return rows
+
+
+def plot_vs_M(out: Path) -> list[dict]:
+    N, d = VS_M["N"], VS_M["d"]
+    rows = []
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for algo in iosim.ALGORITHMS:
+        pts = [measure(algo, N, d, M) for M in VS_M["Ms"]]
+        rows += pts
+        Ms = [p["M"] for p in pts]
+        ax.plot(Ms, [p["measured"] for p in pts], "o-", color=COLORS[algo], ms=4, label=f"{algo} measured = exact")
+        if algo != "standard":
+            ax.plot(Ms, [p["paper"] for p in pts], "--", color=COLORS[algo], lw=0.8, label=f"{algo} paper's form")
+    ax.axvline(d * d, color="gray", lw=0.8, ls=":")
+    ax.text(d * d * 1.05, ax.get_ylim()[0] * 3, "M = d²", color="gray", fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel="M (elements)", ylabel="HBM traffic (elements, one head)",
+           title=f"N = {N}, d = {d}: traffic against SRAM size")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "traffic_vs_M.png", dpi=120)
+    plt.close(fig)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="docs/figures")
+    out = Path(parser.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {"vs_N": plot_vs_N(out), "vs_M": plot_vs_M(out), "command": "python experiments/traffic_plots.py"}
+    (out / "traffic.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {out}/traffic_vs_N.png, {out}/traffic_vs_M.png and {out}/traffic.json")
+
+
+if __name__ == "__main__":
+    main()
