@@ -1,0 +1,212 @@
+"""Host API: check the inputs, move them to the device, launch an implementation, shape the results.
+
+    out, lse = kernels.attention(q, k, v, impl="flash-swapped", causal=True)
+    dq, dk, dv = kernels.attention_backward(q, k, v, out, lse, dout, impl="flash-swapped", causal=True)
+
+q is (batch, heads, N_q, d) and k, v are (batch, heads, N_k, d), all float32 or all
+float16 (accumulation is float32 either way). They may be numpy arrays, Numba device
+arrays or anything with ``__cuda_array_interface__`` (a CUDA torch tensor, say). Results
+are numpy arrays when q is a numpy array and Numba device arrays otherwise.
+
+Every check runs before any launch and raises ValueError or TypeError naming the
+parameter, its value and the allowed range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+from numba import cuda
+
+from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
+from kernels import flash, flash_swapped, standard
+from kernels.config import Dropout
+
+# The one registry of implementations: the host API, the benchmark and the tests all read it.
+IMPLS: dict[str, ModuleType] = {
+    "standard": standard,  # Algorithm 0: S and P materialised in HBM
+    "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
+    "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
+}
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+MAX_HEAD_DIM_SEARCH = 4096  # head dims tried when reporting the largest one that fits
+
+
+@dataclass(frozen=True)
+class KernelOutput:
+    out: object  # (batch, heads, N_q, d), the input dtype
+    lse: object  # (batch, heads, N_q), float32: log Σ_j exp(S_ij), −inf on fully masked rows
+
+
+def implementation(impl: str) -> ModuleType:
+    """The module registered under `impl`, or ValueError listing the allowed names."""
+    try:
+        return IMPLS[impl]
+    except (KeyError, TypeError):
+        raise ValueError(f"impl={impl!r} is not one of {sorted(IMPLS)}") from None
+
+
+def max_head_dim(impl: str, backward: bool = False) -> int:
+    """Largest d that the smallest preferred tiling of `impl` can run (shared memory is the limit)."""
+    module = implementation(impl)
+    smallest = (module.BACKWARD_TILES if backward else module.FORWARD_TILES)[-1]
+    best = 0
+    for d in range(1, MAX_HEAD_DIM_SEARCH + 1):
+        try:
+            module.check_config(smallest, d, backward)
+        except ValueError:
+            break
+        best = d
+    return best
+
+
+def resolve_config(impl: str, d: int, backward: bool, config=None):
+    """The tiling to launch with: `config` checked, or the first preferred tiling that fits d."""
+    module = implementation(impl)
+    if config is not None:
+        module.check_config(config, d, backward)
+        return config
+    for candidate in module.BACKWARD_TILES if backward else module.FORWARD_TILES:
+        try:
+            module.check_config(candidate, d, backward)
+        except ValueError:
+            continue
+        return candidate
+    raise ValueError(
+        f"d={d} is outside the allowed range [1, {max_head_dim(impl, backward)}] for impl={impl!r} "
+        f"({'backward' if backward else 'forward'}): its tiles would not fit in shared memory"
+    )
+
+
+def _check_dtypes(named: dict) -> np.dtype:
+    dtypes = {name: np.dtype(x.dtype) for name, x in named.items()}
+    first_name, first = next(iter(dtypes.items()))
+    for name, dt in dtypes.items():
+        if dt not in DTYPES:
+            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16")
+        if dt != first:
+            raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
+    return first
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} must be a bool")
+    return bool(value)
+
+
+def _as_array(name: str, x):
+    """A numpy array, or a Numba device array (wrapping __cuda_array_interface__ objects)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "copy_to_host"):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(x)
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return np.asarray(x)
+    raise TypeError(f"{name} must be a numpy array or a CUDA device array; got {type(x).__name__}")
+
+
+def _to_device(name: str, x, flat_shape):
+    """x on the device with batch and heads merged, e.g. (batch·heads, N, d); device arrays are not copied."""
+    if isinstance(x, np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(x).reshape(flat_shape))
+    if not x.is_c_contiguous():
+        raise ValueError(f"{name} must be a C-contiguous device array")
+    return x.reshape(flat_shape)
+
+
+def _finish(x, shape, on_host: bool):
+    x = x.reshape(shape)
+    return x.copy_to_host() if on_host else x
+
+
+def attention(q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None):
+    """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
+
+    q (batch, heads, N_q, d), k and v (batch, heads, N_k, d); causal masking is aligned
+    bottom-right (query i sees key j iff j <= i + N_k − N_q); scale defaults to 1/sqrt(d);
+    dropout uses iosim.rng's Philox stream, so the mask equals the simulator's bit for bit.
+    `config` overrides the implementation's tile sizes (a TileConfig, or a
+    standard.MatmulConfig for impl="standard"). Returns KernelOutput(out, lse).
+    """
+    module = implementation(impl)
+    q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+    shape = check_qkv(q, k, v)
+    _check_dtypes({"q": q, "k": k, "v": v})
+    causal = _check_bool("causal", causal)
+    tau = check_scale(scale, shape.d)
+    dropout = Dropout.checked(dropout_p, seed)
+    config = resolve_config(impl, shape.d, False, config)
+
+    on_host = isinstance(q, np.ndarray)
+    qd = _to_device("q", q, (shape.bh, shape.n_q, shape.d))
+    kd = _to_device("k", k, (shape.bh, shape.n_k, shape.d))
+    vd = _to_device("v", v, (shape.bh, shape.n_k, shape.d))
+    out, lse = module.forward(qd, kd, vd, tau=tau, causal=causal, dropout=dropout, config=config)
+    return KernelOutput(
+        out=_finish(out, (shape.batch, shape.heads, shape.n_q, shape.d), on_host),
+        lse=_finish(lse, (shape.batch, shape.heads, shape.n_q), on_host),
+    )
+
+
+def _check_forward_outputs(out, lse, shape: AttentionShape, dtype: np.dtype) -> None:
+    want = (shape.batch, shape.heads, shape.n_q, shape.d)
+    if tuple(out.shape) != want:
+        raise ValueError(f"out must have shape {want}; got {tuple(out.shape)}")
+    if np.dtype(out.dtype) != dtype:
+        raise TypeError(f"out has dtype {out.dtype}; it must match q's dtype {dtype}")
+    want_lse = want[:3]
+    if tuple(lse.shape) != want_lse:
+        raise ValueError(f"lse must have shape {want_lse}; got {tuple(lse.shape)}")
+    if not isinstance(lse, np.ndarray) and np.dtype(lse.dtype) != np.float32:
+        raise TypeError(f"lse on the device must be float32; got {lse.dtype}")
+
+
+def attention_backward(
+    q, k, v, out, lse, dout, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None
+):
+    """Gradients (dq, dk, dv) of `attention` for upstream gradient dout (batch, heads, N_q, d).
+
+    out and lse are attention()'s outputs for the same q, k, v and options; dout has q's
+    shape and dtype. Returns dq, dk, dv in the input dtype.
+    """
+    module = implementation(impl)
+    q, k, v, out, lse, dout = (
+        _as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout))
+    )
+    shape = check_qkv(q, k, v)
+    dtype = _check_dtypes({"q": q, "k": k, "v": v})
+    check_dout(dout, shape)
+    _check_dtypes({"q": q, "dout": dout})
+    _check_forward_outputs(out, lse, shape, dtype)
+    causal = _check_bool("causal", causal)
+    tau = check_scale(scale, shape.d)
+    dropout = Dropout.checked(dropout_p, seed)
+    config = resolve_config(impl, shape.d, True, config)
+
+    on_host = isinstance(q, np.ndarray)
+    rows = (shape.bh, shape.n_q, shape.d)
+    keys = (shape.bh, shape.n_k, shape.d)
+    if isinstance(lse, np.ndarray):
+        lse = lse.astype(np.float32)
+    grads = module.backward(
+        _to_device("q", q, rows),
+        _to_device("k", k, keys),
+        _to_device("v", v, keys),
+        _to_device("out", out, rows),
+        _to_device("lse", lse, (shape.bh, shape.n_q)),
+        _to_device("dout", dout, rows),
+        tau=tau,
+        causal=causal,
+        dropout=dropout,
+        config=config,
+    )
+    dq, dk, dv = grads
+    four_d_q = (shape.batch, shape.heads, shape.n_q, shape.d)
+    four_d_k = (shape.batch, shape.heads, shape.n_k, shape.d)
+    return _finish(dq, four_d_q, on_host), _finish(dk, four_d_k, on_host), _finish(dv, four_d_k, on_host)
