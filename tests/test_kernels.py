@@ -1,0 +1,327 @@
+"""The GPU kernels, run under Numba's CUDA simulator, against float64 attention and the simulator.
+
+Every implementation in kernels.IMPLS runs forward and backward on awkward shapes (N = 1,
+33, 113; N_q ≠ N_k; d not a power of two; causal with fully masked rows; dropout) and
+must match iosim.reference in float64 and iosim.simulate's numeric output, with the same
+dropout mask. Sizes stay small: the simulator runs each GPU thread as a Python thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import iosim
+import kernels
+from iosim.inputs import causal_keep, check_qkv, check_scale
+from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
+from iosim.rng import dropout_tile, philox_word
+from kernels import MatmulConfig, TileConfig
+from kernels import _device as dev
+
+IMPLS = list(kernels.IMPLS)
+
+# Simulator-sized tilings: 32 threads per block, 16 × 16 tiles, so N = 33 and 113 leave
+# ragged last blocks in both directions.
+SIM_CONFIGS = {
+    "standard": MatmulConfig(BM=16, BN=16, BK=16, TM=4, TN=2, row_threads=16),
+    "flash": TileConfig(Br=16, Bc=16, TM=2, TN=4),
+    "flash-swapped": TileConfig(Br=16, Bc=16, TM=2, TN=4),
+}
+
+# SRAM size (elements) handed to the simulator; any size that fits the shapes below will
+# do, since its numeric output does not depend on the tiling.
+SIM_M = 4096
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    d: int
+    causal: bool = False
+    dropout_p: float = 0.0
+    scale: float | None = None
+    seed: int = 0
+
+    def options(self) -> dict:
+        return dict(causal=self.causal, scale=self.scale, dropout_p=self.dropout_p, seed=self.seed)
+
+
+CASES = {
+    "N=1": Case(1, 1, 1, 1, 8),
+    "N=33,bh=2": Case(1, 2, 33, 33, 12),
+    "N=113,causal": Case(1, 1, 113, 113, 6, causal=True),
+    "Nq>Nk,causal,dropout,scale": Case(1, 1, 40, 23, 12, causal=True, dropout_p=0.25, scale=0.3, seed=2**40 + 7),
+    "Nq<Nk,causal,batch=2": Case(2, 1, 17, 50, 5, causal=True),
+}
+
+
+def make_inputs(case: Case, dtype) -> tuple[np.ndarray, ...]:
+    """q, k, v, dout for `case`, drawn from a generator seeded by the shape."""
+    rng = np.random.default_rng([case.batch, case.heads, case.n_q, case.n_k, case.d])
+    shapes = [(case.n_q,), (case.n_k,), (case.n_k,), (case.n_q,)]
+    return tuple(rng.standard_normal((case.batch, case.heads, n[0], case.d)).astype(dtype) for n in shapes)
+
+
+def attention_in_dtype(dtype, q, k, v, dout, *, causal=False, scale=None, dropout_p=0.0, seed=0):
+    """The reference's algebra run in `dtype`: every array and every intermediate rounded to it.
+
+    Backward uses D = rowsum(dO ∘ O) (Alg. 4 line 19), as the kernels do. Its distance
+    from float64 sets how far a kernel computing in that precision may be from float64.
+    """
+    dt = np.dtype(dtype)
+    shape = check_qkv(q, k, v)
+    tau = dt.type(check_scale(scale, shape.d))
+    q, k, v, do = (np.asarray(x).astype(dt) for x in (q, k, v, dout))
+
+    def t(x):
+        return np.swapaxes(x, -1, -2)
+
+    s = (q @ t(k)) * tau  # (b, h, N_q, N_k)
+    if causal:
+        keep = causal_keep(shape.n_q, shape.n_k, slice(0, shape.n_q), slice(0, shape.n_k))
+        s = np.where(keep, s, dt.type(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), dt.type(0), m)
+    e = np.exp(s - m)
+    l = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(l > 0, e / np.where(l > 0, l, dt.type(1)), dt.type(0)).astype(dt)
+        lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf)
+    z = np.asarray(dropout_scale_matrix(shape, dropout_p, seed)).astype(dt)
+    out = (p * z) @ v
+    dv = t(p * z) @ do
+    dp = (do @ t(v)) * z
+    ds = p * (dp - (do * out).sum(axis=-1, keepdims=True))
+    return out, lse, (ds @ k) * tau, (t(ds) @ q) * tau, dv
+
+
+def assert_close(name: str, got, ref, lowp, dtype) -> None:
+    """|got − ref| <= 4 × |lowp − ref| + 2 eps(dtype) · max|ref|, and identical non-finite entries.
+
+    A kernel sums in another order than numpy (and folds tau into Q, and forms P as
+    exp(S − lse)), so it may round differently, but it should be about as accurate as the
+    same algebra in its precision: 4× that run's error. The 2-ulp term covers outputs the
+    low-precision run gets exactly (N = 1, where P = 1).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    finite = np.isfinite(ref)
+    assert np.array_equal(got[~finite], ref[~finite]), (
+        f"{name}: non-finite entries differ at {np.argwhere(got[~finite] != ref[~finite])[:5].tolist()}"
+    )
+    err = float(np.max(np.abs(got[finite] - ref[finite]), initial=0.0))
+    err_lowp = float(np.max(np.abs(np.asarray(lowp, dtype=np.float64)[finite] - ref[finite]), initial=0.0))
+    magnitude = float(np.max(np.abs(ref[finite]), initial=0.0))
+    tol = 4 * err_lowp + 2 * np.finfo(dtype).eps * magnitude
+    assert err <= tol, (
+        f"{name}: max |kernel − float64| = {err:.3g} > {tol:.3g} "
+        f"(4 × {np.dtype(dtype).name} reference error {err_lowp:.3g} + 2 eps × max|ref| {magnitude:.3g})"
+    )
+
+
+def check_against_float64(impl: str, case: Case, dtype) -> None:
+    q, k, v, do = make_inputs(case, dtype)
+    opts = case.options()
+    config = SIM_CONFIGS[impl]
+    fwd = kernels.attention(q, k, v, impl=impl, config=config, **opts)
+    grads = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, config=config, **opts)
+
+    ref = attention_ref(q, k, v, **opts)
+    ref_grads = attention_backward_ref(q, k, v, do, **opts)
+    lowp = attention_in_dtype(dtype, q, k, v, do, **opts)
+    assert fwd.out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert fwd.lse.dtype == np.float32
+    for name, got, want, low in zip(
+        ("out", "lse", "dq", "dk", "dv"), (fwd.out, fwd.lse, *grads), (ref.out, ref.lse, *ref_grads), lowp
+    ):
+        assert_close(f"{impl} {name}", got, want, low, dtype)
+
+    sim = iosim.simulate(impl, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), M=SIM_M, **opts)
+    assert_close(f"{impl} out vs iosim.simulate", fwd.out, sim.out, lowp[0], dtype)
+    if sim.lse is not None:  # the simulated standard algorithm keeps P, not ℓ and m
+        assert_close(f"{impl} lse vs iosim.simulate", fwd.lse, sim.lse, lowp[1], dtype)
+
+
+@pytest.mark.parametrize("case_name", list(CASES))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float32_matches_float64_and_simulator(impl, case_name):
+    check_against_float64(impl, CASES[case_name], np.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float16_inputs_accumulate_in_float32(impl):
+    case = Case(1, 2, 37, 29, 12, causal=True, dropout_p=0.2, seed=5)
+    check_against_float64(impl, case, np.float16)
+
+
+def test_fully_masked_rows_give_zero_and_minus_inf():
+    # causal with N_q = 9 > N_k = 4: query rows 0..4 see no key (j <= i + 4 − 9)
+    q, k, v, _ = make_inputs(Case(1, 1, 9, 4, 4), np.float32)
+    for impl in IMPLS:
+        r = kernels.attention(q, k, v, impl=impl, causal=True, config=SIM_CONFIGS[impl])
+        assert np.array_equal(r.out[0, 0, :5], np.zeros((5, 4), np.float32)), f"{impl}: {r.out[0, 0, :5]}"
+        assert np.all(np.isneginf(r.lse[0, 0, :5])), f"{impl}: lse {r.lse[0, 0, :5]}"
+        assert np.all(np.isfinite(r.lse[0, 0, 5:])), f"{impl}: lse {r.lse[0, 0, 5:]}"
+
+
+# ---------------------------------------------------------------------------------------
+# Dropout: the device generator reproduces iosim.rng bit for bit.
+# ---------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def _philox_words_kernel(seed_lo, seed_hi, bh, row, col, out):
+    start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    for i in range(start, out.shape[0], cuda.gridDim.x * cuda.blockDim.x):
+        out[i] = dev.philox_word(seed_lo, seed_hi, bh[i], row[i], col[i])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 0xDEADBEEFCAFEBABE, 2**64 - 1])
+def test_device_philox_equals_host_philox(seed):
+    rng = np.random.default_rng(seed % 2**32)
+    n = 96
+    # counters from small to the top of the 32-bit range, where a signed or float
+    # conversion would go wrong
+    bh = np.concatenate([np.arange(8), rng.integers(0, 2**32, n - 8)]).astype(np.int64)
+    row = np.concatenate([np.arange(8)[::-1], rng.integers(0, 2**32, n - 8)]).astype(np.int64)
+    col = np.concatenate([[0, 1, 2**31 - 1, 2**31, 2**32 - 1, 5, 6, 7], rng.integers(0, 2**32, n - 8)]).astype(np.int64)
+    out = np.zeros(n, dtype=np.uint64)
+    _philox_words_kernel[1, 32](np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32), bh, row, col, out)
+    want = philox_word(seed, bh, row, col)
+    bad = np.flatnonzero(out != want)
+    assert bad.size == 0, f"seed {seed}: {bad.size} words differ, first at (bh, row, col) = " + str(
+        [(int(bh[i]), int(row[i]), int(col[i]), int(out[i]), int(want[i])) for i in bad[:3]]
+    )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_mask_is_the_simulators_bit_for_bit(impl):
+    """Recover Z from the kernels' own outputs and compare it with iosim.rng's mask.
+
+    With Q = 0 every visible P_ij = 1/N_k. With V = I (one-hot rows) O_ij = P_ij Z_ij, and
+    with dO = I, dV_ji = P_ij Z_ij: the kept entries are exactly the non-zero ones.
+    """
+    batch, heads, n_q, n_k, d = 1, 2, 20, 24, 24
+    p, seed = 0.37, 2**40 + 12345
+    q = np.zeros((batch, heads, n_q, d), np.float32)
+    k = np.random.default_rng(0).standard_normal((batch, heads, n_k, d)).astype(np.float32)
+    v = np.broadcast_to(np.eye(n_k, d, dtype=np.float32), (batch, heads, n_k, d)).copy()
+    do = np.broadcast_to(np.eye(n_q, d, dtype=np.float32), (batch, heads, n_q, d)).copy()
+    config = SIM_CONFIGS[impl]
+    fwd = kernels.attention(q, k, v, impl=impl, dropout_p=p, seed=seed, config=config)
+    _, _, dv = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, dropout_p=p, seed=seed, config=config)
+
+    want = dropout_tile(seed, p, batch * heads, slice(0, n_q), slice(0, n_k))  # (bh, N_q, N_k)
+    kept_forward = fwd.out.reshape(batch * heads, n_q, d)[:, :, :n_k] > 0
+    kept_backward = np.swapaxes(dv.reshape(batch * heads, n_k, d)[:, :, :n_q], 1, 2) > 0
+    assert 0 < want.mean() < 1
+    for name, kept in (("forward", kept_forward), ("backward", kept_backward)):
+        bad = np.argwhere(kept != want)
+        assert bad.size == 0, f"{impl} {name}: {len(bad)} of {want.size} keep decisions differ, first {bad[:3].tolist()}"
+
+
+# ---------------------------------------------------------------------------------------
+# The host API: device arrays in and out, and validation before any launch.
+# ---------------------------------------------------------------------------------------
+
+
+def test_device_arrays_in_give_device_arrays_out_equal_to_host_results():
+    q, k, v, do = make_inputs(Case(1, 1, 9, 11, 4), np.float32)
+    config = SIM_CONFIGS["flash-swapped"]
+    host = kernels.attention(q, k, v, config=config)
+    dev_in = [cuda.to_device(x) for x in (q, k, v, do)]
+    on_dev = kernels.attention(*dev_in[:3], config=config)
+    assert hasattr(on_dev.out, "copy_to_host") and hasattr(on_dev.lse, "copy_to_host")
+    assert np.array_equal(on_dev.out.copy_to_host(), host.out)
+    assert np.array_equal(on_dev.lse.copy_to_host(), host.lse)
+    grads_dev = kernels.attention_backward(*dev_in[:3], on_dev.out, on_dev.lse, dev_in[3], config=config)
+    grads_host = kernels.attention_backward(q, k, v, host.out, host.lse, do, config=config)
+    for name, gd, gh in zip(("dq", "dk", "dv"), grads_dev, grads_host):
+        assert np.array_equal(gd.copy_to_host(), gh), f"{name} differs between device and host inputs"
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Make any launch fail loudly, so validation errors are known to come first."""
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched before the inputs were validated")
+
+    for module in kernels.IMPLS.values():
+        monkeypatch.setattr(module, "forward", launched)
+        monkeypatch.setattr(module, "backward", launched)
+
+
+def _qkv(n_q=4, n_k=4, d=8, dtype=np.float32):
+    return (np.zeros((1, 1, n, d), dtype) for n in (n_q, n_k, n_k))
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        (dict(q=np.zeros((1, 4, 8), np.float32)), ValueError, ["q", "4 dimensions"]),
+        (dict(q=np.zeros((1, 1, 4, 8), np.float64)), TypeError, ["q", "float64", "float32", "float16"]),
+        (dict(k=np.zeros((1, 1, 4, 8), np.float16)), TypeError, ["k", "float16", "float32"]),
+        (dict(v=np.zeros((1, 1, 5, 8), np.float32)), ValueError, ["k", "v", "same shape"]),
+        (dict(impl="flash3"), ValueError, ["impl='flash3'", "flash-swapped", "standard"]),
+        (dict(dropout_p=1.0), ValueError, ["dropout_p=1.0", "[0, 1)"]),
+        (dict(seed=-1), ValueError, ["seed=-1", "[0, 2**64)"]),
+        (dict(causal="yes"), TypeError, ["causal='yes'", "bool"]),
+        (dict(scale=0.0), ValueError, ["scale=0.0"]),
+        (dict(config=TileConfig(16, 16, 3, 4)), ValueError, ["config.TM=3", "16"]),
+        (dict(config=MatmulConfig()), TypeError, ["config", "TileConfig"]),
+        (dict(config=TileConfig(64, 64, 1, 1)), ValueError, ["4096 threads", "[1, 1024]"]),
+    ],
+)
+def test_bad_forward_input_is_rejected_naming_the_parameter(change, error, words):
+    q, k, v = _qkv()
+    args = dict(q=q, k=k, v=v, impl="flash-swapped")
+    args.update(change)
+    with pytest.raises(error) as info:
+        kernels.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize("impl", ["flash", "flash-swapped"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_head_dim_too_large_for_shared_memory_is_rejected(impl, backward):
+    d_max = kernels.max_head_dim(impl, backward)
+    assert 64 <= d_max < 1024, f"{impl}: d_max={d_max}"
+    kernels.resolve_config(impl, d_max, backward)  # the largest allowed d still resolves
+    q, k, v = _qkv(n_q=2, n_k=2, d=d_max + 1)
+    with pytest.raises(ValueError) as info:
+        if backward:
+            out, lse = np.zeros_like(q), np.zeros(q.shape[:3], np.float32)
+            kernels.attention_backward(q, k, v, out, lse, np.zeros_like(q), impl=impl)
+        else:
+            kernels.attention(q, k, v, impl=impl)
+    assert f"d={d_max + 1}" in str(info.value) and f"[1, {d_max}]" in str(info.value), str(info.value)
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(
+    "change, error, words",
+    [
+        (dict(out=np.zeros((1, 1, 4, 8), np.float16)), TypeError, ["out", "float16", "float32"]),
+        (dict(lse=np.zeros((1, 1, 5), np.float32)), ValueError, ["lse", "(1, 1, 4)", "(1, 1, 5)"]),
+        (dict(dout=np.zeros((1, 1, 4, 7), np.float32)), ValueError, ["dout", "(1, 1, 4, 8)"]),
+        (dict(config=TileConfig(32, 16, 2, 2)), ValueError, ["Br == config.Bc", "Br=32", "Bc=16"]),
+    ],
+)
+def test_bad_backward_input_is_rejected_naming_the_parameter(change, error, words):
+    q, k, v = _qkv()
+    args = dict(out=np.zeros_like(q), lse=np.zeros((1, 1, 4), np.float32), dout=np.zeros_like(q))
+    args.update(change)
+    with pytest.raises(error) as info:
+        kernels.attention_backward(q, k, v, args.pop("out"), args.pop("lse"), args.pop("dout"), **args)
+    for word in words:
+        assert word in str(info.value), f"{word!r} missing from: {info.value}"
