@@ -1,0 +1,77 @@
+"""Plot the JSON files written by experiments/gpu_bench.py: TFLOP/s and peak memory against N.
+
+    python experiments/plot_gpu_bench.py experiments/results/kernels_bench [--out figure.png]
+
+One line per (impl, dtype, causal); panels for forward, backward, forward+backward
+TFLOP/s and for peak memory (log-log, so linear growth in N has slope 1 and quadratic
+slope 2). Configurations that recorded an error are left out of the lines and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MODES = ("forward", "backward", "forward_backward")
+
+
+def load(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def series(records: list[dict]) -> dict[str, list[dict]]:
+    """Records with no error, grouped by line label and sorted by N."""
+    lines = defaultdict(list)
+    for r in records:
+        if "error" in r:
+            continue
+        p = r["parameters"]
+        label = f"{p['impl']} {p['dtype']}{' causal' if p['causal'] else ''} b={p['batch_size']} h={p['num_heads']} d={p['head_dim']}"
+        lines[label].append(r)
+    return {k: sorted(v, key=lambda r: r["parameters"]["seq_len"]) for k, v in sorted(lines.items())}
+
+
+def plot(records: list[dict], out: Path) -> Path:
+    lines = series(records)
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for label, rs in lines.items():
+        n = [r["parameters"]["seq_len"] for r in rs]
+        for ax, mode in zip(axes, MODES):
+            ax.plot(n, [r[mode]["FLOPS(TFLOPs/s)"] for r in rs], marker="o", label=label)
+        mem = [(x, r["peak_memory_usage(MB)"]) for x, r in zip(n, rs) if r["peak_memory_usage(MB)"] is not None]
+        if mem:
+            axes[3].plot(*zip(*mem), marker="o", label=label)
+    for ax, mode in zip(axes, MODES):
+        ax.set(xscale="log", xlabel="sequence length N", ylabel="TFLOP/s", title=mode.replace("_", "+"))
+    axes[3].set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="MB", title="peak memory (fwd+bwd)")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    errors = [r for r in records if "error" in r]
+    if errors:
+        fig.text(0.01, 0.01, "failed: " + "; ".join(
+            f"{r['parameters']['impl']} N={r['parameters']['seq_len']}: {r['error'][:60]}" for r in errors[:6]
+        ), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="default: FOLDER/gpu_bench.png")
+    args = parser.parse_args()
+    print(plot(load(args.folder), args.out or args.folder / "gpu_bench.png"))
+
+
+if __name__ == "__main__":
+    main()
