@@ -237,6 +237,15 @@ def simulator_enabled() -> bool:
     return bool(numba_config.ENABLE_CUDASIM)
 
 
+def launch_bounds(threads: int, min_blocks: int) -> dict:
+    """cuda.jit options asking the compiler to fit `min_blocks` blocks of `threads` on an SM.
+
+    That caps registers per thread at 65536 / (threads · min_blocks). The simulator has no
+    launch bounds, so there the options are empty (same results, no register cap).
+    """
+    return {} if simulator_enabled() else {"launch_bounds": (threads, min_blocks)}
+
+
 def grid_stride_launch(n_items: int) -> tuple[int, int]:
     """(blocks, threads) for a grid-stride kernel over n_items.
 

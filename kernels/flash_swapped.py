@@ -37,6 +37,10 @@ ONE = dev.ONE
 
 # Tile preferences, tried in order; the first whose shared memory fits is the default.
 FORWARD_TILES = (TileConfig(Br=64, Bc=32, TM=4, TN=4), TileConfig(Br=32, Bc=16, TM=4, TN=2), TileConfig(Br=16, Bc=16, TM=2, TN=2))
+# Blocks of the forward kernel per SM that the compiler must make room for: at d = 64 this
+# caps it at 128 registers with no spills (151 uncapped), 4 blocks instead of 3 on an H100
+# (experiments/results/kernels_resources_sm90.md); 6 would spill.
+FORWARD_MIN_BLOCKS = 4
 BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=1, TN=1))
 
 
@@ -68,7 +72,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     W = config.row_width(d)
     BCP = Bc + 1
 
-    @cuda.jit
+    @cuda.jit(**dev.launch_bounds(config.threads(), FORWARD_MIN_BLOCKS))
     def kernel(q, k, v, out, lse, tau, seed_lo, seed_hi, threshold, inv_keep):
         n_q = q.shape[1]
         n_k = k.shape[1]
