@@ -32,7 +32,7 @@ IMPLS: dict[str, ModuleType] = {
 }
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-MAX_HEAD_DIM_SEARCH = 4096  # head dims tried when reporting the largest one that fits
+MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
 
 
 @dataclass(frozen=True)
@@ -49,18 +49,19 @@ def implementation(impl: str) -> ModuleType:
         raise ValueError(f"impl={impl!r} is not one of {sorted(IMPLS)}") from None
 
 
-def max_head_dim(impl: str, backward: bool = False) -> int:
-    """Largest d that the smallest preferred tiling of `impl` can run (shared memory is the limit)."""
+def max_head_dim(impl: str, backward: bool = False) -> int | None:
+    """Largest d that the smallest preferred tiling of `impl` can run, or None when d is not limited.
+
+    Shared memory is the limit of the fused kernels; standard's matmuls tile over d.
+    """
     module = implementation(impl)
     smallest = (module.BACKWARD_TILES if backward else module.FORWARD_TILES)[-1]
-    best = 0
     for d in range(1, MAX_HEAD_DIM_SEARCH + 1):
         try:
             module.check_config(smallest, d, backward)
         except ValueError:
-            break
-        best = d
-    return best
+            return d - 1
+    return None
 
 
 def resolve_config(impl: str, d: int, backward: bool, config=None):
