@@ -1,0 +1,278 @@
+"""Compiler resource report of every kernel for sm_90 (H100/H200), made without a GPU.
+
+Each kernel is compiled by numba-cuda (NVVM) to PTX for compute capability 9.0 with the
+argument types the host API launches it with, then assembled for sm_90 by nvJitLink,
+whose verbose log is ptxas's report: registers per thread, spill stores/loads, stack
+frame and static shared memory. Next to it: the shared memory the host-side formula
+predicts (the d-too-large check relies on it), threads per block and the occupancy those
+numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 threads).
+
+    pip install 'numba-cuda[cu13]'      # NVRTC, NVVM and nvJitLink; not a CI dependency
+    python experiments/kernel_resources.py [--out experiments/results/kernels_resources_sm90]
+
+Writes OUT.json and OUT.md with the versions, the git commit and the command.
+
+Numba compiles device functions for "the current device"; with no GPU present this
+script substitutes a stand-in device of compute capability 9.0 while compiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numba  # noqa: E402
+import numba.cuda.dispatcher  # noqa: E402
+from numba import cuda, types  # noqa: E402
+
+from kernels import _device as dev  # noqa: E402
+from kernels import flash, flash_swapped, standard  # noqa: E402
+
+CC = (9, 0)
+ARCH = "sm_90"
+# One H100 SM (CUDA C Programming Guide, compute capability 9.0 table)
+SM_REGISTERS = 65536
+SM_SHARED_BYTES = 228 * 1024
+SHARED_RESERVED_PER_BLOCK = 1024  # sm_90 reserves 1 KiB per block; ptxas counts it in "smem"
+SM_MAX_THREADS = 2048
+SM_MAX_BLOCKS = 32
+REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+
+F32, F16, U64 = types.float32, types.float16, types.uint64
+
+
+def arr(dtype, ndim: int):
+    return types.Array(dtype, ndim, "C")
+
+
+DROPOUT_ARGS = (U64, U64, U64, F32)  # seed_lo, seed_hi, threshold, inv_keep
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One kernel specialisation to compile, with what the report says about it."""
+
+    name: str
+    kernel: object  # a numba CUDA dispatcher
+    signature: tuple
+    threads: int
+    predicted_shared: int | None
+
+
+def cases(d_values=(64, 128)) -> list[KernelCase]:
+    out = []
+    for dt, dt_name in ((F32, "fp32"), (F16, "fp16")):
+        for d in d_values:
+            for causal, dropout in ((False, False), (True, True)):
+                tag = f"d={d} {dt_name}{' causal+dropout' if causal else ''}"
+                c = _first_fit(flash_swapped, flash_swapped.FORWARD_TILES, d, False)
+                out.append(KernelCase(
+                    f"flash-swapped forward {tag} {c}",
+                    flash_swapped.forward_kernel(d, c, causal, dropout),
+                    (arr(dt, 3),) * 4 + (arr(F32, 2), F32) + DROPOUT_ARGS,
+                    c.threads(), flash_swapped.shared_bytes(c, d, False),
+                ))
+                c = _first_fit(flash_swapped, flash_swapped.BACKWARD_TILES, d, True)
+                out.append(KernelCase(
+                    f"flash-swapped backward {tag} {c}",
+                    flash_swapped.backward_kernel(d, c, causal, dropout),
+                    (arr(dt, 3),) * 4 + (arr(F32, 2), arr(F32, 2), arr(F32, 3), arr(dt, 3), arr(dt, 3), F32) + DROPOUT_ARGS,
+                    c.threads(True), flash_swapped.shared_bytes(c, d, True),
+                ))
+        d = 64
+        c = _first_fit(flash, flash.FORWARD_TILES, d, False)
+        out.append(KernelCase(
+            f"flash forward d={d} {dt_name} {c}",
+            flash.forward_kernel(d, c, False, False, dt is not F32),
+            (arr(dt, 3),) * 3 + (arr(F32, 3), arr(F32, 2), arr(F32, 2), arr(dt, 3), arr(F32, 2), F32) + DROPOUT_ARGS,
+            c.threads(), flash.shared_bytes(c, d, False),
+        ))
+        c = _first_fit(flash, flash.BACKWARD_TILES, d, True)
+        out.append(KernelCase(
+            f"flash backward d={d} {dt_name} {c}",
+            flash.backward_kernel(d, c, False, False),
+            (arr(dt, 3),) * 5 + (arr(F32, 2), arr(F32, 3), arr(dt, 3), arr(dt, 3), F32) + DROPOUT_ARGS,
+            c.threads(True), flash.shared_bytes(c, d, True),
+        ))
+        m = standard.MatmulConfig()
+        for ta, tb, a_t, b_t, c_t, what in (
+            (False, True, dt, dt, F32, "S = tau Q K^T"),
+            (False, False, F32, dt, dt, "O = P V, dQ = tau dS K"),
+            (True, False, F32, dt, dt, "dV = (P Z)^T dO, dK = tau dS^T Q"),
+            (False, True, dt, dt, F32, "dP = dO V^T"),
+        ):
+            out.append(KernelCase(
+                f"standard matmul {what} {dt_name} {m}",
+                standard.matmul_kernel(ta, tb, m),
+                (arr(a_t, 3), arr(b_t, 3), arr(c_t, 3), F32),
+                m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1),
+            ))
+    m = standard.MatmulConfig()
+    out += [
+        KernelCase("standard softmax (causal+dropout)", standard.softmax_kernel(m.row_threads, True, True),
+                   (arr(F32, 3), arr(F32, 2)) + DROPOUT_ARGS, m.row_threads, 2 * 4 * m.row_threads),
+        KernelCase("standard probs (backward, causal+dropout)", standard.probs_kernel(True, True),
+                   (arr(F32, 3), arr(F32, 2), arr(F32, 3)) + DROPOUT_ARGS, dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("standard dS (backward, dropout)", standard.ds_kernel(True),
+                   (arr(F32, 3), arr(F32, 3), arr(F32, 2)) + DROPOUT_ARGS, dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("D = rowsum(dO o O) fp16", dev.row_dot_kernel, (arr(F16, 3), arr(F16, 3), arr(F32, 2)),
+                   dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("fill fp32", dev.fill_kernel, (arr(F32, 3), F32), dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("cast fp32 -> fp16", dev.cast_kernel, (arr(F32, 3), arr(F16, 3)), dev.GRID_STRIDE_THREADS, 0),
+    ]
+    return out
+
+
+def _first_fit(module, tiles, d: int, backward: bool):
+    for cfg in tiles:
+        try:
+            module.check_config(cfg, d, backward)
+            return cfg
+        except ValueError:
+            continue
+    raise ValueError(f"no tiling of {module.__name__} fits d={d}")
+
+
+class _StandInSm90:
+    """Stands in for the absent GPU when Numba asks the current device's compute capability."""
+
+    compute_capability = CC
+
+
+def compile_ptx(case: KernelCase) -> str:
+    original = numba.cuda.dispatcher.get_current_device
+    numba.cuda.dispatcher.get_current_device = _StandInSm90
+    try:
+        bounds = case.kernel.targetoptions.get("launch_bounds")
+        ptx, _ = cuda.compile_ptx(case.kernel.py_func, case.signature, cc=CC, launch_bounds=bounds)
+    finally:
+        numba.cuda.dispatcher.get_current_device = original
+    return ptx
+
+
+def assemble(ptx: str) -> str:
+    """nvJitLink's verbose log (ptxas's resource report) for the PTX assembled for sm_90."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch={ARCH}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
+        nvjitlink.complete(handle)
+        buf = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, buf)
+        return buf.decode(errors="replace")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def parse(log: str) -> dict:
+    spills = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    used = re.search(r"used (\d+) registers.*?(\d+) stack, (\d+) bytes smem", log)
+    if not (spills and used):
+        raise RuntimeError(f"unrecognised nvJitLink log:\n{log}")
+    return {
+        "registers": int(used.group(1)),
+        "stack_frame_bytes": int(spills.group(1)),
+        "spill_store_bytes": int(spills.group(2)),
+        "spill_load_bytes": int(spills.group(3)),
+        "shared_bytes": int(used.group(3)),
+    }
+
+
+def occupancy(registers: int, shared: int, threads: int) -> dict:
+    """Resident blocks per SM and the fraction of the SM's 64 warps they fill."""
+    warps = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(registers * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
+    limits = {
+        "registers": SM_REGISTERS // (regs_per_warp * warps),
+        # ptxas's smem includes the 1 KiB per-block reserve
+        "shared memory": SM_SHARED_BYTES // shared if shared else SM_MAX_BLOCKS,
+        "threads": SM_MAX_THREADS // threads,
+        "blocks": SM_MAX_BLOCKS,
+    }
+    blocks = min(limits.values())
+    return {"blocks_per_sm": blocks, "limited_by": min(limits, key=limits.get), "warp_occupancy": blocks * warps / 64}
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    from cuda.bindings import nvjitlink
+    from numba.cuda.cudadrv import nvvm
+
+    return {
+        "numba": numba.__version__,
+        "numba-cuda": version("numba-cuda"),
+        "nvvm": ".".join(map(str, nvvm.NVVM().get_version())),
+        "nvjitlink": ".".join(map(str, nvjitlink.version())),
+        "python": sys.version.split()[0],
+    }
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# Kernel resources for {ARCH} (compiled without a GPU)",
+        "",
+        f"- command: `{report['command']}`",
+        f"- git commit: `{report['git_commit']}`",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        "- smem is ptxas's static shared memory, which includes sm_90's 1 KiB per-block reserve; "
+        "predicted = kernels' shared_bytes() formula + 1 KiB",
+        "- occupancy: resident blocks per H100 SM from registers, shared memory and threads",
+        "",
+        "| kernel | threads | registers | spill st/ld (B) | stack (B) | smem (B) | predicted smem (B) | blocks/SM (limit) | warp occupancy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for k in report["kernels"]:
+        lines.append(
+            f"| {k['kernel']} | {k['threads']} | {k['registers']} | {k['spill_store_bytes']}/{k['spill_load_bytes']} | "
+            f"{k['stack_frame_bytes']} | {k['shared_bytes']} | {k['predicted_shared_bytes']} | "
+            f"{k['blocks_per_sm']} ({k['limited_by']}) | {k['warp_occupancy']:.0%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "kernels_resources_sm90")
+    args = parser.parse_args()
+    rows = []
+    for case in cases():
+        row = {"kernel": case.name, "threads": case.threads, **parse(assemble(compile_ptx(case)))}
+        row["predicted_shared_bytes"] = case.predicted_shared + (SHARED_RESERVED_PER_BLOCK if case.predicted_shared else 0)
+        row.update(occupancy(row["registers"], row["shared_bytes"], case.threads))
+        rows.append(row)
+        print(f"{case.name}: {row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B, "
+              f"smem {row['shared_bytes']} B")
+    report = {
+        "arch": ARCH,
+        "command": "python " + " ".join(Path(a).as_posix() if i == 0 else a for i, a in enumerate(sys.argv)),
+        "git_commit": git_commit(),
+        "versions": versions(),
+        "kernels": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
