@@ -14,8 +14,8 @@ parameter, its value and the allowed range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -35,8 +35,9 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
 
 
-@dataclass(frozen=True)
-class KernelOutput:
+class KernelOutput(NamedTuple):
+    """What the forward pass returns; unpacks as ``out, lse``."""
+
     out: object  # (batch, heads, N_q, d), the input dtype
     lse: object  # (batch, heads, N_q), float32: log Σ_j exp(S_ij), −inf on fully masked rows
 
