@@ -45,6 +45,21 @@ def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
     return j <= i + (n_k - n_q)
 
 
+def causal_first_query_block(n_q: int, n_k: int, col0: int, Br: int) -> int:
+    """The first query block that sees key col0 under the causal mask.
+
+    Row i sees col0 when i >= col0 − (N_k − N_q); a block of B_r rows ending at row
+    (i + 1)·B_r − 1 qualifies from i = ⌊(col0 − (N_k − N_q)) / B_r⌋ on.
+    """
+    return max(0, col0 - (n_k - n_q)) // Br
+
+
+def causal_key_blocks(n_q: int, n_k: int, last_row: int, Bc: int) -> int:
+    """How many key blocks (from the first) a query block ending at ``last_row`` sees."""
+    last_key = last_row + (n_k - n_q)
+    return 0 if last_key < 0 else min(-(-n_k // Bc), last_key // Bc + 1)
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """The sizes of one attention problem."""

@@ -214,19 +214,25 @@ class Memory:
         return out
 
     # --- loops -------------------------------------------------------------
-    def blocks(self, n: int, B: int) -> Iterator[tuple[int, slice]]:
-        """Split range(n) into T = ceil(n/B) blocks of B (the last may be shorter).
+    def blocks(self, n: int, B: int, *, start: int = 0, stop: int | None = None,
+               every: bool = False) -> Iterator[tuple[int, slice]]:
+        """Blocks start … stop − 1 of range(n) split into T = ceil(n/B) blocks of B.
 
         Numeric mode yields every (index, slice). Count-only mode yields one full
-        block and the ragged last one, with traffic weighted by their counts.
+        block and the ragged last one, with traffic weighted by their counts, unless
+        ``every`` is set: an outer loop whose inner range depends on its index must
+        visit each of its blocks in both modes.
         """
         T = -(-n // B)
-        if self.numeric:
-            for t in range(T):
+        stop = T if stop is None else min(stop, T)
+        if self.numeric or every:
+            for t in range(start, stop):
                 yield t, slice(t * B, min(n, (t + 1) * B))
             return
-        full, ragged = n // B, n % B
-        classes = ([(0, slice(0, B), full)] if full else []) + ([(full, slice(full * B, n), 1)] if ragged else [])
+        full_stop = min(stop, n // B)  # blocks below n // B are full
+        classes = [(start, slice(start * B, start * B + B), full_stop - start)] if full_stop > start else []
+        if stop == T and n % B and T - 1 >= start:
+            classes.append((T - 1, slice((T - 1) * B, n), 1))
         outer = self._weight
         try:
             for index, block, count in classes:

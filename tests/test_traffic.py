@@ -66,7 +66,7 @@ def test_numeric_and_count_only_modes_move_the_same_traffic(algorithm, n_q, n_k,
     counted = iosim.count(algorithm, N=n_q, N_k=n_k, d=d, M=M, batch=2, mask=masked, causal=causal, dropout_p=0.1)
     assert (numeric.Br, numeric.Bc) == (counted.Br, counted.Bc)
     assert numeric.traffic == counted.traffic, f"{algorithm} blocks {numeric.Br}x{numeric.Bc}"
-    assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked)
+    assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked, causal=causal)
 
 
 def test_flash_counts_by_hand():
@@ -143,3 +143,29 @@ def test_flash_traffic_within_the_paper_bound(N, d, data):
 def test_flash_traffic_falls_as_M_grows(d):
     totals = [iosim.count("flash", N=8192, d=d, M=M).traffic.total for M in (20_000, 50_000, 100_000, 400_000)]
     assert totals == sorted(totals, reverse=True) and totals[0] > 2 * totals[-1], totals
+
+
+def test_causal_skip_by_hand():
+    # N = 32, d = 8, blocks 8 × 8: T_r = T_c = 4. Causal (N_q = N_k) hides block (i, j)
+    # exactly when j > i, leaving 4 + 3 + 2 + 1 = 10 of the 16 pairs.
+    N, d, B, pairs = 32, 8, 8, 10
+    flash = iosim.count("flash", N=N, d=d, M=2 * B * d + 2 * B * d + B * B + 6 * B, causal=True)
+    assert (flash.Br, flash.Bc) == (B, B)
+    # K, V read once; Q_i, O_i, ℓ_i, m_i read per visible pair; O, ℓ, m written per pair plus line 3
+    assert flash.traffic.reads == 2 * N * d + pairs * (2 * B * d + 2 * B)
+    assert flash.traffic.writes == pairs * (B * d + 2 * B) + N * d + 2 * N
+    swapped = iosim.count("flash-swapped", N=N, d=d, M=2 * B * d + 2 * B * d + B * B + 4 * B, causal=True)
+    assert (swapped.Br, swapped.Bc) == (B, B)
+    # Q read once, K_j and V_j once per visible pair, O, ℓ, m written once
+    assert swapped.traffic.reads == N * d + pairs * 2 * B * d
+    assert swapped.traffic.writes == N * d + 2 * N
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "flash-swapped"])
+@pytest.mark.parametrize("n_q, n_k", [(4096, 4096), (1000, 3000), (3000, 1000)])
+def test_causal_skip_moves_less_and_standard_does_not_skip(algorithm, n_q, n_k):
+    full = iosim.count(algorithm, N=n_q, N_k=n_k, d=64, M="100k").traffic.total
+    causal = iosim.count(algorithm, N=n_q, N_k=n_k, d=64, M="100k", causal=True).traffic.total
+    assert causal < full, f"{algorithm} N_q={n_q} N_k={n_k}: causal {causal} >= full {full}"
+    standard = [iosim.count("standard", N=n_q, N_k=n_k, d=64, M="100k", causal=c).traffic.total for c in (0, 1)]
+    assert standard[0] == standard[1], "Algorithm 0 materializes all of S and P, masked or not"

@@ -9,8 +9,10 @@ S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m̃_ij, ℓ̃_ij, m_i^new,
 (B_r each), and the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: the RNG state R is the seed itself (dropout is counter-based, see
-``iosim.rng``), so nothing is written for it. Fully masked blocks are visited,
-as in the pseudo-code. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
+``iosim.rng``), so nothing is written for it. With a causal mask, an inner step
+whose block is entirely hidden is skipped (it would leave O_i, ℓ_i, m_i unchanged),
+as FlashAttention's kernels do; an explicit mask is not inspected, so its blocks are
+all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.inputs import causal_first_query_block
 from iosim.memory import Memory
 from iosim.problem import Problem
 
@@ -34,10 +37,11 @@ def flash(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
             mem.store(init, name, rows)
             mem.free(init)
 
-    for _, cols in mem.blocks(n_k, Bc):  # Alg. 2 line 6
-        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
+    for _, cols in mem.blocks(n_k, Bc, every=pb.causal):  # Alg. 2 line 6
+        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7 (the last query row sees every K_j)
         bc = cols.stop - cols.start
-        for _, rows in mem.blocks(n_q, Br):  # line 8
+        first = causal_first_query_block(n_q, n_k, cols.start, Br) if pb.causal else 0
+        for _, rows in mem.blocks(n_q, Br, start=first):  # line 8, from the first block that sees K_j
             br = rows.stop - rows.start
             Q_i, O_i = mem.load("Q", rows), mem.load("O", rows)  # line 9
             l_i, m_i = mem.load("l", rows), mem.load("m", rows)

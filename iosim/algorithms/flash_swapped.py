@@ -9,8 +9,10 @@ S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m_i^new, ℓ̃_ij (B_r eac
 the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: O_i is accumulated unnormalized and divided by ℓ_i once at the end
-(FlashAttention-2's order); the result is the same attention. Rows that see no
-key end with O = 0, ℓ = 0, m = −inf.
+(FlashAttention-2's order); the result is the same attention. With a causal mask,
+K/V blocks entirely hidden from the query block are skipped, as FlashAttention's
+kernels do (an explicit mask is not inspected). Rows that see no key end with
+O = 0, ℓ = 0, m = −inf.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.inputs import causal_key_blocks
 from iosim.memory import Memory
 from iosim.problem import Problem
 
@@ -26,12 +29,13 @@ def flash_swapped(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
     """Run the swapped-loop forward on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
 
-    for _, rows in mem.blocks(n_q, Br):  # outer loop over query blocks
+    for _, rows in mem.blocks(n_q, Br, every=pb.causal):  # outer loop over query blocks
         br = rows.stop - rows.start
         Q_i = mem.load("Q", rows)
         O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
-        for _, cols in mem.blocks(n_k, Bc):  # inner loop over key/value blocks
+        Tc_i = causal_key_blocks(n_q, n_k, rows.stop - 1, Bc) if pb.causal else None
+        for _, cols in mem.blocks(n_k, Bc, stop=Tc_i):  # inner loop over the key/value blocks Q_i sees
             bc = cols.stop - cols.start
             K_j, V_j = mem.load("K", cols), mem.load("V", cols)
             mask_ij = load_mask(mem, pb, rows, cols)
