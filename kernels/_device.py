@@ -16,6 +16,8 @@ the TC threads sharing a row combine their partial row statistics through shared
 from __future__ import annotations
 
 import math
+import sys
+import threading
 
 import numpy as np
 from numba import config as numba_config
@@ -235,6 +237,49 @@ GRID_STRIDE_MAX_BLOCKS = 8192
 def simulator_enabled() -> bool:
     """True under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
     return bool(numba_config.ENABLE_CUDASIM)
+
+
+def _lock_simulator_shared_arrays() -> None:
+    """Make the simulator's cuda.shared.array hand every thread of a block the same array.
+
+    Numba's simulator (numba-cuda 0.30.4) finds a block's shared array by the calling
+    (file, line) in FakeCUDAShared.array with an unlocked get-then-set: two threads that
+    reach the line first, together, both miss, each allocate, and one keeps a private
+    array that no other thread reads or writes. Its loads never reach the block, and it
+    computes from its own uninitialised copy (np.empty): wrong scores, exp overflow. A
+    GPU has no such race. This is that method with the lookup and insertion under a lock,
+    keyed as the simulator keys it; dynamic shared memory (shape 0) is left to the
+    original, which has no per-line lookup. Proof and details: docs/kernels.md.
+    """
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    original = FakeCUDAShared.array
+    if getattr(original, "locked_by_kernels", False):
+        return
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # the simulator's key
+        with lock:
+            res = self._allocations.get(key)
+            if res is None:
+                res = np.empty(shape, dtype)
+                self._allocations[key] = res
+        return res
+
+    array.locked_by_kernels = True
+    FakeCUDAShared.array = array
+
+
+if simulator_enabled():
+    _lock_simulator_shared_arrays()
 
 
 def launch_bounds(threads: int, min_blocks: int) -> dict:

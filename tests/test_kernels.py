@@ -8,6 +8,8 @@ dropout mask. Sizes stay small: the simulator runs each GPU thread as a Python t
 
 from __future__ import annotations
 
+import sys
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -227,6 +229,47 @@ def test_dropout_mask_is_the_simulators_bit_for_bit(impl):
 
 
 # ---------------------------------------------------------------------------------------
+# The simulator itself: one shared array per cuda.shared.array line and block.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not dev.simulator_enabled(), reason="checks a workaround in Numba's CUDA simulator")
+def test_simulator_gives_every_thread_of_a_block_the_same_shared_array():
+    """kernels._device locks the simulator's shared-array lookup (docs/kernels.md).
+
+    Unlocked, 32 threads that reach one cuda.shared.array line together get more than one
+    array in some blocks at this switch interval (28 of 300 on an idle 2-core machine, 1 of
+    100 under load); locked, never.
+    """
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    threads, launches = 32, 100
+    split = []
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to hit the window
+    try:
+        for _ in range(launches):
+            shared = FakeCUDAShared(0)
+            start = threading.Barrier(threads)
+            got = []
+
+            def thread():
+                start.wait()
+                got.append(id(shared.array(16, np.float32)))  # one line for every thread
+
+            pool = [threading.Thread(target=thread) for _ in range(threads)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+            split.append(len(set(got)))
+    finally:
+        sys.setswitchinterval(interval)
+    bad = [n for n in split if n != 1]
+    assert not bad, f"{len(bad)} of {launches} blocks got more than one array, up to {max(bad)}"
+
+
+# ---------------------------------------------------------------------------------------
 # The host API: device arrays in and out, and validation before any launch.
 # ---------------------------------------------------------------------------------------
 
@@ -242,6 +285,8 @@ def test_device_arrays_in_give_device_arrays_out_equal_to_host_results():
     assert np.array_equal(on_dev.lse.copy_to_host(), host.lse)
     grads_dev = kernels.attention_backward(*dev_in[:3], on_dev.out, on_dev.lse, dev_in[3], config=config)
     grads_host = kernels.attention_backward(q, k, v, host.out, host.lse, do, config=config)
+    # Bit-equal dQ too, even on a GPU: N_k = 11 < B_c = 16 gives T_c = 1, so flash-swapped's
+    # backward makes exactly one atomic add (onto 0) per dQ element, in no order that matters.
     for name, gd, gh in zip(("dq", "dk", "dv"), grads_dev, grads_host):
         assert np.array_equal(gd.copy_to_host(), gh), f"{name} differs between device and host inputs"
 
