@@ -142,6 +142,25 @@ def rows_dot_rows(acc, a_reg, b_reg, A, r0, B, tx, TC, length):
 
 
 @cuda.jit(device=True)
+def masked_scores(s, a_reg, b_reg, Q_s, K_s, red, r0, tx, TC, d, row0, col0, n_q, n_k, causal):
+    """S_ij = Q_i K_jᵀ (Q_s pre-scaled by tau), MASK, and this thread's share of rowmax(S_ij).
+
+    The forward kernels' Alg. 2 lines 10-12: s gets the thread's (TM, TN) micro-tile with
+    hidden entries at −inf, and red[r0 + a, tx] its partial max of tile row r0 + a, for
+    the TC threads of the row to combine after a barrier.
+    """
+    zero_tile(s)
+    rows_dot_rows(s, a_reg, b_reg, Q_s, r0, K_s, tx, TC, d)
+    for a in range(s.shape[0]):
+        mx = NEG_INF
+        for b in range(s.shape[1]):
+            if not visible(row0 + r0 + a, col0 + tx + TC * b, n_q, n_k, causal):
+                s[a, b] = NEG_INF
+            mx = max(mx, s[a, b])
+        red[r0 + a, tx] = mx
+
+
+@cuda.jit(device=True)
 def rows_dot_cols(acc, a_reg, A, r0, B, tx, TC, length):
     """acc[a, f] += Σ_c A[r0 + a, c] · B[c, tx + TC·f]: a micro-tile of A B.
 

@@ -143,15 +143,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
                 cuda.syncthreads()
 
                 # line 10: S_ij = tau Q_i K_jᵀ; line 11: MASK; line 12: this thread's share of m̃_ij
-                dev.zero_tile(s)
-                dev.rows_dot_rows(s, a_reg, b_reg, Q_s, r0, K_s, tx, TC, d)
-                for a in range(TM):
-                    mx = NEG_INF
-                    for b in range(TN):
-                        if not dev.visible(row0 + r0 + a, col0 + tx + TC * b, n_q, n_k, causal):
-                            s[a, b] = NEG_INF
-                        mx = max(mx, s[a, b])
-                    red_m[r0 + a, tx] = mx
+                dev.masked_scores(s, a_reg, b_reg, Q_s, K_s, red_m, r0, tx, TC, d, row0, col0, n_q, n_k, causal)
                 cuda.syncthreads()
 
                 # line 12: P̃_ij = exp(S_ij − m̃_ij), ℓ̃_ij = rowsum(P̃_ij); line 14: dropout into P_s

@@ -118,17 +118,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
             dev.load_rows(V_s, v, bh, col0, n_k, d, ONE)
             cuda.syncthreads()
 
-            # Alg. 1 line 9 / Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread
-            dev.zero_tile(s)
-            dev.rows_dot_rows(s, a_reg, b_reg, Q_s, r0, K_s, tx, TC, d)
-            # Alg. 2 lines 11-12: MASK, then this thread's share of rowmax(S_ij)
-            for a in range(TM):
-                mx = NEG_INF
-                for b in range(TN):
-                    if not dev.visible(row0 + r0 + a, col0 + tx + TC * b, n_q, n_k, causal):
-                        s[a, b] = NEG_INF
-                    mx = max(mx, s[a, b])
-                red[r0 + a, tx] = mx
+            # Alg. 2 lines 10-12: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread, MASK, this thread's share of rowmax
+            dev.masked_scores(s, a_reg, b_reg, Q_s, K_s, red, r0, tx, TC, d, row0, col0, n_q, n_k, causal)
             cuda.syncthreads()
 
             for a in range(TM):
