@@ -11,7 +11,7 @@ from iosim.inputs import AttentionShape, check_mask, check_positive_int, check_q
 from iosim.memory import Memory, Traffic
 from iosim.predict import Prediction
 from iosim.problem import Problem, check_dtype
-from iosim.registry import get_algorithm
+from iosim.registry import Algorithm, get_algorithm
 from iosim.rng import check_dropout_p, check_seed
 from iosim.units import parse_size
 
@@ -53,28 +53,43 @@ def _problem(shape: AttentionShape, *, scale, causal, has_mask, dropout_p, seed,
                    dropout_p=check_dropout_p(dropout_p), seed=check_seed(seed), dtype=check_dtype(dtype))
 
 
-def _count_shape(N, d, N_k, batch, heads) -> AttentionShape:
-    return AttentionShape(
+def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype) -> Problem:
+    """The problem of a count or a prediction: sizes only, no data."""
+    shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
         n_q=check_positive_int("N", N), n_k=check_positive_int("N_k", N if N_k is None else N_k),
         d=check_positive_int("d", d),
     )
+    return _problem(shape, scale=None, causal=causal, has_mask=bool(mask), dropout_p=dropout_p, seed=seed,
+                    dtype=dtype)
 
 
-def _execute(algorithm: str, pb: Problem, M, block_policy: str, data: dict | None) -> SimResult:
-    algo = get_algorithm(algorithm)
-    M = parse_size(M, pb.dtype)
-    Br, Bc = choose_blocks(algo, pb, M, block_policy)
+def new_memory(algo: Algorithm, pb: Problem, M: int, data: dict | None = None) -> Memory:
+    """A run's memory: Q, K, V (and the mask) in HBM, and room there for the algorithm's outputs.
+
+    ``data`` maps tensor names to arrays for a numeric run; None makes it count-only.
+    """
     s = pb.shape
     mem = Memory(M, bh=s.bh, numeric=data is not None)
     data = data or {}
-    for name, rows, cols in (("Q", s.n_q, s.d), ("K", s.n_k, s.d), ("V", s.n_k, s.d)):
+    inputs = [("Q", s.n_q, s.d), ("K", s.n_k, s.d), ("V", s.n_k, s.d)] + ([("mask", s.n_q, s.n_k)] if pb.has_mask else [])
+    outputs = [(name, s.n_q, {"O": s.d, "l": 1, "m": 1}.get(name, s.n_k)) for name in algo.outputs]  # S, P: N_q × N_k
+    for name, rows, cols in inputs + outputs:
         mem.add_tensor(name, rows, cols, pb.itemsize_of(name), data=data.get(name))
-    if pb.has_mask:
-        mem.add_tensor("mask", s.n_q, s.n_k, pb.itemsize_of("mask"), data=data.get("mask"))
-    for name in algo.outputs:
-        cols = {"O": s.d, "l": 1, "m": 1}.get(name, s.n_k)
-        mem.add_tensor(name, s.n_q, cols, pb.itemsize_of(name))
+    return mem
+
+
+def _blocked(algorithm: str, pb: Problem, M, block_policy: str) -> tuple[Algorithm, int, int, int]:
+    """The algorithm, M in elements and the block sizes (B_r, B_c) of its policy."""
+    algo = get_algorithm(algorithm)
+    M = parse_size(M, pb.dtype)
+    return (algo, M, *choose_blocks(algo, pb, M, block_policy))
+
+
+def _execute(algorithm: str, pb: Problem, M, block_policy: str, data: dict | None) -> SimResult:
+    algo, M, Br, Bc = _blocked(algorithm, pb, M, block_policy)
+    s = pb.shape
+    mem = new_memory(algo, pb, M, data)
     algo.run(mem, pb, Br, Bc)
     result = dict(algorithm=algorithm, problem=pb, M=M, Br=Br, Bc=Bc, traffic=mem.traffic())
     if mem.numeric:
@@ -109,8 +124,8 @@ def count(algorithm: str, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, 
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
     """
-    pb = _problem(_count_shape(N, d, N_k, batch, heads), scale=None, causal=causal, has_mask=bool(mask),
-                  dropout_p=dropout_p, seed=seed, dtype=dtype)
+    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
+                        dtype=dtype)
     return _execute(algorithm, pb, M, block_policy, None)
 
 
@@ -129,10 +144,7 @@ class PredictResult:
 def predict(algorithm: str, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", dtype="float16") -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it."""
-    algo = get_algorithm(algorithm)
-    pb = _problem(_count_shape(N, d, N_k, batch, heads), scale=None, causal=causal, has_mask=bool(mask),
-                  dropout_p=dropout_p, seed=0, dtype=dtype)
-    M = parse_size(M, pb.dtype)
-    Br, Bc = choose_blocks(algo, pb, M, block_policy)
+    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype)
+    algo, M, Br, Bc = _blocked(algorithm, pb, M, block_policy)
     return PredictResult(algorithm, pb, M, Br, Bc, algo.traffic(pb, Br, Bc, M), algo.paper_form(pb, M),
                          algo.paper_label)

@@ -5,6 +5,7 @@ import pytest
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv
+from iosim.api import new_memory
 from iosim.memory import Memory
 from iosim.units import parse_size
 
@@ -91,11 +92,7 @@ def test_algorithm_raises_capacity_error_when_blocks_do_not_fit(algorithm):
     algo = iosim.ALGORITHMS[algorithm]
     M = algo.working_set(pb, 32, 16, 1000) - 1
     assert algo.working_set(pb, 32, 16, M) > M, "precondition: 32 x 16 blocks overflow M"
-    mem = Memory(M, bh=1, numeric=False)
-    for name, rows, cols in (("Q", 64, 16), ("K", 64, 16), ("V", 64, 16)):
-        mem.add_tensor(name, rows, cols, 2)
-    for name in algo.outputs:
-        mem.add_tensor(name, 64, {"O": 16, "l": 1, "m": 1}.get(name, 64), 2)
+    mem = new_memory(algo, pb, M)
     with pytest.raises(iosim.CapacityError, match=f"M={M} elements exceeded"):
         algo.run(mem, pb, 32, 16)
 
