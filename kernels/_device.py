@@ -105,6 +105,22 @@ def load_rows(dst, src, bh, start, n, d, scale):
 
 
 @cuda.jit(device=True)
+def store_rows(dst, acc, bh, start, n, d, scale, r0, tx, TC):
+    """dst[bh, start + r0 + a, tx + TC·f] = scale · acc[a, f] for rows < n and columns < d.
+
+    Writes a thread's (TM, ⌈d/TC⌉) accumulator slice back to HBM: its rows r0 … r0 + TM − 1
+    of the tile, its columns tx, tx + TC, … of each d-wide row.
+    """
+    for a in range(acc.shape[0]):
+        row = start + r0 + a
+        if row < n:
+            for f in range(acc.shape[1]):
+                e = tx + TC * f
+                if e < d:
+                    dst[bh, row, e] = scale * acc[a, f]
+
+
+@cuda.jit(device=True)
 def load_vector(dst, src, bh, start, n, fill):
     """dst[r] = src[bh, start + r] as float32 for r < R; entries past n get `fill`."""
     for r in range(cuda.threadIdx.x, dst.shape[0], cuda.blockDim.x):

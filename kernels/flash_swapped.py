@@ -255,14 +255,8 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                             cuda.atomic.add(dq_acc, (bh, query, e), tau * dq_acc_t[a, f])
 
         # Alg. 4 line 24: write dK_j, dV_j
-        for a in range(TM):
-            key = col0 + r0 + a
-            if key < n_k:
-                for f in range(FD):
-                    e = tx + TC * f
-                    if e < d:
-                        dk[bh, key, e] = tau * dk_acc[a, f]
-                        dv[bh, key, e] = dv_acc[a, f]
+        dev.store_rows(dk, dk_acc, bh, col0, n_k, d, tau, r0, tx, TC)
+        dev.store_rows(dv, dv_acc, bh, col0, n_k, d, ONE, r0, tx, TC)
 
     return kernel
 
