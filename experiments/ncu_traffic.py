@@ -1,0 +1,275 @@
+"""The kernels' DRAM bytes measured by Nsight Compute, against iosim's count for the same tiling.
+
+Three steps, each a subcommand:
+
+    python experiments/ncu_traffic.py profile --grid traffic --out DIR   # on a GPU: runs ncu
+    python experiments/ncu_traffic.py compare DIR                        # anywhere: ratios
+    python experiments/ncu_traffic.py launch --grid sanitize             # the program ncu or
+                                                                         # compute-sanitizer runs
+
+`profile` runs `launch` under
+
+    ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum --cache-control all --csv
+        --print-units base --profile-from-start off
+
+and writes DIR/ncu.csv (ncu's raw output) and DIR/configs.json (what was launched, with
+the kernel's own tiling). `launch` runs each configuration once inside
+cudaProfilerStart/Stop, after a forward pass for a backward configuration, and opens each
+with a one-thread marker kernel whose grid size is the configuration's index + 1, so every
+row of ncu's CSV is attributed to its configuration without guessing kernel names.
+
+`compare` sums each configuration's kernels and sets them beside
+``iosim.count(impl, ..., dtype, tiling=iosim.Tiling(Br, Bc))`` with the kernel's own B_r,
+B_c and dtype, and writes DIR/traffic.json and DIR/traffic.md: measured / simulated for
+reads and writes. iosim counts the forward pass only, so backward rows carry the
+measurement alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+import iosim  # noqa: E402
+import kernels  # noqa: E402
+
+METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+DIRECTIONS = ("forward", "backward")
+MARKER = "ncu_config_marker"
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    impl: str
+    direction: str  # "forward" or "backward"
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    d: int
+    dtype: str  # "float32" or "float16"
+    causal: bool = False
+    dropout_p: float = 0.0
+
+    def tiling(self):
+        """The tiling the host API launches with for this d and direction."""
+        return kernels.resolve_config(self.impl, self.d, self.direction == "backward")
+
+
+def fused_impls() -> list[str]:
+    """Kernel impls that are also simulated algorithms and tile with a TileConfig (B_r × B_c)."""
+    return [
+        name for name, module in kernels.IMPLS.items()
+        if name in iosim.ALGORITHMS and isinstance(module.FORWARD_TILES[0], kernels.TileConfig)
+    ]
+
+
+def traffic_grid() -> list[LaunchConfig]:
+    """One batch·head and 256 (batch 16, heads 16), float32, full attention."""
+    configs = []
+    for impl in fused_impls():
+        for d in (64, 128):
+            for batch, heads, sizes in ((1, 1, (1024, 4096, 16384)), (16, 16, (1024, 4096))):
+                for n in sizes:
+                    configs.append(LaunchConfig(impl, "forward", batch, heads, n, n, d, "float32"))
+                    if n <= 4096:  # the backward of one block per batch·head is slow past that
+                        configs.append(LaunchConfig(impl, "backward", batch, heads, n, n, d, "float32"))
+    return configs
+
+
+def sanitize_grid() -> list[LaunchConfig]:
+    """Every impl and direction at small ragged shapes: causal with dropout and N_q ≠ N_k both ways, float16."""
+    configs = []
+    for impl in kernels.IMPLS:
+        for direction in DIRECTIONS:
+            configs.append(LaunchConfig(impl, direction, 1, 2, 100, 77, 64, "float32", causal=True, dropout_p=0.2))
+            configs.append(LaunchConfig(impl, direction, 1, 1, 77, 100, 128, "float16", causal=True))
+    return configs
+
+
+GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid}
+
+
+def launch(configs: list[LaunchConfig]) -> None:
+    """Run each configuration once between cudaProfilerStart and cudaProfilerStop, after its marker."""
+    from numba import cuda
+
+    @cuda.jit
+    def ncu_config_marker():
+        pass
+
+    rng = np.random.default_rng(0)
+    for index, cfg in enumerate(configs):
+        rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.heads, cfg.n_k, cfg.d)
+        q, k, v, dout = (
+            cuda.to_device(rng.standard_normal(s, dtype=np.float32).astype(cfg.dtype)) for s in (rows, keys, keys, rows)
+        )
+        opts = dict(impl=cfg.impl, causal=cfg.causal, dropout_p=cfg.dropout_p, seed=index)
+        saved = kernels.attention(q, k, v, **opts) if cfg.direction == "backward" else None
+        cuda.synchronize()
+        cuda.profile_start()
+        ncu_config_marker[index + 1, 1]()
+        if saved is None:
+            kernels.attention(q, k, v, **opts)
+        else:
+            kernels.attention_backward(q, k, v, saved.out, saved.lse, dout, **opts)
+        cuda.synchronize()
+        cuda.profile_stop()
+        print(f"launched {index}: {cfg}", flush=True)
+
+
+def ncu_command(ncu: str, grid: str, log_file: Path) -> list[str]:
+    return [
+        ncu, "--metrics", ",".join(METRICS), "--cache-control", "all", "--csv", "--print-units", "base",
+        "--profile-from-start", "off", "--log-file", str(log_file),
+        sys.executable, str(Path(__file__).resolve()), "launch", "--grid", grid,
+    ]
+
+
+def profile(grid: str, out: Path, ncu: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    configs = GRIDS[grid]()
+    (out / "configs.json").write_text(json.dumps(
+        [{**asdict(c), "tiling": asdict(c.tiling())} for c in configs], indent=2) + "\n")
+    command = ncu_command(ncu, grid, out / "ncu.csv")
+    (out / "command.txt").write_text(" ".join(command) + "\n")
+    subprocess.run(command, check=True, cwd=REPO)
+    return out / "ncu.csv"
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_ncu_csv(path: Path) -> list[dict]:
+    """Per configuration index: its kernels and their summed DRAM bytes read and written."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith('"')]
+    kernels_by_id: dict[str, dict] = {}
+    for row in csv.DictReader(lines):
+        entry = kernels_by_id.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"], "metrics": {}})
+        unit = row["Metric Unit"]
+        if unit != "byte":
+            raise ValueError(f"{path}: metric {row['Metric Name']} has unit {unit!r}; expected 'byte' (--print-units base)")
+        entry["metrics"][row["Metric Name"]] = _number(row["Metric Value"])
+    configs: list[dict] = []
+    current = None
+    for kernel_id in sorted(kernels_by_id, key=int):
+        entry = kernels_by_id[kernel_id]
+        if MARKER in entry["name"]:
+            index = int(entry["grid"].strip("()").split(",")[0]) - 1
+            current = {"index": index, "kernels": [], "read_bytes": 0.0, "write_bytes": 0.0}
+            configs.append(current)
+            continue
+        if current is None:
+            raise ValueError(f"{path}: kernel {entry['name']!r} (ID {kernel_id}) was profiled before any marker")
+        current["kernels"].append(entry["name"].split("(")[0][:120])
+        current["read_bytes"] += entry["metrics"][METRICS[0]]
+        current["write_bytes"] += entry["metrics"][METRICS[1]]
+    return configs
+
+
+def simulated(cfg: LaunchConfig) -> dict:
+    """iosim's forward count with the kernel's own B_r, B_c and dtype."""
+    t = cfg.tiling()
+    tiling = iosim.Tiling(Br=t.Br, Bc=t.Bc)
+    result = iosim.count(
+        cfg.impl, N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, M=None, batch=cfg.batch, heads=cfg.heads,
+        causal=cfg.causal, dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=tiling,
+    )
+    traffic = result.traffic
+    return {
+        "Br": result.Br, "Bc": result.Bc, "M": result.M,
+        "read_bytes": sum(x.read_bytes for x in traffic.tensors),
+        "write_bytes": sum(x.write_bytes for x in traffic.tensors),
+        "by_tensor": {x.name: {"read_bytes": x.read_bytes, "write_bytes": x.write_bytes} for x in traffic.tensors},
+    }
+
+
+def compare(folder: Path) -> list[dict]:
+    configs = [
+        LaunchConfig(**{k: v for k, v in c.items() if k != "tiling"})
+        for c in json.loads((folder / "configs.json").read_text())
+    ]
+    rows = []
+    for measured in parse_ncu_csv(folder / "ncu.csv"):
+        cfg = configs[measured["index"]]
+        row = {**asdict(cfg), "tiling": asdict(cfg.tiling()), "measured": measured}
+        if cfg.direction == "forward":
+            sim = simulated(cfg)
+            row["simulated"] = sim
+            row["read_ratio"] = measured["read_bytes"] / sim["read_bytes"]
+            row["write_ratio"] = measured["write_bytes"] / sim["write_bytes"]
+        rows.append(row)
+    (folder / "traffic.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (folder / "traffic.md").write_text(markdown(rows))
+    return rows
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:,.1f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    head = (
+        "| impl | dir | batch·heads | N | d | B_r×B_c | DRAM read MB | sim read MB | read meas/sim "
+        "| DRAM write MB | sim write MB | write meas/sim |\n"
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    )
+    lines = []
+    for r in rows:
+        m, sim = r["measured"], r.get("simulated")
+        tile = f"{r['tiling']['Br']}×{r['tiling']['Bc']}"
+        cells = [r["impl"], r["direction"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]), tile,
+                 _mb(m["read_bytes"]), _mb(sim["read_bytes"]) if sim else "–",
+                 f"{r['read_ratio']:.3f}" if sim else "–",
+                 _mb(m["write_bytes"]), _mb(sim["write_bytes"]) if sim else "–",
+                 f"{r['write_ratio']:.3f}" if sim else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="step", required=True)
+    p_launch = sub.add_parser("launch", help="run a grid's configurations once each (the program ncu profiles)")
+    p_launch.add_argument("--grid", choices=sorted(GRIDS), default="traffic")
+    p_profile = sub.add_parser("profile", help="run `launch` under ncu and keep its CSV")
+    p_profile.add_argument("--grid", choices=sorted(GRIDS), default="traffic")
+    p_profile.add_argument("--out", type=Path, required=True)
+    p_profile.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
+    p_compare = sub.add_parser("compare", help="measured / simulated from a profiled folder")
+    p_compare.add_argument("folder", type=Path)
+    return parser
+
+
+def run(args: argparse.Namespace):
+    if args.step == "launch":
+        return launch(GRIDS[args.grid]())
+    if args.step == "profile":
+        return profile(args.grid, args.out, args.ncu)
+    return compare(args.folder)
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    result = run(args)
+    if args.step == "compare":
+        print(markdown(result), end="")
+    elif args.step == "profile":
+        print(result)
+
+
+if __name__ == "__main__":
+    main()
