@@ -3,6 +3,11 @@
 O = dropout(softmax(MASK(tau · Q Kᵀ))) V, computed with whole N_q × N_k matrices.
 Rows with no visible key give O = 0 and logsumexp = -inf. NaN in the inputs
 propagates to every output that depends on it, as plain arithmetic does.
+
+MASK is spelled out here rather than taken from the simulator's helpers, so that a
+mistake in those cannot be repeated in the yardstick: causal attention is aligned
+bottom-right (query i sees key j exactly when j ≤ i + N_k − N_q), and an explicit
+boolean mask broadcasts to (batch, heads, N_q, N_k) with True meaning "attend".
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.inputs import AttentionShape, causal_keep, check_dout, check_mask, check_qkv, check_scale
+from iosim.inputs import AttentionShape, check_dout, check_mask, check_qkv, check_scale
 from iosim.rng import check_dropout_p, dropout_tile
 
 
@@ -21,14 +26,26 @@ class ReferenceOutput:
     lse: np.ndarray  # (batch, heads, N_q), float64: log Σ_j exp(S_ij), -inf on fully masked rows
 
 
+def _causal_visibility(n_q: int, n_k: int) -> np.ndarray:
+    """(N_q, N_k) booleans: query i sees key j exactly when j ≤ i + (N_k − N_q).
+
+    Row i sees a prefix of the keys, j = 0 … i + N_k − N_q: that is
+    i + N_k − N_q + 1 keys, clipped to [0, N_k]. The last row sees all N_k keys;
+    with N_q > N_k the first N_q − N_k rows see none.
+    """
+    seen = np.clip(np.arange(n_q) + (n_k - n_q) + 1, 0, n_k)  # (N_q,): keys seen by each row
+    return np.arange(n_k)[None, :] < seen[:, None]  # (N_q, N_k)
+
+
 def _keep_matrix(shape: AttentionShape, causal: bool, mask) -> np.ndarray:
     """Visibility of every (query, key) pair: (batch, heads, N_q, N_k) booleans."""
-    keep = np.ones((shape.batch, shape.heads, shape.n_q, shape.n_k), dtype=bool)
+    full = (shape.batch, shape.heads, shape.n_q, shape.n_k)
+    keep = np.ones(full, dtype=bool)
     if causal:
-        keep &= causal_keep(shape.n_q, shape.n_k, slice(0, shape.n_q), slice(0, shape.n_k))
-    m = check_mask(mask, shape)
-    if m is not None:
-        keep &= m
+        keep &= _causal_visibility(shape.n_q, shape.n_k)
+    if mask is not None:
+        check_mask(mask, shape)  # raises on a non-boolean mask or one that does not broadcast
+        keep &= np.broadcast_to(np.asarray(mask), full)  # True = attend
     return keep
 
 
