@@ -2,17 +2,21 @@
 
     >>> import iosim
     >>> r = iosim.count("flash", N=4096, d=64, M="100k")
-    >>> r.traffic.total == iosim.predict("flash", N=4096, d=64, M="100k").exact.total
+    >>> r.traffic == iosim.predict("flash", N=4096, d=64, M="100k").exact
     True
 """
 
-from iosim.api import PredictResult, RNGState, SimResult, count, predict, simulate
-from iosim.blocks import BlockSizeError
-from iosim.memory import CapacityError, Traffic
+from iosim.algorithm import Algorithm, Tensor
+from iosim.api import PredictResult, SimResult, count, predict, simulate
+from iosim.counts import Counts, TensorCounts
+from iosim.errors import BlockSizeError, InputError, InputTypeError
+from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
-from iosim.registry import ALGORITHMS
+from iosim.registry import ALGORITHMS, register
+from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "BlockSizeError", "CapacityError", "PredictResult", "RNGState", "SimResult", "Traffic",
-    "attention_backward_ref", "attention_ref", "count", "predict", "simulate",
+    "ALGORITHMS", "Algorithm", "BlockSizeError", "CapacityError", "Counts", "InputError", "InputTypeError",
+    "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
+    "count", "predict", "register", "simulate",
 ]

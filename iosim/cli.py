@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.api import SimResult, simulate
-from iosim.blocks import POLICIES
+from iosim.errors import InputError
 from iosim.memory import CapacityError
 from iosim.problem import DTYPE_ITEMSIZE
 from iosim.reference import attention_ref
-from iosim.registry import ALGORITHMS
+from iosim.registry import ALGORITHMS, DEFAULT, baseline
+from iosim.tiling import POLICIES
 from iosim.sweep import DEFAULT_D, DEFAULT_N, RecordWriter, SweepRow, run_sweep, traffic_ratios
 from iosim.units import parse_size
 
@@ -49,7 +50,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size for bytes and for M given in bytes (default float16)")
-    p.add_argument("--block-policy", choices=POLICIES, default="fit",
+    p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d)")
 
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rn = sub.add_parser("run", help="one numeric simulation on random inputs, checked against float64")
     _add_common(rn)
-    rn.add_argument("--algo", choices=list(ALGORITHMS), default="flash")
+    rn.add_argument("--algo", choices=list(ALGORITHMS), default=DEFAULT)
     rn.add_argument("--N", type=_positive_int, default=1000, help="query length N_q")
     rn.add_argument("--N-k", type=_positive_int, default=None, help="key/value length (default: N)")
     rn.add_argument("--d", type=_positive_int, default=64)
@@ -134,7 +135,8 @@ def _render_sweep(console, outcome: SweepOutcome) -> None:
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in rows:
         table.add_row(
-            r.algorithm, str(r.N), str(r.d), str(r.Br or "—"), str(r.Bc or "—"), _si(r.reads), _si(r.writes),
+            r.algorithm, str(r.N), str(r.d), str(r.tiling.Br if r.tiling else "—"),
+            str(r.tiling.Bc if r.tiling else "—"), _si(r.reads), _si(r.writes),
             _si(r.total), _si(r.predicted), _si(r.paper), "—" if r.ratio is None else f"{r.ratio:.6f}",
             "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}",
         )
@@ -145,11 +147,12 @@ def _render_sweep(console, outcome: SweepOutcome) -> None:
             break
     labels = {r.algorithm: r.paper_label for r in rows}
     console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
-    for other in [a for a in ("flash", "flash-swapped") if a in labels]:
-        ratios = traffic_ratios(rows, "standard", other)
+    base = baseline().name
+    for other in [a for a in labels if a != base]:
+        ratios = traffic_ratios(rows, base, other)
         if not ratios:
             continue
-        console.print(f"[bold]standard ÷ {other} traffic[/]")
+        console.print(f"[bold]{base} ÷ {other} traffic[/]")
         for d in sorted({x.d for x in ratios}):
             line = ", ".join(f"N={x.N}: {x.ratio:.2f}×" for x in ratios if x.d == d)
             console.print(f"  d={d}: {line}")
@@ -162,7 +165,8 @@ def _render_run(console, outcome: RunOutcome) -> None:
     t = r.traffic
     pb = r.problem
     table = Table(title=f"{r.algorithm}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, d={pb.shape.d}, "
-                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={r.Br}, B_c={r.Bc}", header_style="bold")
+                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={r.tiling.Br}, B_c={r.tiling.Bc}",
+                  header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
         table.add_column(col, justify="left" if col == "tensor" else "right")
     for x in t.tensors:
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             _render_sweep(console, outcome)
         else:
             _render_run(console, run(args))
-    except (UsageError, ValueError, TypeError, CapacityError, OSError) as err:
+    except (UsageError, InputError, CapacityError, OSError) as err:
         print(f"iosim: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iosim.errors import InputError, InputTypeError
+
 
 def check_positive_int(name: str, value) -> int:
     """Return value as an int, or raise naming the parameter when it is not >= 1."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}={value!r} must be an integer >= 1")
+        raise InputTypeError(f"{name}={value!r} must be an integer >= 1")
     if value < 1:
-        raise ValueError(f"{name}={value!r} is outside the allowed range [1, inf)")
+        raise InputError(f"{name}={value!r} is outside the allowed range [1, inf)")
     return int(value)
 
 
@@ -34,7 +36,7 @@ def check_scale(scale, d: int) -> float:
         return 1.0 / math.sqrt(d)
     tau = float(scale)
     if not math.isfinite(tau) or tau == 0.0:
-        raise ValueError(f"scale={scale!r} must be a finite non-zero number")
+        raise InputError(f"scale={scale!r} must be a finite non-zero number")
     return tau
 
 
@@ -45,30 +47,19 @@ def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
     return j <= i + (n_k - n_q)
 
 
-def causal_first_query_block(n_q: int, n_k: int, col0: int, Br: int) -> int:
-    """The first query block that sees key col0 under the causal mask.
-
-    Row i sees col0 when i >= col0 − (N_k − N_q); a block of B_r rows ending at row
-    (i + 1)·B_r − 1 qualifies from i = ⌊(col0 − (N_k − N_q)) / B_r⌋ on.
-    """
-    return max(0, col0 - (n_k - n_q)) // Br
-
-
-def causal_key_blocks(n_q: int, n_k: int, last_row: int, Bc: int) -> int:
-    """How many key blocks (from the first) a query block ending at ``last_row`` sees."""
-    last_key = last_row + (n_k - n_q)
-    return 0 if last_key < 0 else min(-(-n_k // Bc), last_key // Bc + 1)
-
-
 @dataclass(frozen=True)
 class AttentionShape:
-    """The sizes of one attention problem."""
+    """The sizes of one attention problem; each must be an integer >= 1."""
 
     batch: int
     heads: int
     n_q: int
     n_k: int
     d: int
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "n_q", "n_k", "d"):
+            check_positive_int(name, getattr(self, name))
 
     @property
     def bh(self) -> int:
@@ -79,15 +70,15 @@ def check_qkv(q, k, v) -> AttentionShape:
     """Check that q, k, v are (batch, heads, N, d) arrays that fit together."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
-            raise ValueError(
+            raise InputError(
                 f"{name} must have 4 dimensions (batch, heads, N, d); got shape {getattr(x, 'shape', None)}"
             )
         if 0 in x.shape:
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; every dimension must be >= 1")
+            raise InputError(f"{name} has shape {tuple(x.shape)}; every dimension must be >= 1")
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape; got k {tuple(k.shape)} and v {tuple(v.shape)}")
+        raise InputError(f"k and v must have the same shape; got k {tuple(k.shape)} and v {tuple(v.shape)}")
     if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
-        raise ValueError(
+        raise InputError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and d"
         )
     b, h, n_q, d = q.shape
@@ -100,16 +91,16 @@ def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:
         return None
     m = np.asarray(mask)
     if m.dtype != np.bool_:
-        raise TypeError(f"mask must be boolean (True = attend); got dtype {m.dtype}")
+        raise InputTypeError(f"mask must be boolean (True = attend); got dtype {m.dtype}")
     full = (shape.batch, shape.heads, shape.n_q, shape.n_k)
     try:
         return np.broadcast_to(m, full)
     except ValueError:
-        raise ValueError(f"mask of shape {m.shape} does not broadcast to (batch, heads, N_q, N_k) = {full}") from None
+        raise InputError(f"mask of shape {m.shape} does not broadcast to (batch, heads, N_q, N_k) = {full}") from None
 
 
 def check_dout(dout, shape: AttentionShape) -> None:
     """dO must have the shape of the output, (batch, heads, N_q, d)."""
     want = (shape.batch, shape.heads, shape.n_q, shape.d)
     if tuple(getattr(dout, "shape", ())) != want:
-        raise ValueError(f"dout must have shape {want}; got {tuple(getattr(dout, 'shape', ()))}")
+        raise InputError(f"dout must have shape {want}; got {tuple(getattr(dout, 'shape', ()))}")

@@ -13,18 +13,21 @@ numpy operation covers them all. M is the SRAM of one streaming multiprocessor,
 which in the paper's model serves one head at a time, so occupancy is counted per
 head while traffic is summed over every head.
 
-In count-only mode tiles carry shapes and no data. Blocks of equal shape then move
-identical traffic, so ``blocks`` visits one representative per shape class (the
-full blocks, and the ragged last one) and weights its traffic by the class size.
-The algorithm code is the same in both modes; tests hold the counts equal.
+In count-only mode tiles carry shapes and no data. Blocks of equal size whose nested
+loops visit blocks of equal sizes then move identical traffic, so ``loop`` visits
+one representative per class (``iosim.visits.Blocks.classes``) and weights its
+traffic by the class size. The algorithm code is the same in both modes; tests hold
+the counts equal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from iosim.counts import Counts, TensorCounts
+from iosim.visits import Blocks
 
 
 class CapacityError(MemoryError):
@@ -38,62 +41,6 @@ class CapacityError(MemoryError):
             f"SRAM capacity M={M} elements exceeded: allocating {requested} ({size} elements) "
             f"on top of {used} resident [{buffers}] needs {used + size}"
         )
-
-
-@dataclass(frozen=True)
-class TensorTraffic:
-    """HBM traffic of one tensor, summed over all batch·heads."""
-
-    name: str
-    reads: int  # elements
-    writes: int  # elements
-    itemsize: int  # bytes per element
-
-    @property
-    def read_bytes(self) -> int:
-        return self.reads * self.itemsize
-
-    @property
-    def write_bytes(self) -> int:
-        return self.writes * self.itemsize
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """Every tensor's HBM reads and writes, and the peak SRAM occupancy of one head."""
-
-    tensors: tuple[TensorTraffic, ...]
-    peak_sram: int  # elements resident at once, per head
-    M: int
-
-    @property
-    def reads(self) -> int:
-        return sum(t.reads for t in self.tensors)
-
-    @property
-    def writes(self) -> int:
-        return sum(t.writes for t in self.tensors)
-
-    @property
-    def total(self) -> int:
-        return self.reads + self.writes
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(t.read_bytes + t.write_bytes for t in self.tensors)
-
-    def tensor(self, name: str) -> TensorTraffic:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(f"no tensor named {name!r}; tensors: {[t.name for t in self.tensors]}")
-
-    def as_dict(self) -> dict:
-        return {
-            "reads": self.reads, "writes": self.writes, "total": self.total,
-            "total_bytes": self.total_bytes, "peak_sram": self.peak_sram, "M": self.M,
-            "tensors": [asdict(t) for t in self.tensors],
-        }
 
 
 class Tile:
@@ -155,9 +102,6 @@ class Memory:
         else:
             self._hbm[name] = np.full((self.bh, rows, cols), np.nan if fill is None else fill)
 
-    def has(self, name: str) -> bool:
-        return name in self._shape
-
     def tensor(self, name: str) -> np.ndarray:
         """The HBM contents of a tensor after a numeric run (no traffic counted)."""
         data = self._hbm[name]
@@ -165,10 +109,21 @@ class Memory:
             raise RuntimeError(f"tensor {name!r} carries no data in count-only mode")
         return data
 
+    def _block(self, name: str, rows: slice, cols: slice | None) -> tuple[slice, int, int]:
+        """The column slice (all columns when None) and the size of a block, checked against the tensor."""
+        if name not in self._shape:
+            raise KeyError(f"no tensor {name!r} in HBM; tensors: {list(self._shape)}")
+        n_rows, n_cols = self._shape[name]
+        cols = cols if cols is not None else slice(0, n_cols)
+        for axis, s, n in (("rows", rows, n_rows), ("cols", cols, n_cols)):
+            if s.step not in (None, 1) or not 0 <= s.start < s.stop <= n:
+                raise IndexError(f"{axis} {s.start}:{s.stop} of tensor {name!r} are outside its {n_rows} x {n_cols} "
+                                 f"elements; allowed: a non-empty contiguous block within [0, {n})")
+        return cols, rows.stop - rows.start, cols.stop - cols.start
+
     def load(self, name: str, rows: slice, cols: slice | None = None, *, tile: str | None = None) -> Tile:
         """Copy a block of an HBM tensor into a new SRAM tile, counting its reads."""
-        cols = cols if cols is not None else slice(0, self._shape[name][1])
-        r, c = rows.stop - rows.start, cols.stop - cols.start
+        cols, r, c = self._block(name, rows, cols)
         out = self.alloc(tile or name, r, c)
         self._reads[name] += r * c * self.bh * self._weight
         if self.numeric:
@@ -177,8 +132,7 @@ class Memory:
 
     def store(self, src: Tile, name: str, rows: slice, cols: slice | None = None) -> None:
         """Write an SRAM tile back to a block of an HBM tensor, counting the writes."""
-        cols = cols if cols is not None else slice(0, self._shape[name][1])
-        r, c = rows.stop - rows.start, cols.stop - cols.start
+        cols, r, c = self._block(name, rows, cols)
         if (r, c) != (src.rows, src.cols):
             raise ValueError(f"tile {src.name} is {src.rows}x{src.cols}; block of {name} is {r}x{c}")
         self._writes[name] += r * c * self.bh * self._weight
@@ -214,38 +168,29 @@ class Memory:
         return out
 
     # --- loops -------------------------------------------------------------
-    def blocks(self, n: int, B: int, *, start: int = 0, stop: int | None = None,
-               every: bool = False) -> Iterator[tuple[int, slice]]:
-        """Blocks start … stop − 1 of range(n) split into T = ceil(n/B) blocks of B.
+    def loop(self, blocks: Blocks) -> Iterator[tuple[int, slice]]:
+        """(index, rows) of each block a loop visits.
 
-        Numeric mode yields every (index, slice). Count-only mode yields one full
-        block and the ragged last one, with traffic weighted by their counts, unless
-        ``every`` is set: an outer loop whose inner range depends on its index must
-        visit each of its blocks in both modes.
+        Numeric mode yields every block. Count-only mode yields one representative of
+        each class of blocks that move identical traffic, weighting its traffic by the
+        class size.
         """
-        T = -(-n // B)
-        stop = T if stop is None else min(stop, T)
-        if self.numeric or every:
-            for t in range(start, stop):
-                yield t, slice(t * B, min(n, (t + 1) * B))
+        if self.numeric:
+            for t in blocks:
+                yield t, blocks.axis.slice(t)
             return
-        full_stop = min(stop, n // B)  # blocks below n // B are full
-        classes = [(start, slice(start * B, start * B + B), full_stop - start)] if full_stop > start else []
-        if stop == T and n % B and T - 1 >= start:
-            classes.append((T - 1, slice((T - 1) * B, n), 1))
         outer = self._weight
         try:
-            for index, block, count in classes:
+            for t, count in blocks.classes():
                 self._weight = outer * count
-                yield index, block
+                yield t, blocks.axis.slice(t)
         finally:
             self._weight = outer
 
     # --- results -----------------------------------------------------------
-    def traffic(self) -> Traffic:
+    def counts(self) -> Counts:
+        """Every HBM tensor's reads and writes, in the order they were placed, and the peak SRAM."""
         if self._resident:
             raise RuntimeError(f"buffers still resident in SRAM at the end of the run: {self.resident()}")
-        tensors = tuple(
-            TensorTraffic(n, self._reads[n], self._writes[n], self._itemsize[n]) for n in self._shape
-        )
-        return Traffic(tensors=tensors, peak_sram=self._peak, M=self.M)
+        tensors = tuple(TensorCounts(n, self._reads[n], self._writes[n], self._itemsize[n]) for n in self._shape)
+        return Counts(tensors=tensors, peak_sram=self._peak)

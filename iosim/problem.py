@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from iosim.errors import InputError, InputTypeError
 from iosim.inputs import AttentionShape
+from iosim.rng import check_dropout_p, check_seed
 
-# Bytes per element of the tensors an algorithm moves. The statistics ℓ and m are
-# kept in float32 when the data is narrower, as FlashAttention's kernels do.
+# Bytes per element of the tensors an algorithm moves, by element class: "data" is
+# the problem's dtype; "stat" (the softmax statistics ℓ and m) is kept in float32 when
+# the data is narrower, as FlashAttention's kernels do; "mask" is one byte a boolean.
 DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-MASK_ITEMSIZE = 1  # a boolean mask is one byte per element
+MASK_ITEMSIZE = 1
+STAT_MIN_ITEMSIZE = 4
+ELEMENTS = ("data", "stat", "mask")
 
 
 def check_dtype(dtype: str) -> str:
     if dtype not in DTYPE_ITEMSIZE:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPE_ITEMSIZE)}")
+        raise InputError(f"dtype={dtype!r} is not one of {sorted(DTYPE_ITEMSIZE)}")
     return dtype
 
 
 @dataclass(frozen=True)
 class Problem:
-    """Sizes and options of one run. ``has_mask`` says whether a boolean mask is read from HBM."""
+    """Sizes and options of one run, checked when built. ``has_mask``: a boolean mask is read from HBM."""
 
     shape: AttentionShape
     tau: float
@@ -30,18 +36,26 @@ class Problem:
     seed: int = 0
     dtype: str = "float16"
 
-    @property
-    def itemsize(self) -> int:
-        return DTYPE_ITEMSIZE[self.dtype]
+    def __post_init__(self):
+        if not isinstance(self.shape, AttentionShape):
+            raise InputTypeError(f"shape={self.shape!r} must be an AttentionShape")
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau) \
+                or self.tau == 0:
+            raise InputError(f"tau={self.tau!r} must be a finite non-zero number")
+        for name in ("causal", "has_mask"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputTypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        check_dropout_p(self.dropout_p)
+        check_seed(self.seed)
+        check_dtype(self.dtype)
 
-    @property
-    def stat_itemsize(self) -> int:
-        return max(4, self.itemsize)
+    def dim(self, name: str) -> int:
+        """A size by the name tensors use for it: N_q, N_k, d, or 1."""
+        return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1}[name]
 
-    def itemsize_of(self, tensor: str) -> int:
-        """Bytes per element of an HBM tensor, by its name."""
-        if tensor == "mask":
+    def itemsize(self, element: str = "data") -> int:
+        """Bytes per element of the element class ``element`` (one of ELEMENTS)."""
+        if element == "mask":
             return MASK_ITEMSIZE
-        if tensor in ("l", "m"):
-            return self.stat_itemsize
-        return self.itemsize
+        data = DTYPE_ITEMSIZE[self.dtype]
+        return max(STAT_MIN_ITEMSIZE, data) if element == "stat" else data

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from iosim.errors import InputError, InputTypeError
+
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
@@ -26,17 +28,17 @@ def check_dropout_p(dropout_p: float) -> float:
     """Return dropout_p as a float, or raise when it lies outside [0, 1)."""
     p = float(dropout_p)
     if not (0.0 <= p < 1.0):
-        raise ValueError(f"dropout_p={dropout_p!r} is outside the allowed range [0, 1)")
+        raise InputError(f"dropout_p={dropout_p!r} is outside the allowed range [0, 1)")
     return p
 
 
 def check_seed(seed: int) -> int:
     """Return seed as an int, or raise when it does not fit in 64 unsigned bits."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed={seed!r} must be an integer in [0, 2**64)")
+        raise InputTypeError(f"seed={seed!r} must be an integer in [0, 2**64)")
     s = int(seed)
     if not (0 <= s < 2**64):
-        raise ValueError(f"seed={seed!r} is outside the allowed range [0, 2**64)")
+        raise InputError(f"seed={seed!r} is outside the allowed range [0, 2**64)")
     return s
 
 

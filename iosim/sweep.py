@@ -6,11 +6,12 @@ import csv
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from iosim.api import count, predict
-from iosim.blocks import BlockSizeError
+from iosim.errors import BlockSizeError
+from iosim.tiling import Tiling
 
 DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
 DEFAULT_D = (64, 128)
@@ -25,8 +26,7 @@ class SweepRow:
     batch: int
     heads: int
     dtype: str
-    Br: int | None
-    Bc: int | None
+    tiling: Tiling | None
     reads: int | None  # elements, all batch·heads
     writes: int | None
     total: int | None
@@ -42,6 +42,20 @@ class SweepRow:
     def peak_fraction(self) -> float | None:
         return None if self.peak_sram is None else self.peak_sram / self.M
 
+    @staticmethod
+    def columns() -> list[str]:
+        """The keys of ``record``: the row's fields, with the tiling's fields in place of the tiling."""
+        own = [f.name for f in fields(SweepRow)]
+        at = own.index("tiling")
+        return own[:at] + [f.name for f in fields(Tiling)] + own[at + 1:] + ["peak_fraction"]
+
+    def record(self) -> dict:
+        """The row as one flat JSON/CSV record."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update({f.name: getattr(self.tiling, f.name, None) for f in fields(Tiling)})
+        values["peak_fraction"] = self.peak_fraction
+        return {key: values[key] for key in self.columns()}
+
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, batch=1, heads=1, causal=False, dtype="float16",
               block_policy="fit") -> SweepRow:
@@ -53,11 +67,11 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, batch=1, heads=1, causal=Fal
         if block_policy == "fit":
             raise
         fit = predict(algorithm, **{**options, "block_policy": "fit"})  # for M in elements and the paper's form
-        return SweepRow(algorithm, N, d, fit.M, batch, heads, dtype, None, None, None, None, None, None, None,
+        return SweepRow(algorithm, N, d, fit.M, batch, heads, dtype, None, None, None, None, None, None,
                         fit.paper, fit.paper_label, None, None, f"does not fit: {err}")
     t = measured.traffic
     return SweepRow(
-        algorithm, N, d, measured.M, batch, heads, dtype, measured.Br, measured.Bc, t.reads, t.writes, t.total,
+        algorithm, N, d, measured.M, batch, heads, dtype, measured.tiling, t.reads, t.writes, t.total,
         t.total_bytes, pred.exact.total, pred.paper, pred.paper_label, t.total / pred.exact.total, t.peak_sram, "ok",
     )
 
@@ -76,11 +90,11 @@ class RecordWriter:
         self._csv = None
         if self.csv_path:
             self._csv_file = self.csv_path.open("w", newline="")
-            self._csv = csv.DictWriter(self._csv_file, fieldnames=[f.name for f in fields(SweepRow)] + ["peak_fraction"])
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=SweepRow.columns())
             self._csv.writeheader()
 
     def add(self, row: SweepRow) -> None:
-        record = {**asdict(row), "peak_fraction": row.peak_fraction}
+        record = row.record()
         self.records.append(record)
         if self._csv:
             self._csv.writerow(record)

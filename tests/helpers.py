@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.blocks import shape_rule
 from iosim.inputs import AttentionShape
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS
+from iosim.tiling import shape_rule
 
 ALGORITHM_NAMES = list(ALGORITHMS)
 
@@ -27,13 +27,11 @@ def M_for_block(algorithm: str, n_q: int, n_k: int, d: int, B: int, has_mask: bo
     """The smallest M whose 'fit' blocks have outer block B: tests pick tilings through it."""
     algo = ALGORITHMS[algorithm]
     pb = problem(n_q, n_k, d, has_mask=has_mask)
-    lo = algo.working_set(pb, *shape_rule(algo, pb, B), 10**12)
-    if algorithm == "standard":  # step 2's row buffer grows with M: search upward from lo
-        M = lo
-        while algo.working_set(pb, *shape_rule(algo, pb, B), M) > M:
-            M += 1
-        return M
-    return lo
+    tiling = shape_rule(algo, pb, B)
+    M = algo.working_set(pb, tiling, 10**12)
+    while algo.working_set(pb, tiling, M) > M:  # a working set may grow with M (standard's softmax rows)
+        M += 1
+    return M
 
 
 def relative_error(x: np.ndarray, ref: np.ndarray) -> float:

@@ -38,7 +38,7 @@ def test_output_matches_float64_reference(algorithm, c):
     ref = iosim.attention_ref(q, k, v, **opts)
     assert r.out.shape == q.shape
     err = relative_error(r.out, ref.out)
-    assert err <= TOL, f"{algorithm} {c} B_r={r.Br} B_c={r.Bc}: relative error {err:.3e} > {TOL}"
+    assert err <= TOL, f"{algorithm} {c} {r.tiling}: relative error {err:.3e} > {TOL}"
     if r.lse is not None:
         assert np.array_equal(np.isneginf(r.lse), np.isneginf(ref.lse)), "fully masked rows differ"
         finite = np.isfinite(ref.lse)
@@ -54,8 +54,8 @@ def test_awkward_shapes_causal(algorithm, n_q, n_k):
     r = iosim.simulate(algorithm, q, k, v, M=3000, causal=True)
     ref = iosim.attention_ref(q, k, v, causal=True)
     err = relative_error(r.out, ref.out)
-    assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: error {err:.3e}, blocks {r.Br}x{r.Bc}"
-    assert r.Br < n_q or r.Bc < n_k or n_q == n_k == 1, "the case should tile, not fit whole"
+    assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: error {err:.3e}, blocks {r.tiling}"
+    assert r.tiling.Br < n_q or r.tiling.Bc < n_k or n_q == n_k == 1, "the case should tile, not fit whole"
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)

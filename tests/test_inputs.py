@@ -74,7 +74,7 @@ def test_paper_policy_overflow_is_reported_not_exceeded():
     with pytest.raises(iosim.BlockSizeError, match="working set of 108800 elements exceeds M=100000"):
         iosim.count("flash", N=1024, d=128, M="100k", block_policy="paper")
     r = iosim.count("flash", N=1024, d=64, M="100k", block_policy="paper")
-    assert (r.Br, r.Bc) == (64, 391) and r.traffic.peak_sram <= r.M
+    assert r.tiling == iosim.Tiling(64, 391) and r.traffic.peak_sram <= r.M
 
 
 def test_capacity_error_names_the_resident_buffers():
@@ -90,11 +90,12 @@ def test_algorithm_raises_capacity_error_when_blocks_do_not_fit(algorithm):
     from helpers import problem
     pb = problem(64, 64, 16)
     algo = iosim.ALGORITHMS[algorithm]
-    M = algo.working_set(pb, 32, 16, 1000) - 1
-    assert algo.working_set(pb, 32, 16, M) > M, "precondition: 32 x 16 blocks overflow M"
+    tiling = iosim.Tiling(32, 16)
+    M = algo.working_set(pb, tiling, 1000) - 1
+    assert algo.working_set(pb, tiling, M) > M, "precondition: 32 x 16 blocks overflow M"
     mem = new_memory(algo, pb, M)
     with pytest.raises(iosim.CapacityError, match=f"M={M} elements exceeded"):
-        algo.run(mem, pb, 32, 16)
+        algo.run(mem, pb, tiling)
 
 
 def test_bad_scale_and_seed():

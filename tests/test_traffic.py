@@ -6,27 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, M_for_block, random_qkv
-from iosim.blocks import BlockSizeError
-
-
-def measured_counts(traffic):
-    reads = {t.name: t.reads for t in traffic.tensors if t.reads}
-    writes = {t.name: t.writes for t in traffic.tensors if t.writes}
-    return reads, writes
+from helpers import ALGORITHM_NAMES, M_for_block, problem, random_qkv
 
 
 def assert_matches_prediction(algorithm, result, **shape):
     pred = iosim.predict(algorithm, M=result.M, dtype=result.problem.dtype, **shape)
-    assert (pred.Br, pred.Bc) == (result.Br, result.Bc)
-    reads, writes = measured_counts(result.traffic)
-    assert reads == pred.exact.reads, f"{algorithm} {shape} M={result.M}: reads {reads} != {pred.exact.reads}"
-    assert writes == pred.exact.writes, f"{algorithm} {shape} M={result.M}: writes {writes} != {pred.exact.writes}"
-    assert result.traffic.total == pred.exact.total
-    assert result.traffic.total_bytes == pred.exact.total_bytes(result.problem)
-    assert result.traffic.peak_sram == pred.exact.peak_sram, (
-        f"{algorithm}: peak SRAM {result.traffic.peak_sram} != working set {pred.exact.peak_sram}"
-    )
+    assert pred.tiling == result.tiling
+    # every tensor's reads, writes and bytes, and the peak SRAM
+    assert result.traffic == pred.exact, f"{algorithm} {shape} M={result.M}: {result.traffic} != {pred.exact}"
     assert result.traffic.peak_sram <= result.M
 
 
@@ -47,7 +34,7 @@ def count_cases(draw):
 def test_count_only_equals_exact_prediction(algorithm, c):
     try:
         r = iosim.count(algorithm, **c)
-    except BlockSizeError:  # M below this shape's smallest working set: covered by test_inputs
+    except iosim.BlockSizeError:  # M below this shape's smallest working set: covered by test_inputs
         return
     shape = {k: c[k] for k in ("N", "N_k", "d", "batch", "heads", "causal", "mask")}
     assert_matches_prediction(algorithm, r, **shape)
@@ -64,8 +51,8 @@ def test_numeric_and_count_only_modes_move_the_same_traffic(algorithm, n_q, n_k,
     mask = rng.random((n_q, n_k)) > 0.5 if masked else None
     numeric = iosim.simulate(algorithm, q, k, v, M=M, mask=mask, causal=causal, dropout_p=0.1)
     counted = iosim.count(algorithm, N=n_q, N_k=n_k, d=d, M=M, batch=2, mask=masked, causal=causal, dropout_p=0.1)
-    assert (numeric.Br, numeric.Bc) == (counted.Br, counted.Bc)
-    assert numeric.traffic == counted.traffic, f"{algorithm} blocks {numeric.Br}x{numeric.Bc}"
+    assert numeric.tiling == counted.tiling
+    assert numeric.traffic == counted.traffic, f"{algorithm} blocks {numeric.tiling}"
     assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked, causal=causal)
 
 
@@ -77,7 +64,7 @@ def test_flash_counts_by_hand():
     N, d = 239, 16
     M = 2 * 50 * d + 2 * 16 * d + 16 * 50 + 6 * 16  # working set of B_r = 16, B_c = 50
     r = iosim.count("flash", N=N, d=d, M=M)
-    assert (r.Br, r.Bc) == (16, 50)
+    assert r.tiling == iosim.Tiling(16, 50)
     assert r.traffic.reads == 2 * N * d + 5 * (2 * N * d + 2 * N)
     assert r.traffic.writes == 6 * (N * d + 2 * N)
 
@@ -89,7 +76,7 @@ def test_swapped_counts_by_hand():
     Bc = min(40, d)
     M = 2 * 40 * d + 2 * Bc * d + 40 * Bc + 4 * 40
     r = iosim.count("flash-swapped", N=n_q, N_k=n_k, d=d, M=M)
-    assert (r.Br, r.Bc) == (40, 8)
+    assert r.tiling == iosim.Tiling(40, 8)
     assert r.traffic.reads == n_q * d + 2 * 3 * n_k * d
     assert r.traffic.writes == n_q * d + 2 * n_q
 
@@ -100,7 +87,7 @@ def test_standard_counts_by_hand():
     # read once (2·N²), P written and read once (2·N²), O written once (N·d).
     N, d = 113, 8
     r = iosim.count("standard", N=N, d=d, M=1000)
-    Tr = -(-N // r.Br)
+    Tr = -(-N // r.tiling.Br)
     assert r.traffic.reads == N * d + 2 * Tr * N * d + 2 * N * N
     assert r.traffic.writes == 2 * N * N + N * d
 
@@ -130,7 +117,7 @@ C_QUADRATIC, C_LINEAR = 154, 12
 @settings(max_examples=300, deadline=None)
 @given(N=st.integers(5, 100000), d=st.integers(1, 256), data=st.data())
 def test_flash_traffic_within_the_paper_bound(N, d, data):
-    smallest = 4 * d + 7  # working set at B_r = B_c = 1
+    smallest = iosim.ALGORITHMS["flash"].working_set(problem(N, N, d), iosim.Tiling(1, 1), 0)  # B_r = B_c = 1
     if N * d < smallest:
         return
     M = data.draw(st.integers(smallest, N * d))
@@ -150,12 +137,12 @@ def test_causal_skip_by_hand():
     # exactly when j > i, leaving 4 + 3 + 2 + 1 = 10 of the 16 pairs.
     N, d, B, pairs = 32, 8, 8, 10
     flash = iosim.count("flash", N=N, d=d, M=2 * B * d + 2 * B * d + B * B + 6 * B, causal=True)
-    assert (flash.Br, flash.Bc) == (B, B)
+    assert flash.tiling == iosim.Tiling(B, B)
     # K, V read once; Q_i, O_i, ℓ_i, m_i read per visible pair; O, ℓ, m written per pair plus line 3
     assert flash.traffic.reads == 2 * N * d + pairs * (2 * B * d + 2 * B)
     assert flash.traffic.writes == pairs * (B * d + 2 * B) + N * d + 2 * N
     swapped = iosim.count("flash-swapped", N=N, d=d, M=2 * B * d + 2 * B * d + B * B + 4 * B, causal=True)
-    assert (swapped.Br, swapped.Bc) == (B, B)
+    assert swapped.tiling == iosim.Tiling(B, B)
     # Q read once, K_j and V_j once per visible pair, O, ℓ, m written once
     assert swapped.traffic.reads == N * d + pairs * 2 * B * d
     assert swapped.traffic.writes == N * d + 2 * N

@@ -1,47 +1,53 @@
 """FlashAttention forward: Algorithm 1, with Algorithm 2's scale, mask and dropout.
 
 Dao et al., "FlashAttention: Fast and Memory-Efficient Exact Attention with
-IO-Awareness" (2022); seed 000 (Alg. 2) and seed 003 (Alg. 1). K/V blocks form the
-outer loop; the running O_i, ℓ_i and m_i go back to HBM after every inner step.
+IO-Awareness" (2022), Algorithm 2; line numbers below are Algorithm 2's. K/V blocks
+form the outer loop; the running O_i, ℓ_i and m_i go back to HBM after every inner
+step.
 
 On-chip buffers per head: K_j, V_j (B_c × d each), Q_i, O_i (B_r × d each),
 S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m̃_ij, ℓ̃_ij, m_i^new, ℓ_i^new
 (B_r each), and the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: the RNG state R is the seed itself (dropout is counter-based, see
-``iosim.rng``), so nothing is written for it. With a causal mask, an inner step
-whose block is entirely hidden is skipped (it would leave O_i, ℓ_i, m_i unchanged),
-as FlashAttention's kernels do; an explicit mask is not inspected, so its blocks are
-all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
+``iosim.rng``), so nothing is written for it (lines 1, 19). With a causal mask, an
+inner step whose tile is entirely hidden is skipped (it would leave O_i, ℓ_i, m_i
+unchanged), as FlashAttention's kernels do; an explicit mask is not inspected, so
+its tiles are all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
-from iosim.inputs import causal_first_query_block
+from iosim.counts import Counts
 from iosim.memory import Memory
 from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import visits
+
+TENSORS = (OUTPUT, *STATISTICS)
 
 
-def flash(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
-    """Run Alg. 1/2 on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
+    """Run Alg. 2 on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
+    d = pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
 
-    # Alg. 2 line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM
-    for _, rows in mem.blocks(n_q, Br):
+    # line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM
+    for _, rows in mem.loop(tiles.q.all()):
         br = rows.stop - rows.start
         for name, cols, fill in (("O", d, 0.0), ("l", 1, 0.0), ("m", 1, -np.inf)):
             init = mem.alloc(f"{name}_i", br, cols, fill=fill)
             mem.store(init, name, rows)
             mem.free(init)
 
-    for _, cols in mem.blocks(n_k, Bc, every=pb.causal):  # Alg. 2 line 6
-        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7 (the last query row sees every K_j)
+    for j, cols in mem.loop(tiles.key_blocks()):  # line 6
+        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
         bc = cols.stop - cols.start
-        first = causal_first_query_block(n_q, n_k, cols.start, Br) if pb.causal else 0
-        for _, rows in mem.blocks(n_q, Br, start=first):  # line 8, from the first block that sees K_j
+        for _, rows in mem.loop(tiles.queries_seeing(j)):  # line 8, the query blocks that see K_j
             br = rows.stop - rows.start
             Q_i, O_i = mem.load("Q", rows), mem.load("O", rows)  # line 9
             l_i, m_i = mem.load("l", rows), mem.load("m", rows)
@@ -68,3 +74,49 @@ def flash(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
             if mask_ij is not None:
                 mem.free(mask_ij)
         mem.free(K_j, V_j)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    # K_j, V_j + Q_i, O_i + S_ij + (ℓ_i, m_i, m̃, ℓ̃, m_new, ℓ_new) [+ mask tile]
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    return 2 * Bc * d + 2 * Br * d + Br * Bc + 6 * Br + pb.has_mask * Br * Bc
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
+
+    Without a causal skip, Σ b_i = T_c·N_q and Σ b_i·b_j = N_q·N_k. The peak is the
+    largest working set among the visited tiles, or line 3's one B_r × d tile.
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
+    pairs = tiles.pairs()
+    rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
+    reads = {
+        "Q": rows * d,  # Q_i re-read at every visited tile (line 9)
+        "K": n_k * d, "V": n_k * d,  # K_j, V_j read once (line 7)
+        "O": rows * d, "l": rows, "m": rows,  # line 9
+    }
+    writes = {
+        "O": rows * d + n_q * d,  # line 15 per visited tile, plus the zeros of line 3
+        "l": rows + n_q, "m": rows + n_q,  # line 16, plus line 3
+    }
+    if pb.has_mask:
+        reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    peak = max([tiles.q.size(0) * d] + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    return exact_counts(TENSORS, pb, reads, writes, peak)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """Theorem 2's Θ(N²d²/M) with the constants of docs/derivations.md: 12N²d²/M + 16N²d/M + 3Nd.
+
+    Shown with N² ↦ N_q·N_k and N ↦ N_q, so it reads as printed when N_q = N_k = N.
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (12 * n_q * n_k * d * d / M + 16 * n_q * n_k * d / M + 3 * n_q * d)
+
+
+ALGORITHM = Algorithm(
+    name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd",
+)

@@ -1,8 +1,10 @@
 """FlashAttention forward with the loops swapped: Q blocks outer, K/V blocks inner.
 
-Seed 003, "Possible Improvement" (also the loop order of FlashAttention-2). O_i,
-ℓ_i and m_i stay on chip for the whole inner loop and are written once, so HBM
-sees Q, O, ℓ, m once and K, V once per query block.
+The loop order of FlashAttention-2 (Dao, 2023, Algorithm 1), suggested as a
+"possible improvement" to Dao et al. (2022), Algorithm 2. O_i, ℓ_i and m_i stay on
+chip for the whole inner loop and are written once, so HBM sees Q, O, ℓ, m once and
+K, V once per query block. Line numbers below are those of Algorithm 2 that each step
+corresponds to.
 
 On-chip buffers per head: Q_i, O_i (B_r × d each), K_j, V_j (B_c × d each),
 S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m_i^new, ℓ̃_ij (B_r each), and
@@ -19,43 +21,88 @@ from __future__ import annotations
 
 import numpy as np
 
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
-from iosim.inputs import causal_key_blocks
+from iosim.counts import Counts
 from iosim.memory import Memory
 from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import visits
+
+TENSORS = (OUTPUT, *STATISTICS)
 
 
-def flash_swapped(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run the swapped-loop forward on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    d = pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
 
-    for _, rows in mem.blocks(n_q, Br, every=pb.causal):  # outer loop over query blocks
+    for i, rows in mem.loop(tiles.query_blocks()):  # outer loop over query blocks
         br = rows.stop - rows.start
         Q_i = mem.load("Q", rows)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop
+        O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop (line 3)
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
-        Tc_i = causal_key_blocks(n_q, n_k, rows.stop - 1, Bc) if pb.causal else None
-        for _, cols in mem.blocks(n_k, Bc, stop=Tc_i):  # inner loop over the key/value blocks Q_i sees
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start
-            K_j, V_j = mem.load("K", cols), mem.load("V", cols)
+            K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
             if mem.numeric:
-                S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
-                m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
+                S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
+                m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))  # lines 12-13
                 S_ij.data = exp_diff(S_ij.data, m_new.data)  # P̃_ij against the new max
                 l_tilde.data = S_ij.data.sum(axis=-1, keepdims=True)
                 alpha = exp_diff(m_i.data, m_new.data)
                 l_i.data = alpha * l_i.data + l_tilde.data
-                O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data
+                O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data  # lines 14-15
                 m_i.data = m_new.data
             mem.free(K_j, V_j, S_ij, m_new, l_tilde)
             if mask_ij is not None:
                 mem.free(mask_ij)
         if mem.numeric:
             O_i.data = safe_divide(O_i.data, l_i.data)
-        mem.store(O_i, "O", rows)  # written once per query block
+        mem.store(O_i, "O", rows)  # written once per query block (lines 15-16)
         mem.store(l_i, "l", rows)
         mem.store(m_i, "m", rows)
         mem.free(Q_i, O_i, l_i, m_i)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    return 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
+
+    Without a causal skip, Σ b_j = T_r·N_k. The peak is the largest working set of a
+    query block: with the largest key block it meets, or Q_i, O_i, ℓ_i, m_i alone
+    when it meets none.
+    """
+    n_q, d = pb.shape.n_q, pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
+    pairs = tiles.pairs()
+    cols = sum(b_j * n for _, b_j, n in pairs)  # key rows met by query blocks
+    reads = {"Q": n_q * d, "K": cols * d, "V": cols * d}  # K, V once per query block meeting them
+    writes = {"O": n_q * d, "l": n_q, "m": n_q}  # each written once
+    if pb.has_mask:
+        reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    peak = 0
+    for i, _ in tiles.query_blocks().classes():
+        b_i, seen = tiles.q.size(i), tiles.keys_seen_by(i).sizes()
+        peak = max(peak, working_set(pb, Tiling(b_i, max(seen)), M) if seen else 2 * b_i * d + 2 * b_i)
+    return exact_counts(TENSORS, pb, reads, writes, peak)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """The swapped loop's count 8N²d²/M + 3dN + 2N (docs/derivations.md), N² ↦ N_q·N_k and N ↦ N_q."""
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (8 * n_q * n_k * d * d / M + 3 * d * n_q + 2 * n_q)
+
+
+ALGORITHM = Algorithm(
+    name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N",
+)

@@ -1,14 +1,14 @@
 """Standard attention: Algorithm 0, with S and P materialized in HBM.
 
-Seed 003, Algorithm 0: (1) S = QKᵀ, (2) P = softmax(S), (3) O = PV, each step
-reading its inputs from HBM by blocks and writing its result back.
+Dao et al. (2022), Algorithm 0: (1) S = QKᵀ, (2) P = softmax(S), (3) O = PV, each
+step reading its inputs from HBM by blocks and writing its result back.
 
 Step 1 streams K_j past each Q_i and writes S_ij = MASK(tau · Q_i K_jᵀ). Step 2
 reads R whole rows of S at a time, R = ⌊M / (N_k + 2)⌋ (the rows and their max and
 sum fit on chip), and writes P = dropout(softmax(S)). Where not even one row fits
-(N_k + 2 > M) it falls back to the two-pass online softmax of seed 001 on
-B_r × B_c tiles, reading S twice. Step 3 accumulates O_i on chip while P_ij and
-V_j stream past, and writes O_i once.
+(N_k + 2 > M) it falls back to the two-pass online softmax (Milakov and Gimelshein,
+2018) on B_r × B_c tiles, reading S twice. Step 3 accumulates O_i on chip while P_ij
+and V_j stream past, and writes O_i once.
 
 On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c),
 mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, ℓ
@@ -16,15 +16,22 @@ mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, �
 step 3 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
 
 Deviations: the scale and the mask are applied in step 1, before S is written.
+Every tile is visited, masked or not: S and P are materialized whole.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.counts import Counts
 from iosim.memory import Memory
 from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import Axis, Visits, visits
+
+TENSORS = (Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", "intermediate"), OUTPUT)
 
 
 def softmax_rows(M: int, n_q: int, n_k: int) -> int:
@@ -32,14 +39,14 @@ def softmax_rows(M: int, n_q: int, n_k: int) -> int:
     return min(n_q, M // (n_k + 2))
 
 
-def standard(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run Alg. 0 on Q, K, V (and mask) in ``mem``; leaves S, P and O in HBM."""
-    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    tiles = visits(pb, tiling, skips_hidden=False)
 
     # Alg. 0 line 1: load Q, K by blocks, compute S = QKᵀ, write S to HBM
-    for _, rows in mem.blocks(n_q, Br):
+    for i, rows in mem.loop(tiles.query_blocks()):
         Q_i = mem.load("Q", rows)
-        for _, cols in mem.blocks(n_k, Bc):
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):
             K_j = mem.load("K", cols)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", rows.stop - rows.start, cols.stop - cols.start)
@@ -52,16 +59,16 @@ def standard(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
         mem.free(Q_i)
 
     # Alg. 0 line 2: read S, compute P = softmax(S), write P to HBM
-    R = softmax_rows(mem.M, n_q, n_k)
+    R = softmax_rows(mem.M, pb.shape.n_q, pb.shape.n_k)
     if R >= 1:
         _softmax_whole_rows(mem, pb, R)
     else:
-        _softmax_two_pass(mem, pb, Br, Bc)
+        _softmax_two_pass(mem, pb, tiles)
 
     # Alg. 0 line 3: load P and V by blocks, compute O = PV, write O to HBM
-    for _, rows in mem.blocks(n_q, Br):
+    for i, rows in mem.loop(tiles.query_blocks()):
         O_i = mem.alloc("O_i", rows.stop - rows.start, pb.shape.d, fill=0.0)
-        for _, cols in mem.blocks(n_k, Bc):
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):
             P_ij, V_j = mem.load("P", rows, cols, tile="P_ij"), mem.load("V", cols)
             if mem.numeric:
                 O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
@@ -73,7 +80,7 @@ def standard(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
 def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
     """Step 2 with R full rows of S on chip: S is read once."""
     n_k = pb.shape.n_k
-    for _, rows in mem.blocks(pb.shape.n_q, R):
+    for _, rows in mem.loop(Axis(pb.shape.n_q, R).all()):
         S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
         m_i, l_i = mem.alloc("m_i", rows.stop - rows.start), mem.alloc("l_i", rows.stop - rows.start)
         if mem.numeric:
@@ -85,13 +92,12 @@ def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
         mem.free(S_i, m_i, l_i)
 
 
-def _softmax_two_pass(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
-    """Step 2 when no row fits: online max and sum (seed 001), then normalize; S is read twice."""
-    n_q, n_k = pb.shape.n_q, pb.shape.n_k
-    for _, rows in mem.blocks(n_q, Br):
+def _softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
+    """Step 2 when no row fits: online max and sum, then normalize; S is read twice."""
+    for i, rows in mem.loop(tiles.query_blocks()):
         br = rows.stop - rows.start
         m_i, l_i = mem.alloc("m_i", br, fill=-np.inf), mem.alloc("l_i", br, fill=0.0)
-        for _, cols in mem.blocks(n_k, Bc):  # pass 1: running max and sum
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 1: running max and sum
             S_ij = mem.load("S", rows, cols, tile="S_ij")
             m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
             if mem.numeric:
@@ -100,7 +106,7 @@ def _softmax_two_pass(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
                 l_i.data = exp_diff(m_i.data, m_tilde.data) * l_i.data + l_tilde.data
                 m_i.data = m_tilde.data
             mem.free(S_ij, m_tilde, l_tilde)
-        for _, cols in mem.blocks(n_k, Bc):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
             S_ij = mem.load("S", rows, cols, tile="S_ij")
             if mem.numeric:
                 P = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
@@ -108,3 +114,41 @@ def _softmax_two_pass(mem: Memory, pb: Problem, Br: int, Bc: int) -> None:
             mem.store(S_ij, "P", rows, cols)
             mem.free(S_ij)
         mem.free(m_i, l_i)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    Br, Bc = tiling.Br, tiling.Bc
+    step1 = Br * d + Bc * d + Br * Bc + pb.has_mask * Br * Bc  # Q_i, K_j, S_ij [, mask]
+    R = softmax_rows(M, n_q, n_k)
+    step2 = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # rows of S with m, ℓ; or two-pass
+    step3 = Br * d + Br * Bc + Bc * d  # O_i, P_ij, V_j
+    return max(step1, step2, step3)
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts; the peak is the working set, since every tile is visited."""
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    cols = sum(b_j * n for _, b_j, n in visits(pb, tiling, skips_hidden=False).pairs())  # T_r·N_k
+    passes = 1 if softmax_rows(M, n_q, n_k) >= 1 else 2
+    reads = {
+        "Q": n_q * d, "K": cols * d,  # step 1: K streamed once per query block
+        "S": passes * n_q * n_k,  # step 2
+        "P": n_q * n_k, "V": cols * d,  # step 3: V streamed once per query block
+    }
+    writes = {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d}
+    if pb.has_mask:
+        reads["mask"] = n_q * n_k  # every tile of the mask, once
+    return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """Theorem 2's Θ(Nd + N²) for standard attention, as Nd + N², with N² ↦ N_q·N_k and N ↦ N_q."""
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (n_q * d + n_q * n_k)
+
+
+ALGORITHM = Algorithm(
+    name="standard", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True,
+)

@@ -1,0 +1,87 @@
+"""What an algorithm declares about itself: its tensors, its run function and its closed forms.
+
+Each module in ``iosim/algorithms/`` builds one ``Algorithm`` and the registry lists
+it; nothing else in iosim names an algorithm. The closed forms may share the tiling
+and the visited tiles (``iosim.visits``) with the run function, never the simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from iosim.counts import Counts, TensorCounts
+from iosim.memory import Memory
+from iosim.problem import ELEMENTS, Problem
+from iosim.tiling import Tiling
+
+ROLES = ("input", "output", "intermediate")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An HBM tensor of rows × cols per batch·head, sizes named as ``Problem.dim`` names them."""
+
+    name: str
+    rows: str  # "N_q", "N_k", "d" or "1"
+    cols: str
+    role: str  # one of ROLES: read only, returned, or written and read back within the run
+    element: str = "data"  # one of ELEMENTS: sets the bytes per element
+
+    def __post_init__(self):
+        if self.role not in ROLES or self.element not in ELEMENTS:
+            raise ValueError(f"tensor {self.name}: role {self.role!r} must be one of {ROLES} and element "
+                             f"{self.element!r} one of {ELEMENTS}")
+
+    def shape(self, pb: Problem) -> tuple[int, int]:
+        return pb.dim(self.rows), pb.dim(self.cols)
+
+
+# What every algorithm reads: Q, K, V, and the boolean mask when the problem has one.
+INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input"), Tensor("V", "N_k", "d", "input"))
+MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
+# What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
+OUTPUT = Tensor("O", "N_q", "d", "output")
+STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One attention algorithm: how it runs on a ``Memory`` and what it moves, in closed form.
+
+    All callables take the problem, the tiling and the SRAM capacity M in elements.
+    ``traffic`` returns the exact ``Counts`` (peak SRAM included) that a run must measure.
+    """
+
+    name: str
+    run: Callable[[Memory, Problem, Tiling], None]
+    tensors: tuple[Tensor, ...]  # what it writes to HBM, beside the inputs
+    outer: str  # the block of the outer loop, "Br" or "Bc": block policies size it first
+    working_set: Callable[[Problem, Tiling, int], int]  # on-chip elements per head with full blocks
+    traffic: Callable[[Problem, Tiling, int], Counts]
+    paper_form: Callable[[Problem, int], float]  # the paper's asymptotic form, elements
+    paper_label: str
+    baseline: bool = False  # the algorithm the others are compared with
+
+    def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
+        return hbm_tensors(self.tensors, pb)
+
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors if t.role == "output")
+
+
+def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
+    """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
+    return INPUTS + ((MASK,) if pb.has_mask else ()) + own
+
+
+def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],
+                 peak_sram: int) -> Counts:
+    """Counts from per-head element counts by tensor name (absent means 0), scaled to all batch·heads."""
+    tensors = hbm_tensors(own, pb)
+    unknown = (set(reads) | set(writes)) - {t.name for t in tensors}
+    if unknown:
+        raise ValueError(f"counts name tensors the algorithm does not declare: {sorted(unknown)}")
+    bh = pb.shape.bh
+    return Counts(tuple(TensorCounts(t.name, reads.get(t.name, 0) * bh, writes.get(t.name, 0) * bh,
+                                     pb.itemsize(t.element)) for t in tensors), peak_sram)
