@@ -19,17 +19,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
+from iosim.inputs import AttentionShape  # noqa: E402
+from iosim.problem import Problem  # noqa: E402
+
+
+def smallest_M(N: int, d: int) -> int:
+    """The least M at which every algorithm runs: the largest working set with 1 × 1 blocks."""
+    pb = Problem(AttentionShape(1, 1, N, N, d), tau=1.0)
+    return max(a.working_set(pb, iosim.Tiling(1, 1), 0) for a in iosim.ALGORITHMS.values())
+
 
 # The experiments, declared as data.
 VS_N = dict(M=100_000, ds=(64, 128), Ns=[2**e for e in range(8, 17)])
-VS_M = dict(N=4096, d=64, Ms=[int(4 * 64 + 7) * 2**e for e in range(0, 10)] + [262_144])
-COLORS = {"standard": "tab:red", "flash": "tab:blue", "flash-swapped": "tab:green"}
+VS_M = dict(N=4096, d=64, Ms=[smallest_M(4096, 64) * 2**e for e in range(0, 10)] + [262_144])
+COLORS = {name: f"C{i}" for i, name in enumerate(iosim.ALGORITHMS)}
 
 
 def measure(algorithm: str, N: int, d: int, M: int) -> dict:
     c = iosim.count(algorithm, N=N, d=d, M=M)
     p = iosim.predict(algorithm, N=N, d=d, M=M)
-    return dict(algorithm=algorithm, N=N, d=d, M=M, Br=c.Br, Bc=c.Bc, measured=c.traffic.total,
+    return dict(algorithm=algorithm, N=N, d=d, M=M, Br=c.tiling.Br, Bc=c.tiling.Bc, measured=c.traffic.total,
                 predicted=p.exact.total, paper=p.paper)
 
 
@@ -64,7 +73,7 @@ def plot_vs_M(out: Path) -> list[dict]:
         rows += pts
         Ms = [p["M"] for p in pts]
         ax.plot(Ms, [p["measured"] for p in pts], "o-", color=COLORS[algo], ms=4, label=f"{algo} measured = exact")
-        if algo != "standard":
+        if not iosim.ALGORITHMS[algo].baseline:
             ax.plot(Ms, [p["paper"] for p in pts], "--", color=COLORS[algo], lw=0.8, label=f"{algo} paper's form")
     ax.axvline(d * d, color="gray", lw=0.8, ls=":")
     ax.text(d * d * 1.05, ax.get_ylim()[0] * 3, "M = d²", color="gray", fontsize=8)
