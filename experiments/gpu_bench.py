@@ -28,8 +28,10 @@ simulator (NUMBA_ENABLE_CUDASIM=1), where times are host wall-clock and meaningl
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -94,7 +96,12 @@ def flops(cfg: BenchConfig, mode: str) -> float:
 
 
 class KernelRunner:
-    """The Numba kernels through kernels.attention / attention_backward on device arrays."""
+    """The Numba kernels through kernels.attention / attention_backward on device arrays.
+
+    Outputs come from the caching memory manager (`install_memory_manager`): after the
+    warm-up every allocation inside a timed call is a cache hit, so no timed call pays
+    for cuMemAlloc or cuMemFree.
+    """
 
     def __init__(self, cfg: BenchConfig, seed: int = 0):
         from numba import cuda
@@ -106,21 +113,48 @@ class KernelRunner:
         self.q, self.k, self.v, self.dout = (
             cuda.to_device(rng.standard_normal(shape, dtype=np.float32).astype(cfg.dtype)) for _ in range(4)
         )
-        self.saved = self.forward()
-        self.sync()
+        self.saved = None  # forward outputs that the timed backward calls take as inputs
 
-    def forward(self):
+    def describe(self) -> dict:
+        """The tilings the host API launches with, forward and backward."""
+        d = self.cfg.head_dim
+        return {
+            direction: repr(kernels.resolve_config(self.cfg.impl, d, direction == "backward", self.cfg.tiles))
+            for direction in ("forward", "backward")
+        }
+
+    def _forward(self):
         cfg = self.cfg
         return kernels.attention(self.q, self.k, self.v, impl=cfg.impl, causal=cfg.causal, config=cfg.tiles)
 
-    def backward(self, saved=None):
-        cfg, saved = self.cfg, saved or self.saved
+    def _backward(self, saved):
+        cfg = self.cfg
         return kernels.attention_backward(
             self.q, self.k, self.v, saved.out, saved.lse, self.dout, impl=cfg.impl, causal=cfg.causal, config=cfg.tiles
         )
 
-    def forward_backward(self):
-        return self.backward(self.forward())
+    def setup(self, mode: str) -> tuple:
+        """Untimed preparation of one timed call: the backward pass takes forward outputs."""
+        if mode == "backward":
+            if self.saved is None:
+                self.saved = self._forward()
+            return (self.saved,)
+        return ()
+
+    def call(self, mode: str, *state) -> None:
+        if mode == "forward":
+            self._forward()
+        elif mode == "backward":
+            self._backward(*state)
+        else:
+            self._backward(self._forward())
+
+    def release(self) -> None:
+        """Drop everything but the inputs, so the forward+backward peak counts that pass alone."""
+        self.saved = None
+        manager = _memory_manager()
+        if manager is not None:
+            manager.empty_cache()
 
     def sync(self) -> None:
         self.cuda.synchronize()
@@ -139,49 +173,79 @@ class KernelRunner:
         return self.cuda.event_elapsed_time(start, end)
 
     def reset_peak(self) -> None:
-        manager = _peak_tracker()
+        manager = _memory_manager()
         if manager is not None:
             manager.reset_peak()
 
-    def peak_mb(self) -> float | None:
-        manager = _peak_tracker()
-        return None if manager is None else manager.peak / 2**20
+    def peak_mb(self) -> dict:
+        manager = _memory_manager()
+        if manager is None:
+            return {"allocated": None, "reserved": None}
+        return {"allocated": manager.peak_in_use / 2**20, "reserved": manager.peak_reserved / 2**20}
+
+
+# torch-sdpa's backend, pinned per dtype so that the record says which kernel ran: FlashAttention
+# (FlashAttention-2 in PyTorch) takes float16/bfloat16 only; for float32 the memory-efficient one.
+SDPA_BACKENDS = {"float16": "FLASH_ATTENTION", "bfloat16": "FLASH_ATTENTION", "float32": "EFFICIENT_ATTENTION"}
 
 
 class TorchRunner:
-    """PyTorch eager attention ("torch", TF32 off) or F.scaled_dot_product_attention ("torch-sdpa")."""
+    """PyTorch eager attention ("torch", TF32 off) or F.scaled_dot_product_attention ("torch-sdpa").
+
+    No autograd graph outlives the call that built it: a timed forward drops its output
+    (and with it the saved P), a timed backward consumes a graph built untimed just before,
+    and gradients come from torch.autograd.grad, so nothing accumulates in .grad.
+    """
 
     def __init__(self, cfg: BenchConfig, seed: int = 0):
         import torch
+        from torch.nn.attention import SDPBackend
 
         self.torch = torch
         self.cfg = cfg
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        self.backend = getattr(SDPBackend, SDPA_BACKENDS[cfg.dtype]) if cfg.impl == "torch-sdpa" else None
         gen = torch.Generator(device="cuda").manual_seed(seed)
         dtype = getattr(torch, cfg.dtype)
         shape = (cfg.batch_size, cfg.num_heads, cfg.seq_len, cfg.head_dim)
-        self.q, self.k, self.v = (
+        self.inputs = tuple(
             torch.randn(shape, device="cuda", dtype=dtype, generator=gen).requires_grad_() for _ in range(3)
         )
         self.dout = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
-        self.saved = self.forward()
 
-    def forward(self):
+    def describe(self) -> dict:
+        if self.backend is None:
+            return {"backend": "eager matmul-softmax-matmul", "tf32": False}
+        return {"backend": f"scaled_dot_product_attention, SDPBackend.{self.backend.name} only"}
+
+    def _forward(self):
         torch, cfg = self.torch, self.cfg
-        if cfg.impl == "torch-sdpa":
-            return torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=cfg.causal)
-        s = (self.q @ self.k.transpose(-1, -2)) / math.sqrt(cfg.head_dim)
+        q, k, v = self.inputs
+        if self.backend is not None:
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(self.backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(cfg.head_dim)
         if cfg.causal:  # N_q = N_k here, so top-left and bottom-right alignment agree
             keep = torch.ones(cfg.seq_len, cfg.seq_len, device="cuda", dtype=torch.bool).tril()
             s = s.masked_fill(~keep, float("-inf"))
-        return torch.softmax(s, dim=-1) @ self.v
+        return torch.softmax(s, dim=-1) @ v
 
-    def backward(self):
-        self.saved.backward(self.dout, retain_graph=True)
+    def setup(self, mode: str) -> tuple:
+        """Untimed preparation of one timed call: a fresh graph for each timed backward."""
+        return (self._forward(),) if mode == "backward" else ()
 
-    def forward_backward(self):
-        self.forward().backward(self.dout)
+    def call(self, mode: str, *state) -> None:
+        if mode == "forward":
+            self._forward()
+            return
+        out = state[0] if mode == "backward" else self._forward()
+        self.torch.autograd.grad(out, self.inputs, self.dout)
+
+    def release(self) -> None:
+        self.torch.cuda.empty_cache()
 
     def sync(self) -> None:
         self.torch.cuda.synchronize()
@@ -198,48 +262,96 @@ class TorchRunner:
     def reset_peak(self) -> None:
         self.torch.cuda.reset_peak_memory_stats()
 
-    def peak_mb(self) -> float:
-        return self.torch.cuda.max_memory_allocated() / 2**20
+    def peak_mb(self) -> dict:
+        cuda = self.torch.cuda
+        return {"allocated": cuda.max_memory_allocated() / 2**20, "reserved": cuda.max_memory_reserved() / 2**20}
 
 
-def _peak_tracker():
-    """The PeakTrackingMemoryManager of the current CUDA context, if it was installed."""
+def _memory_manager():
+    """The CachingMemoryManager of the current CUDA context, if it was installed."""
     if simulator_enabled():
         return None
     from numba import cuda
 
     manager = cuda.current_context().memory_manager
-    return manager if hasattr(manager, "reset_peak") else None
+    return manager if hasattr(manager, "empty_cache") else None
 
 
-def install_peak_tracker() -> None:
-    """Make Numba allocate through a manager that records the peak of live device bytes.
+def install_memory_manager() -> None:
+    """Make Numba allocate through a size-keyed cache that also records peaks.
 
-    Must run before the first CUDA context is created. Numba's own allocator is kept;
-    only the bookkeeping is added (the counterpart of torch.cuda.max_memory_allocated).
+    Must run before the first CUDA context is created. A freed block goes back to the
+    cache at once (not to Numba's deferred cuMemFree queue, which synchronises when it
+    flushes), and the next allocation of its size reuses it, as torch's caching allocator
+    does: timed calls make no driver allocation. The peaks count what the process holds:
+    bytes handed out and not yet returned (``peak_in_use``, the counterpart of
+    torch.cuda.max_memory_allocated) and bytes taken from the driver (``peak_reserved``).
     """
     if simulator_enabled():
         return
-    from numba import cuda
-    from numba.cuda.cudadrv.driver import NumbaCUDAMemoryManager
+    import weakref
+    from collections import defaultdict
 
-    class PeakTrackingMemoryManager(NumbaCUDAMemoryManager):
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import AutoFreePointer, CudaAPIError, NumbaCUDAMemoryManager, driver
+
+    class CachingMemoryManager(NumbaCUDAMemoryManager):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.peak = 0
+            self.cache = defaultdict(list)  # size in bytes -> free device pointers of that size
+            self.in_use = self.reserved = self.peak_in_use = self.peak_reserved = 0
 
-        def live_bytes(self) -> int:
-            return sum(mem.size for mem in list(self.allocations.values()))
+        def _fresh(self, size):
+            """A new block from the driver; when it is out of memory, free the cache and try once more."""
+            try:
+                return self._attempt_allocation(lambda: driver.cuMemAlloc(size))
+            except CudaAPIError:
+                if not any(self.cache.values()):
+                    raise
+                self.empty_cache()
+                return self._attempt_allocation(lambda: driver.cuMemAlloc(size))
 
         def memalloc(self, size):
-            mem = super().memalloc(size)
-            self.peak = max(self.peak, self.live_bytes())
-            return mem
+            cached = self.cache[size]
+            if cached:
+                ptr = cached.pop()
+            else:
+                ptr = self._fresh(size)
+                self.reserved += size
+            self.in_use += size
+            self.peak_in_use = max(self.peak_in_use, self.in_use)
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            allocations, cache, manager = self.allocations, self.cache, weakref.ref(self)
+
+            def give_back():  # the block's last reference is gone: back to the cache, not to the driver
+                allocations.pop(ptr, None)
+                cache[size].append(ptr)
+                owner = manager()
+                if owner is not None:
+                    owner.in_use -= size
+
+            mem = AutoFreePointer(weakref.proxy(self.context), ptr, size, finalizer=give_back)
+            allocations[ptr] = mem  # the strong reference; OwnedPointer holds a proxy, as in Numba's manager
+            return mem.own()
+
+        def empty_cache(self) -> None:
+            """Free every cached block and the blocks in Numba's deferred queue."""
+            self.deallocations.clear()
+            for size, ptrs in self.cache.items():
+                for ptr in ptrs:
+                    driver.cuMemFree(ptr)
+                self.reserved -= size * len(ptrs)
+            self.cache.clear()
 
         def reset_peak(self) -> None:
-            self.peak = self.live_bytes()
+            self.peak_in_use, self.peak_reserved = self.in_use, self.reserved
 
-    cuda.set_memory_manager(PeakTrackingMemoryManager)
+        def reset(self):
+            self.cache.clear()
+            self.in_use = self.reserved = 0
+            super().reset()
+
+    cuda.set_memory_manager(CachingMemoryManager)
 
 
 def available_impls() -> list[str]:
@@ -255,30 +367,69 @@ def available_impls() -> list[str]:
     return names
 
 
-def measure(cfg: BenchConfig, warmup: int, repeats: int) -> dict:
-    """Median time of each mode and the peak memory of forward+backward, for one configuration."""
+def empty_record() -> dict:
+    """Seed 002's keys, every value null until measured."""
+    record = {mode: {"time(s)": None, "FLOPS(TFLOPs/s)": None} for mode in MODES}
+    record["peak_memory_usage(MB)"] = None
+    record["peak_memory_reserved(MB)"] = None
+    return record
+
+
+def measure(cfg: BenchConfig, warmup: int, repeats: int, record: dict) -> None:
+    """Fill `record` with the median time of each mode and the forward+backward peak memory.
+
+    Each mode's numbers land in `record` as soon as they are measured, so a failure in a
+    later mode (out of memory in the backward, say) keeps the earlier ones. Each timed call
+    is prepared untimed (`setup`); before the forward+backward runs every buffer but the
+    inputs is released, so its peak is that pass's own.
+    """
     runner = (TorchRunner if cfg.impl in TORCH_IMPLS else KernelRunner)(cfg)
-    result = {}
-    for mode in MODES:
-        fn = getattr(runner, mode)
-        for _ in range(warmup):
-            fn()
-        runner.sync()
-        if mode == "forward_backward":
-            runner.reset_peak()
-        times = [runner.time_ms(fn) for _ in range(repeats)]
-        seconds = statistics.median(times) / 1e3
-        result[mode] = {"time(s)": seconds, "FLOPS(TFLOPs/s)": flops(cfg, mode) / seconds / 1e12 if seconds > 0 else None}
-    result["peak_memory_usage(MB)"] = runner.peak_mb()
-    return result
+    try:
+        record["implementation"] = runner.describe()
+        for mode in MODES:
+            if mode == "forward_backward":
+                runner.release()
+            for _ in range(warmup):
+                runner.call(mode, *runner.setup(mode))
+            runner.sync()
+            if mode == "forward_backward":
+                runner.reset_peak()
+            times = []
+            for _ in range(repeats):
+                state = runner.setup(mode)
+                runner.sync()
+                times.append(runner.time_ms(lambda: runner.call(mode, *state)))
+                del state
+            seconds = statistics.median(times) / 1e3
+            record[mode] = {"time(s)": seconds, "FLOPS(TFLOPs/s)": flops(cfg, mode) / seconds / 1e12 if seconds > 0 else None}
+        peak = runner.peak_mb()
+        record["peak_memory_usage(MB)"] = peak["allocated"]
+        record["peak_memory_reserved(MB)"] = peak["reserved"]
+    finally:
+        runner.release()
+        del runner
+
+
+def free_device_memory() -> None:
+    """Give cached device memory back after a configuration, so the next one starts clean."""
+    gc.collect()
+    manager = _memory_manager()
+    if manager is not None:
+        manager.empty_cache()
+    if "torch" in sys.modules and not simulator_enabled():
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def git_commit() -> str:
+    """HEAD's commit, or IOSIM_GIT_COMMIT for a copy without .git (a `git archive` run on a GPU machine)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("IOSIM_GIT_COMMIT", "unknown")
 
 
 def metadata(args: argparse.Namespace) -> dict:
@@ -297,7 +448,11 @@ def metadata(args: argparse.Namespace) -> dict:
         "repeats": args.repeats,
         "statistic": "median",
         "flops_convention": "forward 4*b*h*N^2*d (/2 causal), backward 2.5x, forward_backward 3.5x",
-        "peak_memory": "live device bytes during forward_backward (Numba EMM plugin / torch.cuda.max_memory_allocated)",
+        "peak_memory": (
+            "forward_backward with only q, k, v, dout alive before it: bytes allocated and not yet freed "
+            "(caching Numba EMM plugin / torch.cuda.max_memory_allocated); reserved = taken from the driver"
+        ),
+        "allocation": "kernels: caching allocator, no driver allocation inside a timed call after warm-up",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     try:
@@ -379,7 +534,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         args.warmup, args.repeats = 0, 1
         args.impl = args.impl or list(kernels.IMPLS)
     configs = configurations(args)
-    install_peak_tracker()
+    install_memory_manager()
     args.out.mkdir(parents=True, exist_ok=True)
     meta = metadata(args)
     records = []
@@ -388,10 +543,12 @@ def run(args: argparse.Namespace) -> list[dict]:
         if path.exists() and not args.overwrite:
             continue
         record = {"parameters": {**asdict(cfg), "tiles": None if cfg.tiles is None else repr(cfg.tiles), "head_dim": cfg.head_dim}}
+        record.update(empty_record())
         try:
-            record.update(measure(cfg, args.warmup, args.repeats))
+            measure(cfg, args.warmup, args.repeats, record)
         except Exception as exc:  # noqa: BLE001 - a failed configuration (e.g. out of memory) is recorded, not fatal
             record["error"] = f"{type(exc).__name__}: {exc}"
+        free_device_memory()
         record["metadata"] = meta
         path.write_text(json.dumps(record, indent=2) + "\n")
         records.append(record)
@@ -409,7 +566,8 @@ def main() -> None:
             print(f"{label}: {record['error']}")
         else:
             cells = [f"{m} {record[m]['time(s)'] * 1e3:.3f} ms {record[m]['FLOPS(TFLOPs/s)'] or 0:.2f} TFLOP/s" for m in MODES]
-            print(f"{label}: " + " | ".join(cells) + f" | peak {record['peak_memory_usage(MB)']} MB")
+            peak = record["peak_memory_usage(MB)"]
+            print(f"{label}: " + " | ".join(cells) + (f" | peak {peak:.1f} MB" if peak is not None else ""))
 
 
 if __name__ == "__main__":

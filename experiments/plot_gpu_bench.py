@@ -4,7 +4,9 @@
 
 One line per (impl, dtype, causal); panels for forward, backward, forward+backward
 TFLOP/s and for peak memory (log-log, so linear growth in N has slope 1 and quadratic
-slope 2). Configurations that recorded an error are left out of the lines and listed.
+slope 2). A configuration that recorded an error keeps the modes it measured before the
+error (a forward that ran before the backward ran out of memory, say); the failures are
+listed under the panels.
 """
 
 from __future__ import annotations
@@ -27,11 +29,9 @@ def load(folder: Path) -> list[dict]:
 
 
 def series(records: list[dict]) -> dict[str, list[dict]]:
-    """Records with no error, grouped by line label and sorted by N."""
+    """Records grouped by line label and sorted by N (a failed one keeps its measured modes)."""
     lines = defaultdict(list)
     for r in records:
-        if "error" in r:
-            continue
         p = r["parameters"]
         label = f"{p['impl']} {p['dtype']}{' causal' if p['causal'] else ''} b={p['batch_size']} h={p['num_heads']} d={p['head_dim']}"
         lines[label].append(r)
@@ -44,7 +44,9 @@ def plot(records: list[dict], out: Path) -> Path:
     for label, rs in lines.items():
         n = [r["parameters"]["seq_len"] for r in rs]
         for ax, mode in zip(axes, MODES):
-            ax.plot(n, [r[mode]["FLOPS(TFLOPs/s)"] for r in rs], marker="o", label=label)
+            points = [(x, r[mode]["FLOPS(TFLOPs/s)"]) for x, r in zip(n, rs) if r[mode]["FLOPS(TFLOPs/s)"] is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", label=label)
         mem = [(x, r["peak_memory_usage(MB)"]) for x, r in zip(n, rs) if r["peak_memory_usage(MB)"] is not None]
         if mem:
             axes[3].plot(*zip(*mem), marker="o", label=label)
@@ -57,9 +59,10 @@ def plot(records: list[dict], out: Path) -> Path:
     errors = [r for r in records if "error" in r]
     if errors:
         fig.text(0.01, 0.01, "failed: " + "; ".join(
-            f"{r['parameters']['impl']} N={r['parameters']['seq_len']}: {r['error'][:60]}" for r in errors[:6]
-        ), fontsize=7)
-    fig.tight_layout()
+            f"{r['parameters']['impl']} {r['parameters']['dtype']} N={r['parameters']['seq_len']} "
+            f"d={r['parameters']['head_dim']}: {r['error'][:40]}" for r in errors[:6]
+        ) + (f"; and {len(errors) - 6} more" if len(errors) > 6 else ""), fontsize=7)
+    fig.tight_layout(rect=(0, 0.05 if errors else 0, 1, 1))
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out

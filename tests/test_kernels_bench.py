@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import kernels
+from kernels._device import simulator_enabled
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -36,7 +37,12 @@ def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
         for mode in ("forward", "backward", "forward_backward"):
             assert set(record[mode]) == {"time(s)", "FLOPS(TFLOPs/s)"}, f"{path.name} {mode}: {record[mode]}"
             assert record[mode]["time(s)"] > 0
-        assert "peak_memory_usage(MB)" in record
+        peak, reserved = record["peak_memory_usage(MB)"], record["peak_memory_reserved(MB)"]
+        if simulator_enabled():
+            assert peak is None and reserved is None, f"{path.name}: the simulator has no device memory: {peak}, {reserved}"
+        else:  # inputs alone are 4 · 16 · 2 · 16 · 4 bytes; the pass allocates more
+            assert 0 < peak <= reserved, f"{path.name}: peak allocated {peak} MB, reserved {reserved} MB"
+        assert set(record["implementation"]) == {"forward", "backward"}, record["implementation"]
         meta = record["metadata"]
         for key in ("device", "git_commit", "command", "numba", "numba_cuda", "timing"):
             assert meta.get(key), f"{path.name}: metadata lacks {key}: {meta}"
@@ -60,3 +66,20 @@ def test_flop_counts_follow_flashattention_convention():
     assert bench.flops(cfg, "forward_backward") == 3.5 * forward
     causal = bench.BenchConfig(2, 8, 3, 12, True, "flash", "float32")
     assert bench.flops(causal, "forward") == forward / 2
+
+
+def test_failed_configuration_writes_seed_002_keys_with_nulls_and_the_error(tmp_path):
+    bench = _load("gpu_bench")
+    # a head dim one past what shared memory allows fails in the host API, before any launch
+    impl = next(name for name in kernels.IMPLS if kernels.max_head_dim(name) is not None)
+    d = kernels.max_head_dim(impl) + 1
+    argv = ["--impl", impl, "--batch-size", "1", "--num-heads", "1", "--emb-dim", str(d), "--seq-len", "16",
+            "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
+    (record,) = bench.run(bench.build_parser().parse_args(argv))
+
+    assert record == json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert f"d={d}" in record["error"], record["error"]
+    for mode in ("forward", "backward", "forward_backward"):
+        assert record[mode] == {"time(s)": None, "FLOPS(TFLOPs/s)": None}, f"{mode}: {record[mode]}"
+    assert record["peak_memory_usage(MB)"] is None and record["peak_memory_reserved(MB)"] is None
+    assert record["metadata"]["git_commit"]
