@@ -13,11 +13,10 @@ numpy operation covers them all. M is the SRAM of one streaming multiprocessor,
 which in the paper's model serves one head at a time, so occupancy is counted per
 head while traffic is summed over every head.
 
-In count-only mode tiles carry shapes and no data. Blocks of equal size whose nested
-loops visit blocks of equal sizes then move identical traffic, so ``loop`` visits
-one representative per class (``iosim.visits.Blocks.classes``) and weights its
-traffic by the class size. The algorithm code is the same in both modes; tests hold
-the counts equal.
+In count-only mode tiles carry shapes and no data. Blocks of equal size then move
+identical traffic, so ``loop`` visits one block per size and weights its traffic by
+how many there are (``iosim.visits``), in time independent of N. The algorithm code
+is the same in both modes; tests hold the counts equal.
 """
 
 from __future__ import annotations
@@ -75,7 +74,8 @@ class Memory:
         self._resident: dict[int, Tile] = {}
         self._used = 0
         self._peak = 0
-        self._weight = 1
+        self._weight = 1  # count-only: how many blocks the current one stands for
+        self._plan = None  # count-only: (nested blocks, weight, nested sizes) of the enclosing loop
 
     # --- HBM ---------------------------------------------------------------
     def add_tensor(self, name: str, rows: int, cols: int, itemsize: int, data: np.ndarray | None = None,
@@ -171,21 +171,31 @@ class Memory:
     def loop(self, blocks: Blocks) -> Iterator[tuple[int, slice]]:
         """(index, rows) of each block a loop visits.
 
-        Numeric mode yields every block. Count-only mode yields one representative of
-        each class of blocks that move identical traffic, weighting its traffic by the
-        class size.
+        Numeric mode yields every block. Count-only mode yields one block of each size,
+        weighting its traffic by how many blocks of that size the loop visits. Inside
+        such a block, the loop over its nested blocks (``blocks.nested(t)``) stands for
+        the nested loops of every block of its size: it yields one nested block of each
+        size, weighted by how many (block, nested block) pairs of those sizes there are.
+        A loop over blocks that do not depend on the enclosing block is weighted by
+        their own count.
         """
         if self.numeric:
             for t in blocks:
                 yield t, blocks.axis.slice(t)
             return
-        outer = self._weight
+        outer, plan = self._weight, self._plan
+        if plan is not None and blocks == plan[0]:
+            base, weights = plan[1], [(blocks.axis.first_of_size(size), n) for size, n in plan[2].items()]
+        else:
+            base, weights = outer, blocks.classes()
         try:
-            for t, count in blocks.classes():
-                self._weight = outer * count
+            for t, count in weights:
+                self._weight = base * count
+                if blocks.nested is not None:  # what the loop nested in block t will stand for
+                    self._plan = (blocks.nested(t), base, blocks.nested_sizes(blocks.axis.size(t)))
                 yield t, blocks.axis.slice(t)
         finally:
-            self._weight = outer
+            self._weight, self._plan = outer, plan
 
     # --- results -----------------------------------------------------------
     def counts(self) -> Counts:

@@ -7,10 +7,12 @@ skip visits every pair. The algorithms loop over what ``Visits`` yields, the clo
 forms sum over it and the peak computations maximize over it, so the three cannot
 disagree about which tiles are visited.
 
-Count-only mode groups the blocks of a loop into classes that move identical
-traffic: blocks of the same size whose nested loops visit blocks of the same sizes.
-``Blocks.classes`` derives the classes from the visited set itself, so no algorithm
-chooses its own grouping.
+Count-only mode needs only how many visited blocks and tiles have each size, since
+a block's traffic depends on its size alone. ``Visits.pairs`` gives the visited
+tiles by size in closed form, in time independent of N (a causal mask's visited
+tiles are sums of floor functions, summed by ``floor_sum``), and ``Blocks.classes``
+the blocks of a loop by size; ``iosim.memory.Memory.loop`` derives its grouping from
+them.
 
 Causal masking is bottom-right aligned (``iosim.inputs``): query r sees key c
 exactly when c ≤ r + N_k − N_q.
@@ -29,6 +31,28 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """Σ_{i=0}^{n−1} ⌊(a·i + b)/m⌋ for n ≥ 0, m ≥ 1, a ≥ 0, b ≥ 0, in O(log m) steps.
+
+    Each step takes the whole parts of a/m and b/m out of the sum, then counts the
+    lattice points under the line the other way round (swapping the roles of a and m),
+    as Euclid's algorithm does.
+    """
+    total = 0
+    while n > 0:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            break
+        n, b, m, a = y_max // m, y_max % m, a, m
+    return total
+
+
 @dataclass(frozen=True)
 class Axis:
     """n rows split into T = ⌈n/B⌉ blocks of B rows; the last block has n − (T−1)·B rows."""
@@ -40,14 +64,23 @@ class Axis:
     def T(self) -> int:
         return ceil_div(self.n, self.B)
 
+    @property
+    def full(self) -> int:
+        """How many blocks hold B rows: all but a ragged last one."""
+        return self.n // self.B
+
     def size(self, t: int) -> int:
         return min(self.B, self.n - t * self.B)
 
     def slice(self, t: int) -> slice:
         return slice(t * self.B, t * self.B + self.size(t))
 
+    def first_of_size(self, size: int) -> int:
+        """The first block holding ``size`` rows."""
+        return 0 if size == self.B else self.T - 1
+
     def all(self) -> Blocks:
-        """Every block of the axis, as an innermost loop visits them."""
+        """Every block of the axis, as a loop that nests nothing visits them."""
         return Blocks(self, (range(self.T),))
 
 
@@ -55,14 +88,15 @@ class Axis:
 class Blocks:
     """The blocks of one axis that a loop visits, as runs of block indices.
 
-    ``nested(t)`` gives the blocks the loop nested in block t visits (None for an
-    innermost loop); ``nested_varies`` says whether they differ between blocks.
+    ``nested(t)`` gives the blocks the loop nested in block t visits (None when it nests
+    no loop), and ``pairs()`` how many (block, nested block) pairs there are of each
+    pair of sizes, over all its blocks.
     """
 
     axis: Axis
     runs: tuple[range, ...]
     nested: Callable[[int], Blocks] | None = None
-    nested_varies: bool = False
+    pairs: Callable[[], dict[tuple[int, int], int]] | None = None
 
     def __iter__(self) -> Iterator[int]:
         for run in self.runs:
@@ -80,34 +114,13 @@ class Blocks:
                 out[self.axis.size(ragged)] = out.get(self.axis.size(ragged), 0) + 1
         return out
 
-    def signature(self) -> tuple:
-        """What the traffic of visiting these blocks depends on: their sizes, and what each nests."""
-        return tuple(sorted((key, count) for key, (_, count) in self._classes().items()))
-
     def classes(self) -> list[tuple[int, int]]:
-        """(representative block, number of blocks) for each class of blocks that move identical traffic."""
-        return list(self._classes().values())
+        """(representative block, number of blocks) for each block size visited."""
+        return [(self.axis.first_of_size(size), count) for size, count in self.sizes().items()]
 
-    def _key(self, t: int):
-        size = self.axis.size(t)
-        return size if self.nested is None else (size, self.nested(t).signature())
-
-    def _classes(self) -> dict:
-        """Class key → (first block of the class, number of blocks)."""
-        out: dict = {}
-        if self.nested is not None and self.nested_varies:
-            for t in self:
-                key = self._key(t)
-                first, count = out.get(key, (t, 0))
-                out[key] = (first, count + 1)
-            return out
-        # What a block nests is the same for every block, so its size alone decides its class.
-        # Only the last block of the axis is ragged, so each run's first and last block cover every size.
-        sizes = self.sizes()
-        for run in self.runs:
-            for t in dict.fromkeys((run[0], run[-1]) if len(run) else ()):
-                out.setdefault(self._key(t), (t, sizes[self.axis.size(t)]))
-        return out
+    def nested_sizes(self, size: int) -> dict[int, int]:
+        """Nested block size → how many nested blocks of that size all blocks of ``size`` visit together."""
+        return {inner: n for (outer, inner), n in self.pairs().items() if outer == size}
 
 
 @dataclass(frozen=True)
@@ -127,16 +140,20 @@ class Visits:
         """N_k − N_q: query r sees key c exactly when c ≤ r + offset (causal)."""
         return self.k.n - self.q.n
 
-    def keys_seen_by(self, i: int) -> Blocks:
-        """The key blocks query block i meets.
+    def _keys_seen(self, last_row: int) -> int:
+        """How many key blocks, from the first, a query block ending at ``last_row`` meets.
 
-        Its last row r sees keys up to L_i = r + N_k − N_q, so with a causal skip it meets
-        the key blocks j ≤ ⌊L_i / B_c⌋: min(T_c, ⌊L_i / B_c⌋ + 1) of them, none when L_i < 0.
+        Its last row sees keys up to L = last_row + N_k − N_q, so with a causal skip it
+        meets the key blocks j ≤ ⌊L / B_c⌋: min(T_c, ⌊L / B_c⌋ + 1) of them, none when L < 0.
         """
         if not self.skips_hidden:
-            return self.k.all()
-        last_key = self.q.slice(i).stop - 1 + self.offset
-        return Blocks(self.k, (range(0 if last_key < 0 else min(self.k.T, last_key // self.k.B + 1)),))
+            return self.k.T
+        last_key = last_row + self.offset
+        return 0 if last_key < 0 else min(self.k.T, last_key // self.k.B + 1)
+
+    def keys_seen_by(self, i: int) -> Blocks:
+        """The key blocks query block i meets."""
+        return Blocks(self.k, (range(self._keys_seen(self.q.slice(i).stop - 1)),))
 
     def queries_seeing(self, j: int) -> Blocks:
         """The query blocks that meet key block j.
@@ -150,20 +167,60 @@ class Visits:
 
     def query_blocks(self) -> Blocks:
         """Every query block, each nesting the key blocks it meets (a loop with Q blocks outer)."""
-        return Blocks(self.q, (range(self.q.T),), self.keys_seen_by, self.skips_hidden)
+        return Blocks(self.q, (range(self.q.T),), self.keys_seen_by, self._pair_counts)
 
     def key_blocks(self) -> Blocks:
         """Every key block, each nesting the query blocks that meet it (a loop with K/V blocks outer)."""
-        return Blocks(self.k, (range(self.k.T),), self.queries_seeing, self.skips_hidden)
+        return Blocks(self.k, (range(self.k.T),), self.queries_seeing, self._transposed_pair_counts)
 
     def pairs(self) -> list[tuple[int, int, int]]:
         """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
+        return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
+
+    def blind_query_sizes(self) -> set[int]:
+        """Sizes of query blocks that meet no key block at all (causal, N_q > N_k)."""
+        seen = {b_i for b_i, _, _ in self.pairs()}
+        return set(Blocks(self.q, (range(self.q.T),)).sizes()) - seen
+
+    def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
+        return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
+
+    def _pair_counts(self) -> dict[tuple[int, int], int]:
+        """Visited tiles by (b_i, b_j), in closed form.
+
+        The full query blocks i = 0 … ⌊N_q/B_r⌋ − 1 end at row (i + 1)·B_r − 1, so block i
+        meets c_i = clamp(⌊(B_r·i + B_r − 1 + N_k − N_q) / B_c⌋ + 1, 0, T_c) key blocks;
+        Σ c_i is a floor sum over the i where the clamp is inactive. A query block meets
+        the ragged last key block exactly when it meets all T_c of them.
+        """
+        q, k = self.q, self.k
+        k_ragged = k.size(k.T - 1) if k.n % k.B else None
         out: dict[tuple[int, int], int] = {}
-        for i, count in self.query_blocks().classes():
-            for b_j, n in self.keys_seen_by(i).sizes().items():
-                key = (self.q.size(i), b_j)
-                out[key] = out.get(key, 0) + count * n
-        return [(b_i, b_j, n) for (b_i, b_j), n in out.items()]
+
+        def add(b_i: int, met: int, all_met: int) -> None:
+            """Blocks of b_i rows that meet ``met`` key blocks in all, ``all_met`` of them meeting every one."""
+            full = met - all_met if k_ragged is not None else met
+            for b_j, n in ((k.B, full), (k_ragged, met - full)):
+                if n:
+                    out[(b_i, b_j)] = out.get((b_i, b_j), 0) + n
+
+        add(q.B, *self._keys_seen_by_full_query_blocks())
+        if q.full < q.T:
+            c = self._keys_seen(q.n - 1)
+            add(q.size(q.T - 1), c, int(c == k.T))
+        return out
+
+    def _keys_seen_by_full_query_blocks(self) -> tuple[int, int]:
+        """(Σ c_i, how many c_i = T_c) over the full query blocks, without visiting them."""
+        n, Br, Bc, Tc = self.q.full, self.q.B, self.k.B, self.k.T
+        if not self.skips_hidden:
+            return n * Tc, n
+        c0 = Br - 1 + self.offset  # block i's last row sees keys up to B_r·i + c0
+        first = min(n, max(0, ceil_div(-c0, Br)))  # the first block that sees a key
+        all_keys = min(n, max(first, ceil_div((Tc - 1) * Bc - c0, Br)))  # the first that sees every block
+        partial = all_keys - first
+        total = partial + floor_sum(partial, Bc, Br, Br * first + c0) + Tc * (n - all_keys)
+        return total, n - all_keys
 
 
 def visits(pb: Problem, tiling: Tiling, skips_hidden: bool) -> Visits:

@@ -11,7 +11,7 @@ from iosim.cli import main
 from iosim.inputs import AttentionShape
 from iosim.memory import Memory
 from iosim.problem import Problem
-from iosim.visits import visits
+from iosim.visits import floor_sum, visits
 
 
 def visible_pairs_by_elements(n_q, n_k, Br, Bc, causal):
@@ -45,28 +45,39 @@ def test_visited_tiles_are_the_tiles_with_a_visible_element(n_q, n_k, Br, Bc, ca
     assert {(b_i, b_j): n for b_i, b_j, n in tiles.pairs()} == sizes
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(n_q=st.integers(1, 60), n_k=st.integers(1, 60), Br=st.integers(1, 16), Bc=st.integers(1, 16),
        causal=st.booleans())
-def test_count_only_classes_cover_every_block_with_equal_nested_sizes(n_q, n_k, Br, Bc, causal):
+def test_count_only_grouping_matches_the_blocks_it_stands_for(n_q, n_k, Br, Bc, causal):
     pb = Problem(AttentionShape(1, 1, n_q, n_k, 4), tau=1.0, causal=causal)
     tiles = visits(pb, iosim.Tiling(Br, Bc).capped(pb), skips_hidden=True)
     for outer in (tiles.query_blocks(), tiles.key_blocks()):
-        classes = outer.classes()
-        assert sum(count for _, count in classes) == len(list(outer))
-        members = {}
-        for t in outer:  # every block belongs to the class whose representative matches its sizes
-            members.setdefault((outer.axis.size(t), outer.nested(t).signature()), []).append(t)
-        assert sorted(len(m) for m in members.values()) == sorted(count for _, count in classes)
-        assert {m[0] for m in members.values()} == {t for t, _ in classes}
+        by_size = {}
+        nested_by_size = {}
+        for t in outer:
+            size = outer.axis.size(t)
+            by_size[size] = by_size.get(size, 0) + 1
+            for u in outer.nested(t):
+                key = (size, outer.nested(t).axis.size(u))
+                nested_by_size[key] = nested_by_size.get(key, 0) + 1
+        assert dict((outer.axis.size(t), n) for t, n in outer.classes()) == by_size
+        assert outer.pairs() == nested_by_size
+    blind = {tiles.q.size(i) for i in tiles.query_blocks() if not list(tiles.keys_seen_by(i))}
+    seeing = {tiles.q.size(i) for i in tiles.query_blocks() if list(tiles.keys_seen_by(i))}
+    assert tiles.blind_query_sizes() == blind - seeing
 
 
-def test_count_only_visits_one_block_per_class_without_a_mask():
+@pytest.mark.parametrize("n, m, a, b", [(0, 3, 2, 1), (1, 1, 0, 0), (7, 3, 5, 2), (100, 7, 13, 40), (50, 64, 3, 0)])
+def test_floor_sum_by_brute_force(n, m, a, b):
+    assert floor_sum(n, m, a, b) == sum((a * i + b) // m for i in range(n))
+
+
+def test_count_only_visits_one_block_per_size():
     # N = 65536 in blocks of 64 × 476: a count-only run visits the full and the ragged
-    # key block, each with its full query block, not all 138 × 1024 tiles.
+    # key block, each with one full query block, not all 138 × 1024 tiles.
     pb = problem(65536, 65536, 64)
     tiles = visits(pb, iosim.Tiling(64, 476), skips_hidden=True)
-    assert [count for _, count in tiles.key_blocks().classes()] == [65536 // 476, 1]
+    assert tiles.key_blocks().classes() == [(0, 65536 // 476), (65536 // 476, 1)]
     assert tiles.queries_seeing(0).classes() == [(0, 1024)]
 
 

@@ -77,9 +77,8 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
 
-    Without a causal skip, Σ b_j = T_r·N_k. The peak is the largest working set of a
-    query block: with the largest key block it meets, or Q_i, O_i, ℓ_i, m_i alone
-    when it meets none.
+    Without a causal skip, Σ b_j = T_r·N_k. The peak is the largest working set among
+    the visited tiles, or of a query block that meets no key block (Q_i, O_i, ℓ_i, m_i).
     """
     n_q, d = pb.shape.n_q, pb.shape.d
     tiles = visits(pb, tiling, skips_hidden=True)
@@ -89,10 +88,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     writes = {"O": n_q * d, "l": n_q, "m": n_q}  # each written once
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
-    peak = 0
-    for i, _ in tiles.query_blocks().classes():
-        b_i, seen = tiles.q.size(i), tiles.keys_seen_by(i).sizes()
-        peak = max(peak, working_set(pb, Tiling(b_i, max(seen)), M) if seen else 2 * b_i * d + 2 * b_i)
+    blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
+    peak = max(blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
