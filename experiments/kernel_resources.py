@@ -48,7 +48,7 @@ SM_MAX_THREADS = 2048
 SM_MAX_BLOCKS = 32
 REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
 
-F32, F16, U64 = types.float32, types.float16, types.uint64
+F32, F16, U64, I64 = types.float32, types.float16, types.uint64, types.int64
 
 
 def arr(dtype, ndim: int):
@@ -79,14 +79,15 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 out.append(KernelCase(
                     f"flash-swapped forward {tag} {c}",
                     flash_swapped.forward_kernel(d, c, causal, dropout),
-                    (arr(dt, 3),) * 4 + (arr(F32, 2), F32) + DROPOUT_ARGS,
+                    (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                     c.threads(), flash_swapped.shared_bytes(c, d, False),
                 ))
                 c = _first_fit(flash_swapped, flash_swapped.BACKWARD_TILES, d, True)
                 out.append(KernelCase(
                     f"flash-swapped backward {tag} {c}",
                     flash_swapped.backward_kernel(d, c, causal, dropout),
-                    (arr(dt, 3),) * 4 + (arr(F32, 2), arr(F32, 2), arr(F32, 3), arr(dt, 3), arr(dt, 3), F32) + DROPOUT_ARGS,
+                    (arr(dt, 1),) * 4 + (arr(F32, 1), arr(F32, 1), arr(F32, 1), arr(dt, 1), arr(dt, 1), I64, I64, F32)
+                    + DROPOUT_ARGS,
                     c.threads(True), flash_swapped.shared_bytes(c, d, True),
                 ))
         d = 64

@@ -284,7 +284,8 @@ def _lock_simulator_shared_arrays() -> None:
     computes from its own uninitialised copy (np.empty): wrong scores, exp overflow. A
     GPU has no such race. This is that method with the lookup and insertion under a lock,
     keyed as the simulator keys it; dynamic shared memory (shape 0) is left to the
-    original, which has no per-line lookup. Proof and details: docs/kernels.md.
+    original, which has no per-line lookup. The simulator takes no `alignment`; numpy's
+    allocations already meet the 16 bytes the kernels ask for. Proof and details: docs/kernels.md.
     """
     from numba.cuda import types
     from numba.cuda.np import numpy_support
@@ -296,8 +297,9 @@ def _lock_simulator_shared_arrays() -> None:
     lock = threading.Lock()
 
     def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            return original(self, shape, dtype, alignment)
+        # numpy allocations are at least 16-byte aligned, which is all the kernels ask for
+        if shape == 0:
+            return original(self, shape, dtype)
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         caller = sys._getframe(1)
@@ -324,6 +326,11 @@ def launch_bounds(threads: int, min_blocks: int) -> dict:
     launch bounds, so there the options are empty (same results, no register cap).
     """
     return {} if simulator_enabled() else {"launch_bounds": (threads, min_blocks)}
+
+
+def inline_options() -> dict:
+    """cuda.jit options forcing a device function inline at the NVVM IR level; none under the simulator."""
+    return {} if simulator_enabled() else {"forceinline": True}
 
 
 def grid_stride_launch(n_items: int) -> tuple[int, int]:

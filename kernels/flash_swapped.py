@@ -16,8 +16,16 @@ Deviations from the paper's Algorithms 1/2 and 4:
   ℓ_i is accumulated per thread over its own columns and summed across threads at the end.
 - The kernels store lse = m + log ℓ instead of m and ℓ; the backward pass uses
   P = exp(S − lse), equal to diag(ℓ)⁻¹ exp(S − m) of Alg. 4 line 13.
-- Q is multiplied by tau while it is loaded, so S arrives scaled.
+- Scores are kept in log2 units: Q is multiplied by tau·log₂e while it is loaded, and
+  exp(x) is computed as exp2(x·log₂e), one MUFU.EX2 on the GPU (ex2.approx, relative
+  error about 2⁻²², below float32 rounding of the sums it feeds); m_i is in log2 units.
 - Causal: key blocks entirely above the diagonal are skipped (they contribute exactly 0).
+
+Speed by construction (kernels/_register_tiles.py): one kernel per (d, tiling), the d and
+tile loops unrolled at compile time so that shared addresses are immediates, 128-bit
+shared loads over padded, 16-byte aligned rows, a row's threads reducing with warp
+shuffles, unsigned global indices. The static model (experiments/kernel_static_model.py)
+reads the result from the sm_90 machine code.
 """
 
 from __future__ import annotations
@@ -29,31 +37,42 @@ import numpy as np
 from numba import cuda, float32
 
 from kernels import _device as dev
+from kernels._register_tiles import SHARED_ALIGN, VEC, Layout, tiles
 from kernels.config import FLOAT32_BYTES, TileConfig
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
 ONE = dev.ONE
+LOG2E = np.float32(math.log2(math.e))  # scores are kept in log2 units: exp(x) = exp2(x · log2 e), one MUFU.EX2
+LN2 = np.float32(math.log(2.0))
 
 # Tile preferences, tried in order; the first whose shared memory fits is the default.
+# 64 × 32 with 4 × 4 per thread: 128 threads, each doing 2,048 FMAs per K/V step at d = 64,
+# fed by 8 128-bit shared loads per 64 FMAs of S and 12 per 128 FMAs of P̃V.
 FORWARD_TILES = (TileConfig(Br=64, Bc=32, TM=4, TN=4), TileConfig(Br=32, Bc=16, TM=4, TN=2), TileConfig(Br=16, Bc=16, TM=2, TN=2))
-# Blocks of the forward kernel per SM that the compiler must make room for: at d = 64 this
-# caps it at 128 registers with no spills (151 uncapped), 4 blocks instead of 3 on an H100
-# (experiments/results/kernels_resources_sm90.md); 6 would spill.
-FORWARD_MIN_BLOCKS = 4
-BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=1, TN=1))
+# Blocks of the forward kernel per SM that the compiler must make room for. The unrolled d = 64
+# step keeps about 250 registers live: 2 blocks (255 registers) compile without spills, 3
+# (168) spill inside the step loop (experiments/results/kernels_static_model_sm90.md).
+FORWARD_MIN_BLOCKS = 2
+BACKWARD_MIN_BLOCKS = 4
+BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=2, TN=2))
+
+
+def layout(config: TileConfig, d: int, backward: bool) -> Layout:
+    rows, cols = config.tile_rows_cols(backward)
+    return Layout(rows=rows, cols=cols, d=d, TM=config.TM, TN=config.TN)
 
 
 def shared_bytes(config: TileConfig, d: int, backward: bool) -> int:
     """Static shared memory of one thread block, matching the cuda.shared.array calls below."""
-    w = config.row_width(d, backward)
+    lay = layout(config, d, backward)
+    # the row-reduction scratch exists only under the simulator, which has no warp shuffles
+    red = lay.rows * lay.TC if dev.simulator_enabled() else 0
     if backward:
-        b = config.Br
         # K_j, V_j, Q_i, dO_i tiles; Pᵀ∘Z and dSᵀ tiles; lse_i and D_i
-        return FLOAT32_BYTES * (4 * b * w + 2 * b * (b + 1) + 2 * b)
-    tc = config.threads_per_row()
-    # Q_i, K_j, V_j tiles; P̃_ij tile; per-thread row partials
-    return FLOAT32_BYTES * ((config.Br + 2 * config.Bc) * w + config.Br * (config.Bc + 1) + config.Br * tc)
+        return FLOAT32_BYTES * (4 * lay.rows * lay.W + 2 * lay.rows * lay.PW + 2 * lay.cols + red)
+    # Q_i, K_j, V_j tiles; P̃_ij tile
+    return FLOAT32_BYTES * ((lay.rows + 2 * lay.cols) * lay.W + lay.rows * lay.PW + red)
 
 
 def check_config(config, d: int, backward: bool) -> None:
@@ -61,21 +80,64 @@ def check_config(config, d: int, backward: bool) -> None:
     if not isinstance(config, TileConfig):
         raise TypeError(f"config must be a kernels.TileConfig; got {config!r}")
     config.check(d, backward, shared_bytes(config, d, backward))
+    for problem in layout(config, d, backward).problems():
+        raise ValueError(f"config {config}: {problem}")
+
+
+@cuda.jit(device=True)
+def lse_from_log2(m2, l):
+    """lse = ln 2 · (m₂ + log₂ ℓ) for a row max m₂ in log2 units, or −inf for a row that saw no key."""
+    if l > ZERO:
+        return LN2 * (m2 + math.log2(l))
+    return NEG_INF
 
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
-    """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads()."""
-    Br, Bc, TM, TN = config.Br, config.Bc, config.TM, config.TN
-    TC = config.threads_per_row()
-    FD = config.acc_cols(d)
-    W = config.row_width(d)
-    BCP = Bc + 1
+    """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads().
 
-    @cuda.jit(**dev.launch_bounds(config.threads(), FORWARD_MIN_BLOCKS))
-    def kernel(q, k, v, out, lse, tau, seed_lo, seed_hi, threshold, inv_keep):
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+    q, out are flat (batch·heads·N_q·d) arrays and k, v flat (batch·heads·N_k·d), so every
+    address is a base plus a constant offset.
+    """
+    lay = layout(config, d, False)
+    t = tiles(lay)
+    Br, Bc, TM, TN, TC, G = config.Br, config.Bc, config.TM, config.TN, lay.TC, lay.G
+    W, PW, LANES = lay.W, lay.PW, lay.copy_lanes
+    ACC_COLS = VEC * G
+    RED_ROWS, RED_COLS = (Br, TC) if dev.simulator_enabled() else (1, 1)
+
+    @cuda.jit(device=True)
+    def softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row, col, n_q, n_k, bh,
+                     seed_lo, seed_hi, threshold, inv_keep):
+        """Alg. 2 lines 11-14 on this thread's micro-tile, FlashAttention-2 style (O unnormalised).
+
+        s (TM, TN) holds S_ij in log2 units. MASK it, take m_new = max(m_i, rowmax S_ij),
+        rescale ℓ_i and O_i by 2^(m_i − m_new), and write P̃_ij = 2^(S_ij − m_new) (times
+        the dropout mask) to P_s; ℓ_i gains this thread's share of rowsum(P̃_ij).
+        """
+        for a in range(TM):
+            mx[a] = m_i[a]
+            for b in range(TN):
+                if not dev.visible(row + a, col + TC * b, n_q, n_k, causal):  # line 11: MASK
+                    s[a, b] = NEG_INF
+                mx[a] = max(mx[a], s[a, b])
+        t.row_max(mx, red, r0, tx)  # line 12 and 13: m_new = max(m_i, rowmax(S_ij))
+        for a in range(TM):
+            m_use = dev.safe_max(mx[a])
+            alpha = math.exp2(m_i[a] - m_use)
+            m_i[a] = mx[a]
+            l_i[a] *= alpha
+            for f in range(ACC_COLS):
+                acc[a, f] *= alpha
+            for b in range(TN):
+                p = math.exp2(s[a, b] - m_use)
+                l_i[a] += p
+                if dropout:  # line 14
+                    p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + a, col + TC * b)
+                P_s[r0 + a, tx + TC * b] = p
+
+    @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
+    def kernel(q, k, v, out, lse, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
         Tr = (n_q + Br - 1) // Br
         bh = cuda.blockIdx.x // Tr
         i = cuda.blockIdx.x - bh * Tr
@@ -84,27 +146,30 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         tx = tid - ty * TC
         r0 = ty * TM  # first tile row of this thread
         row0 = i * Br  # first query row of the block
+        cr = tid // LANES  # this thread's place in the copy grid
+        cc = tid - cr * LANES
 
-        Q_s = cuda.shared.array((Br, W), float32)
-        K_s = cuda.shared.array((Bc, W), float32)
-        V_s = cuda.shared.array((Bc, W), float32)
-        P_s = cuda.shared.array((Br, BCP), float32)
-        red = cuda.shared.array((Br, TC), float32)  # (Br, TC) per-thread partials of a row statistic
+        Q_s = cuda.shared.array((Br, W), float32, alignment=SHARED_ALIGN)
+        K_s = cuda.shared.array((Bc, W), float32, alignment=SHARED_ALIGN)
+        V_s = cuda.shared.array((Bc, W), float32, alignment=SHARED_ALIGN)
+        P_s = cuda.shared.array((Br, PW), float32, alignment=SHARED_ALIGN)
+        red = cuda.shared.array((RED_ROWS, RED_COLS), float32)  # the simulator's row reductions
 
         s = cuda.local.array((TM, TN), float32)  # this thread's part of S_ij
-        acc = cuda.local.array((TM, FD), float32)  # unnormalised O_i, columns tx + TC·f
-        m_i = cuda.local.array(TM, float32)
+        acc = cuda.local.array((TM, ACC_COLS), float32)  # unnormalised O_i, columns 4(tx + TC·g) + w
+        m_i = cuda.local.array(TM, float32)  # running row max, log2 units
         l_i = cuda.local.array(TM, float32)  # partial ℓ_i over this thread's columns
-        a_reg = cuda.local.array(TM, float32)
-        b_reg = cuda.local.array(TN, float32)
+        mx = cuda.local.array(TM, float32)
 
         # Alg. 1 line 2 (on chip): O_i = 0, ℓ_i = 0, m_i = −inf
         dev.zero_tile(acc)
         for a in range(TM):
             m_i[a] = NEG_INF
             l_i[a] = ZERO
-        # Alg. 1 line 8, hoisted out of the K/V loop: Q_i, pre-scaled by tau
-        dev.load_rows(Q_s, q, bh, row0, n_q, d, tau)
+        # Alg. 1 line 8, hoisted out of the K/V loop: Q_i, pre-scaled by tau·log2 e
+        for tile in (Q_s, K_s, V_s):
+            t.zero_padding(tile, cr, cc)
+        t.load_row_tile(Q_s, q, bh * n_q + row0, n_q - row0, tau * LOG2E, cr, cc)
 
         Tc = (n_k + Bc - 1) // Bc
         if causal:
@@ -114,55 +179,29 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         for j in range(Tc):
             col0 = j * Bc
             cuda.syncthreads()  # the previous step's readers of K_s, V_s, P_s are done
-            dev.load_rows(K_s, k, bh, col0, n_k, d, ONE)  # Alg. 1 line 6
-            dev.load_rows(V_s, v, bh, col0, n_k, d, ONE)
+            t.load_col_tile(K_s, k, bh * n_k + col0, n_k - col0, ONE, cr, cc)  # Alg. 1 line 6
+            t.load_col_tile(V_s, v, bh * n_k + col0, n_k - col0, ONE, cr, cc)
             cuda.syncthreads()
 
-            # Alg. 2 lines 10-12: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread, MASK, this thread's share of rowmax
-            dev.masked_scores(s, a_reg, b_reg, Q_s, K_s, red, r0, tx, TC, d, row0, col0, n_q, n_k, causal)
-            cuda.syncthreads()
-
-            for a in range(TM):
-                # Alg. 2 line 13: m_new = max(m_i, m̃_ij), rescale ℓ_i and O_i by e^{m_i − m_new}
-                m_new = m_i[a]
-                for t in range(TC):
-                    m_new = max(m_new, red[r0 + a, t])
-                m_use = dev.safe_max(m_new)
-                alpha = math.exp(m_i[a] - m_use)
-                m_i[a] = m_new
-                l_i[a] *= alpha
-                for f in range(FD):
-                    acc[a, f] *= alpha
-                # P̃_ij = exp(S_ij − m_new); ℓ_i += rowsum(P̃_ij); Alg. 2 line 14: dropout
-                row = row0 + r0 + a
-                for b in range(TN):
-                    p = math.exp(s[a, b] - m_use)
-                    l_i[a] += p
-                    if dropout:
-                        p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row, col0 + tx + TC * b)
-                    P_s[r0 + a, tx + TC * b] = p
+            # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread
+            dev.zero_tile(s)
+            t.rows_dot_rows(s, Q_s, r0, K_s, tx)
+            softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row0 + r0, col0 + tx, n_q, n_k, bh,
+                         seed_lo, seed_hi, threshold, inv_keep)
             cuda.syncthreads()
             # Alg. 2 line 15 (unnormalised): O_i += P̃_ij^dropped V_j
-            dev.rows_dot_cols(acc, a_reg, P_s, r0, V_s, tx, TC, Bc)
+            t.rows_dot_cols(acc, P_s, r0, V_s, tx)
 
         # Epilogue: ℓ_i = Σ over the row's TC threads, O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
-        cuda.syncthreads()
+        t.row_sum(l_i, red, r0, tx)
         for a in range(TM):
-            red[r0 + a, tx] = l_i[a]
-        cuda.syncthreads()
-        for a in range(TM):
+            inv_l = ONE / l_i[a] if l_i[a] > ZERO else ZERO
+            for f in range(ACC_COLS):
+                acc[a, f] *= inv_l
             row = row0 + r0 + a
-            if row < n_q:
-                l = ZERO
-                for t in range(TC):
-                    l += red[r0 + a, t]
-                inv_l = ONE / l if l > ZERO else ZERO
-                for f in range(FD):
-                    e = tx + TC * f
-                    if e < d:
-                        out[bh, row, e] = acc[a, f] * inv_l
-                if tx == 0:
-                    lse[bh, row] = dev.log_sum_exp(m_i[a], l)
+            if tx == 0 and row < n_q:
+                lse[bh * n_q + row] = lse_from_log2(m_i[a], l_i[a])
+        t.store_acc(out, acc, bh * n_q + row0, n_q - row0, ONE, r0, tx, False)
 
     return kernel
 
@@ -172,18 +211,37 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     """Compile-time specialised backward kernel: grid (batch·heads · T_c,), block config.threads(True).
 
     The tile is B keys × B queries (B = Br = Bc); thread rows are keys for Sᵀ, Pᵀ, dV, dK
-    and queries for dQ.
+    and queries for dQ. Arrays are flat, as in `forward_kernel`.
     """
-    B, TM, TN = config.Br, config.TM, config.TN
-    TC = config.threads_per_row(backward=True)
-    FD = config.acc_cols(d, backward=True)
-    W = config.row_width(d, backward=True)
-    BP = B + 1
+    lay = layout(config, d, True)
+    t = tiles(lay)
+    B, TM, TN, TC, G = config.Br, config.TM, config.TN, lay.TC, lay.G
+    W, PW, LANES = lay.W, lay.PW, lay.copy_lanes
+    ACC_COLS = VEC * G
 
-    @cuda.jit
-    def kernel(q, k, v, do, lse, big_d, dq_acc, dk, dv, tau, seed_lo, seed_hi, threshold, inv_keep):
-        n_q = q.shape[1]
-        n_k = k.shape[1]
+    @cuda.jit(device=True)
+    def probabilities(s, dp, PT_s, dST_s, lse_s, D_s, r0, tx, key, query, n_q, n_k, tau2, bh,
+                      seed_lo, seed_hi, threshold, inv_keep):
+        """Alg. 4 lines 12-20 on one thread's micro-tile of the transposed (keys × queries) tile.
+
+        In: s = K_j Q_iᵀ and dp = V_j dO_iᵀ for keys key + a and queries query + TC·b, lse_s
+        in log2 units. Out, in shared memory: PT_s = (P_ij ∘ Z_ij)ᵀ and
+        dST_s = (P_ij ∘ (dP_ij ∘ Z_ij − D_i))ᵀ at tile positions [r0 + a, tx + TC·b].
+        """
+        for a in range(TM):
+            for b in range(TN):
+                c = tx + TC * b
+                p = ZERO
+                if dev.visible(query + TC * b, key + a, n_q, n_k, causal):  # line 12: MASK
+                    p = math.exp2(s[a, b] * tau2 - lse_s[c])  # line 13, with lse = m + log ℓ
+                z = ONE
+                if dropout:  # line 14
+                    z = dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, query + TC * b, key + a)
+                PT_s[r0 + a, c] = p * z  # line 15
+                dST_s[r0 + a, c] = p * (dp[a, b] * z - D_s[c])  # lines 18 and 20
+
+    @cuda.jit(**dev.launch_bounds(lay.threads, BACKWARD_MIN_BLOCKS))
+    def kernel(q, k, v, do, lse, big_d, dq_acc, dk, dv, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
         Tc = (n_k + B - 1) // B
         Tr = (n_q + B - 1) // B
         bh = cuda.blockIdx.x // Tc
@@ -193,27 +251,29 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         tx = tid - ty * TC
         r0 = ty * TM
         col0 = j * B  # first key of the block
+        cr = tid // LANES  # this thread's place in the copy grid
+        cc = tid - cr * LANES
 
-        K_s = cuda.shared.array((B, W), float32)
-        V_s = cuda.shared.array((B, W), float32)
-        Q_s = cuda.shared.array((B, W), float32)
-        dO_s = cuda.shared.array((B, W), float32)
-        PT_s = cuda.shared.array((B, BP), float32)  # (P_ij ∘ Z_ij)ᵀ, keys × queries
-        dST_s = cuda.shared.array((B, BP), float32)  # dS_ijᵀ
-        lse_s = cuda.shared.array(B, float32)
+        K_s = cuda.shared.array((B, W), float32, alignment=SHARED_ALIGN)
+        V_s = cuda.shared.array((B, W), float32, alignment=SHARED_ALIGN)
+        Q_s = cuda.shared.array((B, W), float32, alignment=SHARED_ALIGN)
+        dO_s = cuda.shared.array((B, W), float32, alignment=SHARED_ALIGN)
+        PT_s = cuda.shared.array((B, PW), float32, alignment=SHARED_ALIGN)  # (P_ij ∘ Z_ij)ᵀ, keys × queries
+        dST_s = cuda.shared.array((B, PW), float32, alignment=SHARED_ALIGN)  # dS_ijᵀ
+        lse_s = cuda.shared.array(B, float32)  # log2 units
         D_s = cuda.shared.array(B, float32)
 
         s = cuda.local.array((TM, TN), float32)  # S_ijᵀ / tau
         dp = cuda.local.array((TM, TN), float32)  # dP_ijᵀ before dropout
-        dk_acc = cuda.local.array((TM, FD), float32)
-        dv_acc = cuda.local.array((TM, FD), float32)
-        dq_acc_t = cuda.local.array((TM, FD), float32)
-        a_reg = cuda.local.array(TM, float32)
-        b_reg = cuda.local.array(TN, float32)
+        dk_acc = cuda.local.array((TM, ACC_COLS), float32)
+        dv_acc = cuda.local.array((TM, ACC_COLS), float32)
+        dq_t = cuda.local.array((TM, ACC_COLS), float32)
 
         # Alg. 4 lines 7-8: K_j, V_j to shared memory, dK_j = dV_j = 0 on chip
-        dev.load_rows(K_s, k, bh, col0, n_k, d, ONE)
-        dev.load_rows(V_s, v, bh, col0, n_k, d, ONE)
+        for tile in (K_s, V_s, Q_s, dO_s):
+            t.zero_padding(tile, cr, cc)
+        t.load_row_tile(K_s, k, bh * n_k + col0, n_k - col0, ONE, cr, cc)
+        t.load_row_tile(V_s, v, bh * n_k + col0, n_k - col0, ONE, cr, cc)
         dev.zero_tile(dk_acc)
         dev.zero_tile(dv_acc)
 
@@ -225,38 +285,32 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
             row0 = i * B
             cuda.syncthreads()
             # Alg. 4 line 10: Q_i, dO_i, lse_i (for ℓ_i, m_i) and D_i (line 19, precomputed)
-            dev.load_rows(Q_s, q, bh, row0, n_q, d, ONE)
-            dev.load_rows(dO_s, do, bh, row0, n_q, d, ONE)
-            dev.load_vector(lse_s, lse, bh, row0, n_q, ZERO)
-            dev.load_vector(D_s, big_d, bh, row0, n_q, ZERO)
+            t.load_col_tile(Q_s, q, bh * n_q + row0, n_q - row0, ONE, cr, cc)
+            t.load_col_tile(dO_s, do, bh * n_q + row0, n_q - row0, ONE, cr, cc)
+            t.load_vector(lse_s, lse, bh * n_q + row0, n_q - row0, LOG2E, ZERO)
+            t.load_vector(D_s, big_d, bh * n_q + row0, n_q - row0, ONE, ZERO)
             cuda.syncthreads()
 
             # Alg. 4 line 11: S_ijᵀ = K_j Q_iᵀ; line 17: dP_ijᵀ = V_j dO_iᵀ
             dev.zero_tile(s)
-            dev.rows_dot_rows(s, a_reg, b_reg, K_s, r0, Q_s, tx, TC, d)
+            t.rows_dot_rows(s, K_s, r0, Q_s, tx)
             dev.zero_tile(dp)
-            dev.rows_dot_rows(dp, a_reg, b_reg, V_s, r0, dO_s, tx, TC, d)
+            t.rows_dot_rows(dp, V_s, r0, dO_s, tx)
             # lines 12-20: MASK, P_ij, Z_ij, (P∘Z)ᵀ and dSᵀ into shared memory
-            dev.backward_tile(s, dp, PT_s, dST_s, lse_s, D_s, r0, tx, TC, col0, row0, n_q, n_k, causal, tau,
-                              dropout, seed_lo, seed_hi, threshold, inv_keep, bh)
+            probabilities(s, dp, PT_s, dST_s, lse_s, D_s, r0, tx, col0 + r0, row0 + tx, n_q, n_k, tau * LOG2E, bh,
+                          seed_lo, seed_hi, threshold, inv_keep)
             cuda.syncthreads()
 
-            dev.rows_dot_cols(dv_acc, a_reg, PT_s, r0, dO_s, tx, TC, B)  # line 16: dV_j += (P∘Z)ᵀ dO_i
-            dev.rows_dot_cols(dk_acc, a_reg, dST_s, r0, Q_s, tx, TC, B)  # line 22 (tau applied at line 24)
+            t.rows_dot_cols(dv_acc, PT_s, r0, dO_s, tx)  # line 16: dV_j += (P∘Z)ᵀ dO_i
+            t.rows_dot_cols(dk_acc, dST_s, r0, Q_s, tx)  # line 22 (tau applied at line 24)
             # line 21: dQ_i += tau dS_ij K_j; here this thread's rows are queries r0 + a
-            dev.zero_tile(dq_acc_t)
-            dev.cols_dot_cols(dq_acc_t, a_reg, dST_s, r0, K_s, tx, TC, B)
-            for a in range(TM):
-                query = row0 + r0 + a
-                if query < n_q:
-                    for f in range(FD):
-                        e = tx + TC * f
-                        if e < d:
-                            cuda.atomic.add(dq_acc, (bh, query, e), tau * dq_acc_t[a, f])
+            dev.zero_tile(dq_t)
+            t.cols_dot_cols(dq_t, dST_s, r0, K_s, tx)
+            t.store_acc(dq_acc, dq_t, bh * n_q + row0, n_q - row0, tau, r0, tx, True)
 
         # Alg. 4 line 24: write dK_j, dV_j
-        dev.store_rows(dk, dk_acc, bh, col0, n_k, d, tau, r0, tx, TC)
-        dev.store_rows(dv, dv_acc, bh, col0, n_k, d, ONE, r0, tx, TC)
+        t.store_acc(dk, dk_acc, bh * n_k + col0, n_k - col0, tau, r0, tx, False)
+        t.store_acc(dv, dv_acc, bh * n_k + col0, n_k - col0, ONE, r0, tx, False)
 
     return kernel
 
@@ -268,12 +322,20 @@ def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig):
     kernels.api before this is called.
     """
     n_bh, n_q, d = q.shape
+    n_k = k.shape[1]
     out = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float32)
     kernel = forward_kernel(d, config, bool(causal), dropout.enabled)
     Tr = -(-n_q // config.Br)
-    kernel[n_bh * Tr, config.threads()](q, k, v, out, lse, np.float32(tau), *dropout.kernel_args())
+    kernel[n_bh * Tr, config.threads()](
+        flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, np.float32(tau), *dropout.kernel_args()
+    )
     return out, lse
+
+
+def flat(x):
+    """A contiguous device array as one dimension, so that kernels compute addresses from constants."""
+    return x.reshape(x.size)
 
 
 def backward(q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout, config: TileConfig):
@@ -289,7 +351,8 @@ def backward(q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout, conf
     kernel = backward_kernel(d, config, bool(causal), dropout.enabled)
     Tc = -(-n_k // config.Bc)
     kernel[n_bh * Tc, config.threads(backward=True)](
-        q, k, v, dout, lse, big_d, dq_acc, dk, dv, np.float32(tau), *dropout.kernel_args()
+        flat(q), flat(k), flat(v), flat(dout), flat(lse), flat(big_d), flat(dq_acc), flat(dk), flat(dv),
+        n_q, n_k, np.float32(tau), *dropout.kernel_args()
     )
     if q.dtype == np.float32:
         return dq_acc, dk, dv
