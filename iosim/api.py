@@ -7,13 +7,15 @@ explicit ``tiling=iosim.Tiling(Br, Bc)`` is given.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from iosim.algorithm import Algorithm
 from iosim.counts import Counts
-from iosim.inputs import AttentionShape, check_mask, check_positive_int, check_qkv, check_scale
+from iosim.errors import InputTypeError
+from iosim.inputs import AttentionShape, check_flag, check_mask, check_positive_int, check_qkv, check_scale
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.registry import get_algorithm
@@ -61,8 +63,18 @@ def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dt
         n_q=check_positive_int("N", N), n_k=check_positive_int("N_k", N if N_k is None else N_k),
         d=check_positive_int("d", d),
     )
-    return Problem(shape, tau=check_scale(None, shape.d), causal=bool(causal), has_mask=bool(mask),
+    if not isinstance(mask, (bool, np.bool_)):
+        raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
+                             f"explicit mask is read); simulate takes the boolean mask array")
+    return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
                    dropout_p=dropout_p, seed=seed, dtype=dtype)
+
+
+def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False) -> int:
+    """Bytes a numeric simulation holds for its HBM tensors: float64 data, one byte per mask element."""
+    pb = _count_problem(N, d, N_k, batch, heads, causal=False, mask=mask, dropout_p=0.0, seed=0, dtype="float64")
+    return sum(pb.shape.bh * rows * cols * (1 if t.element == "mask" else 8)
+               for t in get_algorithm(algorithm).hbm_tensors(pb) for rows, cols in [t.shape(pb)])
 
 
 def new_memory(algo: Algorithm, pb: Problem, M: int, data: dict | None = None) -> Memory:
@@ -104,14 +116,23 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     """
+    q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
+    if isinstance(mask, (bool, np.bool_)):
+        raise InputTypeError(f"mask={mask!r}: simulate takes a boolean array (True = attend) or None; count and "
+                             f"predict take mask=True or False")
     full_mask = check_mask(mask, shape)
-    pb = Problem(shape, tau=check_scale(scale, shape.d), causal=bool(causal), has_mask=full_mask is not None,
+    pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
+                 has_mask=full_mask is not None,
                  dropout_p=dropout_p, seed=seed, dtype=dtype)
     data = {"Q": np.asarray(q), "K": np.asarray(k), "V": np.asarray(v)}
     if full_mask is not None:
         data["mask"] = full_mask
-    return _execute(algorithm, pb, M, block_policy, tiling, data)
+    result = _execute(algorithm, pb, M, block_policy, tiling, data)
+    if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
+        warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
+                      f"float64 holds magnitudes below 1.8e308", RuntimeWarning, stacklevel=2)
+    return result
 
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,

@@ -1,26 +1,37 @@
 """Command line: ``iosim sweep`` (count-only grid) and ``iosim run`` (one numeric simulation).
 
 ``build_parser`` and ``run`` hold the logic and return data; only ``main`` renders,
-with rich. Tests call ``run`` directly.
+with rich. Tests call ``run`` directly. Bad input (``iosim.InputError``, a
+``CapacityError``, an unwritable file) is one line on stderr and exit status 2;
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 
-from iosim.api import SimResult, simulate
+from iosim.api import SimResult, simulate, simulation_bytes
 from iosim.errors import InputError
 from iosim.memory import CapacityError
-from iosim.problem import DTYPE_ITEMSIZE
 from iosim.reference import attention_ref
-from iosim.registry import ALGORITHMS, DEFAULT, baseline
+from iosim.registry import ALGORITHMS, DEFAULT
+from iosim.rng import check_seed
+from iosim.sweep import DEFAULT_D, DEFAULT_N, RecordWriter, SweepRow, check_output_path, rank_by_traffic, run_sweep, \
+    sweep_configs
 from iosim.tiling import POLICIES
-from iosim.sweep import DEFAULT_D, DEFAULT_N, RecordWriter, SweepRow, run_sweep, traffic_ratios
-from iosim.units import parse_size
+from iosim.units import DTYPE_ITEMSIZE, parse_count, parse_size
+
+REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
 
 class UsageError(Exception):
@@ -32,114 +43,245 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
+def _count(text: str) -> int:
+    """A whole number ≥ 1 with an optional suffix (4096, 4Ki, 1e5), for argparse."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is outside the allowed range [1, inf)")
-    return value
+        return parse_count("value", text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
+
+
+def _seed(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [0, 2**64)") from None
+
+
+def _package_version() -> str:
+    try:
+        return version("iosim")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default="100k",
                    help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k)")
-    p.add_argument("--batch", type=_positive_int, default=1)
-    p.add_argument("--heads", type=_positive_int, default=1)
+    p.add_argument("--batch", type=_count, default=1)
+    p.add_argument("--heads", type=_count, default=1)
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size for bytes and for M given in bytes (default float16)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d)")
+    p.add_argument("--json", metavar="PATH", help="save the results as JSON")
+    p.add_argument("--csv", metavar="PATH", help="save the results as CSV")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="iosim", description="HBM traffic of attention: simulated, predicted, checked.")
+    parser.add_argument("--version", action="version", version=f"iosim {_package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sw = sub.add_parser("sweep", help="count-only traffic of every algorithm over a grid of N and d")
     _add_common(sw)
-    sw.add_argument("--N", type=_positive_int, nargs="+", default=list(DEFAULT_N), help="sequence lengths")
-    sw.add_argument("--d", type=_positive_int, nargs="+", default=list(DEFAULT_D), help="head dimensions")
+    sw.add_argument("--N", type=_count, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
+    sw.add_argument("--d", type=_count, nargs="+", default=list(DEFAULT_D), help="head dimensions")
     sw.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
-    sw.add_argument("--json", metavar="PATH", help="write the rows as a JSON list (updated as rows finish)")
-    sw.add_argument("--csv", metavar="PATH", help="write the rows as CSV (appended as rows finish)")
+    sw.add_argument("--resume", action="store_true",
+                    help="keep the records already in the --json/--csv file and skip their configurations")
+    sw.add_argument("--wide", action="store_true",
+                    help="every column (reads, writes, exact prediction, paper's form): about 130 columns")
 
     rn = sub.add_parser("run", help="one numeric simulation on random inputs, checked against float64")
     _add_common(rn)
     rn.add_argument("--algo", choices=list(ALGORITHMS), default=DEFAULT)
-    rn.add_argument("--N", type=_positive_int, default=1000, help="query length N_q")
-    rn.add_argument("--N-k", type=_positive_int, default=None, help="key/value length (default: N)")
-    rn.add_argument("--d", type=_positive_int, default=64)
+    rn.add_argument("--N", type=_count, default=1000, help="query length N_q")
+    rn.add_argument("--N-k", type=_count, default=None, help="key/value length (default: N)")
+    rn.add_argument("--d", type=_count, default=64)
     rn.add_argument("--scale", type=float, default=None, help="softmax scale tau (default 1/sqrt(d))")
     rn.add_argument("--dropout", type=float, default=0.0, help="dropout probability in [0, 1)")
-    rn.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the dropout mask")
+    rn.add_argument("--seed", type=_seed, default=0, help="seed of the inputs and of the dropout mask")
+    rn.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 reference")
     return parser
 
 
 @dataclass(frozen=True)
 class SweepOutcome:
     rows: list[SweepRow]
+    skipped: int  # configurations the --resume file already held
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     result: SimResult
-    max_abs_error: float  # against the float64 reference
-    max_rel_error: float  # max |err| / max |reference|
+    max_abs_error: float | None  # against the float64 reference; None with --no-check
+    max_rel_error: float | None  # max |err| / max |reference|
 
 
-def run(args: argparse.Namespace, on_row=None) -> SweepOutcome | RunOutcome:
-    """Execute a parsed command and return its results as data."""
+def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | None = None,
+        on_simulated: Callable[[SimResult], None] | None = None) -> SweepOutcome | RunOutcome:
+    """Execute a parsed command and return its results as data.
+
+    ``on_row`` sees each sweep row as it finishes (None for one skipped by --resume);
+    ``on_simulated`` sees a run's result before the reference check starts.
+    """
     M = parse_size(args.M, args.dtype)
     if args.command == "sweep":
-        writer = RecordWriter(args.json, args.csv)
+        if args.resume and not (args.json or args.csv):
+            raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
+        writer = RecordWriter(args.json, args.csv, resume=args.resume)
         try:
             rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row)
         finally:
             writer.close()
-        return SweepOutcome(rows)
-    rng = np.random.default_rng(args.seed)
+        return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
+    return _run_one(args, M, on_simulated)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
+    json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     n_k = args.N_k or args.N
+    shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads)
+    need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
+    free = available_memory()
+    if free is not None and need > free:
+        raise InputError(
+            f"a numeric run of {args.algo} at N={args.N}, N_k={n_k}, d={args.d}, batch·heads="
+            f"{args.batch * args.heads} holds {_bytes(need)} in float64, more than the {_bytes(free)} available; "
+            f"use `iosim sweep` (count-only) for its traffic")
+    rng = np.random.default_rng(args.seed)
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
     k, v = (rng.standard_normal((args.batch, args.heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
-    result = simulate(args.algo, q, k, v, M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
-    ref = attention_ref(q, k, v, **options).out
-    err = float(np.max(np.abs(result.out - ref)))
-    return RunOutcome(result, err, err / max(float(np.max(np.abs(ref))), np.finfo(float).tiny))
+    with warnings.catch_warnings():  # an overflow is reported below, in one line
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = simulate(args.algo, q, k, v, M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
+    if not np.isfinite(result.out).all():  # the inputs are finite: only the scale can overflow
+        raise InputError(f"--scale {args.scale}: tau·QKᵀ overflows float64 on these inputs, so the output is not "
+                         f"finite; allowed: a scale that keeps |tau·q·k| below 1.8e308")
+    if on_simulated:
+        on_simulated(result)
+    err = rel = None
+    if not args.no_check:
+        err, rel = check_against_reference(result.out, q, k, v, **options)
+    outcome = RunOutcome(result, err, rel)
+    if json_path:
+        json_path.write_text(json.dumps(run_record(args, outcome), indent=1) + "\n")
+    if csv_path:
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["tensor", "level", "reads", "writes", "read_bytes", "write_bytes"])
+            writer.writeheader()
+            for t in result.traffic.tensors:
+                writer.writerow(dict(tensor=t.name, level=t.level, reads=t.reads, writes=t.writes,
+                                     read_bytes=t.read_bytes, write_bytes=t.write_bytes))
+    return outcome
+
+
+def check_against_reference(out: np.ndarray, q, k, v, *, chunk: int = REFERENCE_CHUNK, **options
+                            ) -> tuple[float, float]:
+    """(max |out − reference|, that over max |reference|), computed a slice of query rows at a time.
+
+    Each slice holds about ``chunk`` elements of the N_q × N_k matrices, so the check needs
+    memory O(chunk), not O(N_q·N_k).
+    """
+    b, h, n_q, _ = q.shape
+    step = max(1, chunk // (b * h * k.shape[2]))
+    err = ref_max = 0.0
+    for start in range(0, n_q, step):
+        rows = slice(start, min(n_q, start + step))
+        ref = attention_ref(q, k, v, rows=rows, **options).out
+        err = max(err, float(np.max(np.abs(out[:, :, rows] - ref))))
+        ref_max = max(ref_max, float(np.max(np.abs(ref))))
+    return err, err / max(ref_max, np.finfo(float).tiny)
+
+
+def run_record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
+    """What `run --json` saves: the configuration, the tiling, the counts and the check."""
+    r, pb = outcome.result, outcome.result.problem
+    return {
+        "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
+        "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
+        "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
+        "block_policy": args.block_policy, "Br": r.tiling.Br, "Bc": r.tiling.Bc, **r.traffic.as_dict(),
+        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error,
+    }
 
 
 # --- rendering (rich lives here only) -----------------------------------------------------
-def _si(x: float | None) -> str:
+_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def _eng(x: float | None, prefixes: tuple[str, ...] = _PREFIXES) -> str:
+    """x in at most 3 significant digits and a prefix (17.9G), never wider than 6 characters."""
     if x is None:
         return "—"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.4g}{unit}"
-    return f"{x:.4g}"
+    if abs(x) < 1000:
+        return str(int(x)) if x == int(x) else f"{x:.3g}"
+    for e, prefix in enumerate(prefixes):
+        text = f"{x / 1000**e:.3g}"  # rounding may carry into the next prefix: 999,960 is 1M, not 1e+03k
+        if abs(float(text)) < 1000:
+            return text + prefix
+    return f"{x:.2e}"
 
 
-def _render_sweep(console, outcome: SweepOutcome) -> None:
+def _bytes(x: float | None) -> str:
+    return "—" if x is None else _eng(x, ("", "K", "M", "G", "T", "P", "E")) + "B"
+
+
+def _count_text(n: int) -> str:
+    """A sequence length in full up to six digits (65536), compactly beyond (1G)."""
+    return str(n) if n < 10**6 else _eng(n)
+
+
+def _setting(first: SweepRow) -> str:
+    options = [f"M = {first.M:,} elements ({_bytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
+               f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
+               f"block policy {first.block_policy}"]
+    return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
+
+
+def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
     from rich import box
     from rich.table import Table
 
     rows = outcome.rows
-    first = rows[0]
-    table = Table(box=box.SIMPLE_HEAD, title=f"HBM traffic in elements (M = {first.M:,} elements, batch·heads = {first.batch * first.heads}, "
-                        f"{first.dtype})", header_style="bold")
-    for col in ("algorithm", "N", "d", "B_r", "B_c", "HBM reads", "writes", "total", "exact prediction",
-                "paper's form", "meas/pred", "peak SRAM/M"):
-        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    if outcome.skipped:
+        console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
+    if not rows:
+        return
+    console.print(_setting(rows[0]))
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
+    tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}")
+    exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
+    peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
+    if wide:
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
+                   ("B_r×B_c", tile), ("HBM reads", lambda r: _eng(r.reads)), ("writes", lambda r: _eng(r.writes)),
+                   ("total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
+                   ("exact prediction", lambda r: _eng(r.predicted)), ("paper's form", lambda r: _eng(r.paper)),
+                   ("meas/pred", lambda r: "—" if r.ratio is None else f"{r.ratio:.6f}"), ("peak SRAM/M", peak)]
+    else:
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
+                   ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
+                   ("= pred", exact), ("peak/M", peak)]
+    for name, _ in columns:
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for r in rows:
-        table.add_row(
-            r.algorithm, str(r.N), str(r.d), str(r.tiling.Br if r.tiling else "—"),
-            str(r.tiling.Bc if r.tiling else "—"), _si(r.reads), _si(r.writes),
-            _si(r.total), _si(r.predicted), _si(r.paper), "—" if r.ratio is None else f"{r.ratio:.6f}",
-            "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}",
-        )
+        table.add_row(*(cell(r) for _, cell in columns))
     console.print(table)
     for r in rows:
         if r.status != "ok":
@@ -147,35 +289,50 @@ def _render_sweep(console, outcome: SweepOutcome) -> None:
             break
     labels = {r.algorithm: r.paper_label for r in rows}
     console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
-    base = baseline().name
-    for other in [a for a in labels if a != base]:
-        ratios = traffic_ratios(rows, base, other)
-        if not ratios:
-            continue
-        console.print(f"[bold]{base} ÷ {other} traffic[/]")
-        for d in sorted({x.d for x in ratios}):
-            line = ", ".join(f"N={x.N}: {x.ratio:.2f}×" for x in ratios if x.d == d)
-            console.print(f"  d={d}: {line}")
+    _render_ranking(console, rows)
 
 
-def _render_run(console, outcome: RunOutcome) -> None:
+def _render_ranking(console, rows: list[SweepRow]) -> None:
+    from rich import box
     from rich.table import Table
 
-    r = outcome.result
-    t = r.traffic
-    pb = r.problem
+    ranking = rank_by_traffic(rows)
+    if not ranking or len({r.algorithm for r in rows}) < 2:
+        return
+    table = Table(box=box.SIMPLE_HEAD, title="least traffic at each (N, d), and each other algorithm's ÷ it",
+                  header_style="bold")
+    for name in ("N", "d", "least", "others ÷ least"):
+        table.add_column(name, justify="left" if name in ("least", "others ÷ least") else "right")
+    for x in ranking:
+        others = ", ".join(f"{a} {ratio:.2f}×" for a, ratio in sorted(x.ratios.items(), key=lambda kv: kv[1])
+                           if a != x.best)
+        table.add_row(_count_text(x.N), str(x.d), x.best, others or "—")
+    console.print(table)
+
+
+def _render_run(console, r: SimResult) -> None:
+    from rich.table import Table
+
+    t, pb = r.traffic, r.problem
     table = Table(title=f"{r.algorithm}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, d={pb.shape.d}, "
                         f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={r.tiling.Br}, B_c={r.tiling.Bc}",
                   header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
-        table.add_column(col, justify="left" if col == "tensor" else "right")
+        table.add_column(col, justify="left" if col == "tensor" else "right", no_wrap=True)
     for x in t.tensors:
-        table.add_row(x.name, f"{x.reads:,}", f"{x.writes:,}", f"{x.read_bytes:,}", f"{x.write_bytes:,}")
-    table.add_row("total", f"{t.reads:,}", f"{t.writes:,}", "", f"{t.total_bytes:,} B", style="bold")
+        table.add_row(x.name, f"{x.reads:,}", f"{x.writes:,}", _bytes(x.read_bytes), _bytes(x.write_bytes))
+    table.add_row("total", f"{t.reads:,}", f"{t.writes:,}", _bytes(t.read_bytes), _bytes(t.write_bytes), style="bold")
     console.print(table)
-    console.print(f"peak SRAM {t.peak_sram:,} of M = {r.M:,} elements ({t.peak_sram / r.M:.3f})")
-    console.print(f"max |error| against float64 reference: {outcome.max_abs_error:.3e} "
-                  f"(relative {outcome.max_rel_error:.3e})")
+    console.print(f"peak SRAM {t.peak_sram:,} of M = {r.M:,} elements ({t.peak_sram / r.M:.3f}); "
+                  f"{_bytes(t.total_bytes)} moved in all")
+
+
+def _render_check(console, outcome: RunOutcome) -> None:
+    if outcome.max_abs_error is None:
+        console.print("not checked against the float64 reference (--no-check)")
+    else:
+        console.print(f"max |error| against float64 reference: {outcome.max_abs_error:.3e} "
+                      f"(relative {outcome.max_rel_error:.3e})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,19 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
-    if not console.is_terminal:  # piped output: wide enough for the sweep table
-        console = Console(width=132)
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "sweep" and getattr(args, "wide", False) and not console.is_terminal:
+            console = Console(width=132)  # piped output: as wide as the --wide table
         if args.command == "sweep":
-            total = len(args.algo) * len(args.N) * len(args.d)
+            total = len(sweep_configs(args.algo, args.N, args.d))
             with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:
                 task = progress.add_task("sweep", total=total)
                 outcome = run(args, on_row=lambda row: progress.advance(task))
-            _render_sweep(console, outcome)
+            _render_sweep(console, outcome, args.wide)
         else:
-            _render_run(console, run(args))
+            outcome = run(args, on_simulated=lambda result: _render_run(console, result))
+            _render_check(console, outcome)
     except (UsageError, InputError, CapacityError, OSError) as err:
         print(f"iosim: error: {err}", file=sys.stderr)
         return 2

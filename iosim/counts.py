@@ -7,7 +7,7 @@ batch·heads), its element size, and the peak SRAM occupancy of one head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
@@ -65,3 +65,11 @@ class Counts:
             if t.name == name and t.level == level:
                 return t
         raise KeyError(f"no tensor {name!r} at level {level}; tensors: {[t.name for t in self.tensors]}")
+
+    def as_dict(self) -> dict:
+        """Totals, peak and every tensor's reads, writes and bytes, as saved in records."""
+        return {
+            "reads": self.reads, "writes": self.writes, "total": self.total, "read_bytes": self.read_bytes,
+            "write_bytes": self.write_bytes, "total_bytes": self.total_bytes, "peak_sram": self.peak_sram,
+            "tensors": [{**asdict(t), "read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in self.tensors],
+        }

@@ -19,15 +19,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.errors import InputError, InputTypeError
+from iosim.units import parse_count
 
 
 def check_positive_int(name: str, value) -> int:
-    """Return value as an int, or raise naming the parameter when it is not >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InputTypeError(f"{name}={value!r} must be an integer >= 1")
-    if value < 1:
-        raise InputError(f"{name}={value!r} is outside the allowed range [1, inf)")
-    return int(value)
+    """Return value as an int ≥ 1 (``4096``, ``4096.0`` or ``"4Ki"``), or raise naming the parameter."""
+    return parse_count(name, value)
+
+
+def check_flag(name: str, value) -> bool:
+    """Return value as a bool, or raise unless it is True or False (``causal='no'`` is not False)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{name}={value!r} must be True or False; got {type(value).__name__}")
+    return bool(value)
 
 
 def check_scale(scale, d: int) -> float:
@@ -69,6 +73,9 @@ class AttentionShape:
 def check_qkv(q, k, v) -> AttentionShape:
     """Check that q, k, v are (batch, heads, N, d) arrays that fit together."""
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape"):
+            raise InputTypeError(f"{name} must be an array (numpy, or with __cuda_array_interface__); "
+                                 f"got {type(x).__name__}")
         if getattr(x, "ndim", None) != 4:
             raise InputError(
                 f"{name} must have 4 dimensions (batch, heads, N, d); got shape {getattr(x, 'shape', None)}"

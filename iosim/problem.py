@@ -8,20 +8,14 @@ from dataclasses import dataclass
 from iosim.errors import InputError, InputTypeError
 from iosim.inputs import AttentionShape
 from iosim.rng import check_dropout_p, check_seed
+from iosim.units import DTYPE_ITEMSIZE, check_dtype
 
 # Bytes per element of the tensors an algorithm moves, by element class: "data" is
 # the problem's dtype; "stat" (the softmax statistics ℓ and m) is kept in float32 when
 # the data is narrower, as FlashAttention's kernels do; "mask" is one byte a boolean.
-DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 MASK_ITEMSIZE = 1
 STAT_MIN_ITEMSIZE = 4
 ELEMENTS = ("data", "stat", "mask")
-
-
-def check_dtype(dtype: str) -> str:
-    if dtype not in DTYPE_ITEMSIZE:
-        raise InputError(f"dtype={dtype!r} is not one of {sorted(DTYPE_ITEMSIZE)}")
-    return dtype
 
 
 @dataclass(frozen=True)

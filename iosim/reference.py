@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iosim.errors import InputError
 from iosim.inputs import AttentionShape, check_dout, check_mask, check_qkv, check_scale
 from iosim.rng import check_dropout_p, dropout_tile
 
@@ -26,35 +27,45 @@ class ReferenceOutput:
     lse: np.ndarray  # (batch, heads, N_q), float64: log Σ_j exp(S_ij), -inf on fully masked rows
 
 
-def _causal_visibility(n_q: int, n_k: int) -> np.ndarray:
-    """(N_q, N_k) booleans: query i sees key j exactly when j ≤ i + (N_k − N_q).
+def _causal_visibility(n_q: int, n_k: int, rows: slice) -> np.ndarray:
+    """(rows, N_k) booleans: query i sees key j exactly when j ≤ i + (N_k − N_q).
 
     Row i sees a prefix of the keys, j = 0 … i + N_k − N_q: that is
     i + N_k − N_q + 1 keys, clipped to [0, N_k]. The last row sees all N_k keys;
     with N_q > N_k the first N_q − N_k rows see none.
     """
-    seen = np.clip(np.arange(n_q) + (n_k - n_q) + 1, 0, n_k)  # (N_q,): keys seen by each row
-    return np.arange(n_k)[None, :] < seen[:, None]  # (N_q, N_k)
+    seen = np.clip(np.arange(rows.start, rows.stop) + (n_k - n_q) + 1, 0, n_k)  # keys seen by each row
+    return np.arange(n_k)[None, :] < seen[:, None]  # (rows, N_k)
 
 
-def _keep_matrix(shape: AttentionShape, causal: bool, mask) -> np.ndarray:
-    """Visibility of every (query, key) pair: (batch, heads, N_q, N_k) booleans."""
+def _keep_matrix(shape: AttentionShape, causal: bool, mask, rows: slice) -> np.ndarray:
+    """Visibility of every (query, key) pair of the query rows ``rows``: (batch, heads, rows, N_k) booleans."""
     full = (shape.batch, shape.heads, shape.n_q, shape.n_k)
-    keep = np.ones(full, dtype=bool)
+    keep = np.ones((shape.batch, shape.heads, rows.stop - rows.start, shape.n_k), dtype=bool)
     if causal:
-        keep &= _causal_visibility(shape.n_q, shape.n_k)
+        keep &= _causal_visibility(shape.n_q, shape.n_k, rows)
     if mask is not None:
         check_mask(mask, shape)  # raises on a non-boolean mask or one that does not broadcast
-        keep &= np.broadcast_to(np.asarray(mask), full)  # True = attend
+        keep &= np.broadcast_to(np.asarray(mask), full)[:, :, rows]  # True = attend
     return keep
 
 
-def _probabilities(q, k, v, causal, mask, scale):
+def _check_rows(rows: slice | None, n_q: int) -> slice:
+    if rows is None:
+        return slice(0, n_q)
+    if rows.step not in (None, 1) or not 0 <= rows.start < rows.stop <= n_q:
+        raise InputError(f"rows={rows!r} must be a contiguous, non-empty slice within [0, N_q={n_q})")
+    return rows
+
+
+def _probabilities(q, k, v, causal, mask, scale, rows=None):
+    q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
     tau = check_scale(scale, shape.d)
-    q64, k64 = np.asarray(q, dtype=np.float64), np.asarray(k, dtype=np.float64)
-    s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, N_q, N_k)
-    keep = _keep_matrix(shape, causal, mask)
+    rows = _check_rows(rows, shape.n_q)
+    q64, k64 = np.asarray(q[:, :, rows], dtype=np.float64), np.asarray(k, dtype=np.float64)
+    s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, rows, N_k)
+    keep = _keep_matrix(shape, causal, mask, rows)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m_safe = np.where(np.isneginf(m), 0.0, m)
@@ -66,19 +77,26 @@ def _probabilities(q, k, v, causal, mask, scale):
     return shape, tau, p, lse
 
 
-def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int) -> np.ndarray | float:
-    """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, N_q, N_k)."""
+def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, rows: slice | None = None
+                         ) -> np.ndarray | float:
+    """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k)."""
     p = check_dropout_p(dropout_p)
     if p == 0.0:
         return 1.0
-    keep = dropout_tile(seed, p, shape.bh, slice(0, shape.n_q), slice(0, shape.n_k))
-    return keep.reshape(shape.batch, shape.heads, shape.n_q, shape.n_k) / (1.0 - p)
+    rows = slice(0, shape.n_q) if rows is None else rows
+    keep = dropout_tile(seed, p, shape.bh, rows, slice(0, shape.n_k))
+    return keep.reshape(shape.batch, shape.heads, rows.stop - rows.start, shape.n_k) / (1.0 - p)
 
 
-def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0) -> ReferenceOutput:
-    """Float64 attention of q (b, h, N_q, d) against k, v (b, h, N_k, d)."""
-    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale)
-    z = dropout_scale_matrix(shape, dropout_p, seed)
+def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
+                  rows: slice | None = None) -> ReferenceOutput:
+    """Float64 attention of q (b, h, N_q, d) against k, v (b, h, N_k, d).
+
+    ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
+    sequence goes through it a slice at a time.
+    """
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows)
+    z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q))
     out = (p * z) @ np.asarray(v, dtype=np.float64)
     return ReferenceOutput(out=out, lse=lse)
 

@@ -25,7 +25,9 @@ MASK32 = 0xFFFFFFFF
 
 
 def check_dropout_p(dropout_p: float) -> float:
-    """Return dropout_p as a float, or raise when it lies outside [0, 1)."""
+    """Return dropout_p as a float, or raise when it is not a number in [0, 1)."""
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, (int, float, np.integer, np.floating)):
+        raise InputTypeError(f"dropout_p={dropout_p!r} must be a number in [0, 1); got {type(dropout_p).__name__}")
     p = float(dropout_p)
     if not (0.0 <= p < 1.0):
         raise InputError(f"dropout_p={dropout_p!r} is outside the allowed range [0, 1)")

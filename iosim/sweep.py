@@ -1,4 +1,11 @@
-"""Count-only sweeps over (algorithm, N, d), with measured and predicted traffic side by side."""
+"""Count-only sweeps over (algorithm, N, d), with measured and predicted traffic side by side.
+
+Rows are written to JSON and/or CSV as they finish, so an interrupted sweep keeps its
+work, and ``resume=True`` skips the configurations a file already holds. Each record
+carries the whole configuration (the problem and its options), the tiling, the
+totals, the exact prediction, the paper's form and every tensor's traffic; the keys
+are listed in README.md ("Saved records").
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from iosim.api import count, predict
-from iosim.errors import BlockSizeError
+from iosim.counts import Counts
+from iosim.errors import BlockSizeError, InputError
+from iosim.inputs import check_scale
 from iosim.tiling import Tiling
+from iosim.units import parse_size
 
 DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
 DEFAULT_D = (64, 128)
@@ -19,127 +29,225 @@ DEFAULT_D = (64, 128)
 
 @dataclass(frozen=True)
 class SweepRow:
+    """One configuration of a sweep and what it moves; ``counts`` is None when it does not run."""
+
     algorithm: str
-    N: int
+    N: int  # N_q
+    N_k: int
     d: int
-    M: int
+    M: int  # SRAM capacity, elements
     batch: int
     heads: int
+    causal: bool
+    mask: bool  # an explicit mask is read from HBM
+    dropout_p: float
     dtype: str
+    block_policy: str
     tiling: Tiling | None
-    reads: int | None  # elements, all batch·heads
-    writes: int | None
-    total: int | None
-    total_bytes: int | None
+    counts: Counts | None  # measured, all batch·heads
     predicted: int | None  # exact closed form, elements
-    paper: float  # the paper's or seed's asymptotic form, elements
+    paper: float  # the paper's asymptotic form, elements
     paper_label: str
-    ratio: float | None  # measured / predicted
-    peak_sram: int | None  # elements per head
     status: str  # "ok", or why the configuration does not run
 
     @property
-    def peak_fraction(self) -> float | None:
-        return None if self.peak_sram is None else self.peak_sram / self.M
+    def reads(self) -> int | None:
+        return None if self.counts is None else self.counts.reads
 
-    @staticmethod
-    def columns() -> list[str]:
-        """The keys of ``record``: the row's fields, with the tiling's fields in place of the tiling."""
-        own = [f.name for f in fields(SweepRow)]
-        at = own.index("tiling")
-        return own[:at] + [f.name for f in fields(Tiling)] + own[at + 1:] + ["peak_fraction"]
+    @property
+    def writes(self) -> int | None:
+        return None if self.counts is None else self.counts.writes
+
+    @property
+    def total(self) -> int | None:
+        return None if self.counts is None else self.counts.total
+
+    @property
+    def total_bytes(self) -> int | None:
+        return None if self.counts is None else self.counts.total_bytes
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over predicted traffic: 1 exactly when the closed form holds."""
+        return None if self.counts is None else self.counts.total / self.predicted
+
+    @property
+    def peak_sram(self) -> int | None:
+        return None if self.counts is None else self.counts.peak_sram
+
+    @property
+    def peak_fraction(self) -> float | None:
+        return None if self.counts is None else self.counts.peak_sram / self.M
 
     def record(self) -> dict:
-        """The row as one flat JSON/CSV record."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update({f.name: getattr(self.tiling, f.name, None) for f in fields(Tiling)})
-        values["peak_fraction"] = self.peak_fraction
-        return {key: values[key] for key in self.columns()}
+        """The row as one JSON record: the configuration, the tiling, the counts and every tensor's traffic."""
+        config = {name: getattr(self, name) for name in CONFIG_KEYS}
+        tiling = {f.name: getattr(self.tiling, f.name, None) for f in fields(Tiling)}
+        counts = self.counts.as_dict() if self.counts is not None else {
+            key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
+                                  "peak_sram", "tensors")}
+        return {**config, "scale": check_scale(None, self.d), **tiling, **counts, "predicted": self.predicted,
+                "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
+                "paper_label": self.paper_label, "status": self.status}
 
 
-def sweep_row(algorithm: str, N: int, d: int, M, *, batch=1, heads=1, causal=False, dtype="float16",
-              block_policy="fit") -> SweepRow:
+CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
+               "block_policy")
+
+
+def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
+              dropout_p=0.0, dtype="float16", block_policy="fit") -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so."""
-    options = dict(N=N, d=d, M=M, batch=batch, heads=heads, causal=causal, dtype=dtype, block_policy=block_policy)
+    options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
+                   dtype=dtype, block_policy=block_policy)
+    config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
+                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy)
     try:
         measured, pred = count(algorithm, **options), predict(algorithm, **options)
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
         fit = predict(algorithm, **{**options, "block_policy": "fit"})  # for M in elements and the paper's form
-        return SweepRow(algorithm, N, d, fit.M, batch, heads, dtype, None, None, None, None, None, None,
-                        fit.paper, fit.paper_label, None, None, f"does not fit: {err}")
-    t = measured.traffic
-    return SweepRow(
-        algorithm, N, d, measured.M, batch, heads, dtype, measured.tiling, t.reads, t.writes, t.total,
-        t.total_bytes, pred.exact.total, pred.paper, pred.paper_label, t.total / pred.exact.total, t.peak_sram, "ok",
-    )
+        return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
+                        paper_label=fit.paper_label, status=f"does not fit: {err}")
+    return SweepRow(algorithm, M=measured.M, **config, tiling=measured.tiling, counts=measured.traffic,
+                    predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label, status="ok")
 
 
 class RecordWriter:
-    """Writes rows to JSON and/or CSV as they finish, so an interrupted sweep keeps its work.
+    """Writes records to JSON and/or CSV as rows finish, so an interrupted sweep keeps its work.
 
-    The JSON file is rewritten atomically after each row and is always a valid list.
+    The JSON file is rewritten atomically after each row and is always a valid list; the
+    CSV file is appended to. With ``resume``, the records already in the files are kept
+    and ``done`` holds their configurations.
     """
 
-    def __init__(self, json_path: str | None = None, csv_path: str | None = None):
-        self.json_path = Path(json_path) if json_path else None
-        self.csv_path = Path(csv_path) if csv_path else None
-        self.records: list[dict] = []
-        self._csv_file = None
-        self._csv = None
+    def __init__(self, json_path: str | None = None, csv_path: str | None = None, resume: bool = False):
+        self.json_path = check_output_path("json", json_path)
+        self.csv_path = check_output_path("csv", csv_path)
+        if self.json_path and self.json_path == self.csv_path:
+            raise InputError(f"json and csv name the same file {json_path!r}; give each its own path")
+        self.records: list[dict] = _read_json(self.json_path) if resume and self.json_path else []
+        old_csv = _read_csv(self.csv_path) if resume and self.csv_path else []
+        self.done = {config_key(r) for r in self.records + old_csv}
+        self._csv_file = self._csv = None
         if self.csv_path:
-            self._csv_file = self.csv_path.open("w", newline="")
-            self._csv = csv.DictWriter(self._csv_file, fieldnames=SweepRow.columns())
-            self._csv.writeheader()
+            self._csv_file = self.csv_path.open("a" if old_csv else "w", newline="")
+            if old_csv:  # append under the file's own header
+                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(old_csv[0]))
 
     def add(self, row: SweepRow) -> None:
         record = row.record()
         self.records.append(record)
-        if self._csv:
-            self._csv.writerow(record)
+        if self._csv_file:
+            if self._csv is None:
+                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(record))
+                self._csv.writeheader()
+            self._csv.writerow({**record, "tensors": json.dumps(record["tensors"])})
             self._csv_file.flush()
         if self.json_path:
             tmp = self.json_path.with_name(self.json_path.name + ".tmp")
-            tmp.write_text(json.dumps(self.records, indent=1))
-            os.replace(tmp, self.json_path)
+            try:
+                tmp.write_text(json.dumps(self.records, indent=1))
+                os.replace(tmp, self.json_path)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                raise OSError(f"cannot write records to {self.json_path}: {err.strerror or err}") from None
 
     def close(self) -> None:
         if self._csv_file:
             self._csv_file.close()
 
 
+def config_key(config: dict) -> tuple[str, ...]:
+    """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
+    return tuple(str(config.get(name)) for name in CONFIG_KEYS)
+
+
+def check_output_path(what: str, path: str | None) -> Path | None:
+    """A file path that records can be written to, or an InputError naming ``what``."""
+    if path is None:
+        return None
+    if not path.strip():
+        raise InputError(f"{what}={path!r} is an empty path; give a file name")
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{what}={path!r} is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise InputError(f"{what}={path!r}: the directory {str(p.parent)!r} does not exist")
+    return p
+
+
+def _read_json(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        records = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records ({err})") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records")
+    return records
+
+
+def _read_csv(path: Path) -> list[dict]:
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(CONFIG_KEYS) - set(rows[0]):
+        raise InputError(f"cannot resume from {str(path)!r}: its columns lack {sorted(set(CONFIG_KEYS) - set(rows[0]))}")
+    return rows
+
+
+def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int]) -> list[tuple[str, int, int]]:
+    """The (algorithm, N, d) grid in the order a sweep runs it."""
+    return [(algorithm, N, d) for algorithm in algorithms for d in ds for N in Ns]
+
+
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
-              causal=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
-              on_row: Callable[[SweepRow], None] | None = None) -> list[SweepRow]:
-    """Count every (algorithm, N, d); rows are handed to ``writer`` and ``on_row`` as they finish."""
+              causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
+              on_row: Callable[[SweepRow | None], None] | None = None) -> list[SweepRow]:
+    """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
+
+    ``on_row`` gets None for a configuration the writer already holds (``--resume``).
+    """
     rows = []
-    for algorithm in algorithms:
-        for d in ds:
-            for N in Ns:
-                row = sweep_row(algorithm, N, d, M, batch=batch, heads=heads, causal=causal, dtype=dtype,
-                                block_policy=block_policy)
-                rows.append(row)
-                if writer:
-                    writer.add(row)
-                if on_row:
-                    on_row(row)
+    options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
+                   block_policy=block_policy)
+    for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
+        done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options))
+        if writer and done in writer.done:
+            if on_row:
+                on_row(None)
+            continue
+        row = sweep_row(algorithm, N, d, M, **options)
+        rows.append(row)
+        if writer:
+            writer.add(row)
+        if on_row:
+            on_row(row)
     return rows
 
 
 @dataclass(frozen=True)
-class Ratio:
-    d: int
+class Ranking:
+    """At one (N, d): the algorithm that moves least, and every algorithm's traffic over its."""
+
     N: int
-    ratio: float  # numerator traffic / denominator traffic
+    d: int
+    best: str
+    ratios: dict[str, float]  # algorithm → its traffic ÷ the least
 
 
-def traffic_ratios(rows: list[SweepRow], numerator: str, denominator: str) -> list[Ratio]:
-    """Traffic of one algorithm over another's at each (N, d) where both ran."""
-    by_key = {(r.algorithm, r.N, r.d): r for r in rows if r.total is not None}
+def rank_by_traffic(rows: list[SweepRow]) -> list[Ranking]:
+    """The least traffic at each (N, d) where some algorithm ran, and each algorithm's ratio to it."""
+    groups: dict[tuple[int, int], list[SweepRow]] = {}
+    for r in rows:
+        if r.total is not None:
+            groups.setdefault((r.d, r.N), []).append(r)
     out = []
-    for (algo, N, d), r in sorted(by_key.items(), key=lambda kv: (kv[0][2], kv[0][1])):
-        other = by_key.get((denominator, N, d))
-        if algo == numerator and other is not None:
-            out.append(Ratio(d, N, r.total / other.total))
+    for (d, N), group in sorted(groups.items()):
+        best = min(group, key=lambda r: r.total)
+        out.append(Ranking(N, d, best.algorithm, {r.algorithm: r.total / best.total for r in group}))
     return out

@@ -93,7 +93,7 @@ def test_explicit_tiling_is_used_and_must_fit(algorithm):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(Br=0, Bc=4), "Br=0 is outside the allowed range"),
-    (dict(Br=4, Bc=2.5), "Bc=2.5 must be an integer"),
+    (dict(Br=4, Bc=2.5), "Bc=2.5 is 2.5, not a whole number"),
 ])
 def test_tiling_validates_itself(kwargs, message):
     with pytest.raises(iosim.InputError, match=message):
@@ -139,7 +139,7 @@ def test_validators_raise_input_error_subclasses():
     with pytest.raises(iosim.InputError):
         iosim.count("flash", N=0, d=4, M=1000)
     with pytest.raises(iosim.InputTypeError) as err:
-        iosim.count("flash", N=1.5, d=4, M=1000)
+        iosim.count("flash", N=[8], d=4, M=1000)
     assert isinstance(err.value, TypeError) and isinstance(err.value, ValueError)
     assert issubclass(iosim.BlockSizeError, iosim.InputError)
 

@@ -154,5 +154,5 @@ def test_causal_skip_moves_less_and_standard_does_not_skip(algorithm, n_q, n_k):
     full = iosim.count(algorithm, N=n_q, N_k=n_k, d=64, M="100k").traffic.total
     causal = iosim.count(algorithm, N=n_q, N_k=n_k, d=64, M="100k", causal=True).traffic.total
     assert causal < full, f"{algorithm} N_q={n_q} N_k={n_k}: causal {causal} >= full {full}"
-    standard = [iosim.count("standard", N=n_q, N_k=n_k, d=64, M="100k", causal=c).traffic.total for c in (0, 1)]
+    standard = [iosim.count("standard", N=n_q, N_k=n_k, d=64, M="100k", causal=c).traffic.total for c in (False, True)]
     assert standard[0] == standard[1], "Algorithm 0 materializes all of S and P, masked or not"

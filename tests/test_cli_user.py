@@ -1,0 +1,244 @@
+"""What a new user hit (issue 7): large runs, the table at 80 columns, records, files, resume, inputs."""
+
+import csv
+import io
+import json
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+import iosim
+from helpers import random_qkv
+from iosim import cli
+from iosim.cli import _render_sweep, build_parser, check_against_reference, main, run
+from iosim.units import parse_size
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def render(outcome, width, wide=False):
+    console = Console(width=width, file=io.StringIO(), record=True)
+    _render_sweep(console, outcome, wide)
+    return console.export_text()
+
+
+# --- 1. run at large N --------------------------------------------------------------------
+def test_reference_check_in_row_slices_matches_the_dense_check():
+    rng = np.random.default_rng(1)
+    q, k, v = random_qkv(rng, 2, 1, 77, 50, 8)
+    opts = dict(causal=True, scale=0.3, dropout_p=0.2, seed=4)
+    dense = iosim.attention_ref(q, k, v, **opts)
+    for rows in (slice(0, 3), slice(40, 77), slice(76, 77)):
+        part = iosim.attention_ref(q, k, v, rows=rows, **opts)
+        assert np.allclose(part.out, dense.out[:, :, rows], rtol=1e-13, atol=1e-15)
+        assert np.array_equal(np.isneginf(part.lse), np.isneginf(dense.lse[:, :, rows]))
+    # an output off by 1e-3 in one element of the last slice is found
+    wrong = iosim.simulate("flash", q, k, v, M=2000, **opts).out
+    wrong[1, 0, 76, 5] += 1e-3
+    err, _ = check_against_reference(wrong, q, k, v, chunk=2 * 50 * 3, **opts)  # 3 query rows a slice
+    assert abs(err - 1e-3) < 1e-12
+
+
+def test_reference_check_memory_grows_with_the_slice_not_with_N_squared():
+    # N_q = N_k = 2048: one dense float64 N × N matrix is 32 MiB, and the reference
+    # builds several. Slices of 2^16 elements (32 rows) keep the check to a few MiB.
+    n, d = 2048, 4
+    rng = np.random.default_rng(0)
+    q, k, v = random_qkv(rng, 1, 1, n, n, d)
+    out = np.zeros_like(q)
+    tracemalloc.start()
+    check_against_reference(out, q, k, v, chunk=2**16, causal=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    dense_matrix = n * n * 8
+    assert peak < dense_matrix / 4, f"peak {peak} bytes against one dense matrix of {dense_matrix}"
+
+
+def test_run_prints_traffic_before_checking(capsys, monkeypatch):
+    order = []
+    monkeypatch.setattr(cli, "check_against_reference", lambda *a, **k: order.append("check") or (0.0, 0.0))
+    monkeypatch.setattr(cli, "_render_run", lambda console, result: order.append("traffic"))
+    assert main(["run", "--N", "50", "--d", "8", "--M", "5k"]) == 0
+    assert order == ["traffic", "check"]
+
+
+def test_no_check_skips_the_reference(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "check_against_reference", lambda *a, **k: pytest.fail("the check ran"))
+    out = run(parse("run", "--N", "50", "--d", "8", "--M", "5k", "--no-check"))
+    assert out.max_abs_error is None
+    assert main(["run", "--N", "50", "--d", "8", "--M", "5k", "--no-check"]) == 0
+    assert "--no-check" in capsys.readouterr().out
+
+
+def test_run_too_large_for_memory_is_refused_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "available_memory", lambda: 10**9)
+    # standard holds S and P, 2 · 100000² float64 = 160 GB, besides Q, K, V, O
+    assert main(["run", "--algo", "standard", "--N", "100000", "--d", "64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 160GB in float64, more than the 1GB available" in err[0], err
+    assert "iosim sweep" in err[0]
+
+
+# --- 3. the sweep table at 80 and 132 columns -----------------------------------------------
+@pytest.mark.parametrize("width, wide", [(80, False), (132, True)])
+def test_sweep_table_fits_without_cutting_anything(width, wide):
+    out = run(parse("sweep", "--N", "256", "65536", "1000000000", "--causal"))
+    text = render(out, width, wide)
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    for r in out.rows:  # every total, in compact units, is in the table in full
+        assert cli._eng(r.total) in text
+    assert "1G" in text and "65536" in text
+
+
+@pytest.mark.parametrize("x, text", [(0, "0"), (999, "999"), (1000, "1k"), (999_960, "1M"), (1.79e9, "1.79G"),
+                                     (3.8e18, "3.8E"), (3.8e24, "3.80e+24"), (65536, "65.5k")])
+def test_compact_units_never_overflow(x, text):
+    assert cli._eng(x) == text and len(text) <= 8
+
+
+# --- 4, 5. records -------------------------------------------------------------------------
+def test_records_tell_configurations_apart_and_carry_every_tensor(tmp_path):
+    records = {}
+    for causal in (False, True):
+        path = tmp_path / f"{causal}.json"
+        run(parse("sweep", "--N", "1000", "--d", "64", "--algo", "flash", "--json", str(path),
+                  *(["--causal"] if causal else [])))
+        (records[causal],) = json.loads(path.read_text())
+    assert records[False]["causal"] is False and records[True]["causal"] is True
+    for key in ("N_k", "block_policy", "dropout_p", "scale", "mask", "dtype", "total_bytes", "tensors"):
+        assert key in records[True], key
+    tensors = {t["name"]: t for t in records[True]["tensors"]}
+    assert sum(t["reads"] + t["writes"] for t in tensors.values()) == records[True]["total"]
+    assert tensors["l"]["itemsize"] == 4 and tensors["Q"]["read_bytes"] == 2 * tensors["Q"]["reads"]
+
+
+def test_run_json_and_csv(tmp_path):
+    js, cs = tmp_path / "run.json", tmp_path / "run.csv"
+    out = run(parse("run", "--N", "40", "--N-k", "30", "--d", "8", "--M", "5k", "--causal", "--json", str(js),
+                    "--csv", str(cs)))
+    record = json.loads(js.read_text())
+    assert record["N_k"] == 30 and record["causal"] is True and record["max_rel_error"] == out.max_rel_error
+    assert record["total"] == out.result.traffic.total
+    with cs.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["tensor"] for r in rows] == [t.name for t in out.result.traffic.tensors]
+
+
+def test_run_total_row_puts_read_and_write_bytes_in_their_columns(capsys):
+    assert main(["run", "--N", "40", "--d", "8", "--M", "5k"]) == 0
+    total = next(line for line in capsys.readouterr().out.splitlines() if "total" in line)
+    r = iosim.simulate("flash", *random_qkv(np.random.default_rng(0), 1, 1, 40, 40, 8), M=5000)
+    assert cli._bytes(r.traffic.read_bytes) in total and cli._bytes(r.traffic.write_bytes) in total
+
+
+# --- 7. output files ----------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--json", ""], "json='' is an empty path"),
+    (["--json", "same.out", "--csv", "same.out"], "json and csv name the same file"),
+    (["--json", "no/such/dir/x.json"], "the directory 'no/such/dir' does not exist"),
+    (["--resume"], "--resume needs --json PATH or --csv PATH"),
+])
+def test_output_file_mistakes_are_one_line(capsys, tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--N", "256", "--d", "64", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_failed_write_leaves_no_tmp_file_and_names_the_users_path(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "rows.json"
+
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    assert main(["sweep", "--N", "256", "--d", "64", "--json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write records to {path}: No space left on device" in err and ".tmp" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_resume_skips_what_the_file_holds(tmp_path, fmt):
+    path = tmp_path / f"rows.{fmt}"
+    first = run(parse("sweep", "--N", "256", "--d", "64", f"--{fmt}", str(path)))
+    assert len(first.rows) == len(iosim.ALGORITHMS) and first.skipped == 0
+    second = run(parse("sweep", "--N", "256", "512", "--d", "64", f"--{fmt}", str(path), "--resume"))
+    assert second.skipped == len(iosim.ALGORITHMS) and {r.N for r in second.rows} == {512}
+    if fmt == "json":
+        records = json.loads(path.read_text())
+    else:
+        with path.open() as f:
+            records = list(csv.DictReader(f))
+    assert sorted(int(r["N"]) for r in records) == [256] * len(iosim.ALGORITHMS) + [512] * len(iosim.ALGORITHMS)
+
+
+# --- 8. inputs parsed one way -------------------------------------------------------------
+@pytest.mark.parametrize("text, elements", [("100K", 100_000), ("1e5", 100_000), ("228KB", 114_000),
+                                            ("192kib", 98_304), ("999999999999G", 999_999_999_999 * 10**9),
+                                            (1.5e5, 150_000)])
+def test_common_spellings_of_M(text, elements):
+    assert parse_size(text, "float16") == elements
+
+
+def test_counts_take_units_and_whole_floats_everywhere():
+    assert parse("sweep", "--N", "4Ki", "1e3").N == [4096, 1000]
+    a = iosim.count("flash", N=1024.0, d="64", M="100k")
+    b = iosim.count("flash", N="1Ki", d=64, M=100_000)
+    assert a.traffic == b.traffic
+    with pytest.raises(iosim.InputError, match="N=1024.5 is 1024.5, not a whole number"):
+        iosim.count("flash", N=1024.5, d=64, M="100k")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--seed", "-1"], "argument --seed: '-1' is not an integer in [0, 2**64)"),
+    (["run", "--scale", "1e308", "--N", "20", "--d", "4"], "--scale 1e+308: tau·QKᵀ overflows float64"),
+    (["sweep", "--N", "4KiB"], "argument --N: 4KiB is not a count"),
+])
+def test_bad_cli_values_name_their_flag(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("iosim ")
+
+
+def test_api_takes_flags_and_masks_only_in_their_own_form():
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 4, 4, 2)
+    with pytest.raises(iosim.InputTypeError, match="causal='no' must be True or False"):
+        iosim.count("flash", N=4, d=2, M=1000, causal="no")
+    with pytest.raises(iosim.InputTypeError, match="simulate takes a boolean array"):
+        iosim.simulate("flash", q, k, v, M=1000, mask=True)
+    with pytest.raises(iosim.InputTypeError, match="count and predict take mask=True or False"):
+        iosim.count("flash", N=4, d=2, M=1000, mask=np.ones((4, 4), dtype=bool))
+    with pytest.raises(iosim.InputTypeError, match="dropout_p='0.1' must be a number"):
+        iosim.count("flash", N=4, d=2, M=1000, dropout_p="0.1")
+    as_lists = iosim.simulate("flash", q.tolist(), k.tolist(), v.tolist(), M=1000)
+    assert np.array_equal(as_lists.out, iosim.simulate("flash", q, k, v, M=1000).out)
+    with pytest.raises(iosim.InputTypeError, match="q must be an array"):
+        iosim.simulate("flash", "q", k, v, M=1000)
+
+
+def test_scale_overflow_is_warned_in_the_api():
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 8, 8, 4)
+    with pytest.warns(RuntimeWarning, match="scale=1e\\+308"):
+        iosim.simulate("flash", q, k, v, M=1000, scale=1e308)
+
+
+# --- 10. the summary ----------------------------------------------------------------------
+def test_summary_names_the_least_traffic_without_standard():
+    out = run(parse("sweep", "--N", "4096", "--d", "64", "--algo", "flash", "flash-swapped"))
+    text = render(out, 80)
+    line = next(line for line in text.splitlines() if line.strip().startswith("4096"))
+    ratio = out.rows[0].total / out.rows[1].total
+    assert "flash-swapped" in line and f"flash {ratio:.2f}×" in line
