@@ -240,7 +240,8 @@ def _mb(x: float) -> str:
 
 
 def _ratio(x: float) -> str:
-    return f"{x:.3g}"
+    """Three significant digits, trailing zeros kept (1.00, 0.0500), whole numbers from 100."""
+    return f"{x:.0f}" if x >= 100 else f"{x:#.3g}"
 
 
 def markdown(rows: list[dict]) -> str:

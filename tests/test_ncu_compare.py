@@ -87,7 +87,7 @@ def test_compare_sums_kernels_per_marker_and_divides_by_the_hand_count(tmp_path)
     source, blank, *table = prefix.with_name("cmp.md").read_text().splitlines()
     assert str(folder / "ncu.csv") in source and blank == ""
     assert len(table) == 4
-    assert table[2].startswith("| flash-swapped | forward | 2 | 64 | 16 | 16×8 | 960 | 0.0 | 0.1 | 0.5 | 1.5 |")
+    assert table[2].startswith("| flash-swapped | forward | 2 | 64 | 16 | 16×8 | 960 | 0.0 | 0.1 | 0.500 | 1.50 |")
     assert table[3].startswith("| flash | backward | 1 | 64 | 16 | 8×8 | – |")
 
 
