@@ -5,10 +5,10 @@ step reading its inputs from HBM by blocks and writing its result back.
 
 Step 1 streams K_j past each Q_i and writes S_ij = MASK(tau · Q_i K_jᵀ). Step 2
 reads R whole rows of S at a time, R = ⌊M / (N_k + 2)⌋ (the rows and their max and
-sum fit on chip), and writes P = dropout(softmax(S)). Where not even one row fits
+sum fit on chip), and writes P = softmax(S). Where not even one row fits
 (N_k + 2 > M) it falls back to the two-pass online softmax (Milakov and Gimelshein,
 2018) on B_r × B_c tiles, reading S twice. Step 3 accumulates O_i on chip while P_ij
-and V_j stream past, and writes O_i once.
+and V_j stream past, applies dropout to each P_ij as it arrives, and writes O_i once.
 
 On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c),
 mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, ℓ
@@ -16,7 +16,9 @@ mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, �
 step 3 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
 
 Deviations: the scale and the mask are applied in step 1, before S is written.
-Every tile is visited, masked or not: S and P are materialized whole.
+Every tile is visited, masked or not: S and P are materialized whole. Algorithm 0
+has no dropout; it is applied in step 3, from the counter-based mask regenerated on
+chip, so that P in HBM is the softmax the backward pass needs (``standard_backward``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             P_ij, V_j = mem.load("P", rows, cols, tile="P_ij"), mem.load("V", cols)
             if mem.numeric:
-                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
+                O_i.data += apply_dropout(pb, P_ij.data, rows, cols) @ V_j.data  # (bh, Br, d)
             mem.free(P_ij, V_j)
         mem.store(O_i, "O", rows)
         mem.free(O_i)
@@ -79,7 +81,6 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
     """Step 2 with R full rows of S on chip: S is read once."""
-    n_k = pb.shape.n_k
     for _, rows in mem.loop(Axis(pb.shape.n_q, R).all()):
         S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
         m_i, l_i = mem.alloc("m_i", rows.stop - rows.start), mem.alloc("l_i", rows.stop - rows.start)
@@ -87,7 +88,7 @@ def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
             m_i.data = S_i.data.max(axis=-1, keepdims=True)
             S_i.data = exp_diff(S_i.data, m_i.data)
             l_i.data = S_i.data.sum(axis=-1, keepdims=True)
-            S_i.data = apply_dropout(pb, safe_divide(S_i.data, l_i.data), rows, slice(0, n_k))
+            S_i.data = safe_divide(S_i.data, l_i.data)
         mem.store(S_i, "P", rows)
         mem.free(S_i, m_i, l_i)
 
@@ -109,8 +110,7 @@ def _softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
             S_ij = mem.load("S", rows, cols, tile="S_ij")
             if mem.numeric:
-                P = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
-                S_ij.data = apply_dropout(pb, P, rows, cols)
+                S_ij.data = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
             mem.store(S_ij, "P", rows, cols)
             mem.free(S_ij)
         mem.free(m_i, l_i)
