@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithms import flash_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.memory import Memory
@@ -118,5 +119,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd",
+    paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
 )

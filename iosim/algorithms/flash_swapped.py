@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.memory import Memory
@@ -101,5 +102,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N",
+    paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
 )

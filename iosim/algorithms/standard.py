@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithms import standard_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.memory import Memory
@@ -150,5 +151,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="standard", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True, backward=standard_backward.ALGORITHM,
 )
