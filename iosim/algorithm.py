@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from iosim.counts import Counts, TensorCounts
+from iosim.flops import Flops
 from iosim.memory import Memory
 from iosim.problem import ELEMENTS, Problem
 from iosim.tiling import Tiling
@@ -75,6 +76,7 @@ class Algorithm:
     paper_label: str
     baseline: bool = False  # the algorithm the others are compared with
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
+    flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

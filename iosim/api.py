@@ -17,6 +17,7 @@ import numpy as np
 from iosim.algorithm import Algorithm
 from iosim.counts import Counts
 from iosim.errors import InputError, InputTypeError
+from iosim.flops import Flops
 from iosim.inputs import AttentionShape, check_flag, check_mask, check_positive_int, check_qkv, check_scale
 from iosim.memory import Memory
 from iosim.problem import Problem
@@ -37,6 +38,7 @@ class SimResult:
     out: np.ndarray | None = None  # (batch, heads, N_q, d)
     l: np.ndarray | None = None  # (batch, heads, N_q): softmax normalizer ℓ
     m: np.ndarray | None = None  # (batch, heads, N_q): row max m
+    flops: Flops | None = None  # the arithmetic the run counted
 
     @property
     def lse(self) -> np.ndarray | None:
@@ -56,6 +58,7 @@ class PredictResult:
     exact: Counts  # equal to what count() and simulate() measure
     paper: float  # the paper's asymptotic form, in elements
     paper_label: str
+    flops: Flops | None = None  # exact arithmetic; None for an algorithm that declares no closed form for it
 
 
 PASSES = ("fwd", "bwd")  # the forward pass, and the backward pass that reads what it saved
@@ -117,7 +120,7 @@ def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None
     algo, M, tiling = _tiled(algorithm, pb, M, block_policy, tiling)
     mem = new_memory(algo, pb, M, data)
     algo.run(mem, pb, tiling)
-    result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts())
+    result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts(), flops=mem.flops())
     if mem.numeric:
         s = pb.shape
         result["out"] = mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d)
@@ -181,4 +184,4 @@ def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mas
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype)
     algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
     return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
-                         algo.paper_label)
+                         algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)

@@ -14,6 +14,7 @@ import numpy as np
 
 from iosim.api import _tiled, new_memory, numeric_inputs, pass_of
 from iosim.counts import Counts
+from iosim.flops import Flops
 from iosim.inputs import check_dout
 from iosim.problem import Problem
 from iosim.registry import get_algorithm
@@ -34,6 +35,8 @@ class GradResult:
     dq: np.ndarray  # (batch, heads, N_q, d)
     dk: np.ndarray  # (batch, heads, N_k, d)
     dv: np.ndarray  # (batch, heads, N_k, d)
+    flops: Flops  # the backward pass alone
+    forward_flops: Flops
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
@@ -65,5 +68,5 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
         forward.name, pb, M, tiling, forward_tiling, bwd.counts(), forward_traffic,
         dq=bwd.tensor("dQ").reshape(s.batch, s.heads, s.n_q, s.d),
         dk=bwd.tensor("dK").reshape(s.batch, s.heads, s.n_k, s.d),
-        dv=bwd.tensor("dV").reshape(s.batch, s.heads, s.n_k, s.d),
+        dv=bwd.tensor("dV").reshape(s.batch, s.heads, s.n_k, s.d), flops=bwd.flops(), forward_flops=fwd.flops(),
     )

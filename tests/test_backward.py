@@ -78,6 +78,7 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
                  mask=c["masked"], dropout_p=c["dropout_p"])
     counted = iosim.count(algorithm, pass_="bwd", **shape)
     assert counted.tiling == g.tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
+    assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
     assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
     assert g.forward_traffic == iosim.predict(algorithm, **shape).exact
 

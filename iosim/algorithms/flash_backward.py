@@ -23,6 +23,7 @@ from __future__ import annotations
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
 from iosim.algorithms._tile_ops import apply_dropout, load_mask, probabilities, row_dot, scores, transpose
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -57,6 +58,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             l_i, m_i = mem.load("l", rows), mem.load("m", rows)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij, dP_ij, D_i = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc), mem.alloc("D_i", br)
+            # lines 11, 16, 17, 21, 22: S_ij recomputed, then four products; exp for P_ij (line 13)
+            mem.compute(matmul=5 * matmul(br, d, bc), exp=br * bc)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
                 S_ij.data = probabilities(S_ij.data, l_i.data, m_i.data)  # line 13: P_ij in place of S_ij
@@ -108,6 +111,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Five B_r × B_c × d products (S_ij recomputed, dV_j, dP_ij, dQ_i, dK_j) and B_r·B_c exps per visited tile."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    return Flops(matmul=10 * pb.shape.d * area, exp=area).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """Theorem 5's Θ(N²d²/M), counted as the forward's form is: T_c = 4Nd/M blocks of B_c = M/4d.
 
@@ -120,5 +130,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd",
+    paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops,
 )

@@ -27,6 +27,7 @@ from __future__ import annotations
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, logsumexp, row_dot, scores, transpose
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -49,6 +50,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
         l_i, m_i = mem.load("l", rows), mem.load("m", rows)
         D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
+        mem.compute(exp=br)  # the log of L_i
         if mem.numeric:
             D_i.data = row_dot(dO_i.data, O_i.data)  # line 19, once per row
             L_i.data = logsumexp(l_i.data, m_i.data)
@@ -69,6 +71,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             L_i, D_i = mem.load("L", rows), mem.load("D", rows)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij, dP_ij = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc)
+            # S_ij recomputed, then dV_j, dP_ij, dQ_i, dK_j; exp for P_ij
+            mem.compute(matmul=5 * matmul(br, d, bc), exp=br * bc)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
                 S_ij.data = exp_diff(S_ij.data, L_i.data)  # line 13: P_ij = exp(S_ij − L_i) in place
@@ -122,6 +126,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Five B_r × B_c × d products and B_r·B_c exps per visited tile, and one log per query row."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    return Flops(matmul=10 * pb.shape.d * area, exp=area + pb.shape.n_q).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """Θ(N²d²/M), counted as the forward's form is: T_c = 4Nd/M blocks of B_c = M/4d.
 
@@ -134,5 +145,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
-    traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N",
+    traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
 )

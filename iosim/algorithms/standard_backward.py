@@ -28,6 +28,7 @@ from __future__ import annotations
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Tensor, exact_counts, saved
 from iosim.algorithms._tile_ops import apply_dropout, row_dot, transpose
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -50,6 +51,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         dV_j = mem.alloc("dV_j", cols.stop - cols.start, d, fill=0.0)
         for _, rows in mem.loop(tiles.queries_seeing(j)):
             P_ij, dO_i = mem.load("P", rows, cols, tile="P_ij"), mem.load("dO", rows)
+            mem.compute(matmul=matmul(P_ij.cols, P_ij.rows, d))
             if mem.numeric:
                 dV_j.data += transpose(apply_dropout(pb, P_ij.data, rows, cols)) @ dO_i.data  # (bh, Bc, d)
             mem.free(P_ij, dO_i)
@@ -62,6 +64,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             V_j = mem.load("V", cols)
             dP_ij = mem.alloc("dP_ij", rows.stop - rows.start, cols.stop - cols.start)
+            mem.compute(matmul=matmul(dP_ij.rows, d, dP_ij.cols))
             if mem.numeric:
                 dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # (bh, Br, Bc)
             mem.store(dP_ij, "dP", rows, cols)
@@ -88,6 +91,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         dQ_i = mem.alloc("dQ_i", rows.stop - rows.start, d, fill=0.0)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             dS_ij, K_j = mem.load("dS", rows, cols, tile="dS_ij"), mem.load("K", cols)
+            mem.compute(matmul=matmul(dS_ij.rows, dS_ij.cols, d))
             if mem.numeric:
                 dQ_i.data += tau * (dS_ij.data @ K_j.data)  # (bh, Br, d)
             mem.free(dS_ij, K_j)
@@ -99,6 +103,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         dK_j = mem.alloc("dK_j", cols.stop - cols.start, d, fill=0.0)
         for _, rows in mem.loop(tiles.queries_seeing(j)):
             dS_ij, Q_i = mem.load("dS", rows, cols, tile="dS_ij"), mem.load("Q", rows)
+            mem.compute(matmul=matmul(dS_ij.cols, dS_ij.rows, d))
             if mem.numeric:
                 dK_j.data += tau * (transpose(dS_ij.data) @ Q_i.data)  # (bh, Bc, d)
             mem.free(dS_ij, Q_i)
@@ -133,6 +138,11 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Four products over every tile (dV, dP, dQ, dK); no exponential: P is read, not recomputed."""
+    return Flops(matmul=8 * pb.shape.n_q * pb.shape.n_k * pb.shape.d).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """Theorem 5's Θ(Nd + N²) for standard attention's backward, as Nd + N², N² ↦ N_q·N_k and N ↦ N_q."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
@@ -141,5 +151,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="standard backward", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)",
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", flops=flops,
 )
