@@ -23,6 +23,7 @@ import numpy as np
 from iosim.api import SimResult, pass_of, simulate, simulation_bytes
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
+from iosim.gpus import GPUS, resolve_M
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
@@ -31,7 +32,7 @@ from iosim.rng import check_seed
 from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, check_output_path, rank_by_traffic, \
     run_sweep, sweep_configs
 from iosim.tiling import POLICIES
-from iosim.units import DTYPE_ITEMSIZE, parse_count, parse_size
+from iosim.units import DTYPE_ITEMSIZE, parse_count
 
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
@@ -68,8 +69,11 @@ def _package_version() -> str:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--M", default="100k",
-                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k)")
+    p.add_argument("--M", default=None,
+                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k, "
+                        "or with --gpu its shared memory per SM; an --M up to that wins)")
+    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+                   help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
     p.add_argument("--batch", type=_count, default=1)
     p.add_argument("--heads", type=_count, default=1)
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
@@ -138,7 +142,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     ``on_row`` sees each sweep row as it finishes (None for one skipped by --resume);
     ``on_simulated`` sees a run's result before the reference check starts.
     """
-    M = parse_size(args.M, args.dtype)
+    M = resolve_M(args.M, args.gpu, args.dtype)
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
         for algo in args.algo if args.command == "sweep" else [args.algo]:
             pass_of(algo, "bwd")
@@ -149,7 +153,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         try:
             rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                             pass_=args.pass_)
+                             pass_=args.pass_, gpu=args.gpu)
         finally:
             writer.close()
         return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
@@ -276,6 +280,14 @@ def _bytes(x: float | None) -> str:
     return "—" if x is None else _eng(x, ("", "K", "M", "G", "T", "P", "E")) + "B"
 
 
+def _seconds(t: float) -> str:
+    """A time in the unit that keeps it between 1 and 1000: 41.7ms, 730µs."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g}{unit}"
+    return f"{t / 1e-9:.3g}ns"
+
+
 def _count_text(n: int) -> str:
     """A sequence length in full up to six digits (65536), compactly beyond (1G)."""
     return str(n) if n < 10**6 else _eng(n)
@@ -285,6 +297,8 @@ def _setting(first: SweepRow) -> str:
     options = [f"M = {first.M:,} elements ({_bytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
                f"block policy {first.block_policy}"]
+    if first.roofline is not None:
+        options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
     if first.pass_ != "fwd":
         options.append({"bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
@@ -315,8 +329,17 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
+    if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
+        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d", "= pred")]
+        columns = kept + [
+            ("HBM bytes", lambda r: _bytes(r.total_bytes)),
+            ("FLOPs", lambda r: "—" if r.flops is None else _eng(r.flops.matmul)),
+            ("FLOP/B", lambda r: "—" if r.roofline is None else f"{r.roofline.intensity:.3g}"),
+            ("time", lambda r: "—" if r.roofline is None else _seconds(r.roofline.seconds)),
+            ("bound", lambda r: "—" if r.roofline is None else r.roofline.bound),
+        ]
     for name, _ in columns:
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("algorithm", "bound") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
     console.print(table)
@@ -393,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "sweep" and getattr(args, "wide", False) and not console.is_terminal:
-            console = Console(width=132)  # piped output: as wide as the --wide table
+            console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
         if args.command == "sweep":
             total = len(sweep_configs(args.algo, args.N, args.d))
             with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -19,6 +19,8 @@ from pathlib import Path
 from iosim.api import count, predict
 from iosim.counts import Counts, combined
 from iosim.errors import BlockSizeError, InputError
+from iosim.flops import Flops
+from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
 from iosim.tiling import Tiling
 from iosim.units import parse_size
@@ -52,6 +54,8 @@ class SweepRow:
     status: str  # "ok", or why the configuration does not run
     pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
     backward_tiling: Tiling | None = None  # with "fwd+bwd", the backward pass's (``tiling`` is the forward's)
+    flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
+    roofline: Roofline | None = None  # with a GPU preset: the estimated time
 
     @property
     def reads(self) -> int | None:
@@ -90,7 +94,11 @@ class SweepRow:
             key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
                                   "peak_sram", "tensors")}
         backward = {f"bwd_{f.name}": getattr(self.backward_tiling, f.name, None) for f in fields(Tiling)}
-        return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts,
+        arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None)}
+        if self.roofline is not None:
+            arithmetic.update(gpu=self.roofline.gpu, roofline_s=self.roofline.seconds, bound=self.roofline.bound,
+                              intensity=self.roofline.intensity)
+        return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
                 "paper_label": self.paper_label, "status": self.status}
@@ -102,11 +110,13 @@ CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed 
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
-              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd") -> SweepRow:
+              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
-    ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling.
+    ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling. ``gpu``
+    names a preset (``iosim.gpus.GPUS``) whose roofline time the row carries.
     """
+    preset = None if gpu is None else get_gpu(gpu)
     if pass_ not in PASSES:
         raise InputError(f"pass={pass_!r} is not one of {list(PASSES)}")
     passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else (pass_,)
@@ -125,10 +135,13 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         return SweepRow(algorithm, M=fit[0].M, **config, tiling=None, counts=None, predicted=None,
                         paper=sum(f.paper for f in fit), paper_label=" + ".join(f.paper_label for f in fit),
                         status=f"does not fit: {err}")
-    return SweepRow(algorithm, M=measured[0].M, **config, tiling=measured[0].tiling,
-                    counts=combined(*(m.traffic for m in measured)), predicted=sum(p.exact.total for p in preds),
-                    paper=sum(p.paper for p in preds), paper_label=" + ".join(p.paper_label for p in preds),
-                    status="ok", backward_tiling=measured[1].tiling if len(measured) == 2 else None)
+    counts = combined(*(m.traffic for m in measured))
+    flops = sum((m.flops for m in measured), Flops())
+    return SweepRow(algorithm, M=measured[0].M, **config, tiling=measured[0].tiling, counts=counts,
+                    predicted=sum(p.exact.total for p in preds), paper=sum(p.paper for p in preds),
+                    paper_label=" + ".join(p.paper_label for p in preds), status="ok",
+                    backward_tiling=measured[1].tiling if len(measured) == 2 else None, flops=flops,
+                    roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 
 class RecordWriter:
@@ -224,7 +237,8 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
 
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
-              on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd") -> list[SweepRow]:
+              on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
+              gpu: str | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``).
@@ -239,7 +253,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_)
+        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu)
         rows.append(row)
         if writer:
             writer.add(row)
