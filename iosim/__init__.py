@@ -10,13 +10,14 @@ from iosim.algorithm import Algorithm, Tensor
 from iosim.api import PredictResult, SimResult, count, predict, simulate
 from iosim.counts import Counts, TensorCounts
 from iosim.errors import BlockSizeError, InputError, InputTypeError
+from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "BlockSizeError", "CapacityError", "Counts", "InputError", "InputTypeError",
+    "ALGORITHMS", "Algorithm", "BlockSizeError", "CapacityError", "Counts", "GradResult", "InputError", "InputTypeError",
     "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
-    "count", "predict", "register", "simulate",
+    "count", "gradients", "predict", "register", "simulate",
 ]

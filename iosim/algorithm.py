@@ -8,9 +8,10 @@ and the visited tiles (``iosim.visits``) with the run function, never the simula
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iosim.counts import Counts, TensorCounts
+from iosim.flops import Flops
 from iosim.memory import Memory
 from iosim.problem import ELEMENTS, Problem
 from iosim.tiling import Tiling
@@ -43,6 +44,14 @@ MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
+# What every backward pass reads beside Q, K, V, and what it returns.
+DOUT = Tensor("dO", "N_q", "d", "input")
+GRADIENTS = (Tensor("dQ", "N_q", "d", "output"), Tensor("dK", "N_k", "d", "output"), Tensor("dV", "N_k", "d", "output"))
+
+
+def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The forward pass's tensors as a backward pass reads them: inputs, taken from the forward's HBM."""
+    return tuple(replace(t, role="input") for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,10 @@ class Algorithm:
 
     All callables take the problem, the tiling and the SRAM capacity M in elements.
     ``traffic`` returns the exact ``Counts`` (peak SRAM included) that a run must measure.
+
+    A backward pass is an ``Algorithm`` too, held by its forward's ``backward``: its
+    tensors declare dO and what it reads of the forward's HBM (O, ℓ, m or P) as inputs,
+    and dQ, dK, dV as outputs. The registry lists forward algorithms only.
     """
 
     name: str
@@ -62,12 +75,18 @@ class Algorithm:
     paper_form: Callable[[Problem, int], float]  # the paper's asymptotic form, elements
     paper_label: str
     baseline: bool = False  # the algorithm the others are compared with
+    backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
+    flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)
 
     def outputs(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors if t.role == "output")
+
+    def saved_inputs(self) -> tuple[str, ...]:
+        """Inputs beside Q, K, V and the mask: for a backward pass, dO and what its forward saved."""
+        return tuple(t.name for t in self.tensors if t.role == "input")
 
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:

@@ -2,7 +2,9 @@
 
 ``algorithm`` is a registered name (``iosim.ALGORITHMS``) or an ``iosim.Algorithm``.
 The tiling is chosen by ``block_policy`` (``iosim.tiling.POLICIES``) unless an
-explicit ``tiling=iosim.Tiling(Br, Bc)`` is given.
+explicit ``tiling=iosim.Tiling(Br, Bc)`` is given. ``count`` and ``predict`` take
+``pass_="bwd"`` for an algorithm's backward pass (``iosim.gradients`` runs it
+numerically); each pass chooses its own tiling.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import numpy as np
 
 from iosim.algorithm import Algorithm
 from iosim.counts import Counts
-from iosim.errors import InputTypeError
+from iosim.errors import InputError, InputTypeError
+from iosim.flops import Flops
 from iosim.inputs import AttentionShape, check_flag, check_mask, check_positive_int, check_qkv, check_scale
 from iosim.memory import Memory
 from iosim.problem import Problem
@@ -35,6 +38,7 @@ class SimResult:
     out: np.ndarray | None = None  # (batch, heads, N_q, d)
     l: np.ndarray | None = None  # (batch, heads, N_q): softmax normalizer ℓ
     m: np.ndarray | None = None  # (batch, heads, N_q): row max m
+    flops: Flops | None = None  # the arithmetic the run counted
 
     @property
     def lse(self) -> np.ndarray | None:
@@ -54,6 +58,23 @@ class PredictResult:
     exact: Counts  # equal to what count() and simulate() measure
     paper: float  # the paper's asymptotic form, in elements
     paper_label: str
+    flops: Flops | None = None  # exact arithmetic; None for an algorithm that declares no closed form for it
+
+
+PASSES = ("fwd", "bwd")  # the forward pass, and the backward pass that reads what it saved
+
+
+def pass_of(algorithm, pass_: str) -> Algorithm:
+    """The algorithm that runs pass ``pass_`` of ``algorithm``: itself, or its backward pass."""
+    algo = get_algorithm(algorithm)
+    if pass_ not in PASSES:
+        raise InputError(f"pass_={pass_!r} is not one of {list(PASSES)}")
+    if pass_ == "fwd":
+        return algo
+    if algo.backward is None:
+        raise InputError(f"algorithm={algo.name!r} has no backward pass; allowed with pass 'bwd': "
+                         f"algorithms whose backward is set")
+    return algo.backward
 
 
 def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype) -> Problem:
@@ -99,7 +120,7 @@ def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None
     algo, M, tiling = _tiled(algorithm, pb, M, block_policy, tiling)
     mem = new_memory(algo, pb, M, data)
     algo.run(mem, pb, tiling)
-    result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts())
+    result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts(), flops=mem.flops())
     if mem.numeric:
         s = pb.shape
         result["out"] = mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d)
@@ -109,13 +130,8 @@ def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None
     return SimResult(**result)
 
 
-def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-             block_policy="fit", tiling=None, dtype="float16") -> SimResult:
-    """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, heads, N_k, d).
-
-    Computation is in float64; ``dtype`` sets the bytes per element of the traffic
-    report and how a byte-sized M (e.g. "192KiB") converts to elements.
-    """
+def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> tuple[Problem, dict]:
+    """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
     if isinstance(mask, (bool, np.bool_)):
@@ -128,6 +144,18 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     data = {"Q": np.asarray(q), "K": np.asarray(k), "V": np.asarray(v)}
     if full_mask is not None:
         data["mask"] = full_mask
+    return pb, data
+
+
+def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
+             block_policy="fit", tiling=None, dtype="float16") -> SimResult:
+    """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, heads, N_k, d).
+
+    Computation is in float64; ``dtype`` sets the bytes per element of the traffic
+    report and how a byte-sized M (e.g. "192KiB") converts to elements.
+    """
+    pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
+                              dtype=dtype)
     result = _execute(algorithm, pb, M, block_policy, tiling, data)
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
         warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
@@ -136,20 +164,24 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-          seed=0, block_policy="fit", tiling=None, dtype="float16") -> SimResult:
+          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
+    ``pass_="bwd"`` counts the backward pass alone.
     """
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                         dtype=dtype)
-    return _execute(algorithm, pb, M, block_policy, tiling, None)
+    return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-            block_policy="fit", tiling=None, dtype="float16") -> PredictResult:
-    """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it."""
+            block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> PredictResult:
+    """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
+
+    ``pass_="bwd"`` predicts the backward pass alone.
+    """
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype)
-    algo, M, tiling = _tiled(algorithm, pb, M, block_policy, tiling)
+    algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
     return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
-                         algo.paper_label)
+                         algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)

@@ -20,16 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.api import SimResult, simulate, simulation_bytes
+from iosim.api import SimResult, pass_of, simulate, simulation_bytes
+from iosim.counts import Counts, combined
 from iosim.errors import InputError
+from iosim.gpus import GPUS, resolve_M
+from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
-from iosim.reference import attention_ref
+from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.rng import check_seed
-from iosim.sweep import DEFAULT_D, DEFAULT_N, RecordWriter, SweepRow, check_output_path, rank_by_traffic, run_sweep, \
-    sweep_configs
+from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, check_output_path, rank_by_traffic, \
+    run_sweep, sweep_configs
 from iosim.tiling import POLICIES
-from iosim.units import DTYPE_ITEMSIZE, parse_count, parse_size
+from iosim.units import DTYPE_ITEMSIZE, parse_count
 
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
@@ -66,8 +69,11 @@ def _package_version() -> str:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--M", default="100k",
-                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k)")
+    p.add_argument("--M", default=None,
+                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k, "
+                        "or with --gpu its shared memory per SM; an --M up to that wins)")
+    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+                   help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
     p.add_argument("--batch", type=_count, default=1)
     p.add_argument("--heads", type=_count, default=1)
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
@@ -75,6 +81,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="element size for bytes and for M given in bytes (default float16)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d)")
+    p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
+                   help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
     p.add_argument("--json", metavar="PATH", help="save the results as JSON")
     p.add_argument("--csv", metavar="PATH", help="save the results as CSV")
 
@@ -115,9 +123,16 @@ class SweepOutcome:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    result: SimResult
+    result: SimResult | GradResult  # a GradResult with --pass bwd or fwd+bwd
     max_abs_error: float | None  # against the float64 reference; None with --no-check
     max_rel_error: float | None  # max |err| / max |reference|
+    pass_: str = "fwd"
+
+    @property
+    def traffic(self) -> Counts:
+        """The traffic of the pass or passes run."""
+        r = self.result
+        return combined(r.forward_traffic, r.traffic) if self.pass_ == "fwd+bwd" else r.traffic
 
 
 def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | None = None,
@@ -127,14 +142,18 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     ``on_row`` sees each sweep row as it finishes (None for one skipped by --resume);
     ``on_simulated`` sees a run's result before the reference check starts.
     """
-    M = parse_size(args.M, args.dtype)
+    M = resolve_M(args.M, args.gpu, args.dtype)
+    if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
+        for algo in args.algo if args.command == "sweep" else [args.algo]:
+            pass_of(algo, "bwd")
     if args.command == "sweep":
         if args.resume and not (args.json or args.csv):
             raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
         writer = RecordWriter(args.json, args.csv, resume=args.resume)
         try:
             rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
-                             dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row)
+                             dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
+                             pass_=args.pass_, gpu=args.gpu)
         finally:
             writer.close()
         return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
@@ -157,6 +176,8 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
     n_k = args.N_k or args.N
     shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads)
     need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
+    if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
+        need += simulation_bytes(pass_of(args.algo, "bwd"), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
     free = available_memory()
     if free is not None and need > free:
         raise InputError(
@@ -167,25 +188,39 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
     k, v = (rng.standard_normal((args.batch, args.heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
-    with warnings.catch_warnings():  # an overflow is reported below, in one line
-        warnings.simplefilter("ignore", RuntimeWarning)
-        result = simulate(args.algo, q, k, v, M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
-    if not np.isfinite(result.out).all():  # the inputs are finite: only the scale can overflow
+    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
+    if args.pass_ == "fwd":
+        with warnings.catch_warnings():  # an overflow is reported below, in one line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = simulate(args.algo, q, k, v, **run_options)
+        outputs = (result.out,)
+    else:
+        do = rng.standard_normal(q.shape)
+        with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = gradients(args.algo, q, k, v, do, **run_options)
+        outputs = (result.dq, result.dk, result.dv)
+    if not all(np.isfinite(x).all() for x in outputs):  # the inputs are finite: only the scale can overflow
         raise InputError(f"--scale {args.scale}: tau·QKᵀ overflows float64 on these inputs, so the output is not "
                          f"finite; allowed: a scale that keeps |tau·q·k| below 1.8e308")
     if on_simulated:
         on_simulated(result)
     err = rel = None
-    if not args.no_check:
+    if not args.no_check and args.pass_ == "fwd":
         err, rel = check_against_reference(result.out, q, k, v, **options)
-    outcome = RunOutcome(result, err, rel)
+    elif not args.no_check:
+        refs = attention_backward_ref(q, k, v, do, **options)
+        err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
+        rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
+                  for x, r in zip(outputs, refs))
+    outcome = RunOutcome(result, err, rel, args.pass_)
     if json_path:
         json_path.write_text(json.dumps(run_record(args, outcome), indent=1) + "\n")
     if csv_path:
         with csv_path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=["tensor", "level", "reads", "writes", "read_bytes", "write_bytes"])
             writer.writeheader()
-            for t in result.traffic.tensors:
+            for t in outcome.traffic.tensors:
                 writer.writerow(dict(tensor=t.name, level=t.level, reads=t.reads, writes=t.writes,
                                      read_bytes=t.read_bytes, write_bytes=t.write_bytes))
     return outcome
@@ -212,11 +247,14 @@ def check_against_reference(out: np.ndarray, q, k, v, *, chunk: int = REFERENCE_
 def run_record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
     """What `run --json` saves: the configuration, the tiling, the counts and the check."""
     r, pb = outcome.result, outcome.result.problem
+    first = r.forward_tiling if outcome.pass_ == "fwd+bwd" else r.tiling  # the tiling of the first pass run
+    backward = r.tiling if outcome.pass_ == "fwd+bwd" else None
     return {
         "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
         "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
         "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
-        "block_policy": args.block_policy, "Br": r.tiling.Br, "Bc": r.tiling.Bc, **r.traffic.as_dict(),
+        "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
+        "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error,
     }
 
@@ -242,6 +280,14 @@ def _bytes(x: float | None) -> str:
     return "—" if x is None else _eng(x, ("", "K", "M", "G", "T", "P", "E")) + "B"
 
 
+def _seconds(t: float) -> str:
+    """A time in the unit that keeps it between 1 and 1000: 41.7ms, 730µs."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g}{unit}"
+    return f"{t / 1e-9:.3g}ns"
+
+
 def _count_text(n: int) -> str:
     """A sequence length in full up to six digits (65536), compactly beyond (1G)."""
     return str(n) if n < 10**6 else _eng(n)
@@ -251,6 +297,10 @@ def _setting(first: SweepRow) -> str:
     options = [f"M = {first.M:,} elements ({_bytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
                f"block policy {first.block_policy}"]
+    if first.roofline is not None:
+        options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
+    if first.pass_ != "fwd":
+        options.append({"bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
 
 
@@ -265,7 +315,8 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         return
     console.print(_setting(rows[0]))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
-    tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}")
+    tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
+        "" if r.backward_tiling is None else f", {r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
     exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
     peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
     if wide:
@@ -278,8 +329,17 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
+    if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
+        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d", "= pred")]
+        columns = kept + [
+            ("HBM bytes", lambda r: _bytes(r.total_bytes)),
+            ("FLOPs", lambda r: "—" if r.flops is None else _eng(r.flops.matmul)),
+            ("FLOP/B", lambda r: "—" if r.roofline is None else f"{r.roofline.intensity:.3g}"),
+            ("time", lambda r: "—" if r.roofline is None else _seconds(r.roofline.seconds)),
+            ("bound", lambda r: "—" if r.roofline is None else r.roofline.bound),
+        ]
     for name, _ in columns:
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("algorithm", "bound") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
     console.print(table)
@@ -311,11 +371,22 @@ def _render_ranking(console, rows: list[SweepRow]) -> None:
 
 
 def _render_run(console, r: SimResult) -> None:
+    _render_traffic(console, r, r.traffic, r.tiling, None)
+
+
+def _render_training(console, r: GradResult, pass_: str) -> None:
+    """The traffic of a run with --pass bwd or fwd+bwd: each pass's table."""
+    if pass_ == "fwd+bwd":
+        _render_traffic(console, r, r.forward_traffic, r.forward_tiling, "forward pass")
+    _render_traffic(console, r, r.traffic, r.tiling, "backward pass")
+
+
+def _render_traffic(console, r: SimResult | GradResult, t: Counts, tiling, what: str | None) -> None:
     from rich.table import Table
 
-    t, pb = r.traffic, r.problem
-    table = Table(title=f"{r.algorithm}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, d={pb.shape.d}, "
-                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={r.tiling.Br}, B_c={r.tiling.Bc}",
+    pb = r.problem
+    table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, "
+                        f"d={pb.shape.d}, batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
                   header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
         table.add_column(col, justify="left" if col == "tensor" else "right", no_wrap=True)
@@ -328,6 +399,8 @@ def _render_run(console, r: SimResult) -> None:
 
 
 def _render_check(console, outcome: RunOutcome) -> None:
+    if outcome.pass_ == "fwd+bwd":
+        console.print(f"forward + backward: {outcome.traffic.total:,} elements, {_bytes(outcome.traffic.total_bytes)}")
     if outcome.max_abs_error is None:
         console.print("not checked against the float64 reference (--no-check)")
     else:
@@ -343,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "sweep" and getattr(args, "wide", False) and not console.is_terminal:
-            console = Console(width=132)  # piped output: as wide as the --wide table
+            console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
         if args.command == "sweep":
             total = len(sweep_configs(args.algo, args.N, args.d))
             with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -352,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = run(args, on_row=lambda row: progress.advance(task))
             _render_sweep(console, outcome, args.wide)
         else:
-            outcome = run(args, on_simulated=lambda result: _render_run(console, result))
+            render = (lambda result: _render_run(console, result)) if args.pass_ == "fwd" else \
+                (lambda result: _render_training(console, result, args.pass_))
+            outcome = run(args, on_simulated=render)
             _render_check(console, outcome)
     except (UsageError, InputError, CapacityError, OSError) as err:
         print(f"iosim: error: {err}", file=sys.stderr)

@@ -73,3 +73,22 @@ class Counts:
             "write_bytes": self.write_bytes, "total_bytes": self.total_bytes, "peak_sram": self.peak_sram,
             "tensors": [{**asdict(t), "read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in self.tensors],
         }
+
+
+def combined(*passes: Counts) -> Counts:
+    """The traffic of several passes run one after another (a forward and a backward pass).
+
+    A tensor's reads and writes are summed over the passes that move it, in the order
+    the tensors first appear; the peak is the largest pass's, since each pass frees its
+    SRAM before the next starts.
+    """
+    merged: dict[tuple[str, str], TensorCounts] = {}
+    for counts in passes:
+        for t in counts.tensors:
+            key = (t.name, t.level)
+            if key in merged and merged[key].itemsize != t.itemsize:
+                raise ValueError(f"tensor {t.name} has {merged[key].itemsize} bytes per element in one pass and "
+                                 f"{t.itemsize} in another")
+            old = merged.get(key, TensorCounts(t.name, 0, 0, t.itemsize, t.level))
+            merged[key] = TensorCounts(t.name, old.reads + t.reads, old.writes + t.writes, t.itemsize, t.level)
+    return Counts(tuple(merged.values()), max(c.peak_sram for c in passes))

@@ -106,8 +106,9 @@ def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:
         raise InputError(f"mask of shape {m.shape} does not broadcast to (batch, heads, N_q, N_k) = {full}") from None
 
 
-def check_dout(dout, shape: AttentionShape) -> None:
+def check_dout(dout, shape: AttentionShape, name: str = "dout") -> None:
     """dO must have the shape of the output, (batch, heads, N_q, d)."""
     want = (shape.batch, shape.heads, shape.n_q, shape.d)
     if tuple(getattr(dout, "shape", ())) != want:
-        raise InputError(f"dout must have shape {want}; got {tuple(getattr(dout, 'shape', ()))}")
+        raise InputError(f"{name} must have shape {want} (batch, heads, N_q, d), the output's; "
+                         f"got {tuple(getattr(dout, 'shape', ()))}")

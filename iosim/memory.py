@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from iosim.counts import Counts, TensorCounts
+from iosim.flops import Flops
 from iosim.visits import Blocks
 
 
@@ -74,6 +75,7 @@ class Memory:
         self._resident: dict[int, Tile] = {}
         self._used = 0
         self._peak = 0
+        self._flops = Flops()
         self._weight = 1  # count-only: how many blocks the current one stands for
         self._plan = None  # count-only: (nested blocks, weight, nested sizes) of the enclosing loop
 
@@ -166,6 +168,15 @@ class Memory:
         for t in self._resident.values():
             out[t.name] = out.get(t.name, 0) + t.size
         return out
+
+    # --- arithmetic --------------------------------------------------------
+    def compute(self, matmul: int = 0, exp: int = 0) -> None:
+        """Count the arithmetic of one step on one head's tiles, for every head (and every block it stands for)."""
+        self._flops = self._flops + Flops(matmul, exp).scaled(self.bh * self._weight)
+
+    def flops(self) -> Flops:
+        """The arithmetic counted so far, summed over batch·heads."""
+        return self._flops
 
     # --- loops -------------------------------------------------------------
     def loop(self, blocks: Blocks) -> Iterator[tuple[int, slice]]:

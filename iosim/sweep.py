@@ -17,14 +17,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from iosim.api import count, predict
-from iosim.counts import Counts
+from iosim.counts import Counts, combined
 from iosim.errors import BlockSizeError, InputError
+from iosim.flops import Flops
+from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
 from iosim.tiling import Tiling
 from iosim.units import parse_size
 
 DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
 DEFAULT_D = (64, 128)
+PASSES = ("fwd", "bwd", "fwd+bwd")  # what a row counts: the forward pass, the backward pass, or both
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class SweepRow:
     paper: float  # the paper's asymptotic form, elements
     paper_label: str
     status: str  # "ok", or why the configuration does not run
+    pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
+    backward_tiling: Tiling | None = None  # with "fwd+bwd", the backward pass's (``tiling`` is the forward's)
+    flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
+    roofline: Roofline | None = None  # with a GPU preset: the estimated time
 
     @property
     def reads(self) -> int | None:
@@ -81,37 +88,60 @@ class SweepRow:
 
     def record(self) -> dict:
         """The row as one JSON record: the configuration, the tiling, the counts and every tensor's traffic."""
-        config = {name: getattr(self, name) for name in CONFIG_KEYS}
+        config = {name: getattr(self, "pass_" if name == "pass" else name) for name in CONFIG_KEYS}
         tiling = {f.name: getattr(self.tiling, f.name, None) for f in fields(Tiling)}
         counts = self.counts.as_dict() if self.counts is not None else {
             key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
                                   "peak_sram", "tensors")}
-        return {**config, "scale": check_scale(None, self.d), **tiling, **counts, "predicted": self.predicted,
+        backward = {f"bwd_{f.name}": getattr(self.backward_tiling, f.name, None) for f in fields(Tiling)}
+        arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None)}
+        if self.roofline is not None:
+            arithmetic.update(gpu=self.roofline.gpu, roofline_s=self.roofline.seconds, bound=self.roofline.bound,
+                              intensity=self.roofline.intensity)
+        return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
+                "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
                 "paper_label": self.paper_label, "status": self.status}
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
-               "block_policy")
+               "block_policy", "pass")
+CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
-              dropout_p=0.0, dtype="float16", block_policy="fit") -> SweepRow:
-    """Count one configuration and predict it; a block policy that overflows M gives a row that says so."""
+              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None) -> SweepRow:
+    """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
+
+    ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling. ``gpu``
+    names a preset (``iosim.gpus.GPUS``) whose roofline time the row carries.
+    """
+    preset = None if gpu is None else get_gpu(gpu)
+    if pass_ not in PASSES:
+        raise InputError(f"pass={pass_!r} is not one of {list(PASSES)}")
+    passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else (pass_,)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    dtype=dtype, block_policy=block_policy)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
-                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy)
+                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_)
     try:
-        measured, pred = count(algorithm, **options), predict(algorithm, **options)
+        measured = [count(algorithm, pass_=p, **options) for p in passes]
+        preds = [predict(algorithm, pass_=p, **options) for p in passes]
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
-        fit = predict(algorithm, **{**options, "block_policy": "fit"})  # for M in elements and the paper's form
-        return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
-                        paper_label=fit.paper_label, status=f"does not fit: {err}")
-    return SweepRow(algorithm, M=measured.M, **config, tiling=measured.tiling, counts=measured.traffic,
-                    predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label, status="ok")
+        # for M in elements and the paper's form
+        fit = [predict(algorithm, pass_=p, **{**options, "block_policy": "fit"}) for p in passes]
+        return SweepRow(algorithm, M=fit[0].M, **config, tiling=None, counts=None, predicted=None,
+                        paper=sum(f.paper for f in fit), paper_label=" + ".join(f.paper_label for f in fit),
+                        status=f"does not fit: {err}")
+    counts = combined(*(m.traffic for m in measured))
+    flops = sum((m.flops for m in measured), Flops())
+    return SweepRow(algorithm, M=measured[0].M, **config, tiling=measured[0].tiling, counts=counts,
+                    predicted=sum(p.exact.total for p in preds), paper=sum(p.paper for p in preds),
+                    paper_label=" + ".join(p.paper_label for p in preds), status="ok",
+                    backward_tiling=measured[1].tiling if len(measured) == 2 else None, flops=flops,
+                    roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 
 class RecordWriter:
@@ -161,7 +191,7 @@ class RecordWriter:
 
 def config_key(config: dict) -> tuple[str, ...]:
     """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
-    return tuple(str(config.get(name)) for name in CONFIG_KEYS)
+    return tuple(str(config.get(name, CONFIG_DEFAULTS.get(name))) for name in CONFIG_KEYS)
 
 
 def check_output_path(what: str, path: str | None) -> Path | None:
@@ -207,7 +237,8 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
 
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
-              on_row: Callable[[SweepRow | None], None] | None = None) -> list[SweepRow]:
+              on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
+              gpu: str | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``).
@@ -216,12 +247,13 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
-        done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options))
+        done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
+                               **{"pass": pass_}))
         if writer and done in writer.done:
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options)
+        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu)
         rows.append(row)
         if writer:
             writer.add(row)

@@ -52,3 +52,24 @@ def safe_divide(x: np.ndarray, l: np.ndarray) -> np.ndarray:
 def load_mask(mem: Memory, pb: Problem, rows: slice, cols: slice) -> Tile | None:
     """Read the mask tile from HBM when the problem has an explicit mask."""
     return mem.load("mask", rows, cols, tile="mask_ij") if pb.has_mask else None
+
+
+def probabilities(S: np.ndarray, l: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """P = diag(ℓ)⁻¹ exp(S − m) from the forward's statistics (Alg. 4 line 13); 0 on rows that see no key."""
+    return safe_divide(exp_diff(S, m), l)
+
+
+def row_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """rowsum(a ∘ b): (bh, rows, 1), as D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19)."""
+    return (a * b).sum(axis=-1, keepdims=True)
+
+
+def logsumexp(l: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """lse = m + log ℓ from the online softmax's statistics; −inf on rows that see no key (ℓ = 0)."""
+    with np.errstate(divide="ignore"):
+        return np.where(l == 0, -np.inf, m + np.log(np.where(l == 0, 1.0, l)))
+
+
+def transpose(x: np.ndarray) -> np.ndarray:
+    """xᵀ of every head's tile: (bh, a, b) → (bh, b, a)."""
+    return np.swapaxes(x, -1, -2)

@@ -21,8 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithms import flash_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -55,6 +57,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             S_ij = mem.alloc("S_ij", br, bc)
             m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
             m_new, l_new = mem.alloc("m_new", br), mem.alloc("l_new", br)
+            # S_ij = Q_i K_jᵀ and P̃_ij V_j; exp for P̃_ij and the two rescalings of line 13
+            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + 2 * br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
                 m_tilde.data = S_ij.data.max(axis=-1, keepdims=True)  # line 12
@@ -107,6 +111,14 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Two B_r × B_c × d products and B_r·B_c + 2·B_r exponentials per visited tile."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    rows = sum(b_i * n for b_i, _, n in pairs)
+    return Flops(matmul=4 * pb.shape.d * area, exp=area + 2 * rows).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """Theorem 2's Θ(N²d²/M) with the constants of docs/derivations.md: 12N²d²/M + 16N²d/M + 3Nd.
 
@@ -118,5 +130,6 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd",
+    paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
+    flops=flops,
 )

@@ -22,8 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -48,6 +50,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
+            # S_ij = Q_i K_jᵀ and P̃_ij V_j; exp for P̃_ij and the rescaling of O_i, ℓ_i
+            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
                 m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))  # lines 12-13
@@ -93,6 +97,14 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Two B_r × B_c × d products and B_r·B_c + B_r exponentials per visited tile."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    rows = sum(b_i * n for b_i, _, n in pairs)
+    return Flops(matmul=4 * pb.shape.d * area, exp=area + rows).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """The swapped loop's count 8N²d²/M + 3dN + 2N (docs/derivations.md), N² ↦ N_q·N_k and N ↦ N_q."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
@@ -101,5 +113,6 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N",
+    paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
+    flops=flops,
 )

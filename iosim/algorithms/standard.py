@@ -5,10 +5,10 @@ step reading its inputs from HBM by blocks and writing its result back.
 
 Step 1 streams K_j past each Q_i and writes S_ij = MASK(tau · Q_i K_jᵀ). Step 2
 reads R whole rows of S at a time, R = ⌊M / (N_k + 2)⌋ (the rows and their max and
-sum fit on chip), and writes P = dropout(softmax(S)). Where not even one row fits
+sum fit on chip), and writes P = softmax(S). Where not even one row fits
 (N_k + 2 > M) it falls back to the two-pass online softmax (Milakov and Gimelshein,
 2018) on B_r × B_c tiles, reading S twice. Step 3 accumulates O_i on chip while P_ij
-and V_j stream past, and writes O_i once.
+and V_j stream past, applies dropout to each P_ij as it arrives, and writes O_i once.
 
 On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c),
 mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, ℓ
@@ -16,7 +16,9 @@ mask tile (B_r × B_c) when masked; step 2 R rows of S (R × N_k) and their m, �
 step 3 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
 
 Deviations: the scale and the mask are applied in step 1, before S is written.
-Every tile is visited, masked or not: S and P are materialized whole.
+Every tile is visited, masked or not: S and P are materialized whole. Algorithm 0
+has no dropout; it is applied in step 3, from the counter-based mask regenerated on
+chip, so that P in HBM is the softmax the backward pass needs (``standard_backward``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithms import standard_backward
 from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -50,6 +54,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             K_j = mem.load("K", cols)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", rows.stop - rows.start, cols.stop - cols.start)
+            mem.compute(matmul=matmul(S_ij.rows, pb.shape.d, S_ij.cols))
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
             mem.store(S_ij, "S", rows, cols)
@@ -70,8 +75,9 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         O_i = mem.alloc("O_i", rows.stop - rows.start, pb.shape.d, fill=0.0)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             P_ij, V_j = mem.load("P", rows, cols, tile="P_ij"), mem.load("V", cols)
+            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, pb.shape.d))
             if mem.numeric:
-                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
+                O_i.data += apply_dropout(pb, P_ij.data, rows, cols) @ V_j.data  # (bh, Br, d)
             mem.free(P_ij, V_j)
         mem.store(O_i, "O", rows)
         mem.free(O_i)
@@ -79,15 +85,15 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
     """Step 2 with R full rows of S on chip: S is read once."""
-    n_k = pb.shape.n_k
     for _, rows in mem.loop(Axis(pb.shape.n_q, R).all()):
         S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
         m_i, l_i = mem.alloc("m_i", rows.stop - rows.start), mem.alloc("l_i", rows.stop - rows.start)
+        mem.compute(exp=S_i.size)
         if mem.numeric:
             m_i.data = S_i.data.max(axis=-1, keepdims=True)
             S_i.data = exp_diff(S_i.data, m_i.data)
             l_i.data = S_i.data.sum(axis=-1, keepdims=True)
-            S_i.data = apply_dropout(pb, safe_divide(S_i.data, l_i.data), rows, slice(0, n_k))
+            S_i.data = safe_divide(S_i.data, l_i.data)
         mem.store(S_i, "P", rows)
         mem.free(S_i, m_i, l_i)
 
@@ -100,6 +106,7 @@ def _softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 1: running max and sum
             S_ij = mem.load("S", rows, cols, tile="S_ij")
             m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
+            mem.compute(exp=S_ij.size + br)  # exp(S_ij − m̃) and the rescaling of ℓ_i
             if mem.numeric:
                 m_tilde.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
                 l_tilde.data = exp_diff(S_ij.data, m_tilde.data).sum(axis=-1, keepdims=True)
@@ -108,9 +115,9 @@ def _softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
             mem.free(S_ij, m_tilde, l_tilde)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
             S_ij = mem.load("S", rows, cols, tile="S_ij")
+            mem.compute(exp=S_ij.size)
             if mem.numeric:
-                P = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
-                S_ij.data = apply_dropout(pb, P, rows, cols)
+                S_ij.data = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
             mem.store(S_ij, "P", rows, cols)
             mem.free(S_ij)
         mem.free(m_i, l_i)
@@ -142,6 +149,16 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
 
 
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """QKᵀ and PV over every tile; one exp per element of S, two and a rescaling per row and tile if two-pass."""
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    if softmax_rows(M, n_q, n_k) >= 1:
+        exp = n_q * n_k
+    else:
+        exp = 2 * n_q * n_k + sum(b_i * n for b_i, _, n in visits(pb, tiling, skips_hidden=False).pairs())
+    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=exp).scaled(pb.shape.bh)
+
+
 def paper_form(pb: Problem, M: int) -> float:
     """Theorem 2's Θ(Nd + N²) for standard attention, as Nd + N², with N² ↦ N_q·N_k and N ↦ N_q."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
@@ -150,5 +167,6 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="standard", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True, backward=standard_backward.ALGORITHM,
+    flops=flops,
 )

@@ -1,0 +1,134 @@
+"""FlashAttention backward: Algorithm 4, recomputing S and P from Q, K and the forward's ℓ, m.
+
+Dao et al. (2022), Algorithm 4 (seed 003); line numbers below are Algorithm 4's.
+K/V blocks form the outer loop (line 6) and keep dK_j, dV_j on chip, written once
+(line 24); Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i are loaded at every inner step (line 10)
+and dQ_i goes back to HBM after each (line 21). S_ij and P_ij are recomputed, and
+the dropout mask Z_ij is regenerated from the forward's seed (lines 1, 14).
+
+On-chip buffers per head: K_j, V_j, dK_j, dV_j (B_c × d each), Q_i, O_i, dO_i, dQ_i
+(B_r × d each), ℓ_i, m_i, D_i (B_r each), S_ij (B_r × B_c, overwritten by P_ij),
+dP_ij (B_r × B_c, overwritten by dS_ij), and the mask tile (B_r × B_c) when a mask
+is given.
+
+Deviations: the RNG state R is the seed itself (``iosim.rng``), so line 1 reads
+nothing. Line 2's block sizes are the block policy's, as in the forward pass. With
+a causal mask, an inner step whose tile is entirely hidden is skipped (it would add
+zero to dQ_i, dK_j and dV_j); an explicit mask is not inspected. Line 5 is followed
+as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV.
+"""
+
+from __future__ import annotations
+
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
+from iosim.algorithms._tile_ops import apply_dropout, load_mask, probabilities, row_dot, scores, transpose
+from iosim.counts import Counts
+from iosim.flops import Flops, matmul
+from iosim.memory import Memory
+from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import visits
+
+TENSORS = (*saved(OUTPUT, *STATISTICS), DOUT, *GRADIENTS)
+
+
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
+    """Run Alg. 4 on Q, K, V, O, ℓ, m, dO (and mask) in ``mem``; leaves dQ, dK, dV in HBM."""
+    d, tau = pb.shape.d, pb.tau
+    tiles = visits(pb, tiling, skips_hidden=True)
+
+    # line 5: initialize dQ = (0), dK = (0), dV = (0) in HBM
+    for _, rows in mem.loop(tiles.q.all()):
+        zero = mem.alloc("dQ_i", rows.stop - rows.start, d, fill=0.0)
+        mem.store(zero, "dQ", rows)
+        mem.free(zero)
+    for _, cols in mem.loop(tiles.k.all()):
+        zero = mem.alloc("dK_j", cols.stop - cols.start, d, fill=0.0)
+        mem.store(zero, "dK", cols)
+        mem.store(zero, "dV", cols)
+        mem.free(zero)
+
+    for j, cols in mem.loop(tiles.key_blocks()):  # line 6
+        bc = cols.stop - cols.start
+        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
+        dK_j, dV_j = mem.alloc("dK_j", bc, d, fill=0.0), mem.alloc("dV_j", bc, d, fill=0.0)  # line 8
+        for _, rows in mem.loop(tiles.queries_seeing(j)):  # line 9, the query blocks that see K_j
+            br = rows.stop - rows.start
+            Q_i, O_i, dO_i, dQ_i = (mem.load(name, rows) for name in ("Q", "O", "dO", "dQ"))  # line 10
+            l_i, m_i = mem.load("l", rows), mem.load("m", rows)
+            mask_ij = load_mask(mem, pb, rows, cols)
+            S_ij, dP_ij, D_i = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc), mem.alloc("D_i", br)
+            # lines 11, 16, 17, 21, 22: S_ij recomputed, then four products; exp for P_ij (line 13)
+            mem.compute(matmul=5 * matmul(br, d, bc), exp=br * bc)
+            if mem.numeric:
+                S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
+                S_ij.data = probabilities(S_ij.data, l_i.data, m_i.data)  # line 13: P_ij in place of S_ij
+                P_dropped = apply_dropout(pb, S_ij.data, rows, cols)  # lines 14-15: P_ij ∘ Z_ij
+                dV_j.data += transpose(P_dropped) @ dO_i.data  # line 16: (bh, Bc, d)
+                dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # lines 17-18
+                D_i.data = row_dot(dO_i.data, O_i.data)  # line 19: (bh, Br, 1)
+                dP_ij.data = S_ij.data * (dP_ij.data - D_i.data)  # line 20: dS_ij in place of dP_ij
+                dQ_i.data = dQ_i.data + tau * (dP_ij.data @ K_j.data)  # line 21: (bh, Br, d)
+                dK_j.data += tau * (transpose(dP_ij.data) @ Q_i.data)  # line 22: (bh, Bc, d)
+            mem.store(dQ_i, "dQ", rows)  # line 21
+            mem.free(Q_i, O_i, dO_i, dQ_i, l_i, m_i, S_ij, dP_ij, D_i)
+            if mask_ij is not None:
+                mem.free(mask_ij)
+        mem.store(dK_j, "dK", cols)  # line 24
+        mem.store(dV_j, "dV", cols)
+        mem.free(K_j, V_j, dK_j, dV_j)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    # K_j, V_j, dK_j, dV_j + Q_i, O_i, dO_i, dQ_i + S_ij, dP_ij + (ℓ_i, m_i, D_i) [+ mask tile]
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    return 4 * Bc * d + 4 * Br * d + 2 * Br * Bc + 3 * Br + pb.has_mask * Br * Bc
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
+
+    Without a causal skip, Σ b_i = T_c·N_q. The peak is the largest working set among
+    the visited tiles, or one of line 5's zero tiles (B_r × d, B_c × d).
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
+    pairs = tiles.pairs()
+    rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
+    reads = {
+        "K": n_k * d, "V": n_k * d,  # line 7: once each
+        "Q": rows * d, "O": rows * d, "dO": rows * d, "dQ": rows * d,  # line 10, per visited tile
+        "l": rows, "m": rows,
+    }
+    writes = {
+        "dQ": n_q * d + rows * d,  # line 5's zeros, then line 21 per visited tile
+        "dK": 2 * n_k * d, "dV": 2 * n_k * d,  # line 5's zeros, then line 24 once
+    }
+    if pb.has_mask:
+        reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    zeros = [tiles.q.size(0) * d, tiles.k.size(0) * d]
+    peak = max(zeros + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    return exact_counts(TENSORS, pb, reads, writes, peak)
+
+
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Five B_r × B_c × d products (S_ij recomputed, dV_j, dP_ij, dQ_i, dK_j) and B_r·B_c exps per visited tile."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    return Flops(matmul=10 * pb.shape.d * area, exp=area).scaled(pb.shape.bh)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """Theorem 5's Θ(N²d²/M), counted as the forward's form is: T_c = 4Nd/M blocks of B_c = M/4d.
+
+    T_c·N·(5d + 2) for line 10 and line 21, and 7Nd for K, V and lines 5 and 24:
+    20N²d²/M + 8N²d/M + 7Nd, with N² ↦ N_q·N_k and N ↦ N_q.
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (20 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d)
+
+
+ALGORITHM = Algorithm(
+    name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops,
+)

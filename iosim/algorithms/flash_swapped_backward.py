@@ -1,0 +1,149 @@
+"""FlashAttention-2 backward: D in its own pass, K/V blocks outer, dQ accumulated in HBM.
+
+Dao, "FlashAttention-2" (2023), Algorithm 2, as its kernels run it. A first pass
+over the query blocks computes D_i = rowsum(dO_i ∘ O_i) and the logsumexp
+L_i = m_i + log ℓ_i, saves both, and zeroes dQ. The main pass keeps K_j, V_j, dK_j,
+dV_j on chip while the query blocks that see them stream past; it reads Q_i, dO_i,
+L_i, D_i at every inner step, recomputes P_ij = exp(S_ij − L_i), and adds
+τ·dS_ij·K_j into dQ_i in HBM, a read-modify-write. Line numbers below are those of
+Algorithm 4 (seed 003) that each step corresponds to.
+
+On-chip buffers per head: first pass O_i, dO_i (B_r × d each) and ℓ_i, m_i, D_i, L_i
+(B_r each), then a zero B_r × d tile; main pass K_j, V_j, dK_j, dV_j (B_c × d each),
+Q_i, dO_i, dQ_i (B_r × d each), L_i, D_i (B_r each), S_ij (B_r × B_c, overwritten by
+P_ij), dP_ij (B_r × B_c, overwritten by dS_ij), and the mask tile (B_r × B_c) when a
+mask is given.
+
+Deviations: FlashAttention-2's forward saves L itself; the forward modelled here
+(``flash-swapped``) saves ℓ and m, so the first pass reads both and writes L once,
+rather than every inner step reading two statistics. dQ is accumulated in the data
+dtype; the kernels accumulate it in float32 with atomic adds and convert it in a
+third pass, which is not modelled. Causal tiles hidden entirely are skipped; an
+explicit mask is not inspected.
+"""
+
+from __future__ import annotations
+
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, logsumexp, row_dot, scores, transpose
+from iosim.counts import Counts
+from iosim.flops import Flops, matmul
+from iosim.memory import Memory
+from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import visits
+
+TENSORS = (
+    *saved(OUTPUT, *STATISTICS), DOUT,
+    Tensor("D", "N_q", "1", "intermediate", "stat"), Tensor("L", "N_q", "1", "intermediate", "stat"),
+    *GRADIENTS,
+)
+
+
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
+    """Run the FlashAttention-2 backward on Q, K, V, O, ℓ, m, dO (and mask); leaves dQ, dK, dV in HBM."""
+    d, tau = pb.shape.d, pb.tau
+    tiles = visits(pb, tiling, skips_hidden=True)
+
+    for _, rows in mem.loop(tiles.q.all()):  # first pass: D, L and dQ = (0), per query block
+        br = rows.stop - rows.start
+        O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
+        l_i, m_i = mem.load("l", rows), mem.load("m", rows)
+        D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
+        mem.compute(exp=br)  # the log of L_i
+        if mem.numeric:
+            D_i.data = row_dot(dO_i.data, O_i.data)  # line 19, once per row
+            L_i.data = logsumexp(l_i.data, m_i.data)
+        mem.store(D_i, "D", rows)
+        mem.store(L_i, "L", rows)
+        mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
+        zero = mem.alloc("dQ_i", br, d, fill=0.0)  # line 5
+        mem.store(zero, "dQ", rows)
+        mem.free(zero)
+
+    for j, cols in mem.loop(tiles.key_blocks()):  # line 6
+        bc = cols.stop - cols.start
+        K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
+        dK_j, dV_j = mem.alloc("dK_j", bc, d, fill=0.0), mem.alloc("dV_j", bc, d, fill=0.0)  # line 8
+        for _, rows in mem.loop(tiles.queries_seeing(j)):  # line 9, the query blocks that see K_j
+            br = rows.stop - rows.start
+            Q_i, dO_i, dQ_i = mem.load("Q", rows), mem.load("dO", rows), mem.load("dQ", rows)  # line 10
+            L_i, D_i = mem.load("L", rows), mem.load("D", rows)
+            mask_ij = load_mask(mem, pb, rows, cols)
+            S_ij, dP_ij = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc)
+            # S_ij recomputed, then dV_j, dP_ij, dQ_i, dK_j; exp for P_ij
+            mem.compute(matmul=5 * matmul(br, d, bc), exp=br * bc)
+            if mem.numeric:
+                S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
+                S_ij.data = exp_diff(S_ij.data, L_i.data)  # line 13: P_ij = exp(S_ij − L_i) in place
+                dV_j.data += transpose(apply_dropout(pb, S_ij.data, rows, cols)) @ dO_i.data  # lines 14-16
+                dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # lines 17-18
+                dP_ij.data = S_ij.data * (dP_ij.data - D_i.data)  # line 20: dS_ij in place of dP_ij
+                dQ_i.data = dQ_i.data + tau * (dP_ij.data @ K_j.data)  # line 21: (bh, Br, d)
+                dK_j.data += tau * (transpose(dP_ij.data) @ Q_i.data)  # line 22: (bh, Bc, d)
+            mem.store(dQ_i, "dQ", rows)  # line 21: the write of the read-modify-write
+            mem.free(Q_i, dO_i, dQ_i, L_i, D_i, S_ij, dP_ij)
+            if mask_ij is not None:
+                mem.free(mask_ij)
+        mem.store(dK_j, "dK", cols)  # line 24
+        mem.store(dV_j, "dV", cols)
+        mem.free(K_j, V_j, dK_j, dV_j)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    # main pass: K_j, V_j, dK_j, dV_j + Q_i, dO_i, dQ_i + S_ij, dP_ij + (L_i, D_i) [+ mask tile];
+    # first pass: O_i, dO_i + (ℓ_i, m_i, D_i, L_i)
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    main = 4 * Bc * d + 3 * Br * d + 2 * Br * Bc + 2 * Br + pb.has_mask * Br * Bc
+    return max(main, 2 * Br * d + 4 * Br)
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts: the first pass once per query row, the main pass summed over the visited tiles.
+
+    Without a causal skip, Σ b_i = T_c·N_q. The peak is the largest of the first pass's
+    buffers for a full query block and the main pass's working set over the visited tiles.
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=True)
+    pairs = tiles.pairs()
+    rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
+    reads = {
+        "O": n_q * d, "l": n_q, "m": n_q,  # first pass
+        "dO": n_q * d + rows * d,  # first pass, then per visited tile
+        "K": n_k * d, "V": n_k * d,  # once each
+        "Q": rows * d, "dQ": rows * d, "L": rows, "D": rows,  # per visited tile
+    }
+    writes = {
+        "D": n_q, "L": n_q,  # first pass
+        "dQ": n_q * d + rows * d,  # first pass's zeros, then per visited tile
+        "dK": n_k * d, "dV": n_k * d,  # once each
+    }
+    if pb.has_mask:
+        reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    Br = tiles.q.size(0)
+    peak = max([2 * Br * d + 4 * Br] + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    return exact_counts(TENSORS, pb, reads, writes, peak)
+
+
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Five B_r × B_c × d products and B_r·B_c exps per visited tile, and one log per query row."""
+    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
+    return Flops(matmul=10 * pb.shape.d * area, exp=area + pb.shape.n_q).scaled(pb.shape.bh)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """Θ(N²d²/M), counted as the forward's form is: T_c = 4Nd/M blocks of B_c = M/4d.
+
+    T_c·N·(4d + 2) for the inner steps, 3Nd + 4N for the first pass, and 4Nd for
+    K, V, dK, dV: 16N²d²/M + 8N²d/M + 7Nd + 4N, with N² ↦ N_q·N_k and N ↦ N_q.
+    """
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (16 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d + 4 * n_q)
+
+
+ALGORITHM = Algorithm(
+    name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
+    traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
+)

@@ -1,0 +1,167 @@
+"""Backward passes: gradients equal float64 attention's, and measured traffic equals the closed form."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import iosim
+from helpers import ALGORITHM_NAMES, problem, random_qkv, relative_error
+
+TOL = 1e-10  # both sides compute in float64; only the order of summation differs
+
+
+def smallest_M(algorithm, n_q, n_k, d, masked, passes=("fwd", "bwd")):
+    """The least M that ``passes`` of ``algorithm`` run in: their working sets with one-row blocks."""
+    forward = iosim.ALGORITHMS[algorithm]
+    pb = problem(n_q, n_k, d, has_mask=masked)
+    algos = {"fwd": forward, "bwd": forward.backward}
+    return max(algos[p].working_set(pb, iosim.Tiling(1, 1), 0) for p in passes)
+
+
+@st.composite
+def count_cases(draw):
+    d = draw(st.integers(1, 256))
+    n_q = draw(st.integers(1, 70000))
+    n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70000)))
+    return dict(N=n_q, N_k=n_k, d=d, M=draw(st.integers(8 * d + 10, 4_000_000)), batch=draw(st.integers(1, 4)),
+                heads=draw(st.integers(1, 16)), causal=draw(st.booleans()), mask=draw(st.booleans()),
+                dropout_p=draw(st.sampled_from([0.0, 0.3])), dtype=draw(st.sampled_from(["float16", "float32"])))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=200, deadline=None)
+@given(c=count_cases())
+def test_backward_count_equals_exact_prediction(algorithm, c):
+    try:
+        r = iosim.count(algorithm, pass_="bwd", **c)
+    except iosim.BlockSizeError:  # M below this shape's smallest backward working set
+        assert c["M"] < smallest_M(algorithm, c["N"], c["N_k"], c["d"], c["mask"], passes=("bwd",))
+        return
+    pred = iosim.predict(algorithm, pass_="bwd", **c)
+    assert pred.tiling == r.tiling
+    assert r.traffic == pred.exact, f"{algorithm} {c}: {r.traffic} != {pred.exact}"
+    assert r.traffic.peak_sram <= r.M
+
+
+@st.composite
+def gradient_cases(draw):
+    n_q = draw(st.sampled_from([1, 2, 17, 113, 239]))
+    n_k = draw(st.sampled_from([1, 3, 64, 113, 239]))
+    d = draw(st.sampled_from([1, 5, 16, 33]))
+    masked = draw(st.booleans())
+    return dict(
+        n_q=n_q, n_k=n_k, d=d, masked=masked, M_extra=draw(st.integers(0, 20 * (n_q + n_k) * d)),
+        batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)), causal=draw(st.booleans()),
+        scale=draw(st.sampled_from([None, 0.37, -1.5])), dropout_p=draw(st.sampled_from([0.0, 0.0, 0.25, 0.9])),
+        seed=draw(st.integers(0, 2**64 - 1)),
+    )
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=gradient_cases())
+def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
+    rng = np.random.default_rng(c["seed"] % 2**32)
+    q, k, v = random_qkv(rng, c["batch"], c["heads"], c["n_q"], c["n_k"], c["d"])
+    do = rng.standard_normal(q.shape)
+    mask = rng.random((c["heads"], c["n_q"], c["n_k"])) > 0.3 if c["masked"] else None
+    M = smallest_M(algorithm, c["n_q"], c["n_k"], c["d"], c["masked"]) + c["M_extra"]
+    opts = dict(causal=c["causal"], mask=mask, scale=c["scale"], dropout_p=c["dropout_p"], seed=c["seed"])
+    g = iosim.gradients(algorithm, q, k, v, do, M=M, **opts)
+    ref = iosim.attention_backward_ref(q, k, v, do, **opts)
+    for name, x, r in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref):
+        assert x.shape == r.shape
+        err = relative_error(x, r)
+        assert err <= TOL, f"{algorithm} {c} blocks {g.tiling}: {name} relative error {err:.3e} > {TOL}"
+    shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], M=M, batch=c["batch"], heads=c["heads"], causal=c["causal"],
+                 mask=c["masked"], dropout_p=c["dropout_p"])
+    counted = iosim.count(algorithm, pass_="bwd", **shape)
+    assert counted.tiling == g.tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
+    assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
+    assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
+    assert g.forward_traffic == iosim.predict(algorithm, **shape).exact
+
+
+def central_differences(f, x, eps=1e-6):
+    """∂f/∂x by central differences, one element at a time."""
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        up, down = x.copy(), x.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        grad[idx] = (f(up) - f(down)) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("n_q, n_k, d, causal, masked, dropout_p", [
+    (1, 1, 1, False, False, 0.0), (3, 5, 2, True, False, 0.0), (5, 3, 3, True, True, 0.0), (4, 4, 2, False, True, 0.5),
+])
+def test_gradients_match_finite_differences(algorithm, n_q, n_k, d, causal, masked, dropout_p):
+    rng = np.random.default_rng(n_q * 100 + n_k * 10 + d)
+    q, k, v = random_qkv(rng, 1, 2, n_q, n_k, d)
+    do = rng.standard_normal(q.shape)
+    mask = rng.random((n_q, n_k)) > 0.4 if masked else None
+    opts = dict(causal=causal, mask=mask, dropout_p=dropout_p, seed=11)
+
+    def loss(q_, k_, v_):  # ⟨dO, O⟩, whose gradient in q, k, v is what the backward pass returns
+        return float(np.sum(do * iosim.attention_ref(q_, k_, v_, **opts).out))
+
+    M = smallest_M(algorithm, n_q, n_k, d, masked) + 50
+    g = iosim.gradients(algorithm, q, k, v, do, M=M, **opts)
+    numeric = (central_differences(lambda x: loss(x, k, v), q), central_differences(lambda x: loss(q, x, v), k),
+               central_differences(lambda x: loss(q, k, x), v))
+    for name, x, fd in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), numeric):
+        err = relative_error(x, fd)
+        assert err <= 1e-7, f"{algorithm}: {name} differs from central differences by {err:.3e}"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_fully_masked_rows_get_zero_gradients(algorithm):
+    # causal with N_q > N_k: the first N_q − N_k query rows see no key (bottom-right alignment);
+    # an explicit mask hides every key from row 33 as well
+    rng = np.random.default_rng(5)
+    q, k, v = random_qkv(rng, 1, 1, 40, 10, 8)
+    do = rng.standard_normal(q.shape)
+    mask = np.ones((40, 10), dtype=bool)
+    mask[33] = False
+    g = iosim.gradients(algorithm, q, k, v, do, M=3000, causal=True, mask=mask, dropout_p=0.2)
+    assert np.all(g.dq[..., :30, :] == 0.0) and np.all(g.dq[..., 33, :] == 0.0)
+    for name, x in (("dq", g.dq), ("dk", g.dk), ("dv", g.dv)):
+        assert np.isfinite(x).all(), f"{algorithm}: {name} has non-finite entries"
+    ref = iosim.attention_backward_ref(q, k, v, do, causal=True, mask=mask, dropout_p=0.2)
+    assert max(relative_error(x, r) for x, r in zip((g.dq, g.dk, g.dv), ref)) <= TOL
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
+    rng = np.random.default_rng(2)
+    q, k, v = random_qkv(rng, 1, 1, 300, 300, 16)
+    g = iosim.gradients(algorithm, q, k, v, rng.standard_normal(q.shape), M=4000)
+    backward = iosim.ALGORITHMS[algorithm].backward
+    assert g.traffic.peak_sram <= 4000 and g.forward_traffic.peak_sram <= 4000
+    assert backward.working_set(g.problem, g.tiling, 4000) <= 4000
+    assert g.tiling != g.forward_tiling or algorithm == "standard", "flash backward holds more per tile"
+
+
+def test_a_pass_the_algorithm_lacks_is_refused():
+    toy = iosim.Algorithm(name="toy-no-backward", run=iosim.ALGORITHMS["flash"].run,
+                          tensors=iosim.ALGORITHMS["flash"].tensors, outer="Bc",
+                          working_set=iosim.ALGORITHMS["flash"].working_set,
+                          traffic=iosim.ALGORITHMS["flash"].traffic, paper_form=iosim.ALGORITHMS["flash"].paper_form,
+                          paper_label="")
+    with pytest.raises(iosim.InputError, match="toy-no-backward.*no backward pass"):
+        iosim.count(toy, N=16, d=4, M=2000, pass_="bwd")
+    q = np.ones((1, 1, 4, 2))
+    with pytest.raises(iosim.InputError, match="no backward pass"):
+        iosim.gradients(toy, q, q, q, q, M=2000)
+    with pytest.raises(iosim.InputError, match=r"pass_='backward' is not one of \['fwd', 'bwd'\]"):
+        iosim.predict("flash", N=16, d=4, M=2000, pass_="backward")
+
+
+@pytest.mark.parametrize("bad", [(1, 1, 4, 3), (1, 1, 5, 2), (1, 4, 2), (2, 1, 4, 2)])
+def test_dO_of_the_wrong_shape_is_refused(bad):
+    q = np.ones((1, 1, 4, 2))
+    with pytest.raises(iosim.InputError, match=r"do must have shape \(1, 1, 4, 2\)"):
+        iosim.gradients("flash", q, q, q, np.ones(bad), M=2000)

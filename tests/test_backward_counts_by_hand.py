@@ -1,0 +1,150 @@
+"""HBM traffic and peak SRAM of every backward pass on tiny shapes, derived by hand.
+
+The random tests hold the simulator equal to the closed forms; here each number is
+derived from the algorithm's definition (seed 003 Alg. 4, the paper's Alg. 3, and the
+buffers each backward module's docstring lists), written as arithmetic a reader can
+check, and both the count-only simulator and the prediction must equal it.
+
+Conventions as in tests/test_counts_by_hand.py: elements summed over batch·heads, peak
+SRAM of one head, causal masking bottom-right aligned, a pair the causal mask hides
+entirely skipped by flash and flash-swapped, never by standard; dropout moves nothing.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+
+import iosim
+
+BIG_M = 10**6  # the counts do not depend on M once the tiling fits
+
+
+@dataclass(frozen=True)
+class Hand:
+    id: str
+    algorithm: str
+    Br: int
+    Bc: int
+    shape: dict  # N, N_k, d, M, and optionally batch, heads, causal, mask, dropout_p
+    reads: dict[str, int]
+    writes: dict[str, int]
+    peak: int
+
+
+CASES = [
+    # ------------------------------------------------------------------ flash (Alg. 4) ----
+    # K/V blocks outer (line 6), Q blocks inner (line 9). Line 5 writes dQ, dK, dV = 0;
+    # line 10 reads Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i and line 21 writes dQ_i per visited pair;
+    # line 24 writes dK_j, dV_j once. On chip: K_j, V_j, dK_j, dV_j (B_c·d each), Q_i, O_i,
+    # dO_i, dQ_i (B_r·d each), S_ij, dP_ij (B_r·B_c each), ℓ_i, m_i, D_i (B_r each) [+ mask].
+    #
+    # N_q = N_k = 10, d = 4, B_r = 4, B_c = 3: query blocks 4, 4, 2, key blocks 3, 3, 3, 1
+    # (T_c = 4). Every key block meets every query block: T_c·N_q = 40 query rows.
+    Hand("flash-ragged", "flash", 4, 3, dict(N=10, d=4, M=BIG_M),
+         reads={
+             "K": 10 * 4, "V": 10 * 4,  # line 7: once each, N_k·d
+             "Q": 40 * 4, "O": 40 * 4, "dO": 40 * 4, "dQ": 40 * 4,  # line 10: T_c·N_q·d each
+             "l": 40, "m": 40,  # line 10: T_c·N_q each
+         },
+         writes={
+             "dQ": 10 * 4 + 40 * 4,  # line 5 (N_q·d) + line 21 per pair (T_c·N_q·d)
+             "dK": 10 * 4 + 10 * 4, "dV": 10 * 4 + 10 * 4,  # line 5 + line 24, N_k·d each
+         },
+         # 4·(3·4) + 4·(4·4) + 2·(4·3) + 3·4 = 48 + 64 + 24 + 12
+         peak=4 * 3 * 4 + 4 * 4 * 4 + 2 * 4 * 3 + 3 * 4),
+    # Causal and an explicit mask, same blocks: as in the forward's hand case, key blocks 0–3
+    # meet 10, 10, 6 and 2 query rows (28 in all, 9 of the 12 pairs) and the visited mask
+    # tiles hold 10·3 + 10·3 + 6·3 + 2·1 = 80 elements.
+    Hand("flash-causal-mask", "flash", 4, 3, dict(N=10, d=4, M=BIG_M, causal=True, mask=True),
+         reads={
+             "K": 10 * 4, "V": 10 * 4,  # every key block is met (the last row sees every key)
+             "Q": 28 * 4, "O": 28 * 4, "dO": 28 * 4, "dQ": 28 * 4,  # per visited pair
+             "l": 28, "m": 28,
+             "mask": 10 * 3 + 10 * 3 + 6 * 3 + 2 * 1,  # the visited tiles, once each
+         },
+         writes={"dQ": 10 * 4 + 28 * 4, "dK": 2 * 10 * 4, "dV": 2 * 10 * 4},
+         # pair (0, 0) is visited at full size: the working set above plus the 4·3 mask tile
+         peak=4 * 3 * 4 + 4 * 4 * 4 + 2 * 4 * 3 + 3 * 4 + 4 * 3),
+    # ------------------------------------------------------ flash-swapped (FlashAttention-2) ----
+    # First pass per query block: reads O_i, dO_i, ℓ_i, m_i, writes D_i, L_i and dQ_i = 0.
+    # Main pass, K/V blocks outer: K_j, V_j read once, dK_j, dV_j written once; per visited
+    # pair Q_i, dO_i, dQ_i, L_i, D_i read and dQ_i written. On chip, first pass: O_i, dO_i
+    # (B_r·d each), ℓ_i, m_i, D_i, L_i (B_r each); main pass: K_j, V_j, dK_j, dV_j (B_c·d
+    # each), Q_i, dO_i, dQ_i (B_r·d each), S_ij, dP_ij (B_r·B_c each), L_i, D_i (B_r each).
+    #
+    # Same shape and blocks as flash-ragged: 40 visited query rows.
+    Hand("swapped-ragged", "flash-swapped", 4, 3, dict(N=10, d=4, M=BIG_M),
+         reads={
+             "O": 10 * 4, "l": 10, "m": 10,  # first pass, N_q·d and N_q
+             "dO": 10 * 4 + 40 * 4,  # first pass + per pair
+             "K": 10 * 4, "V": 10 * 4,
+             "Q": 40 * 4, "dQ": 40 * 4, "L": 40, "D": 40,  # per pair
+         },
+         writes={"D": 10, "L": 10, "dQ": 10 * 4 + 40 * 4, "dK": 10 * 4, "dV": 10 * 4},
+         # main pass: 4·(3·4) + 3·(4·4) + 2·(4·3) + 2·4 = 48 + 48 + 24 + 8 = 128, above the
+         # first pass's 2·(4·4) + 4·4 = 48
+         peak=4 * 3 * 4 + 3 * 4 * 4 + 2 * 4 * 3 + 2 * 4),
+    # Causal with N_q = 7 > N_k = 3, d = 4, B_r = 4, B_c = 3: query blocks 4, 3, one key block.
+    # Rows 0–3 see no key, so only pair (1, 0) is visited, with 3 query rows. The first pass
+    # still covers all 7 rows: their D, L and dQ = 0 are written.
+    Hand("swapped-causal-Nq>Nk", "flash-swapped", 4, 3, dict(N=7, N_k=3, d=4, M=BIG_M, causal=True),
+         reads={
+             "O": 7 * 4, "l": 7, "m": 7,  # first pass
+             "dO": 7 * 4 + 3 * 4,  # first pass + pair (1, 0)
+             "K": 3 * 4, "V": 3 * 4,
+             "Q": 3 * 4, "dQ": 3 * 4, "L": 3, "D": 3,  # pair (1, 0)
+         },
+         writes={"D": 7, "L": 7, "dQ": 7 * 4 + 3 * 4, "dK": 3 * 4, "dV": 3 * 4},
+         # pair (1, 0) at 3 × 3: 4·(3·4) + 3·(3·4) + 2·(3·3) + 2·3 = 48 + 36 + 18 + 6 = 108,
+         # above the first pass's 2·(4·4) + 4·4 = 48 for the full query block
+         peak=4 * 3 * 4 + 3 * 3 * 4 + 2 * 3 * 3 + 2 * 3),
+    # --------------------------------------------------------------- standard (Alg. 3) ----
+    # Five steps, every tile visited: (1) dV_j on chip, P_ij and dO_i stream: P once, dO once
+    # per key block; (2) dO_i once, V_j per query block, dP written; (3) O_i, dO_i once, then
+    # P and dP read and dS written; (4) dS read, K_j per query block, dQ written; (5) dS read,
+    # Q_i per key block, dK written.
+    #
+    # N_q = 5, N_k = 7, d = 2, B_r = 2, B_c = 3: query blocks 2, 2, 1 (T_r = 3), key blocks
+    # 3, 3, 1 (T_c = 3); batch 2, dropout 0.3: per-head counts times bh = 2.
+    Hand("standard-dropout-bh2", "standard", 2, 3, dict(N=5, N_k=7, d=2, M=BIG_M, batch=2, dropout_p=0.3),
+         reads={
+             "P": 2 * (2 * 5 * 7),  # steps 1 and 3, N_q·N_k each
+             "dO": 2 * (3 * 5 * 2 + 5 * 2 + 5 * 2),  # step 1 T_c·N_q·d, steps 2 and 3 N_q·d
+             "V": 2 * (3 * 7 * 2), "K": 2 * (3 * 7 * 2),  # steps 2 and 4, T_r·N_k·d each
+             "Q": 2 * (3 * 5 * 2),  # step 5, T_c·N_q·d
+             "O": 2 * (5 * 2),  # step 3
+             "dP": 2 * (5 * 7), "dS": 2 * (2 * 5 * 7),  # step 3; steps 4 and 5
+         },
+         writes={"dV": 2 * (7 * 2), "dP": 2 * (5 * 7), "dS": 2 * (5 * 7), "dQ": 2 * (5 * 2), "dK": 2 * (7 * 2)},
+         # streaming steps: B_r·d + B_c·d + B_r·B_c = 4 + 6 + 6 = 16, above step 3's
+         # 2·B_r·d + B_r = 10 and B_r + 2·B_r·B_c = 14
+         peak=2 * 2 + 3 * 2 + 2 * 3),
+]
+
+IDS = [c.id for c in CASES]
+
+
+def test_every_backward_pass_is_pinned():
+    assert {c.algorithm for c in CASES} == {a.name for a in iosim.ALGORITHMS.values() if a.backward is not None}
+
+
+def assert_counts_equal_hand(case: Hand, counts, source: str):
+    for name in dict.fromkeys([*case.reads, *case.writes]):
+        t = counts.tensor(name)
+        want = (case.reads.get(name, 0), case.writes.get(name, 0))
+        assert (t.reads, t.writes) == want, f"{case.id} {source}: {name} reads, writes = {t.reads}, {t.writes}; " \
+                                            f"by hand {want}"
+    by_hand = (sum(case.reads.values()), sum(case.writes.values()))
+    assert (counts.reads, counts.writes) == by_hand, f"{case.id} {source}: totals {counts.reads}, {counts.writes}; " \
+                                                     f"by hand {by_hand}"
+    assert counts.peak_sram == case.peak, f"{case.id} {source}: peak SRAM {counts.peak_sram}, by hand {case.peak}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_backward_count_and_prediction_equal_hand(case):
+    tiling = iosim.Tiling(Br=case.Br, Bc=case.Bc)
+    r = iosim.count(case.algorithm, pass_="bwd", tiling=tiling, **case.shape)
+    assert r.tiling == tiling
+    assert_counts_equal_hand(case, r.traffic, "count")
+    p = iosim.predict(case.algorithm, pass_="bwd", tiling=tiling, **case.shape)
+    assert_counts_equal_hand(case, p.exact, "predict")

@@ -1,0 +1,71 @@
+"""GPU presets: M from the SM's shared memory, the roofline time, and the sweep columns they add."""
+
+import dataclasses
+import json
+
+import pytest
+
+import iosim
+from iosim.cli import build_parser, main, run
+from iosim.flops import Flops
+from iosim.gpus import GPUS, Spec, roofline
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_every_number_of_a_preset_names_its_source(name):
+    gpu = GPUS[name]
+    specs = [getattr(gpu, f.name) for f in dataclasses.fields(gpu) if f.name != "name"]
+    for spec in specs:
+        assert spec is None or (isinstance(spec, Spec) and spec.value > 0 and len(spec.source) > 10), (name, spec)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gpu.name = "other"
+
+
+@pytest.mark.parametrize("dtype, M", [("float16", 164 * 1024 // 2), ("float32", 164 * 1024 // 4)])
+def test_the_preset_sets_M_in_elements_of_the_dtype(dtype, M):
+    (row,) = run(parse("sweep", "--gpu", "a100", "--dtype", dtype, "--N", "2048", "--d", "64", "--algo", "flash")).rows
+    assert row.M == M  # the A100's 164 KiB of shared memory per SM
+
+
+def test_an_M_that_fits_the_SM_wins_over_the_preset():
+    (row,) = run(parse("sweep", "--gpu", "h100", "--M", "50k", "--N", "2048", "--d", "64", "--algo", "flash")).rows
+    assert row.M == 50_000 and row.roofline.gpu == "H100"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--gpu", "t4", "--M", "100k"], "more than the T4's shared memory per SM (32,768 elements)"),
+    (["sweep", "--gpu", "v100"], "argument --gpu: invalid choice: 'v100'"),
+    (["sweep", "--gpu", "t4", "--dtype", "bfloat16", "--N", "1024"], "dtype='bfloat16' has no peak FLOP/s in the T4"),
+])
+def test_bad_preset_input_exits_2_with_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_roofline_time_is_the_larger_of_compute_and_memory_time():
+    gpu = GPUS["a100"]
+    # 312 TFLOP/s and 1,555 GB/s: 312e9 FLOPs take 1 ms, 1,555 MB takes 1 ms
+    assert roofline(gpu, "float16", 1555 * 10**6, Flops(matmul=2 * 312 * 10**9)).bound == "compute"
+    r = roofline(gpu, "float16", 2 * 1555 * 10**6, Flops(matmul=312 * 10**9))
+    assert r.bound == "memory" and r.seconds == pytest.approx(2e-3) and r.intensity == pytest.approx(312e9 / 3110e6)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
+def test_sweep_rows_and_records_carry_the_roofline(tmp_path, pass_):
+    path = tmp_path / "s.json"
+    rows = run(parse("sweep", "--gpu", "a100", "--pass", pass_, "--N", "1024", "--d", "64", "--batch", "4",
+                     "--json", str(path))).rows
+    for row, record in zip(rows, json.loads(path.read_text())):
+        compute = row.flops.matmul / 312e12
+        memory = row.counts.total_bytes / 1555e9
+        assert row.roofline.seconds == max(compute, memory)
+        assert record["roofline_s"] == row.roofline.seconds and record["bound"] == row.roofline.bound
+        assert record["matmul_flops"] == row.flops.matmul and record["gpu"] == "A100"
+        passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else ("fwd",)
+        shape = dict(N=1024, d=64, M=row.M, batch=4)
+        assert row.flops == sum((iosim.predict(row.algorithm, pass_=p, **shape).flops for p in passes), Flops())
