@@ -119,6 +119,27 @@ CASES = [
          # streaming steps: B_r·d + B_c·d + B_r·B_c = 4 + 6 + 6 = 16, above step 3's
          # 2·B_r·d + B_r = 10 and B_r + 2·B_r·B_c = 14
          peak=2 * 2 + 3 * 2 + 2 * 3),
+    # ------------------------------------------------------ standard-eager (autograd chain) ----
+    # (1) dP_drop = dO Vᵀ: dO once, V per query block; (2) dV = P_dropᵀ dO: P_drop once, dO per
+    # key block; (3) dropout: dP_drop and Z read, dP written; (4) softmax backward: P and dP read,
+    # dS written; (5) mask and (6) scale: dS read and written each; (7) dQ = dS K and
+    # (8) dK = dSᵀ Q: dS read twice, K per query block, Q per key block.
+    #
+    # Same shape as standard-dropout-bh2 but one head and causal: N_q·N_k = 35, T_r = T_c = 3.
+    # R = min(5, ⌊10⁶/15⌋) = 5 rows of P and dP: each read once by step 4.
+    Hand("eager-causal-dropout", "standard-eager", 2, 3, dict(N=5, N_k=7, d=2, M=BIG_M, causal=True, dropout_p=0.3),
+         reads={
+             "dO": 5 * 2 + 3 * 5 * 2,  # step 1 N_q·d, step 2 T_c·N_q·d
+             "V": 3 * 7 * 2,  # step 1, T_r·N_k·d
+             "P_drop": 35,  # step 2
+             "dP_drop": 35, "Z": 35,  # step 3
+             "P": 35, "dP": 35,  # step 4
+             "dS": 35 + 35 + 2 * 35,  # steps 5, 6, 7 and 8
+             "K": 3 * 7 * 2, "Q": 3 * 5 * 2,  # steps 7 and 8
+         },
+         writes={"dP_drop": 35, "dV": 7 * 2, "dP": 35, "dS": 3 * 35, "dQ": 5 * 2, "dK": 7 * 2},
+         # max(matmul steps: 2·2 + 3·2 + 2·3 = 16, steps 3 and 5: 2·(2·3) = 12, step 4: 5·(2·7 + 1) = 75)
+         peak=5 * (2 * 7 + 1)),
 ]
 
 IDS = [c.id for c in CASES]

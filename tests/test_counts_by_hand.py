@@ -237,6 +237,23 @@ CASES = [
          writes={"S": 2 * (7 * 3), "P": 2 * (7 * 3), "O": 2 * (7 * 4)},
          # max(step 1: Q_i (16) + K_j (12) + S_ij (12) = 40, step 2: 7·(3 + 2) = 35, step 3: 16 + 12 + 12 = 40)
          peak=4 * 4 + 3 * 4 + 4 * 3),
+    # ------------------------------------------------------ standard-eager (op by op) ----
+    # Six passes, every tile visited: (1) S = QKᵀ as Alg. 0 step 1; (2) scale: S read and
+    # written; (3) mask: S read and written; (4) softmax: S read, P written; (5) dropout: P
+    # read, P_drop and the one-byte keep-mask Z written; (6) O = P_drop V as Alg. 0 step 3.
+    #
+    # N_q = 5, N_k = 7, d = 2, B_r = 2, B_c = 3, causal, dropout 0.3: query blocks 2, 2, 1
+    # (T_r = 3), N_q·N_k = 35. R = min(5, ⌊10⁶/9⌋) = 5 rows: S read once by the softmax.
+    Hand("eager-causal-dropout", "standard-eager", 2, 3, dict(N=5, N_k=7, d=2, M=BIG_M, causal=True, dropout_p=0.3),
+         reads={
+             "Q": 5 * 2, "K": 3 * 7 * 2,  # step 1: N_q·d, T_r·N_k·d
+             "S": 3 * 35,  # steps 2, 3, 4
+             "P": 35,  # step 5
+             "P_drop": 35, "V": 3 * 7 * 2,  # step 6
+         },
+         writes={"S": 3 * 35, "P": 35, "P_drop": 35, "Z": 35, "O": 5 * 2},  # steps 1-3, 4, 5, 5, 6
+         # max(steps 1, 6: 2·2 + 3·2 + 2·3 = 16, steps 3, 5: 2·(2·3) = 12, step 4: 5·(7 + 2) = 45)
+         peak=5 * (7 + 2)),
 ]
 
 IDS = [c.id for c in CASES]

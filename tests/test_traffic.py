@@ -53,7 +53,8 @@ def test_numeric_and_count_only_modes_move_the_same_traffic(algorithm, n_q, n_k,
     counted = iosim.count(algorithm, N=n_q, N_k=n_k, d=d, M=M, batch=2, mask=masked, causal=causal, dropout_p=0.1)
     assert numeric.tiling == counted.tiling
     assert numeric.traffic == counted.traffic, f"{algorithm} blocks {numeric.tiling}"
-    assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked, causal=causal)
+    assert_matches_prediction(algorithm, numeric, N=n_q, N_k=n_k, d=d, batch=2, mask=masked, causal=causal,
+                              dropout_p=0.1)
 
 
 def test_flash_counts_by_hand():

@@ -28,15 +28,19 @@ from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.visits import Visits, visits
 
 TENSORS = (OUTPUT, *STATISTICS)
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run Alg. 2 on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
+    run_on(mem, pb, tiling, visits(pb, tiling, skips_hidden=True))
+
+
+def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
+    """Alg. 2 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
     d = pb.shape.d
-    tiles = visits(pb, tiling, skips_hidden=True)
 
     # line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM
     for _, rows in mem.loop(tiles.q.all()):
@@ -92,8 +96,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     Without a causal skip, Σ b_i = T_c·N_q and Σ b_i·b_j = N_q·N_k. The peak is the
     largest working set among the visited tiles, or line 3's one B_r × d tile.
     """
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
-    tiles = visits(pb, tiling, skips_hidden=True)
+    return traffic_on(pb, tiling, M, visits(pb, tiling, skips_hidden=True))
+
+
+def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
+    """The counts of ``run_on`` over ``tiles``: K_j, V_j read for each key block of the outer loop."""
+    n_q, d = pb.shape.n_q, pb.shape.d
+    n_k = sum(size * n for size, n in tiles.key_blocks().sizes().items())  # key rows loaded: N_k when dense
     pairs = tiles.pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
     reads = {
@@ -113,7 +122,12 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """Two B_r × B_c × d products and B_r·B_c + 2·B_r exponentials per visited tile."""
-    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    return flops_on(pb, visits(pb, tiling, skips_hidden=True))
+
+
+def flops_on(pb: Problem, tiles: Visits) -> Flops:
+    """The arithmetic of ``run_on`` over ``tiles``."""
+    pairs = tiles.pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
     rows = sum(b_i * n for b_i, _, n in pairs)
     return Flops(matmul=4 * pb.shape.d * area, exp=area + 2 * rows).scaled(pb.shape.bh)

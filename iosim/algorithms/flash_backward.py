@@ -27,15 +27,19 @@ from iosim.flops import Flops, matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.visits import Visits, visits
 
 TENSORS = (*saved(OUTPUT, *STATISTICS), DOUT, *GRADIENTS)
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run Alg. 4 on Q, K, V, O, ℓ, m, dO (and mask) in ``mem``; leaves dQ, dK, dV in HBM."""
+    run_on(mem, pb, tiling, visits(pb, tiling, skips_hidden=True))
+
+
+def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
+    """Alg. 4 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
     d, tau = pb.shape.d, pb.tau
-    tiles = visits(pb, tiling, skips_hidden=True)
 
     # line 5: initialize dQ = (0), dK = (0), dV = (0) in HBM
     for _, rows in mem.loop(tiles.q.all()):
@@ -91,18 +95,23 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     Without a causal skip, Σ b_i = T_c·N_q. The peak is the largest working set among
     the visited tiles, or one of line 5's zero tiles (B_r × d, B_c × d).
     """
+    return traffic_on(pb, tiling, M, visits(pb, tiling, skips_hidden=True))
+
+
+def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
+    """The counts of ``run_on`` over ``tiles``: lines 7 and 24 for each key block of the outer loop."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
-    tiles = visits(pb, tiling, skips_hidden=True)
+    outer = sum(size * n for size, n in tiles.key_blocks().sizes().items())  # key rows loaded: N_k when dense
     pairs = tiles.pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
     reads = {
-        "K": n_k * d, "V": n_k * d,  # line 7: once each
+        "K": outer * d, "V": outer * d,  # line 7: once each
         "Q": rows * d, "O": rows * d, "dO": rows * d, "dQ": rows * d,  # line 10, per visited tile
         "l": rows, "m": rows,
     }
     writes = {
         "dQ": n_q * d + rows * d,  # line 5's zeros, then line 21 per visited tile
-        "dK": 2 * n_k * d, "dV": 2 * n_k * d,  # line 5's zeros, then line 24 once
+        "dK": n_k * d + outer * d, "dV": n_k * d + outer * d,  # line 5's zeros, then line 24 once
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
@@ -113,7 +122,12 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """Five B_r × B_c × d products (S_ij recomputed, dV_j, dP_ij, dQ_i, dK_j) and B_r·B_c exps per visited tile."""
-    pairs = visits(pb, tiling, skips_hidden=True).pairs()
+    return flops_on(pb, visits(pb, tiling, skips_hidden=True))
+
+
+def flops_on(pb: Problem, tiles: Visits) -> Flops:
+    """The arithmetic of ``run_on`` over ``tiles``."""
+    pairs = tiles.pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
     return Flops(matmul=10 * pb.shape.d * area, exp=area).scaled(pb.shape.bh)
 

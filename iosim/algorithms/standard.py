@@ -66,9 +66,9 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     # Alg. 0 line 2: read S, compute P = softmax(S), write P to HBM
     R = softmax_rows(mem.M, pb.shape.n_q, pb.shape.n_k)
     if R >= 1:
-        _softmax_whole_rows(mem, pb, R)
+        softmax_whole_rows(mem, pb, R)
     else:
-        _softmax_two_pass(mem, pb, tiles)
+        softmax_two_pass(mem, pb, tiles)
 
     # Alg. 0 line 3: load P and V by blocks, compute O = PV, write O to HBM
     for i, rows in mem.loop(tiles.query_blocks()):
@@ -83,7 +83,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         mem.free(O_i)
 
 
-def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
+def softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
     """Step 2 with R full rows of S on chip: S is read once."""
     for _, rows in mem.loop(Axis(pb.shape.n_q, R).all()):
         S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
@@ -98,7 +98,7 @@ def _softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
         mem.free(S_i, m_i, l_i)
 
 
-def _softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
+def softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
     """Step 2 when no row fits: online max and sum, then normalize; S is read twice."""
     for i, rows in mem.loop(tiles.query_blocks()):
         br = rows.stop - rows.start

@@ -1,0 +1,182 @@
+"""Standard attention as PyTorch runs it eagerly: one kernel, one full pass over HBM, per op.
+
+The forward of a GPT-2-style attention written op by op (``w = q @ k.T``,
+``w = w / sqrt(d)``, the mask, ``softmax``, ``dropout``, ``w @ v``), each op reading
+its operands from HBM and writing its result back:
+
+1. S = Q Kᵀ: for each Q_i, K_j streams past and S_ij is written (as Alg. 0 step 1).
+2. S = τ·S: every tile of S read and written.
+3. S = MASK(S), when the problem is causal or has a mask: every tile of S read, with
+   the mask tile when there is one, and written. A causal mask is computed from indices.
+4. P = softmax(S): R whole rows at a time, or two passes on tiles (as Alg. 0 step 2).
+5. P_drop = P ∘ Z and the keep-mask Z (one byte per element), when dropout_p > 0:
+   every tile of P read, both written, as PyTorch's dropout saves its mask.
+6. O = P_drop V: O_i on chip while P_drop_ij (P without dropout) and V_j stream past.
+
+On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c);
+steps 2, 3, 5 one or two B_r × B_c tiles (S_ij and the mask tile; P_ij and Z_ij);
+step 4 as Alg. 0; step 6 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
+
+Deviations: each matmul is tiled like Alg. 0's (K and V re-read once per query block),
+not as cuBLAS tiles it; masked scores are −inf rather than GPT-2's −10⁴, so fully
+masked rows give 0 rather than a uniform average; the causal mask costs no reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithms import standard_eager_backward
+from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose
+from iosim.algorithms.standard import softmax_rows, softmax_two_pass, softmax_whole_rows
+from iosim.counts import Counts
+from iosim.flops import Flops, matmul
+from iosim.inputs import causal_keep
+from iosim.memory import Memory, Tile
+from iosim.problem import Problem
+from iosim.rng import dropout_tile
+from iosim.tiling import Tiling
+from iosim.visits import visits
+
+TENSORS = (
+    Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", "intermediate"),
+    Tensor("Z", "N_q", "N_k", "intermediate", "mask"), Tensor("P_drop", "N_q", "N_k", "intermediate"), OUTPUT,
+)
+
+
+def masks(pb: Problem) -> bool:
+    """Whether step 3 runs: a causal mask or an explicit one."""
+    return pb.causal or pb.has_mask
+
+
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
+    """Run the six eager ops on Q, K, V (and mask) in ``mem``; leaves S, P, Z, P_drop and O in HBM."""
+    d = pb.shape.d
+    tiles = visits(pb, tiling, skips_hidden=False)
+
+    for i, rows in mem.loop(tiles.query_blocks()):  # 1: S = Q Kᵀ
+        Q_i = mem.load("Q", rows)
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):
+            K_j = mem.load("K", cols)
+            S_ij = mem.alloc("S_ij", rows.stop - rows.start, cols.stop - cols.start)
+            mem.compute(matmul=matmul(S_ij.rows, d, S_ij.cols))
+            if mem.numeric:
+                S_ij.data = Q_i.data @ transpose(K_j.data)  # (bh, Br, Bc)
+            mem.store(S_ij, "S", rows, cols)
+            mem.free(K_j, S_ij)
+        mem.free(Q_i)
+
+    for i, rows in mem.loop(tiles.query_blocks()):  # 2: S = τ·S
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):
+            S_ij = mem.load("S", rows, cols, tile="S_ij")
+            if mem.numeric:
+                S_ij.data = pb.tau * S_ij.data
+            mem.store(S_ij, "S", rows, cols)
+            mem.free(S_ij)
+
+    if masks(pb):  # 3: S = MASK(S)
+        for i, rows in mem.loop(tiles.query_blocks()):
+            for _, cols in mem.loop(tiles.keys_seen_by(i)):
+                S_ij, mask_ij = mem.load("S", rows, cols, tile="S_ij"), load_mask(mem, pb, rows, cols)
+                if mem.numeric:
+                    S_ij.data = np.where(visible(pb, rows, cols, mask_ij), S_ij.data, -np.inf)
+                mem.store(S_ij, "S", rows, cols)
+                mem.free(S_ij)
+                if mask_ij is not None:
+                    mem.free(mask_ij)
+
+    R = softmax_rows(mem.M, pb.shape.n_q, pb.shape.n_k)  # 4: P = softmax(S)
+    if R >= 1:
+        softmax_whole_rows(mem, pb, R)
+    else:
+        softmax_two_pass(mem, pb, tiles)
+
+    if pb.dropout_p > 0:  # 5: P_drop = P ∘ Z, and Z saved
+        for i, rows in mem.loop(tiles.query_blocks()):
+            for _, cols in mem.loop(tiles.keys_seen_by(i)):
+                P_ij = mem.load("P", rows, cols, tile="P_ij")
+                Z_ij = mem.alloc("Z_ij", P_ij.rows, P_ij.cols)
+                if mem.numeric:
+                    Z_ij.data = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+                    P_ij.data = apply_dropout(pb, P_ij.data, rows, cols)
+                mem.store(P_ij, "P_drop", rows, cols)
+                mem.store(Z_ij, "Z", rows, cols)
+                mem.free(P_ij, Z_ij)
+
+    dropped = "P_drop" if pb.dropout_p > 0 else "P"
+    for i, rows in mem.loop(tiles.query_blocks()):  # 6: O = P_drop V
+        O_i = mem.alloc("O_i", rows.stop - rows.start, d, fill=0.0)
+        for _, cols in mem.loop(tiles.keys_seen_by(i)):
+            P_ij, V_j = mem.load(dropped, rows, cols, tile="P_ij"), mem.load("V", cols)
+            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, d))
+            if mem.numeric:
+                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
+            mem.free(P_ij, V_j)
+        mem.store(O_i, "O", rows)
+        mem.free(O_i)
+
+
+def visible(pb: Problem, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
+    """(bh, Br, Bc) booleans: the causal mask and the explicit mask's tile, combined."""
+    keep = np.ones((pb.shape.bh, rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
+    if pb.causal:
+        keep &= causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
+    if mask_ij is not None:
+        keep &= mask_ij.data > 0.5
+    return keep
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    Br, Bc = tiling.Br, tiling.Bc
+    matmuls = Br * d + Bc * d + Br * Bc  # steps 1 and 6
+    elementwise = 2 * Br * Bc  # steps 3 (S_ij, mask tile) and 5 (P_ij, Z_ij)
+    R = softmax_rows(M, n_q, n_k)
+    softmax = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # as Alg. 0 step 2
+    return max(matmuls, elementwise, softmax)
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts: each op's pass, every tile visited."""
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    area = n_q * n_k
+    cols = sum(b_j * n for _, b_j, n in visits(pb, tiling, skips_hidden=False).pairs())  # T_r·N_k
+    softmax_passes = 1 if softmax_rows(M, n_q, n_k) >= 1 else 2
+    masked = masks(pb)
+    dropout = pb.dropout_p > 0
+    reads = {
+        "Q": n_q * d, "K": cols * d, "V": cols * d,  # steps 1 and 6
+        "S": area + masked * area + softmax_passes * area,  # steps 2, 3, 4
+        "P": dropout * area + (not dropout) * area,  # step 5, or step 6 without dropout
+        "P_drop": dropout * area,  # step 6
+    }
+    writes = {
+        "S": area + area + masked * area,  # steps 1, 2, 3
+        "P": area, "P_drop": dropout * area, "Z": dropout * area, "O": n_q * d,
+    }
+    if pb.has_mask:
+        reads["mask"] = area  # step 3
+    return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
+
+
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """QKᵀ and P_drop·V over every tile, and the softmax's exponentials as in Alg. 0."""
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    if softmax_rows(M, n_q, n_k) >= 1:
+        exp = n_q * n_k
+    else:
+        exp = 2 * n_q * n_k + sum(b_i * n for b_i, _, n in visits(pb, tiling, skips_hidden=False).pairs())
+    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=exp).scaled(pb.shape.bh)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """Θ(Nd + N²), as for Alg. 0, with N² ↦ N_q·N_k and N ↦ N_q."""
+    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    return pb.shape.bh * (n_q * d + n_q * n_k)
+
+
+ALGORITHM = Algorithm(
+    name="standard-eager", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM, flops=flops,
+)
