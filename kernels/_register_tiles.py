@@ -34,7 +34,7 @@ from kernels import _device as dev
 VEC = 4  # floats per 128-bit shared-memory load (LDS.128)
 SHARED_ALIGN = 16  # bytes: shared tiles start where a 128-bit load may read
 BANK_WORDS = 32  # shared memory banks, 4 bytes each
-COPY_LANES = 16  # threads copying one tile row together: 16 consecutive floats, a 64-byte coalesced read
+COPY_LANES = 16  # threads copying one tile row together: 64 contiguous bytes per row (32 lanes per row spill at d = 64)
 INLINE = dev.inline_options()
 FULL_WARP = np.uint32(0xFFFFFFFF)  # every lane takes part in the shuffles: row reductions run warp-uniform
 ZERO = dev.ZERO
@@ -181,7 +181,7 @@ def tiles(layout: Layout) -> Tiles:
                         dst[r, c] = ZERO
 
     def tile_loader(R):
-        copy_rows = unrolled(load_tile_row, range(-(-R // ROW_STEP)))
+        ROW_PASSES = -(-R // ROW_STEP)
 
         @cuda.jit(device=True, **INLINE)
         def load(dst, src, row_start, n_valid, scale, cr, cc):
@@ -191,9 +191,13 @@ def tiles(layout: Layout) -> Tiles:
             of tile row 0. Thread (cr, cc) of the copy grid copies rows cr, cr + ROW_STEP, …
             and columns cc, cc + LANES, …: consecutive threads read consecutive elements, and
             the global index is unsigned (no negative-index fix-up) and a row base plus a
-            constant. Columns d … W − 1 are left alone (zero_padding clears them once).
+            constant. Columns d … W − 1 are left alone (zero_padding clears them once). The
+            ROW_PASSES loop is left to LLVM: unrolling it by hand puts every pass's loads
+            in flight at once and spills at d = 64.
             """
-            copy_rows(dst, src, np.uint64((row_start + cr) * D + cc), n_valid, scale, cr, cc)
+            first = np.uint64((row_start + cr) * D + cc)
+            for t in range(ROW_PASSES):
+                load_tile_row(t, dst, src, first, n_valid, scale, cr, cc)
 
         return load
 
