@@ -117,7 +117,8 @@ class Tiles(NamedTuple):
     load_row_tile: object  # (rows, W) tiles: Q_i forward, K_j and V_j backward
     load_col_tile: object  # (cols, W) tiles: K_j and V_j forward, Q_i and dO_i backward
     zero_padding: object
-    store_acc: object
+    store_acc: object  # dst = scale · acc, dst in the input dtype
+    add_acc: object  # dst += scale · acc atomically, dst float32; apart, so no atomic is typed for a float16 dst
     load_vector: object
     rows_dot_rows: object
     rows_dot_cols: object
@@ -151,6 +152,16 @@ def _then(before, step, start):
         step(start, *args)
 
     return f
+
+
+@cuda.jit(device=True, **INLINE)
+def assign(dst, i, x):
+    dst[i] = x
+
+
+@cuda.jit(device=True, **INLINE)
+def atomic_add(dst, i, x):
+    cuda.atomic.add(dst, i, x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -208,24 +219,24 @@ def tiles(layout: Layout) -> Tiles:
             for c in range(D + cc, W, LANES):
                 dst[r, c] = ZERO
 
-    @cuda.jit(device=True)
-    def store_acc(dst, acc, row_start, n_valid, scale, r0, tx, atomic):
-        """dst[(row_start + r0 + a)·d + e] = (or +=, atomically) scale · acc[a, 4g + w], e = 4(tx + TC·g) + w.
+    def acc_writer(put):
+        @cuda.jit(device=True)
+        def write(dst, acc, row_start, n_valid, scale, r0, tx):
+            """put(dst, (row_start + r0 + a)·d + e, scale · acc[a, 4g + w]), e = 4(tx + TC·g) + w.
 
-        Writes a thread's (TM, 4·G) accumulator slice to a flat HBM array, for tile rows
-        below n_valid and columns below d.
-        """
-        for a in range(TM):
-            if r0 + a < n_valid:
-                base = (row_start + r0 + a) * D
-                for g in range(G):
-                    for w in range(VEC):
-                        e = VEC * (tx + TC * g) + w
-                        if e < D:
-                            if atomic:
-                                cuda.atomic.add(dst, base + e, scale * acc[a, VEC * g + w])
-                            else:
-                                dst[base + e] = scale * acc[a, VEC * g + w]
+            Writes a thread's (TM, 4·G) accumulator slice to a flat HBM array, for tile rows
+            below n_valid and columns below d.
+            """
+            for a in range(TM):
+                if r0 + a < n_valid:
+                    base = (row_start + r0 + a) * D
+                    for g in range(G):
+                        for w in range(VEC):
+                            e = VEC * (tx + TC * g) + w
+                            if e < D:
+                                put(dst, base + e, scale * acc[a, VEC * g + w])
+
+        return write
 
     @cuda.jit(device=True)
     def load_vector(dst, src, start, n_valid, scale, fill):
@@ -336,4 +347,5 @@ def tiles(layout: Layout) -> Tiles:
             vals[a] = x
         cuda.syncthreads()
 
-    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, store_acc, load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)
+    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, acc_writer(assign), acc_writer(atomic_add),
+                 load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)
