@@ -77,6 +77,9 @@ class Algorithm:
     baseline: bool = False  # the algorithm the others are compared with
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
     flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
+    # True when the backward pass must run on the forward's tiles (a block mask is defined on them): a
+    # training step then uses the backward's tiling for both passes, which fits the forward's smaller working set
+    shares_tiling: bool = False
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

@@ -77,7 +77,7 @@ def pass_of(algorithm, pass_: str) -> Algorithm:
     return algo.backward
 
 
-def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype) -> Problem:
+def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype, block_sparsity=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data."""
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
@@ -88,7 +88,7 @@ def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dt
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
                              f"explicit mask is read); simulate takes the boolean mask array")
     return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
-                   dropout_p=dropout_p, seed=seed, dtype=dtype)
+                   dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=block_sparsity)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False) -> int:
@@ -130,7 +130,8 @@ def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None
     return SimResult(**result)
 
 
-def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> tuple[Problem, dict]:
+def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None
+                   ) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
@@ -140,7 +141,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> t
     full_mask = check_mask(mask, shape)
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None,
-                 dropout_p=dropout_p, seed=seed, dtype=dtype)
+                 dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=block_sparsity)
     data = {"Q": np.asarray(q), "K": np.asarray(k), "V": np.asarray(v)}
     if full_mask is not None:
         data["mask"] = full_mask
@@ -148,14 +149,16 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> t
 
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-             block_policy="fit", tiling=None, dtype="float16") -> SimResult:
+             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, heads, N_k, d).
 
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
+    ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
+    block-sparse algorithms; the others ignore it.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype)
+                              dtype=dtype, block_sparsity=block_sparsity)
     result = _execute(algorithm, pb, M, block_policy, tiling, data)
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
         warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
@@ -164,24 +167,25 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> SimResult:
+          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
     ``pass_="bwd"`` counts the backward pass alone.
     """
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
-                        dtype=dtype)
+                        dtype=dtype, block_sparsity=block_sparsity)
     return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-            block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> PredictResult:
+            block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone.
     """
-    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype)
+    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype,
+                        block_sparsity=block_sparsity)
     algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
     return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
                          algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)

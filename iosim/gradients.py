@@ -40,26 +40,27 @@ class GradResult:
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-              block_policy="fit", dtype="float16") -> GradResult:
+              block_policy="fit", dtype="float16", block_sparsity=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
     float64; the dropout mask of the backward pass is regenerated from ``seed``.
-    Rows that see no key get zero gradients.
+    Rows that see no key get zero gradients. An algorithm whose backward pass must run on
+    the forward's tiles (``Algorithm.shares_tiling``, block-sparse) runs both passes on
+    the backward's tiling.
     """
     forward = get_algorithm(algorithm)
     backward = pass_of(forward, "bwd")
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype)
+                              dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
 
-    forward, M, forward_tiling = _tiled(forward, pb, M, block_policy, None)
+    _, M, tiling = _tiled(backward, pb, M, block_policy, None)
+    forward_tiling = choose_tiling(forward, pb, M, block_policy, tiling if forward.shares_tiling else None)
     fwd = new_memory(forward, pb, M, data)
     forward.run(fwd, pb, forward_tiling)
     forward_traffic = fwd.counts()
-
-    tiling = choose_tiling(backward, pb, M, block_policy)
     saved = {name: fwd.tensor(name) for name in backward.saved_inputs() if name != "dO"}
     bwd = new_memory(backward, pb, M, {**data, **saved, "dO": np.asarray(do)})
     backward.run(bwd, pb, tiling)

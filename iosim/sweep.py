@@ -22,6 +22,7 @@ from iosim.errors import BlockSizeError, InputError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
+from iosim.registry import get_algorithm
 from iosim.tiling import Tiling
 from iosim.units import parse_size
 
@@ -125,6 +126,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                   dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_)
     try:
+        if len(passes) == 2 and get_algorithm(algorithm).shares_tiling:  # one tiling for both passes
+            options["tiling"] = predict(algorithm, pass_="bwd", **options).tiling
         measured = [count(algorithm, pass_=p, **options) for p in passes]
         preds = [predict(algorithm, pass_=p, **options) for p in passes]
     except BlockSizeError as err:
