@@ -29,6 +29,7 @@ from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.rng import check_seed
+from iosim.sparsity import PATTERNS, BlockSparsity, element_mask
 from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, check_output_path, rank_by_traffic, \
     run_sweep, sweep_configs
 from iosim.tiling import POLICIES
@@ -83,6 +84,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d)")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
                    help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="block-sparse algorithms: the fraction of nonzero tiles in (0, 1] (default: dense)")
+    p.add_argument("--sparsity-pattern", choices=PATTERNS, default="random",
+                   help="random, local (banded) or strided block mask (default random)")
+    p.add_argument("--sparsity-seed", type=_seed, default=0, help="seed of a random block mask")
     p.add_argument("--json", metavar="PATH", help="save the results as JSON")
     p.add_argument("--csv", metavar="PATH", help="save the results as CSV")
 
@@ -143,6 +149,11 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     ``on_simulated`` sees a run's result before the reference check starts.
     """
     M = resolve_M(args.M, args.gpu, args.dtype)
+    sparsity = None if args.sparsity is None else BlockSparsity(args.sparsity, args.sparsity_pattern,
+                                                                args.sparsity_seed)
+    if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].block_sparse:
+        raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.block_sparse]}")
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
         for algo in args.algo if args.command == "sweep" else [args.algo]:
             pass_of(algo, "bwd")
@@ -153,11 +164,11 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         try:
             rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                             pass_=args.pass_, gpu=args.gpu)
+                             pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
         finally:
             writer.close()
         return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
-    return _run_one(args, M, on_simulated)
+    return _run_one(args, M, on_simulated, sparsity)
 
 
 def available_memory() -> int | None:
@@ -171,7 +182,7 @@ def available_memory() -> int | None:
     return None
 
 
-def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
+def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSparsity | None) -> RunOutcome:
     json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     n_k = args.N_k or args.N
     shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads)
@@ -188,7 +199,7 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
     k, v = (rng.standard_normal((args.batch, args.heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
-    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
+    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity, **options)
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -205,6 +216,8 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
                          f"finite; allowed: a scale that keeps |tau·q·k| below 1.8e308")
     if on_simulated:
         on_simulated(result)
+    if sparsity is not None:  # the reference masks out every element of a zero tile
+        options["mask"] = element_mask(sparsity, result.tiling, args.N, n_k)
     err = rel = None
     if not args.no_check and args.pass_ == "fwd":
         err, rel = check_against_reference(result.out, q, k, v, **options)
@@ -293,10 +306,13 @@ def _count_text(n: int) -> str:
     return str(n) if n < 10**6 else _eng(n)
 
 
-def _setting(first: SweepRow) -> str:
+def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({_bytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
                f"block policy {first.block_policy}"]
+    sparse = next((r for r in rows if r.sparsity is not None), None)
+    if sparse is not None:
+        options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
     if first.pass_ != "fwd":
@@ -313,7 +329,7 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
     if not rows:
         return
-    console.print(_setting(rows[0]))
+    console.print(_setting(rows[0], rows))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
     tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
         "" if r.backward_tiling is None else f", {r.backward_tiling.Br}×{r.backward_tiling.Bc}"))

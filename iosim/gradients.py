@@ -46,7 +46,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
     float64; the dropout mask of the backward pass is regenerated from ``seed``.
     Rows that see no key get zero gradients. An algorithm whose backward pass must run on
-    the forward's tiles (``Algorithm.shares_tiling``, block-sparse) runs both passes on
+    the forward's tiles (``Algorithm.block_sparse``, block-sparse) runs both passes on
     the backward's tiling.
     """
     forward = get_algorithm(algorithm)
@@ -57,7 +57,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     check_dout(do, pb.shape, "do")
 
     _, M, tiling = _tiled(backward, pb, M, block_policy, None)
-    forward_tiling = choose_tiling(forward, pb, M, block_policy, tiling if forward.shares_tiling else None)
+    forward_tiling = choose_tiling(forward, pb, M, block_policy, tiling if forward.block_sparse else None)
     fwd = new_memory(forward, pb, M, data)
     forward.run(fwd, pb, forward_tiling)
     forward_traffic = fwd.counts()

@@ -97,6 +97,12 @@ class BlockSparsity:
         return out.reshape(T_r, T_c)
 
 
+def element_mask(spec: BlockSparsity, tiling: Tiling, n_q: int, n_k: int) -> np.ndarray:
+    """(N_q, N_k) booleans: the elements of the nonzero tiles of ``spec`` on ``tiling``."""
+    blocks = spec.mask(-(-n_q // tiling.Br), -(-n_k // tiling.Bc))
+    return np.repeat(np.repeat(blocks, tiling.Br, axis=0), tiling.Bc, axis=1)[:n_q, :n_k]
+
+
 def reduce_element_mask(mask, tiling: Tiling) -> BlockSparsity:
     """The block mask of a boolean (N_q, N_k) element mask: a tile is nonzero where any element is True."""
     m = np.asarray(mask)
@@ -147,10 +153,6 @@ class SparseVisits:
     def pairs(self) -> list[tuple[int, int, int]]:
         """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
         return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
-
-    def fraction(self) -> float:
-        """The fraction of all tiles that are visited: the s of the paper's formula."""
-        return float(self.nonzero.mean())
 
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         return dict(self._pairs)

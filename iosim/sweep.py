@@ -23,6 +23,7 @@ from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
 from iosim.registry import get_algorithm
+from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 from iosim.units import parse_size
 
@@ -55,6 +56,8 @@ class SweepRow:
     status: str  # "ok", or why the configuration does not run
     pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
     backward_tiling: Tiling | None = None  # with "fwd+bwd", the backward pass's (``tiling`` is the forward's)
+    sparsity: float | None = None  # a block-sparse row's fraction of nonzero tiles; None when dense
+    sparsity_pattern: str | None = None
     flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
     roofline: Roofline | None = None  # with a GPU preset: the estimated time
 
@@ -106,27 +109,32 @@ class SweepRow:
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
-               "block_policy", "pass")
+               "block_policy", "pass", "sparsity", "sparsity_pattern")
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
-              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None) -> SweepRow:
+              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
+              block_sparsity: BlockSparsity | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling. ``gpu``
     names a preset (``iosim.gpus.GPUS``) whose roofline time the row carries.
+    ``block_sparsity`` is the block mask of the block-sparse algorithms; others ignore it.
     """
     preset = None if gpu is None else get_gpu(gpu)
     if pass_ not in PASSES:
         raise InputError(f"pass={pass_!r} is not one of {list(PASSES)}")
     passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else (pass_,)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
-                   dtype=dtype, block_policy=block_policy)
+                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                   dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_)
+    sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
+    config["sparsity"] = block_sparsity.sparsity if sparse else None
+    config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
     try:
-        if len(passes) == 2 and get_algorithm(algorithm).shares_tiling:  # one tiling for both passes
+        if len(passes) == 2 and get_algorithm(algorithm).block_sparse:  # one tiling for both passes
             options["tiling"] = predict(algorithm, pass_="bwd", **options).tiling
         measured = [count(algorithm, pass_=p, **options) for p in passes]
         preds = [predict(algorithm, pass_=p, **options) for p in passes]
@@ -194,7 +202,8 @@ class RecordWriter:
 
 def config_key(config: dict) -> tuple[str, ...]:
     """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
-    return tuple(str(config.get(name, CONFIG_DEFAULTS.get(name))) for name in CONFIG_KEYS)
+    values = (config.get(name, CONFIG_DEFAULTS.get(name)) for name in CONFIG_KEYS)
+    return tuple("" if value is None else str(value) for value in values)  # CSV writes None as ""
 
 
 def check_output_path(what: str, path: str | None) -> Path | None:
@@ -241,7 +250,7 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
-              gpu: str | None = None) -> list[SweepRow]:
+              gpu: str | None = None, block_sparsity: BlockSparsity | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``).
@@ -250,13 +259,15 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
+        sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
         done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
-                               **{"pass": pass_}))
+                               **{"pass": pass_}, sparsity=block_sparsity.sparsity if sparse else None,
+                               sparsity_pattern=block_sparsity.pattern if sparse else None))
         if writer and done in writer.done:
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu)
+        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity)
         rows.append(row)
         if writer:
             writer.add(row)

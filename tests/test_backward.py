@@ -81,7 +81,7 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
     assert counted.tiling == g.tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
     assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
     assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
-    forward = iosim.predict(algorithm, **shape, tiling=g.tiling if iosim.ALGORITHMS[algorithm].shares_tiling else None)
+    forward = iosim.predict(algorithm, **shape, tiling=g.tiling if iosim.ALGORITHMS[algorithm].block_sparse else None)
     assert forward.tiling == g.forward_tiling and g.forward_traffic == forward.exact
 
 
@@ -146,7 +146,7 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     forward = iosim.ALGORITHMS[algorithm]
     assert g.tiling == choose_tiling(backward, g.problem, 4000)
     # a block mask is defined on the tiles, so block-sparse runs both passes on the backward's
-    assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=g.tiling if forward.shares_tiling else None)
+    assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=g.tiling if forward.block_sparse else None)
 
 
 def test_a_pass_the_algorithm_lacks_is_refused():

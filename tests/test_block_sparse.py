@@ -1,5 +1,8 @@
 """Block-sparse FlashAttention: exact against float64 attention with the block mask spelled out, counts predicted."""
 
+import json
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -7,6 +10,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import random_qkv, relative_error
+from iosim.cli import build_parser, main, run
 from iosim.sparsity import PATTERNS
 
 VARIANTS = ["block-sparse", "block-sparse-skip"]
@@ -125,3 +129,40 @@ def test_an_element_mask_reduces_to_its_block_mask():
 def test_bad_block_masks_are_refused(make, message):
     with pytest.raises(iosim.InputError, match=message):
         make()
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def test_sweep_sparsity_applies_to_block_sparse_rows_and_is_recorded(tmp_path):
+    path = tmp_path / "s.json"
+    argv = ["sweep", "--N", "4096", "--d", "64", "--algo", "flash", "block-sparse", "--sparsity", "0.25",
+            "--sparsity-pattern", "strided", "--json", str(path)]
+    rows = run(parse(*argv)).rows
+    flash, sparse = rows
+    assert flash.sparsity is None and flash.total == iosim.count("flash", N=4096, d=64, M="100k").traffic.total
+    spec = iosim.BlockSparsity(0.25, "strided")
+    assert sparse.total == iosim.count("block-sparse", N=4096, d=64, M="100k", block_sparsity=spec).traffic.total
+    records = json.loads(path.read_text())
+    assert [(r["sparsity"], r["sparsity_pattern"]) for r in records] == [(None, None), (0.25, "strided")]
+    again = run(parse(*argv[:-2], "--sparsity", "0.5", "--json", str(path), "--resume")).rows
+    assert [r.algorithm for r in again] == ["block-sparse"], "another sparsity is another configuration"
+
+
+def test_run_checks_block_sparse_gradients_against_the_masked_reference():
+    out = run(parse("run", "--algo", "block-sparse-skip", "--N", "150", "--N-k", "90", "--d", "8", "--M", "3k",
+                    "--sparsity", "0.4", "--sparsity-pattern", "local", "--pass", "fwd+bwd", "--causal"))
+    assert out.max_rel_error < 1e-12
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--sparsity", "0"], r"sparsity=0.0 is outside the allowed range \(0, 1\]"),
+    (["sweep", "--sparsity", "1.5"], r"sparsity=1.5 is outside the allowed range \(0, 1\]"),
+    (["run", "--algo", "flash", "--sparsity", "0.5"], "flash has no block mask; allowed with --sparsity"),
+    (["sweep", "--sparsity-pattern", "diagonal"], "argument --sparsity-pattern: invalid choice"),
+])
+def test_bad_sparsity_exits_2_with_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), lines

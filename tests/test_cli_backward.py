@@ -33,7 +33,7 @@ def test_sweep_fwd_plus_bwd_adds_the_two_passes(algorithm):
             for p in ("fwd", "bwd", "fwd+bwd")}
     both = rows["fwd+bwd"]
     forward = rows["fwd"].counts
-    if iosim.ALGORITHMS[algorithm].shares_tiling:  # both passes on the backward's tiles
+    if iosim.ALGORITHMS[algorithm].block_sparse:  # both passes on the backward's tiles
         assert both.tiling == rows["bwd"].tiling
         forward = iosim.count(algorithm, N=1000, d=48, M="100k", causal=True, tiling=both.tiling).traffic
     else:
