@@ -18,7 +18,7 @@ from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "GradResult", "InputError", "InputTypeError",
-    "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
+    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "GradResult",
+    "InputError", "InputTypeError", "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
     "count", "gradients", "predict", "register", "simulate",
 ]

@@ -71,8 +71,8 @@ def _package_version() -> str:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default=None,
-                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k, "
-                        "or with --gpu its shared memory per SM; an --M up to that wins)")
+                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
+                        "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
     p.add_argument("--batch", type=_count, default=1)

@@ -146,7 +146,8 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     forward = iosim.ALGORITHMS[algorithm]
     assert g.tiling == choose_tiling(backward, g.problem, 4000)
     # a block mask is defined on the tiles, so block-sparse runs both passes on the backward's
-    assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=g.tiling if forward.block_sparse else None)
+    shared = g.tiling if forward.block_sparse else None
+    assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=shared)
 
 
 def test_a_pass_the_algorithm_lacks_is_refused():
