@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sw)
     sw.add_argument("--N", type=_count, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
     sw.add_argument("--d", type=_count, nargs="+", default=list(DEFAULT_D), help="head dimensions")
-    sw.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
+    sw.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                    help="algorithms to count (default: all; the block-sparse ones only with --sparsity)")
     sw.add_argument("--resume", action="store_true",
                     help="keep the records already in the --json/--csv file and skip their configurations")
     sw.add_argument("--wide", action="store_true",
@@ -154,21 +155,29 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].block_sparse:
         raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
                          f"{[a.name for a in ALGORITHMS.values() if a.block_sparse]}")
+    algorithms = sweep_algorithms(args) if args.command == "sweep" else [args.algo]
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
-        for algo in args.algo if args.command == "sweep" else [args.algo]:
+        for algo in algorithms:
             pass_of(algo, "bwd")
     if args.command == "sweep":
         if args.resume and not (args.json or args.csv):
             raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
         writer = RecordWriter(args.json, args.csv, resume=args.resume)
         try:
-            rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
+            rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                              pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
         finally:
             writer.close()
-        return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
+        return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows))
     return _run_one(args, M, on_simulated, sparsity)
+
+
+def sweep_algorithms(args: argparse.Namespace) -> list[str]:
+    """The algorithms a sweep counts: those named, else all (block-sparse ones only with a block mask to use)."""
+    if args.algo is not None:
+        return args.algo
+    return [name for name, a in ALGORITHMS.items() if args.sparsity is not None or not a.block_sparse]
 
 
 def available_memory() -> int | None:
@@ -434,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep" and getattr(args, "wide", False) and not console.is_terminal:
             console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
         if args.command == "sweep":
-            total = len(sweep_configs(args.algo, args.N, args.d))
+            total = len(sweep_configs(sweep_algorithms(args), args.N, args.d))
             with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:
                 task = progress.add_task("sweep", total=total)
