@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import random_qkv, relative_error
+from helpers import problem, random_qkv, relative_error
 from iosim.cli import build_parser, main, run
 from iosim.sparsity import PATTERNS
 
@@ -33,9 +33,8 @@ sparsities = st.builds(iosim.BlockSparsity, sparsity=st.floats(0.01, 1.0), patte
 @given(n_q=st.integers(1, 3000), n_k=st.integers(1, 3000), d=st.integers(1, 64), spare=st.integers(0, 200_000),
        causal=st.booleans(), mask=st.booleans(), sparsity=sparsities)
 def test_count_equals_exact_prediction(algorithm, pass_, n_q, n_k, d, spare, causal, mask, sparsity):
-    smallest = iosim.ALGORITHMS[algorithm].backward.working_set(
-        iosim.api._count_problem(n_q, d, n_k, 1, 1, causal=False, mask=mask, dropout_p=0.0, seed=0, dtype="float16"),
-        iosim.Tiling(1, 1), 0)
+    smallest = iosim.ALGORITHMS[algorithm].backward.working_set(problem(n_q, n_k, d, has_mask=mask),
+                                                                iosim.Tiling(1, 1), 0)
     shape = dict(N=n_q, N_k=n_k, d=d, M=smallest + spare, causal=causal, mask=mask, block_sparsity=sparsity, batch=2)
     r = iosim.count(algorithm, pass_=pass_, **shape)
     p = iosim.predict(algorithm, pass_=pass_, **shape)
