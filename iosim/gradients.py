@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.api import _tiled, new_memory, numeric_inputs, pass_of
+from iosim.api import new_memory, numeric_inputs, step_tilings
 from iosim.counts import Counts
 from iosim.flops import Flops
 from iosim.inputs import check_dout
 from iosim.problem import Problem
-from iosim.registry import get_algorithm
-from iosim.tiling import Tiling, choose_tiling
+from iosim.tiling import Tiling
 
 
 @dataclass(frozen=True)
@@ -49,15 +48,12 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     the forward's tiles (``Algorithm.block_sparse``, block-sparse) runs both passes on
     the backward's tiling.
     """
-    forward = get_algorithm(algorithm)
-    backward = pass_of(forward, "bwd")
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
 
-    _, M, tiling = _tiled(backward, pb, M, block_policy, None)
-    forward_tiling = choose_tiling(forward, pb, M, block_policy, tiling if forward.block_sparse else None)
+    forward, backward, M, forward_tiling, tiling = step_tilings(algorithm, pb, M, block_policy)
     fwd = new_memory(forward, pb, M, data)
     forward.run(fwd, pb, forward_tiling)
     forward_traffic = fwd.counts()

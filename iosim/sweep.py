@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from iosim.api import count, predict
-from iosim.counts import Counts, combined
+from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
@@ -118,14 +118,12 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
               block_sparsity: BlockSparsity | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
-    ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling. ``gpu``
-    names a preset (``iosim.gpus.GPUS``) whose roofline time the row carries.
-    ``block_sparsity`` is the block mask of the block-sparse algorithms; others ignore it.
+    ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
+    ``iosim.count`` chooses them. ``gpu`` names a preset (``iosim.gpus.GPUS``) whose
+    roofline time the row carries. ``block_sparsity`` is the block mask of the
+    block-sparse algorithms; others ignore it.
     """
     preset = None if gpu is None else get_gpu(gpu)
-    if pass_ not in PASSES:
-        raise InputError(f"pass={pass_!r} is not one of {list(PASSES)}")
-    passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else (pass_,)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
@@ -134,24 +132,18 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     config["sparsity"] = block_sparsity.sparsity if sparse else None
     config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
     try:
-        if len(passes) == 2 and get_algorithm(algorithm).block_sparse:  # one tiling for both passes
-            options["tiling"] = predict(algorithm, pass_="bwd", **options).tiling
-        measured = [count(algorithm, pass_=p, **options) for p in passes]
-        preds = [predict(algorithm, pass_=p, **options) for p in passes]
+        measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
-        # for M in elements and the paper's form
-        fit = [predict(algorithm, pass_=p, **{**options, "block_policy": "fit"}) for p in passes]
-        return SweepRow(algorithm, M=fit[0].M, **config, tiling=None, counts=None, predicted=None,
-                        paper=sum(f.paper for f in fit), paper_label=" + ".join(f.paper_label for f in fit),
-                        status=f"does not fit: {err}")
-    counts = combined(*(m.traffic for m in measured))
-    flops = sum((m.flops for m in measured), Flops())
-    return SweepRow(algorithm, M=measured[0].M, **config, tiling=measured[0].tiling, counts=counts,
-                    predicted=sum(p.exact.total for p in preds), paper=sum(p.paper for p in preds),
-                    paper_label=" + ".join(p.paper_label for p in preds), status="ok",
-                    backward_tiling=measured[1].tiling if len(measured) == 2 else None, flops=flops,
+        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit"})  # M in elements, paper's form
+        return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
+                        paper_label=fit.paper_label, status=f"does not fit: {err}")
+    training = measured.forward_tiling is not None  # fwd+bwd: tiling is the backward's
+    counts, flops = measured.traffic, measured.flops
+    return SweepRow(algorithm, M=measured.M, **config, tiling=measured.forward_tiling if training else measured.tiling,
+                    counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
+                    status="ok", backward_tiling=measured.tiling if training else None, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 

@@ -161,7 +161,7 @@ def test_a_pass_the_algorithm_lacks_is_refused():
     q = np.ones((1, 1, 4, 2))
     with pytest.raises(iosim.InputError, match="no backward pass"):
         iosim.gradients(toy, q, q, q, q, M=2000)
-    with pytest.raises(iosim.InputError, match=r"pass_='backward' is not one of \['fwd', 'bwd'\]"):
+    with pytest.raises(iosim.InputError, match=r"pass_='backward' is not one of \['fwd', 'bwd', 'fwd\+bwd'\]"):
         iosim.predict("flash", N=16, d=4, M=2000, pass_="backward")
 
 
@@ -170,3 +170,15 @@ def test_dO_of_the_wrong_shape_is_refused(bad):
     q = np.ones((1, 1, 4, 2))
     with pytest.raises(iosim.InputError, match=r"do must have shape \(1, 1, 4, 2\)"):
         iosim.gradients("flash", q, q, q, np.ones(bad), M=2000)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_a_training_step_is_both_passes_added(algorithm):
+    shape = dict(N=1000, N_k=700, d=48, M="60k", causal=True, mask=True, batch=2)
+    step, pred = iosim.count(algorithm, pass_="fwd+bwd", **shape), iosim.predict(algorithm, pass_="fwd+bwd", **shape)
+    fwd = iosim.count(algorithm, tiling=step.forward_tiling, **shape)
+    bwd = iosim.count(algorithm, pass_="bwd", **shape)
+    assert step.tiling == bwd.tiling == pred.tiling and step.forward_tiling == pred.forward_tiling
+    assert step.traffic == pred.exact == iosim.counts.combined(fwd.traffic, bwd.traffic)
+    assert step.flops == pred.flops == fwd.flops + bwd.flops
+    assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)
