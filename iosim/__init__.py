@@ -14,10 +14,11 @@ from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
+from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "BlockSizeError", "CapacityError", "Counts", "GradResult", "InputError", "InputTypeError",
-    "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
+    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "GradResult",
+    "InputError", "InputTypeError", "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
     "count", "gradients", "predict", "register", "simulate",
 ]

@@ -77,6 +77,10 @@ class Algorithm:
     baseline: bool = False  # the algorithm the others are compared with
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
     flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
+    # True when it skips the zero tiles of the problem's block mask (Problem.block_sparsity, defined on its
+    # tiles; other algorithms ignore the mask): its backward pass must then run on the forward's tiles, so a
+    # training step uses the backward's tiling for both passes, which fits the forward's smaller working set
+    block_sparse: bool = False
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

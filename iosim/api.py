@@ -4,7 +4,8 @@
 The tiling is chosen by ``block_policy`` (``iosim.tiling.POLICIES``) unless an
 explicit ``tiling=iosim.Tiling(Br, Bc)`` is given. ``count`` and ``predict`` take
 ``pass_="bwd"`` for an algorithm's backward pass (``iosim.gradients`` runs it
-numerically); each pass chooses its own tiling.
+numerically) and ``pass_="fwd+bwd"`` for both, a training step; each pass chooses its
+own tiling, except that a block-sparse algorithm runs both on the backward's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithm import Algorithm
-from iosim.counts import Counts
+from iosim.counts import Counts, combined
 from iosim.errors import InputError, InputTypeError
 from iosim.flops import Flops
 from iosim.inputs import AttentionShape, check_flag, check_mask, check_positive_int, check_qkv, check_scale
@@ -39,6 +40,7 @@ class SimResult:
     l: np.ndarray | None = None  # (batch, heads, N_q): softmax normalizer ℓ
     m: np.ndarray | None = None  # (batch, heads, N_q): row max m
     flops: Flops | None = None  # the arithmetic the run counted
+    forward_tiling: Tiling | None = None  # with pass "fwd+bwd", the forward pass's (``tiling`` is the backward's)
 
     @property
     def lse(self) -> np.ndarray | None:
@@ -59,9 +61,11 @@ class PredictResult:
     paper: float  # the paper's asymptotic form, in elements
     paper_label: str
     flops: Flops | None = None  # exact arithmetic; None for an algorithm that declares no closed form for it
+    forward_tiling: Tiling | None = None  # with pass "fwd+bwd", the forward pass's (``tiling`` is the backward's)
 
 
 PASSES = ("fwd", "bwd")  # the forward pass, and the backward pass that reads what it saved
+TRAINING = "fwd+bwd"  # both passes, one after the other: what count and predict also take
 
 
 def pass_of(algorithm, pass_: str) -> Algorithm:
@@ -77,7 +81,26 @@ def pass_of(algorithm, pass_: str) -> Algorithm:
     return algo.backward
 
 
-def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype) -> Problem:
+def step_tilings(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None = None
+                 ) -> tuple[Algorithm, Algorithm, int, Tiling, Tiling]:
+    """A training step's forward and backward algorithms, M in elements, and the two passes' tilings.
+
+    Each pass chooses its own tiling, except that a block-sparse algorithm runs both on
+    the backward's (its block mask is defined on the tiles), which fits the forward too.
+    An explicit ``tiling`` is used for both passes.
+    """
+    forward = get_algorithm(algorithm)
+    backward, M, backward_tiling = _tiled(pass_of(forward, "bwd"), pb, M, block_policy, tiling)
+    shared = tiling if tiling is not None else backward_tiling if forward.block_sparse else None
+    return forward, backward, M, choose_tiling(forward, pb, M, block_policy, shared), backward_tiling
+
+
+def _check_pass(pass_) -> None:
+    if pass_ not in (*PASSES, TRAINING):
+        raise InputError(f"pass_={pass_!r} is not one of {[*PASSES, TRAINING]}")
+
+
+def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype, block_sparsity=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data."""
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
@@ -88,7 +111,7 @@ def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dt
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
                              f"explicit mask is read); simulate takes the boolean mask array")
     return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
-                   dropout_p=dropout_p, seed=seed, dtype=dtype)
+                   dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=block_sparsity)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False) -> int:
@@ -130,7 +153,8 @@ def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None
     return SimResult(**result)
 
 
-def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> tuple[Problem, dict]:
+def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None
+                   ) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
@@ -140,7 +164,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> t
     full_mask = check_mask(mask, shape)
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None,
-                 dropout_p=dropout_p, seed=seed, dtype=dtype)
+                 dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=block_sparsity)
     data = {"Q": np.asarray(q), "K": np.asarray(k), "V": np.asarray(v)}
     if full_mask is not None:
         data["mask"] = full_mask
@@ -148,14 +172,16 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype) -> t
 
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-             block_policy="fit", tiling=None, dtype="float16") -> SimResult:
+             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, heads, N_k, d).
 
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
+    ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
+    block-sparse algorithms; the others ignore it.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype)
+                              dtype=dtype, block_sparsity=block_sparsity)
     result = _execute(algorithm, pb, M, block_policy, tiling, data)
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
         warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
@@ -164,24 +190,43 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> SimResult:
+          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
-    ``pass_="bwd"`` counts the backward pass alone.
+    ``pass_="bwd"`` counts the backward pass alone; ``pass_="fwd+bwd"`` both, their
+    traffic and arithmetic added (``tiling`` is then the backward's, ``forward_tiling``
+    the forward's, and the peak the larger pass's).
     """
+    _check_pass(pass_)
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
-                        dtype=dtype)
-    return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None)
+                        dtype=dtype, block_sparsity=block_sparsity)
+    if pass_ != TRAINING:
+        return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None)
+    forward, backward, M, forward_tiling, backward_tiling = step_tilings(algorithm, pb, M, block_policy, tiling)
+    fwd = _execute(forward, pb, M, block_policy, forward_tiling, None)
+    bwd = _execute(backward, pb, M, block_policy, backward_tiling, None)
+    return SimResult(forward.name, pb, M, backward_tiling, combined(fwd.traffic, bwd.traffic),
+                     flops=fwd.flops + bwd.flops, forward_tiling=forward_tiling)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-            block_policy="fit", tiling=None, dtype="float16", pass_="fwd") -> PredictResult:
+            block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
-    ``pass_="bwd"`` predicts the backward pass alone.
+    ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
+    adds them (the paper's forms added too).
     """
-    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype)
-    algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
-    return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
-                         algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)
+    _check_pass(pass_)
+    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype,
+                        block_sparsity=block_sparsity)
+    if pass_ != TRAINING:
+        algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
+        return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
+                             algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)
+    forward, backward, M, forward_tiling, backward_tiling = step_tilings(algorithm, pb, M, block_policy, tiling)
+    passes = ((forward, forward_tiling), (backward, backward_tiling))
+    flops = [a.flops(pb, t, M) for a, t in passes if a.flops]
+    return PredictResult(forward.name, pb, M, backward_tiling, combined(*(a.traffic(pb, t, M) for a, t in passes)),
+                         sum(a.paper_form(pb, M) for a, _ in passes), " + ".join(a.paper_label for a, _ in passes),
+                         flops[0] + flops[1] if len(flops) == 2 else None, forward_tiling=forward_tiling)

@@ -30,6 +30,7 @@ from iosim.optimize import TOP_DEFAULT, Optimum, optimize
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.rng import check_seed
+from iosim.sparsity import PATTERNS, BlockSparsity, element_mask
 from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, check_output_path, rank_by_traffic, \
     run_sweep, sweep_configs
 from iosim.tiling import POLICIES
@@ -71,8 +72,8 @@ def _package_version() -> str:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default=None,
-                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB (default 100k, "
-                        "or with --gpu its shared memory per SM; an --M up to that wins)")
+                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
+                        "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
     p.add_argument("--batch", type=_count, default=1)
@@ -85,6 +86,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
                    help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="block-sparse algorithms: the fraction of nonzero tiles in (0, 1] (default: dense)")
+    p.add_argument("--sparsity-pattern", choices=PATTERNS, default="random",
+                   help="random, local (banded) or strided block mask (default random)")
+    p.add_argument("--sparsity-seed", type=_seed, default=0, help="seed of a random block mask")
     p.add_argument("--json", metavar="PATH", help="save the results as JSON")
     p.add_argument("--csv", metavar="PATH", help="save the results as CSV")
 
@@ -98,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(sw)
     sw.add_argument("--N", type=_count, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
     sw.add_argument("--d", type=_count, nargs="+", default=list(DEFAULT_D), help="head dimensions")
-    sw.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
+    sw.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                    help="algorithms to count (default: all; the block-sparse ones only with --sparsity)")
     sw.add_argument("--resume", action="store_true",
                     help="keep the records already in the --json/--csv file and skip their configurations")
     sw.add_argument("--wide", action="store_true",
@@ -124,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
     op.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                     help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
-    op.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
+    op.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                    help="default: every algorithm but the block-sparse ones")
     op.add_argument("--batch", type=_count, default=1)
     op.add_argument("--heads", type=_count, default=1)
     op.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
@@ -188,31 +196,45 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     ``on_simulated`` sees a run's result before the reference check starts.
     """
     M = resolve_M(args.M, args.gpu, args.dtype)
+    sparsity = None if getattr(args, "sparsity", None) is None else BlockSparsity(
+        args.sparsity, args.sparsity_pattern, args.sparsity_seed)
+    if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].block_sparse:
+        raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.block_sparse]}")
+    algorithms = [args.algo] if args.command == "run" else sweep_algorithms(args)
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
-        for algo in args.algo if isinstance(args.algo, list) else [args.algo]:
+        for algo in algorithms:
             pass_of(algo, "bwd")
     if args.command == "sweep":
         if args.resume and not (args.json or args.csv):
             raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
         writer = RecordWriter(args.json, args.csv, resume=args.resume)
         try:
-            rows = run_sweep(args.algo, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
+            rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                             pass_=args.pass_, gpu=args.gpu)
+                             pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
         finally:
             writer.close()
-        return SweepOutcome(rows, len(sweep_configs(args.algo, args.N, args.d)) - len(rows))
+        return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows))
     if args.command == "optimize":
-        return _run_optimize(args, M, on_row)
-    return _run_one(args, M, on_simulated)
+        return _run_optimize(args, algorithms, M, on_row)
+    return _run_one(args, M, on_simulated, sparsity)
 
 
-def _run_optimize(args: argparse.Namespace, M: int, on_done) -> OptimizeOutcome:
+def sweep_algorithms(args: argparse.Namespace) -> list[str]:
+    """The algorithms a sweep or an optimization covers: those named, else all (block-sparse ones only with a
+    block mask to use)."""
+    if args.algo is not None:
+        return args.algo
+    sparse = getattr(args, "sparsity", None) is not None
+    return [name for name, a in ALGORITHMS.items() if sparse or not a.block_sparse]
+
+
+def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_done) -> OptimizeOutcome:
     json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     if json_path and json_path == csv_path:
         raise InputError(f"json and csv name the same file {args.json!r}; give each its own path")
-    algorithms = [pass_of(a, args.pass_) for a in args.algo]
-    outcome = OptimizeOutcome(optimize(algorithms, N=args.N, N_k=args.N_k, d=args.d, M=M, batch=args.batch,
+    outcome = OptimizeOutcome(optimize([pass_of(a, args.pass_) for a in algorithms], N=args.N, N_k=args.N_k, d=args.d, M=M, batch=args.batch,
                                        heads=args.heads, causal=args.causal, dtype=args.dtype, top=args.top,
                                        on_done=on_done))
     records = outcome.records()
@@ -237,7 +259,7 @@ def available_memory() -> int | None:
     return None
 
 
-def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
+def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSparsity | None) -> RunOutcome:
     json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     n_k = args.N_k or args.N
     shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads)
@@ -254,7 +276,7 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
     k, v = (rng.standard_normal((args.batch, args.heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
-    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, **options)
+    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity, **options)
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -271,6 +293,8 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated) -> RunOutcome:
                          f"finite; allowed: a scale that keeps |tau·q·k| below 1.8e308")
     if on_simulated:
         on_simulated(result)
+    if sparsity is not None:  # the reference masks out every element of a zero tile
+        options["mask"] = element_mask(sparsity, result.tiling, args.N, n_k)
     err = rel = None
     if not args.no_check and args.pass_ == "fwd":
         err, rel = check_against_reference(result.out, q, k, v, **options)
@@ -359,10 +383,13 @@ def _count_text(n: int) -> str:
     return str(n) if n < 10**6 else _eng(n)
 
 
-def _setting(first: SweepRow) -> str:
+def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({_bytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
                f"block policy {first.block_policy}"]
+    sparse = next((r for r in rows if r.sparsity is not None), None)
+    if sparse is not None:
+        options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
     if first.pass_ != "fwd":
@@ -379,7 +406,7 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
     if not rows:
         return
-    console.print(_setting(rows[0]))
+    console.print(_setting(rows[0], rows))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
     tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
         "" if r.backward_tiling is None else f", {r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
@@ -515,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep" and getattr(args, "wide", False) and not console.is_terminal:
             console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
         if args.command == "sweep":
-            total = len(sweep_configs(args.algo, args.N, args.d))
+            total = len(sweep_configs(sweep_algorithms(args), args.N, args.d))
             with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:
                 task = progress.add_task("sweep", total=total)
@@ -524,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "optimize":
             with Progress(TextColumn("optimize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:
-                task = progress.add_task("optimize", total=len(args.algo))
+                task = progress.add_task("optimize", total=len(sweep_algorithms(args)))
                 outcome = run(args, on_row=lambda result: progress.advance(task))
             _render_optimize(console, outcome)
         else:

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.api import _tiled, new_memory, numeric_inputs, pass_of
+from iosim.api import new_memory, numeric_inputs, step_tilings
 from iosim.counts import Counts
 from iosim.flops import Flops
 from iosim.inputs import check_dout
 from iosim.problem import Problem
-from iosim.registry import get_algorithm
-from iosim.tiling import Tiling, choose_tiling
+from iosim.tiling import Tiling
 
 
 @dataclass(frozen=True)
@@ -40,26 +39,24 @@ class GradResult:
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-              block_policy="fit", dtype="float16") -> GradResult:
+              block_policy="fit", dtype="float16", block_sparsity=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
     float64; the dropout mask of the backward pass is regenerated from ``seed``.
-    Rows that see no key get zero gradients.
+    Rows that see no key get zero gradients. An algorithm whose backward pass must run on
+    the forward's tiles (``Algorithm.block_sparse``, block-sparse) runs both passes on
+    the backward's tiling.
     """
-    forward = get_algorithm(algorithm)
-    backward = pass_of(forward, "bwd")
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype)
+                              dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
 
-    forward, M, forward_tiling = _tiled(forward, pb, M, block_policy, None)
+    forward, backward, M, forward_tiling, tiling = step_tilings(algorithm, pb, M, block_policy)
     fwd = new_memory(forward, pb, M, data)
     forward.run(fwd, pb, forward_tiling)
     forward_traffic = fwd.counts()
-
-    tiling = choose_tiling(backward, pb, M, block_policy)
     saved = {name: fwd.tensor(name) for name in backward.saved_inputs() if name != "dO"}
     bwd = new_memory(backward, pb, M, {**data, **saved, "dO": np.asarray(do)})
     backward.run(bwd, pb, tiling)

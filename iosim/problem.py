@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from iosim.errors import InputError, InputTypeError
 from iosim.inputs import AttentionShape
 from iosim.rng import check_dropout_p, check_seed
 from iosim.units import DTYPE_ITEMSIZE, check_dtype
+
+if TYPE_CHECKING:
+    from iosim.sparsity import BlockSparsity
 
 # Bytes per element of the tensors an algorithm moves, by element class: "data" is
 # the problem's dtype; "stat" (the softmax statistics ℓ and m) is kept in float32 when
@@ -29,6 +33,7 @@ class Problem:
     dropout_p: float = 0.0
     seed: int = 0
     dtype: str = "float16"
+    block_sparsity: BlockSparsity | None = None  # the block mask of a block-sparse run; others ignore it
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -42,6 +47,10 @@ class Problem:
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)
+        from iosim.sparsity import BlockSparsity  # sparsity needs visits, which needs Problem
+
+        if self.block_sparsity is not None and not isinstance(self.block_sparsity, BlockSparsity):
+            raise InputTypeError(f"block_sparsity={self.block_sparsity!r} must be an iosim.BlockSparsity or None")
 
     def dim(self, name: str) -> int:
         """A size by the name tensors use for it: N_q, N_k, d, or 1."""

@@ -7,7 +7,7 @@ algorithm defined elsewhere joins with ``register``.
 from __future__ import annotations
 
 from iosim.algorithm import Algorithm
-from iosim.algorithms import flash, flash_swapped, standard, standard_eager
+from iosim.algorithms import block_sparse, block_sparse_skip, flash, flash_swapped, standard, standard_eager
 from iosim.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -15,6 +15,8 @@ ALGORITHMS: dict[str, Algorithm] = {
     flash.ALGORITHM.name: flash.ALGORITHM,
     flash_swapped.ALGORITHM.name: flash_swapped.ALGORITHM,
     standard_eager.ALGORITHM.name: standard_eager.ALGORITHM,
+    block_sparse.ALGORITHM.name: block_sparse.ALGORITHM,
+    block_sparse_skip.ALGORITHM.name: block_sparse_skip.ALGORITHM,
 }
 DEFAULT = flash.ALGORITHM.name  # what `iosim run` simulates unless told otherwise
 

@@ -17,11 +17,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from iosim.api import count, predict
-from iosim.counts import Counts, combined
+from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
+from iosim.registry import get_algorithm
+from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 from iosim.units import parse_size
 
@@ -54,6 +56,8 @@ class SweepRow:
     status: str  # "ok", or why the configuration does not run
     pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
     backward_tiling: Tiling | None = None  # with "fwd+bwd", the backward pass's (``tiling`` is the forward's)
+    sparsity: float | None = None  # a block-sparse row's fraction of nonzero tiles; None when dense
+    sparsity_pattern: str | None = None
     flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
     roofline: Roofline | None = None  # with a GPU preset: the estimated time
 
@@ -105,42 +109,41 @@ class SweepRow:
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
-               "block_policy", "pass")
+               "block_policy", "pass", "sparsity", "sparsity_pattern")
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
-              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None) -> SweepRow:
+              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
+              block_sparsity: BlockSparsity | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
-    ``pass_`` is one of PASSES; each pass of "fwd+bwd" chooses its own tiling. ``gpu``
-    names a preset (``iosim.gpus.GPUS``) whose roofline time the row carries.
+    ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
+    ``iosim.count`` chooses them. ``gpu`` names a preset (``iosim.gpus.GPUS``) whose
+    roofline time the row carries. ``block_sparsity`` is the block mask of the
+    block-sparse algorithms; others ignore it.
     """
     preset = None if gpu is None else get_gpu(gpu)
-    if pass_ not in PASSES:
-        raise InputError(f"pass={pass_!r} is not one of {list(PASSES)}")
-    passes = ("fwd", "bwd") if pass_ == "fwd+bwd" else (pass_,)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
-                   dtype=dtype, block_policy=block_policy)
+                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                   dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_)
+    sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
+    config["sparsity"] = block_sparsity.sparsity if sparse else None
+    config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
     try:
-        measured = [count(algorithm, pass_=p, **options) for p in passes]
-        preds = [predict(algorithm, pass_=p, **options) for p in passes]
+        measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
-        # for M in elements and the paper's form
-        fit = [predict(algorithm, pass_=p, **{**options, "block_policy": "fit"}) for p in passes]
-        return SweepRow(algorithm, M=fit[0].M, **config, tiling=None, counts=None, predicted=None,
-                        paper=sum(f.paper for f in fit), paper_label=" + ".join(f.paper_label for f in fit),
-                        status=f"does not fit: {err}")
-    counts = combined(*(m.traffic for m in measured))
-    flops = sum((m.flops for m in measured), Flops())
-    return SweepRow(algorithm, M=measured[0].M, **config, tiling=measured[0].tiling, counts=counts,
-                    predicted=sum(p.exact.total for p in preds), paper=sum(p.paper for p in preds),
-                    paper_label=" + ".join(p.paper_label for p in preds), status="ok",
-                    backward_tiling=measured[1].tiling if len(measured) == 2 else None, flops=flops,
+        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit"})  # M in elements, paper's form
+        return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
+                        paper_label=fit.paper_label, status=f"does not fit: {err}")
+    training = measured.forward_tiling is not None  # fwd+bwd: tiling is the backward's
+    counts, flops = measured.traffic, measured.flops
+    return SweepRow(algorithm, M=measured.M, **config, tiling=measured.forward_tiling if training else measured.tiling,
+                    counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
+                    status="ok", backward_tiling=measured.tiling if training else None, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 
@@ -191,7 +194,8 @@ class RecordWriter:
 
 def config_key(config: dict) -> tuple[str, ...]:
     """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
-    return tuple(str(config.get(name, CONFIG_DEFAULTS.get(name))) for name in CONFIG_KEYS)
+    values = (config.get(name, CONFIG_DEFAULTS.get(name)) for name in CONFIG_KEYS)
+    return tuple("" if value is None else str(value) for value in values)  # CSV writes None as ""
 
 
 def check_output_path(what: str, path: str | None) -> Path | None:
@@ -238,7 +242,7 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
-              gpu: str | None = None) -> list[SweepRow]:
+              gpu: str | None = None, block_sparsity: BlockSparsity | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``).
@@ -247,13 +251,15 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
+        sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
         done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
-                               **{"pass": pass_}))
+                               **{"pass": pass_}, sparsity=block_sparsity.sparsity if sparse else None,
+                               sparsity_pattern=block_sparsity.pattern if sparse else None))
         if writer and done in writer.done:
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu)
+        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity)
         rows.append(row)
         if writer:
             writer.add(row)

@@ -81,7 +81,8 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
     assert counted.tiling == g.tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
     assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
     assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
-    assert g.forward_traffic == iosim.predict(algorithm, **shape).exact
+    forward = iosim.predict(algorithm, **shape, tiling=g.tiling if iosim.ALGORITHMS[algorithm].block_sparse else None)
+    assert forward.tiling == g.forward_tiling and g.forward_traffic == forward.exact
 
 
 def central_differences(f, x, eps=1e-6):
@@ -142,8 +143,11 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     g = iosim.gradients(algorithm, q, k, v, rng.standard_normal(q.shape), M=4000)
     backward = iosim.ALGORITHMS[algorithm].backward
     assert g.traffic.peak_sram <= 4000 and g.forward_traffic.peak_sram <= 4000
-    assert g.tiling == choose_tiling(backward, g.problem, 4000) and g.forward_tiling == choose_tiling(
-        iosim.ALGORITHMS[algorithm], g.problem, 4000)
+    forward = iosim.ALGORITHMS[algorithm]
+    assert g.tiling == choose_tiling(backward, g.problem, 4000)
+    # a block mask is defined on the tiles, so block-sparse runs both passes on the backward's
+    shared = g.tiling if forward.block_sparse else None
+    assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=shared)
 
 
 def test_a_pass_the_algorithm_lacks_is_refused():
@@ -157,7 +161,7 @@ def test_a_pass_the_algorithm_lacks_is_refused():
     q = np.ones((1, 1, 4, 2))
     with pytest.raises(iosim.InputError, match="no backward pass"):
         iosim.gradients(toy, q, q, q, q, M=2000)
-    with pytest.raises(iosim.InputError, match=r"pass_='backward' is not one of \['fwd', 'bwd'\]"):
+    with pytest.raises(iosim.InputError, match=r"pass_='backward' is not one of \['fwd', 'bwd', 'fwd\+bwd'\]"):
         iosim.predict("flash", N=16, d=4, M=2000, pass_="backward")
 
 
@@ -166,3 +170,15 @@ def test_dO_of_the_wrong_shape_is_refused(bad):
     q = np.ones((1, 1, 4, 2))
     with pytest.raises(iosim.InputError, match=r"do must have shape \(1, 1, 4, 2\)"):
         iosim.gradients("flash", q, q, q, np.ones(bad), M=2000)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_a_training_step_is_both_passes_added(algorithm):
+    shape = dict(N=1000, N_k=700, d=48, M="60k", causal=True, mask=True, batch=2)
+    step, pred = iosim.count(algorithm, pass_="fwd+bwd", **shape), iosim.predict(algorithm, pass_="fwd+bwd", **shape)
+    fwd = iosim.count(algorithm, tiling=step.forward_tiling, **shape)
+    bwd = iosim.count(algorithm, pass_="bwd", **shape)
+    assert step.tiling == bwd.tiling == pred.tiling and step.forward_tiling == pred.forward_tiling
+    assert step.traffic == pred.exact == iosim.counts.combined(fwd.traffic, bwd.traffic)
+    assert step.flops == pred.flops == fwd.flops + bwd.flops
+    assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)

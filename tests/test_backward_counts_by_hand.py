@@ -12,11 +12,14 @@ entirely skipped by flash and flash-swapped, never by standard; dropout moves no
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 import iosim
 
 BIG_M = 10**6  # the counts do not depend on M once the tiling fits
+# a block mask over 3 query blocks × 4 key blocks (the block-sparse cases below)
+SPARSE = iosim.BlockSparsity.from_array(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,23 @@ CASES = [
          writes={"dP_drop": 35, "dV": 7 * 2, "dP": 35, "dS": 3 * 35, "dQ": 5 * 2, "dK": 7 * 2},
          # max(matmul steps: 2·2 + 3·2 + 2·3 = 16, steps 3 and 5: 2·(2·3) = 12, step 4: 5·(2·7 + 1) = 75)
          peak=5 * (2 * 7 + 1)),
+    # -------------------------------------------- block-sparse (Alg. 4 over a block mask) ----
+    # N_q = N_k = 10, d = 4, B_r = 4, B_c = 3 (query blocks 4, 4, 2; key blocks 3, 3, 3, 1) and the
+    # block mask [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]]: nonzero tiles (0, 0), (0, 3), (1, 1),
+    # 12 query rows in all. The paper's variant runs lines 7 and 24 for every key block.
+    Hand("block-sparse", "block-sparse", 4, 3, dict(N=10, d=4, M=BIG_M, block_sparsity=SPARSE),
+         reads={
+             "K": 10 * 4, "V": 10 * 4,  # line 7 for every key block
+             "Q": 12 * 4, "O": 12 * 4, "dO": 12 * 4, "dQ": 12 * 4, "l": 12, "m": 12,  # line 10 per nonzero tile
+         },
+         writes={"dQ": 10 * 4 + 12 * 4, "dK": 10 * 4 + 10 * 4, "dV": 10 * 4 + 10 * 4},  # line 5, lines 21, 24
+         peak=4 * 3 * 4 + 4 * 4 * 4 + 2 * 4 * 3 + 3 * 4),  # tile (0, 0) at full size, as flash-ragged
+    # Skipping the empty key block 2: lines 7 and 24 for key blocks 0, 1, 3 only (7 key rows);
+    # dK and dV of key block 2 keep line 5's zeros.
+    Hand("block-sparse-skip", "block-sparse-skip", 4, 3, dict(N=10, d=4, M=BIG_M, block_sparsity=SPARSE),
+         reads={"K": 7 * 4, "V": 7 * 4, "Q": 12 * 4, "O": 12 * 4, "dO": 12 * 4, "dQ": 12 * 4, "l": 12, "m": 12},
+         writes={"dQ": 10 * 4 + 12 * 4, "dK": 10 * 4 + 7 * 4, "dV": 10 * 4 + 7 * 4},
+         peak=4 * 3 * 4 + 4 * 4 * 4 + 2 * 4 * 3 + 3 * 4),
 ]
 
 IDS = [c.id for c in CASES]

@@ -23,6 +23,8 @@ import pytest
 import iosim
 
 BIG_M = 10**6  # flash and flash-swapped: M does not enter their counts once the tiling fits
+# a block mask over 3 query blocks × 4 key blocks (the block-sparse cases below)
+SPARSE = iosim.BlockSparsity.from_array(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,24 @@ CASES = [
          writes={"S": 3 * 35, "P": 35, "P_drop": 35, "Z": 35, "O": 5 * 2},  # steps 1-3, 4, 5, 5, 6
          # max(steps 1, 6: 2·2 + 3·2 + 2·3 = 16, steps 3, 5: 2·(2·3) = 12, step 4: 5·(7 + 2) = 45)
          peak=5 * (7 + 2)),
+    # ---------------------------------------------- block-sparse (Alg. 2 over a block mask) ----
+    # N_q = N_k = 10, d = 4, B_r = 4, B_c = 3 as flash-ragged (query blocks 4, 4, 2; key blocks
+    # 3, 3, 3, 1), block mask [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]]: tiles (0, 0) 4 × 3,
+    # (0, 3) 4 × 1 and (1, 1) 4 × 3 are nonzero, 4 + 4 + 4 = 12 query rows in all; key block 2
+    # and query block 2 have no nonzero tile. The paper's variant loads every K_j, V_j.
+    Hand("block-sparse", "block-sparse", 4, 3, dict(N=10, d=4, M=BIG_M, block_sparsity=SPARSE),
+         reads={
+             "K": 10 * 4, "V": 10 * 4,  # line 7 for every key block
+             "Q": 12 * 4, "O": 12 * 4, "l": 12, "m": 12,  # line 9 per nonzero tile
+         },
+         writes={"O": 10 * 4 + 12 * 4, "l": 10 + 12, "m": 10 + 12},  # line 3, then lines 15-16 per nonzero tile
+         # tile (0, 0): K_j, V_j (2·3·4) + Q_i, O_i (2·4·4) + S_ij (4·3) + statistics (6·4) = 92
+         peak=2 * 3 * 4 + 2 * 4 * 4 + 4 * 3 + 6 * 4),
+    # The same, skipping the empty key block 2: K and V read for key blocks 0, 1, 3 (3 + 3 + 1 rows).
+    Hand("block-sparse-skip", "block-sparse-skip", 4, 3, dict(N=10, d=4, M=BIG_M, block_sparsity=SPARSE),
+         reads={"K": 7 * 4, "V": 7 * 4, "Q": 12 * 4, "O": 12 * 4, "l": 12, "m": 12},
+         writes={"O": 10 * 4 + 12 * 4, "l": 10 + 12, "m": 10 + 12},
+         peak=2 * 3 * 4 + 2 * 4 * 4 + 4 * 3 + 6 * 4),
 ]
 
 IDS = [c.id for c in CASES]
@@ -310,8 +330,13 @@ def inputs(case: Hand):
 def test_numeric_run_equals_hand(case):
     q, k, v, mask = inputs(case)
     opts = {key: case.shape[key] for key in ("causal", "dropout_p") if key in case.shape}
-    r = iosim.simulate(case.algorithm, q, k, v, M=case.shape["M"], mask=mask,
+    sparsity = case.shape.get("block_sparsity")
+    r = iosim.simulate(case.algorithm, q, k, v, M=case.shape["M"], mask=mask, block_sparsity=sparsity,
                        tiling=iosim.Tiling(Br=case.Br, Bc=case.Bc), seed=5, **opts)
     assert_counts_equal_hand(case, r.traffic, "simulate")
+    if sparsity is not None:  # every element of a zero tile is masked out
+        blocks = np.array(sparsity.blocks)
+        tiles = np.kron(blocks, np.ones((case.Br, case.Bc), dtype=bool))[:q.shape[2], :k.shape[2]]
+        mask = tiles if mask is None else mask & tiles
     ref = iosim.attention_ref(q, k, v, mask=mask, seed=5, **opts)
     np.testing.assert_allclose(r.out, ref.out, rtol=1e-10, atol=1e-12, err_msg=f"{case.id}: output")

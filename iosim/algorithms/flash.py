@@ -94,7 +94,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
 
     Without a causal skip, Σ b_i = T_c·N_q and Σ b_i·b_j = N_q·N_k. The peak is the
-    largest working set among the visited tiles, or line 3's one B_r × d tile.
+    largest working set among the visited tiles, line 3's one B_r × d tile, or (block-sparse)
+    K_j, V_j of a key block none of whose tiles is visited.
     """
     return traffic_on(pb, tiling, M, visits(pb, tiling, skips_hidden=True))
 
@@ -116,7 +117,8 @@ def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
-    peak = max([tiles.q.size(0) * d] + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    outer = [2 * b_j * d for b_j in tiles.key_blocks().sizes()]  # K_j, V_j of a key block with no visited tile
+    peak = max([tiles.q.size(0) * d] + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 

@@ -116,7 +116,8 @@ def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
     zeros = [tiles.q.size(0) * d, tiles.k.size(0) * d]
-    peak = max(zeros + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    outer = [4 * b_j * d for b_j in tiles.key_blocks().sizes()]  # K_j, V_j, dK_j, dV_j of a key block with no tile
+    peak = max(zeros + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 

@@ -1,0 +1,193 @@
+"""Block sparsity (Dao et al. 2022, section 3.3): a block mask M̃ over a run's tiles, and the tiles it visits.
+
+A block mask marks which (query block i, key block j) tiles are nonzero; every element
+of a zero tile is masked out (−∞), and block-sparse FlashAttention never computes it.
+The mask is defined on the run's own tiles (B_r × B_c): ``BlockSparsity`` either draws
+one for whatever tiling the run has, from a pattern and a fraction s of nonzero tiles
+(reproducibly, from a seed), or holds an explicit (⌈N_q/B_r⌉, ⌈N_k/B_c⌉) mask, which
+must match the tiling. ``reduce_element_mask`` turns an element mask into one.
+
+Patterns, each with exactly n = max(1, round(s·T_r·T_c)) nonzero tiles:
+
+- ``random``: n tiles drawn uniformly without replacement;
+- ``local`` (banded, sliding window): the n tiles nearest the diagonal, tile (i, j)
+  at distance |(i + ½)/T_r − (j + ½)/T_c|, ties broken by position;
+- ``strided``: the diagonals j − i ≡ 0 (mod k), k = round(1/s), nearest first, then the
+  tiles nearest them: the strided pattern of sparse transformers.
+
+``SparseVisits`` offers the interface of ``iosim.visits.Visits`` over the nonzero
+tiles (and, with a causal mask, only those it leaves partly visible), so the algorithms
+loop over it unchanged and count-only mode groups it by size the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from iosim.errors import InputError, InputTypeError
+from iosim.rng import check_seed
+from iosim.visits import Axis, Blocks, Visits, visits
+
+if TYPE_CHECKING:
+    from iosim.problem import Problem
+    from iosim.tiling import Tiling
+
+PATTERNS = ("random", "local", "strided")
+
+
+def check_sparsity(sparsity) -> float:
+    """The fraction of nonzero blocks, a number in (0, 1]."""
+    if isinstance(sparsity, (bool, np.bool_)) or not isinstance(sparsity, (int, float, np.integer, np.floating)):
+        raise InputTypeError(f"sparsity={sparsity!r} must be a number in (0, 1]")
+    if not 0.0 < float(sparsity) <= 1.0:
+        raise InputError(f"sparsity={sparsity!r} is outside the allowed range (0, 1]")
+    return float(sparsity)
+
+
+@dataclass(frozen=True)
+class BlockSparsity:
+    """A block mask: drawn from ``pattern`` with a fraction ``sparsity`` of nonzero tiles, or ``blocks`` itself."""
+
+    sparsity: float = 1.0
+    pattern: str = "random"
+    seed: int = 0
+    blocks: tuple[tuple[bool, ...], ...] | None = None  # an explicit (T_r, T_c) mask, True = nonzero
+
+    def __post_init__(self):
+        check_sparsity(self.sparsity)
+        if self.pattern not in PATTERNS:
+            raise InputError(f"sparsity_pattern={self.pattern!r} is not one of {list(PATTERNS)}")
+        check_seed(self.seed)
+
+    @classmethod
+    def from_array(cls, mask) -> BlockSparsity:
+        """An explicit block mask: a 2-D boolean array of shape (⌈N_q/B_r⌉, ⌈N_k/B_c⌉)."""
+        m = np.asarray(mask)
+        if m.dtype != np.bool_:
+            raise InputTypeError(f"block mask must be boolean (True = nonzero tile); got dtype {m.dtype}")
+        if m.ndim != 2 or 0 in m.shape:
+            raise InputError(f"block mask must be a non-empty 2-D array (T_r, T_c); got shape {m.shape}")
+        return cls(sparsity=max(float(m.mean()), 1e-300), blocks=tuple(tuple(bool(x) for x in row) for row in m))
+
+    def mask(self, T_r: int, T_c: int) -> np.ndarray:
+        """The (T_r, T_c) block mask of a run with that many query and key blocks."""
+        if self.blocks is not None:
+            m = np.array(self.blocks, dtype=bool)
+            if m.shape != (T_r, T_c):
+                raise InputError(f"block mask of shape {m.shape} does not match the run's tiles: allowed shape "
+                                 f"(⌈N_q/B_r⌉, ⌈N_k/B_c⌉) = {(T_r, T_c)}")
+            return m
+        n = max(1, round(self.sparsity * T_r * T_c))
+        i, j = np.divmod(np.arange(T_r * T_c), T_c)
+        distance = np.abs((i + 0.5) / T_r - (j + 0.5) / T_c)
+        if self.pattern == "random":
+            chosen = np.random.default_rng(self.seed).choice(T_r * T_c, size=n, replace=False)
+        elif self.pattern == "local":
+            chosen = np.argsort(distance, kind="stable")[:n]
+        else:
+            stride = max(1, round(1 / self.sparsity))
+            diagonal = np.rint((i + 0.5) * T_c / T_r - 0.5).astype(int)  # key block on the diagonal of row i
+            off = (j - diagonal) % stride
+            chosen = np.lexsort((distance, np.minimum(off, stride - off)))[:n]
+        out = np.zeros(T_r * T_c, dtype=bool)
+        out[chosen] = True
+        return out.reshape(T_r, T_c)
+
+
+def element_mask(spec: BlockSparsity, tiling: Tiling, n_q: int, n_k: int) -> np.ndarray:
+    """(N_q, N_k) booleans: the elements of the nonzero tiles of ``spec`` on ``tiling``."""
+    blocks = spec.mask(-(-n_q // tiling.Br), -(-n_k // tiling.Bc))
+    return np.repeat(np.repeat(blocks, tiling.Br, axis=0), tiling.Bc, axis=1)[:n_q, :n_k]
+
+
+def reduce_element_mask(mask, tiling: Tiling) -> BlockSparsity:
+    """The block mask of a boolean (N_q, N_k) element mask: a tile is nonzero where any element is True."""
+    m = np.asarray(mask)
+    if m.dtype != np.bool_ or m.ndim != 2:
+        raise InputError(f"element mask must be a 2-D boolean array (N_q, N_k); got {m.dtype} of shape {m.shape}")
+    T_r, T_c = -(-m.shape[0] // tiling.Br), -(-m.shape[1] // tiling.Bc)
+    padded = np.zeros((T_r * tiling.Br, T_c * tiling.Bc), dtype=bool)
+    padded[:m.shape[0], :m.shape[1]] = m
+    return BlockSparsity.from_array(padded.reshape(T_r, tiling.Br, T_c, tiling.Bc).any(axis=(1, 3)))
+
+
+def _runs(indices: np.ndarray) -> tuple[range, ...]:
+    """Consecutive runs of sorted indices, as ranges."""
+    if indices.size == 0:
+        return ()
+    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+    return tuple(range(int(run[0]), int(run[-1]) + 1) for run in np.split(indices, breaks))
+
+
+class SparseVisits:
+    """The tiles a block-sparse run visits: nonzero in the block mask and, when causal, partly visible.
+
+    ``skips_empty_columns``: the outer loop skips a key block whose tiles are all zero
+    (``block-sparse-skip``); otherwise it visits every key block (the paper's variant).
+    """
+
+    def __init__(self, q: Axis, k: Axis, nonzero: np.ndarray, skips_empty_columns: bool):
+        self.q, self.k, self.nonzero, self.skips_empty_columns = q, k, nonzero, skips_empty_columns
+        self._pairs = self._count_pairs()
+
+    def queries_seeing(self, j: int) -> Blocks:
+        """The query blocks whose tile with key block j is visited."""
+        return Blocks(self.q, _runs(np.flatnonzero(self.nonzero[:, j])))
+
+    def keys_seen_by(self, i: int) -> Blocks:
+        """The key blocks whose tile with query block i is visited."""
+        return Blocks(self.k, _runs(np.flatnonzero(self.nonzero[i])))
+
+    def key_blocks(self) -> Blocks:
+        """The key blocks of the outer loop, each nesting the query blocks of its visited tiles."""
+        columns = np.flatnonzero(self.nonzero.any(axis=0)) if self.skips_empty_columns else np.arange(self.k.T)
+        return Blocks(self.k, _runs(columns), self.queries_seeing, self._transposed_pair_counts)
+
+    def query_blocks(self) -> Blocks:
+        """Every query block, each nesting the key blocks of its visited tiles."""
+        return Blocks(self.q, (range(self.q.T),), self.keys_seen_by, self._pair_counts)
+
+    def pairs(self) -> list[tuple[int, int, int]]:
+        """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
+        return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
+
+    def _pair_counts(self) -> dict[tuple[int, int], int]:
+        return dict(self._pairs)
+
+    def _count_pairs(self) -> dict[tuple[int, int], int]:
+        i, j = np.nonzero(self.nonzero)
+        if i.size == 0:
+            return {}
+        b_i = np.minimum(self.q.B, self.q.n - i * self.q.B)
+        b_j = np.minimum(self.k.B, self.k.n - j * self.k.B)
+        sizes, counts = np.unique(np.stack([b_i, b_j]), axis=1, return_counts=True)
+        return {(int(a), int(b)): int(n) for (a, b), n in zip(sizes.T, counts)}
+
+    def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
+        return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
+
+
+MAX_TILES = 10**8  # a block mask is held whole: T_r·T_c booleans
+
+
+def sparse_visits(pb: Problem, tiling: Tiling, skips_empty_columns: bool) -> SparseVisits | Visits:
+    """The tiles of a block-sparse run on ``pb`` with ``tiling``: its block mask's, causal-hidden ones skipped.
+
+    Without a block mask every tile is nonzero: the dense tiles (``iosim.visits``), in
+    time independent of N. A block mask costs time and memory O(T_r·T_c).
+    """
+    if pb.block_sparsity is None:
+        return visits(pb, tiling, skips_hidden=True)
+    q, k = Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc)
+    if q.T * k.T > MAX_TILES:
+        raise InputError(f"a block mask over T_r × T_c = {q.T} × {k.T} tiles (B_r={tiling.Br}, B_c={tiling.Bc}) "
+                         f"is above the {MAX_TILES:.0e} tiles it may hold; allowed: larger blocks (a larger M) or "
+                         f"shorter sequences")
+    nonzero = pb.block_sparsity.mask(q.T, k.T)
+    if pb.causal:  # tile (i, j) is partly visible when block j's first key is seen by block i's last row
+        last_row = np.minimum(np.arange(1, q.T + 1) * q.B, q.n) - 1
+        nonzero = nonzero & (np.arange(k.T)[None, :] * k.B <= last_row[:, None] + (k.n - q.n))
+    return SparseVisits(q, k, nonzero, skips_empty_columns)
