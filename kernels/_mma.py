@@ -55,8 +55,10 @@ def _simulator_functions():
         halves = np.array([lo, hi], dtype=np.float32).astype(np.float16)
         return np.uint32(halves.view(np.uint32)[0])
 
-    def halves(word):
-        return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float64)
+    lanes = np.arange(WARP)[:, None, None]
+    words, half = np.arange(4)[None, :, None], np.arange(2)[None, None, :]
+    a_rows, a_cols = np.broadcast_arrays(*a_element(lanes, words, half))  # (32, 4, 2) each
+    b_rows, b_cols = np.broadcast_arrays(*b_element(lanes, words[:, :2], half))  # (32, 2, 2)
 
     @cuda.jit(device=True)
     def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
@@ -67,19 +69,14 @@ def _simulator_functions():
         tid = cuda.threadIdx.x
         lane = tid % WARP
         first = tid - lane
-        words = (a0, a1, a2, a3, b0, b1)
-        for w in range(SCRATCH_WORDS):
-            scratch[tid, w] = words[w]
+        for w, word in enumerate((a0, a1, a2, a3, b0, b1)):
+            scratch[tid, w] = word
         cuda.syncthreads()
+        halves = np.ascontiguousarray(scratch[first:first + WARP]).view(np.float16).reshape(WARP, SCRATCH_WORDS, 2)
         a = np.zeros((M, K))
         b = np.zeros((K, N))
-        for other in range(WARP):
-            for w in range(4):
-                for h, x in enumerate(halves(scratch[first + other, w])):
-                    a[a_element(other, w, h)] = x
-            for w in range(2):
-                for h, x in enumerate(halves(scratch[first + other, 4 + w])):
-                    b[b_element(other, w, h)] = x
+        a[a_rows, a_cols] = halves[:, :4]
+        b[b_rows, b_cols] = halves[:, 4:]
         cuda.syncthreads()
         out = []
         for i, c in enumerate((c0, c1, c2, c3)):

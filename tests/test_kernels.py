@@ -32,6 +32,7 @@ SIM_CONFIGS = {
     "standard": MatmulConfig(BM=16, BN=16, BK=16, TM=4, TN=2, row_threads=16),
     "flash": TileConfig(Br=16, Bc=16, TM=2, TN=4),
     "flash-swapped": TileConfig(Br=16, Bc=16, TM=2, TN=4),
+    "flash-swapped-tc": TileConfig(Br=16, Bc=16, TM=2, TN=4),  # its float32 forward and its backward
 }
 
 # SRAM size (elements) handed to the simulator; any size that fits the shapes below will
