@@ -36,7 +36,7 @@ import numba.cuda.dispatcher  # noqa: E402
 from numba import cuda, types  # noqa: E402
 
 from kernels import _device as dev  # noqa: E402
-from kernels import flash, flash_swapped, standard  # noqa: E402
+from kernels import flash, flash_swapped, flash_swapped_tc, standard  # noqa: E402
 
 CC = (9, 0)
 ARCH = "sm_90"
@@ -91,6 +91,13 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     + DROPOUT_ARGS,
                     c.threads(True), flash_swapped.shared_bytes(c, d, True), flash_swapped.layout(c, d, True),
                 ))
+                if dt is F16:
+                    out.append(KernelCase(
+                        f"flash-swapped-tc forward {tag} ({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.BC})",
+                        flash_swapped_tc.forward_kernel(d, causal, dropout),
+                        (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
+                        flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
+                    ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)
         out.append(KernelCase(

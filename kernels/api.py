@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda
 
 from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
-from kernels import flash, flash_swapped, standard
+from kernels import flash, flash_swapped, flash_swapped_tc, standard
 from kernels.config import Dropout
 
 # The one registry of implementations: the host API, the benchmark and the tests all read it.
@@ -30,6 +30,7 @@ IMPLS: dict[str, ModuleType] = {
     "standard": standard,  # Algorithm 0: S and P materialised in HBM
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
     "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
+    "flash-swapped-tc": flash_swapped_tc,  # flash-swapped's forward on tensor cores (float16)
 }
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))

@@ -32,6 +32,7 @@ SIM_CONFIGS = {
     "standard": MatmulConfig(BM=16, BN=16, BK=16, TM=4, TN=2, row_threads=16),
     "flash": TileConfig(Br=16, Bc=16, TM=2, TN=4),
     "flash-swapped": TileConfig(Br=16, Bc=16, TM=2, TN=4),
+    "flash-swapped-tc": TileConfig(Br=16, Bc=16, TM=2, TN=4),  # its float32 forward and its backward
 }
 
 # SRAM size (elements) handed to the simulator; any size that fits the shapes below will
@@ -380,3 +381,65 @@ def test_bad_backward_input_is_rejected_naming_the_parameter(change, error, word
         kernels.attention_backward(q, k, v, args.pop("out"), args.pop("lse"), args.pop("dout"), **args)
     for word in words:
         assert word in str(info.value), f"{word!r} missing from: {info.value}"
+
+
+def test_mma_fragments_follow_the_ptx_isa():
+    from kernels import _mma
+
+    # lane 5: group 1, quad 1 (PTX ISA, mma.m16n8k16 fragments for .f16 A, B and .f32 C)
+    assert [_mma.a_element(5, w, h) for w in range(4) for h in range(2)] == [
+        (1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)
+    ]
+    assert [_mma.b_element(5, w, h) for w in range(2) for h in range(2)] == [(2, 1), (3, 1), (10, 1), (11, 1)]
+    assert [_mma.c_element(5, i) for i in range(4)] == [(1, 2), (1, 3), (9, 2), (9, 3)]
+    # every element of A, B and C is held by exactly one (lane, slot)
+    for name, cells, size in (
+        ("A", [_mma.a_element(la, w, h) for la in range(32) for w in range(4) for h in range(2)], 16 * 16),
+        ("B", [_mma.b_element(la, w, h) for la in range(32) for w in range(2) for h in range(2)], 16 * 8),
+        ("C", [_mma.c_element(la, i) for la in range(32) for i in range(4)], 16 * 8),
+    ):
+        assert len(set(cells)) == len(cells) == size, f"{name}: {len(set(cells))} distinct of {len(cells)}"
+
+
+def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments():
+    from kernels import _mma
+
+    rng = np.random.default_rng(16816)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 8)).astype(np.float16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    a_words = np.zeros((32, 4), np.uint32)
+    b_words = np.zeros((32, 2), np.uint32)
+    c_lanes = np.zeros((32, 4), np.float32)
+    for lane in range(32):
+        for w in range(4):
+            a_words[lane, w] = np.array([a[_mma.a_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
+        for w in range(2):
+            b_words[lane, w] = np.array([b[_mma.b_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
+        for i in range(4):
+            c_lanes[lane, i] = c[_mma.c_element(lane, i)]
+    packed = np.zeros((32, 2), np.uint32)
+
+    @cuda.jit
+    def warp_mma(a_w, b_w, c_l, d_l, pk):
+        lane = cuda.threadIdx.x
+        scratch = cuda.shared.array((32, _mma.SCRATCH_WORDS), np.uint32)
+        d = _mma.mma_16816(a_w[lane, 0], a_w[lane, 1], a_w[lane, 2], a_w[lane, 3], b_w[lane, 0], b_w[lane, 1],
+                           c_l[lane, 0], c_l[lane, 1], c_l[lane, 2], c_l[lane, 3], scratch)
+        for i in range(4):
+            d_l[lane, i] = d[i]
+        pk[lane, 0] = _mma.pack_half2(np.float32(0.0), np.float32(1.5))
+        pk[lane, 1] = _mma.pack_half2(np.float32(-2.0), np.float32(1.0 / 3.0))
+
+    d_lanes = np.zeros((32, 4), np.float32)
+    warp_mma[1, 32](a_words, b_words, c_lanes, d_lanes, packed)
+    d = np.zeros((16, 8))
+    for lane in range(32):
+        for i in range(4):
+            d[_mma.c_element(lane, i)] = d_lanes[lane, i]
+    want = a.astype(np.float64) @ b.astype(np.float64) + c
+    err = np.max(np.abs(d - want))
+    assert err <= np.finfo(np.float32).eps * np.max(np.abs(want)), f"max |D − (A·B + C)| = {err:.3g}"
+    # lo in the low half, each rounded to nearest float16
+    assert np.array_equal(packed[0], [np.array([0.0, 1.5], np.float16).view(np.uint32)[0],
+                                      np.array([-2.0, 1.0 / 3.0], np.float16).view(np.uint32)[0]]), packed[0]
