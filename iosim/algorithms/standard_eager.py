@@ -120,7 +120,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
     Br, Bc = tiling.Br, tiling.Bc
     matmuls = Br * d + Bc * d + Br * Bc  # steps 1 and 6
-    elementwise = 2 * Br * Bc  # steps 3 (S_ij, mask tile) and 5 (P_ij, Z_ij)
+    elementwise = (2 if pb.has_mask or pb.dropout_p > 0 else 1) * Br * Bc  # S_ij [+ mask tile]; P_ij [+ Z_ij]
     R = softmax_rows(M, n_q, n_k)
     softmax = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # as Alg. 0 step 2
     return max(matmuls, elementwise, softmax)

@@ -169,7 +169,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
     Br, Bc = tiling.Br, tiling.Bc
     matmuls = Br * d + Bc * d + Br * Bc  # steps 1, 2, 7, 8
-    elementwise = 2 * Br * Bc  # steps 3 (dP_drop, Z) and 5 (dS, mask)
+    elementwise = (2 if pb.has_mask or pb.dropout_p > 0 else 1) * Br * Bc  # dP_drop [+ Z]; dS [+ mask]
     R = softmax_backward_rows(M, n_q, n_k)
     softmax = R * (2 * n_k + 1) if R >= 1 else 2 * Br * Bc + Br
     return max(matmuls, elementwise, softmax)
