@@ -67,6 +67,7 @@ class KernelCase:
     signature: tuple
     threads: int
     predicted_shared: int | None
+    layout: object = None  # the thread block's kernels._register_tiles.Layout, where it has one
 
 
 def cases(d_values=(64, 128)) -> list[KernelCase]:
@@ -80,7 +81,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     f"flash-swapped forward {tag} {c}",
                     flash_swapped.forward_kernel(d, c, causal, dropout),
                     (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
-                    c.threads(), flash_swapped.shared_bytes(c, d, False),
+                    c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
                 ))
                 c = _first_fit(flash_swapped, flash_swapped.BACKWARD_TILES, d, True)
                 out.append(KernelCase(
@@ -88,7 +89,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     flash_swapped.backward_kernel(d, c, causal, dropout),
                     (arr(dt, 1),) * 4 + (arr(F32, 1), arr(F32, 1), arr(F32, 1), arr(dt, 1), arr(dt, 1), I64, I64, F32)
                     + DROPOUT_ARGS,
-                    c.threads(True), flash_swapped.shared_bytes(c, d, True),
+                    c.threads(True), flash_swapped.shared_bytes(c, d, True), flash_swapped.layout(c, d, True),
                 ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)

@@ -3,7 +3,7 @@
 Three steps, each a subcommand:
 
     python experiments/ncu_traffic.py profile --grid traffic --out DIR   # on a GPU: runs ncu
-    python experiments/ncu_traffic.py compare DIR                        # anywhere: ratios
+    python experiments/ncu_traffic.py compare DIR [--out PREFIX]         # anywhere: ratios
     python experiments/ncu_traffic.py launch --grid sanitize             # the program ncu or
                                                                          # compute-sanitizer runs
 
@@ -18,10 +18,14 @@ cudaProfilerStart/Stop, after a forward pass for a backward configuration, and o
 with a one-thread marker kernel whose grid size is the configuration's index + 1, so every
 row of ncu's CSV is attributed to its configuration without guessing kernel names.
 
-`compare` sums each configuration's kernels and sets them beside
-``iosim.count(impl, ..., dtype, tiling=iosim.Tiling(Br, Bc))`` with the kernel's own B_r,
-B_c and dtype, and writes DIR/traffic.json and DIR/traffic.md: measured / simulated for
-reads and writes. iosim counts the forward pass only, so backward rows carry the
+`compare` needs no GPU: it reads a profiled folder, sums each configuration's kernels and
+sets them beside ``iosim.count(impl, ..., dtype, tiling=iosim.Tiling(Br, Bc), M=M)`` with the
+B_r, B_c recorded in configs.json (the tiling the kernels chose when they were measured), the
+configuration's dtype, and M the SRAM those tiles need (the simulator's peak at that
+tiling). It writes PREFIX.json and PREFIX.md (PREFIX defaults to DIR/traffic): measured /
+simulated for reads and writes, and measured / compulsory, where compulsory is each
+simulated tensor moved once (Q, K, V read, O, ℓ, m written): the traffic left when a cache
+holds everything. iosim counts the forward pass only, so backward rows carry the
 measurement alone.
 """
 
@@ -180,40 +184,54 @@ def parse_ncu_csv(path: Path) -> list[dict]:
     return configs
 
 
-def simulated(cfg: LaunchConfig) -> dict:
-    """iosim's forward count with the kernel's own B_r, B_c and dtype."""
-    t = cfg.tiling()
-    tiling = iosim.Tiling(Br=t.Br, Bc=t.Bc)
-    result = iosim.count(
-        cfg.impl, N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, M=None, batch=cfg.batch, heads=cfg.heads,
-        causal=cfg.causal, dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=tiling,
+# An SRAM no tiling fills: the first count only asks for the peak of the kernel's tiles.
+UNBOUNDED_M = 2**50
+
+
+def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
+    """iosim's forward count at tiles B_r × B_c and cfg's dtype, with M the SRAM those tiles need."""
+    options = dict(
+        N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, batch=cfg.batch, heads=cfg.heads, causal=cfg.causal,
+        dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=iosim.Tiling(Br=Br, Bc=Bc),
     )
+    M = iosim.count(cfg.impl, M=UNBOUNDED_M, **options).traffic.peak_sram
+    result = iosim.count(cfg.impl, M=M, **options)
     traffic = result.traffic
+    data, stat = traffic.tensor("Q").itemsize, traffic.tensor("l").itemsize
     return {
-        "Br": result.Br, "Bc": result.Bc, "M": result.M,
-        "read_bytes": sum(x.read_bytes for x in traffic.tensors),
-        "write_bytes": sum(x.write_bytes for x in traffic.tensors),
+        "Br": result.tiling.Br, "Bc": result.tiling.Bc, "M": result.M,
+        "read_bytes": traffic.read_bytes,
+        "write_bytes": traffic.write_bytes,
+        "compulsory": {
+            "read_bytes": cfg.batch * cfg.heads * (cfg.n_q + 2 * cfg.n_k) * cfg.d * data,
+            "write_bytes": cfg.batch * cfg.heads * cfg.n_q * (cfg.d * data + 2 * stat),
+        },
         "by_tensor": {x.name: {"read_bytes": x.read_bytes, "write_bytes": x.write_bytes} for x in traffic.tensors},
     }
 
 
-def compare(folder: Path) -> list[dict]:
-    configs = [
-        LaunchConfig(**{k: v for k, v in c.items() if k != "tiling"})
-        for c in json.loads((folder / "configs.json").read_text())
-    ]
+def compare(folder: Path, prefix: Path | None = None) -> list[dict]:
+    """Measured against simulated bytes per profiled configuration; writes PREFIX.json and PREFIX.md."""
+    configs = json.loads((folder / "configs.json").read_text())
     rows = []
     for measured in parse_ncu_csv(folder / "ncu.csv"):
-        cfg = configs[measured["index"]]
-        row = {**asdict(cfg), "tiling": asdict(cfg.tiling()), "measured": measured}
+        recorded = configs[measured["index"]]
+        cfg = LaunchConfig(**{k: v for k, v in recorded.items() if k != "tiling"})
+        row = {**asdict(cfg), "tiling": recorded["tiling"], "measured": measured}
         if cfg.direction == "forward":
-            sim = simulated(cfg)
+            sim = simulated(cfg, recorded["tiling"]["Br"], recorded["tiling"]["Bc"])
             row["simulated"] = sim
-            row["read_ratio"] = measured["read_bytes"] / sim["read_bytes"]
-            row["write_ratio"] = measured["write_bytes"] / sim["write_bytes"]
+            for way in ("read", "write"):
+                row[f"{way}_ratio"] = measured[f"{way}_bytes"] / sim[f"{way}_bytes"]
+                row[f"{way}_over_compulsory"] = measured[f"{way}_bytes"] / sim["compulsory"][f"{way}_bytes"]
         rows.append(row)
-    (folder / "traffic.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (folder / "traffic.md").write_text(markdown(rows))
+    prefix = folder / "traffic" if prefix is None else prefix
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    prefix.with_name(prefix.name + ".json").write_text(json.dumps(rows, indent=2) + "\n")
+    source = (f"DRAM bytes measured by ncu ({folder / 'ncu.csv'}) against `iosim.count` at the kernel's B_r, B_c "
+              f"and dtype; M = the SRAM those tiles need, in elements. MB = 10⁶ bytes; once = each simulated tensor moved once "
+              f"(Q, K, V read; O, ℓ, m written).\n\n")
+    prefix.with_name(prefix.name + ".md").write_text(source + markdown(rows))
     return rows
 
 
@@ -221,21 +239,29 @@ def _mb(x: float) -> str:
     return f"{x / 1e6:,.1f}"
 
 
+def _ratio(x: float) -> str:
+    """Three significant digits, trailing zeros kept (1.00, 0.0500), whole numbers from 100."""
+    return f"{x:.0f}" if x >= 100 else f"{x:#.3g}"
+
+
 def markdown(rows: list[dict]) -> str:
     head = (
-        "| impl | dir | batch·heads | N | d | B_r×B_c | DRAM read MB | sim read MB | read meas/sim "
-        "| DRAM write MB | sim write MB | write meas/sim |\n"
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| impl | dir | batch·heads | N | d | B_r×B_c | M | DRAM read MB | sim read MB | read meas/sim "
+        "| read meas/once | DRAM write MB | sim write MB | write meas/sim | write meas/once |\n"
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     )
     lines = []
     for r in rows:
         m, sim = r["measured"], r.get("simulated")
         tile = f"{r['tiling']['Br']}×{r['tiling']['Bc']}"
-        cells = [r["impl"], r["direction"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]), tile,
-                 _mb(m["read_bytes"]), _mb(sim["read_bytes"]) if sim else "–",
-                 f"{r['read_ratio']:.3f}" if sim else "–",
-                 _mb(m["write_bytes"]), _mb(sim["write_bytes"]) if sim else "–",
-                 f"{r['write_ratio']:.3f}" if sim else "–"]
+        cells = [r["impl"], r["direction"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]), tile]
+        cells.append(str(sim["M"]) if sim else "–")
+        for way in ("read", "write"):
+            cells.append(_mb(m[f"{way}_bytes"]))
+            if sim:
+                cells += [_mb(sim[f"{way}_bytes"]), _ratio(r[f"{way}_ratio"]), _ratio(r[f"{way}_over_compulsory"])]
+            else:
+                cells += ["–", "–", "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -250,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_profile.add_argument("--out", type=Path, required=True)
     p_profile.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     p_compare = sub.add_parser("compare", help="measured / simulated from a profiled folder")
-    p_compare.add_argument("folder", type=Path)
+    p_compare.add_argument("folder", type=Path, help="a folder `profile` wrote: configs.json and ncu.csv")
+    p_compare.add_argument("--out", type=Path, default=None,
+                           help="write OUT.json and OUT.md (default: FOLDER/traffic.json and FOLDER/traffic.md)")
     return parser
 
 
@@ -259,7 +287,7 @@ def run(args: argparse.Namespace):
         return launch(GRIDS[args.grid]())
     if args.step == "profile":
         return profile(args.grid, args.out, args.ncu)
-    return compare(args.folder)
+    return compare(args.folder, args.out)
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
-"""Speed targets of the simulator (issue 2), measured on this machine; nothing is asserted.
+"""Speed targets of the simulator, measured on this machine; nothing is asserted.
 
 1. The default ``python -m iosim sweep --M 100k`` (count-only) in under 10 s:
    timed as a fresh process, start-up included.
-2. Numeric simulation of the default algorithm (``flash``) at batch·heads = 8, N = 4096, d = 64, M = 100k within 3× of
-   plain numpy float64 standard attention on the same inputs.
+2. Numeric simulation of the default algorithm (``flash``) at batch·heads = 8, N = 4096,
+   d = 64, M = 100k within 3× of plain numpy float64 standard attention on the same inputs.
+3. Every count and prediction at N = 10⁹, causal or not, in under 0.5 s.
 
 Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json]
 """
@@ -27,6 +28,7 @@ from iosim.registry import DEFAULT
 # The benchmarks, declared as data.
 SWEEP_COMMAND = [sys.executable, "-m", "iosim", "sweep", "--M", "100k"]
 NUMERIC_CASE = dict(batch=1, heads=8, N=4096, d=64, M="100k", algorithm=DEFAULT)
+HUGE_COUNT = dict(N=10**9, d=64, M="100k")  # every algorithm, causal and not, counted and predicted
 
 
 def numpy_standard_attention(q, k, v):
@@ -68,6 +70,12 @@ def main() -> None:
     numpy_s = best_of(args.repeats, lambda: numpy_standard_attention(q, k, v))
     numeric_s = best_of(args.repeats, lambda: iosim.simulate(c["algorithm"], q, k, v, M=c["M"]))
 
+    huge = {
+        f"{algorithm}{' causal' if causal else ''}": best_of(args.repeats, lambda: (
+            iosim.count(algorithm, causal=causal, **HUGE_COUNT), iosim.predict(algorithm, causal=causal, **HUGE_COUNT)))
+        for algorithm in iosim.ALGORITHMS for causal in (False, True)
+    }
+
     result = {
         "sweep_default_seconds": sweep_s,
         "sweep_target_seconds": 10.0,
@@ -76,6 +84,9 @@ def main() -> None:
         "numeric_seconds": numeric_s,
         "numeric_over_numpy": numeric_s / numpy_s,
         "numeric_over_numpy_target": 3.0,
+        "huge_count_case": HUGE_COUNT,
+        "huge_count_seconds": huge,
+        "huge_count_target_seconds": 0.5,
         "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "numpy": np.__version__},
         "commit": git_commit(),
@@ -88,6 +99,7 @@ def main() -> None:
     print(f"default sweep: {sweep_s:.2f} s (target < 10 s)")
     print(f"numeric {c['algorithm']} {numeric_s:.2f} s vs numpy standard {numpy_s:.2f} s: "
           f"{numeric_s / numpy_s:.2f}x (target <= 3x)")
+    print(f"count + predict at N = 10^9: slowest {max(huge.values()):.4f} s (target < 0.5 s)")
     print(f"written to {args.out}")
 
 

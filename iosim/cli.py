@@ -1,4 +1,4 @@
-"""Command line: ``iosim sweep`` (count-only grid) and ``iosim run`` (one numeric simulation).
+"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation) and ``iosim optimize``.
 
 ``build_parser`` and ``run`` hold the logic and return data; only ``main`` renders,
 with rich. Tests call ``run`` directly. Bad input (``iosim.InputError``, a
@@ -26,6 +26,7 @@ from iosim.errors import InputError
 from iosim.gpus import GPUS, resolve_M
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
+from iosim.optimize import TOP_DEFAULT, Optimum, optimize
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.rng import check_seed
@@ -81,7 +82,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size for bytes and for M given in bytes (default float16)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
-                   help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d)")
+                   help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
+                        "optimal: any block shape, fewest HBM accesses (iosim optimize)")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
                    help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
     p.add_argument("--sparsity", type=float, default=None,
@@ -119,6 +121,26 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--dropout", type=float, default=0.0, help="dropout probability in [0, 1)")
     rn.add_argument("--seed", type=_seed, default=0, help="seed of the inputs and of the dropout mask")
     rn.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 reference")
+
+    op = sub.add_parser("optimize", help="the tilings with the fewest exact HBM accesses that fit M, per algorithm")
+    op.add_argument("--N", type=_count, required=True, help="query length N_q")
+    op.add_argument("--N-k", type=_count, default=None, help="key/value length (default: N)")
+    op.add_argument("--d", type=_count, required=True)
+    op.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
+                                              "with --gpu its shared memory per SM)")
+    op.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    op.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
+                    help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
+    op.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
+    op.add_argument("--batch", type=_count, default=1)
+    op.add_argument("--heads", type=_count, default=1)
+    op.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    op.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
+                    help="element size for bytes and for M given in bytes (default float16)")
+    op.add_argument("--top", type=_count, default=TOP_DEFAULT, help=f"tilings shown per algorithm (default "
+                                                                     f"{TOP_DEFAULT})")
+    op.add_argument("--json", metavar="PATH", help="save the tilings as JSON")
+    op.add_argument("--csv", metavar="PATH", help="save the tilings as CSV")
     return parser
 
 
@@ -126,6 +148,28 @@ def build_parser() -> argparse.ArgumentParser:
 class SweepOutcome:
     rows: list[SweepRow]
     skipped: int  # configurations the --resume file already held
+
+
+@dataclass(frozen=True)
+class OptimizeOutcome:
+    results: list  # per algorithm: an Optimum, or the BlockSizeError of one that cannot fit M
+
+    def records(self) -> list[dict]:
+        """One record per tiling shown: the problem, the rank, the tiling and its traffic, and the policies'."""
+        out = []
+        for r in self.results:
+            if not isinstance(r, Optimum):
+                continue
+            s = r.problem.shape
+            config = dict(algorithm=r.algorithm, N=s.n_q, N_k=s.n_k, d=s.d, M=r.M, batch=s.batch, heads=s.heads,
+                          causal=r.problem.causal, dtype=r.problem.dtype, searched=r.searched)
+            policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
+                        for name in ("fit", "paper") for key in ("traffic", "c")}
+            for rank, x in enumerate(r.best, 1):
+                out.append({**config, "rank": rank, "Br": x.tiling.Br, "Bc": x.tiling.Bc, "traffic": x.traffic,
+                            "traffic_bytes": x.traffic_bytes, "working_set": x.working_set, "c": x.c,
+                            "simulated": r.measured.total if rank == 1 else None, **policies})
+        return out
 
 
 @dataclass(frozen=True)
@@ -146,16 +190,20 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         on_simulated: Callable[[SimResult], None] | None = None) -> SweepOutcome | RunOutcome:
     """Execute a parsed command and return its results as data.
 
-    ``on_row`` sees each sweep row as it finishes (None for one skipped by --resume);
+    ``on_row`` sees each sweep row as it finishes (None for one skipped by --resume), or each
+    algorithm's optimum;
     ``on_simulated`` sees a run's result before the reference check starts.
     """
     M = resolve_M(args.M, args.gpu, args.dtype)
-    sparsity = None if args.sparsity is None else BlockSparsity(args.sparsity, args.sparsity_pattern,
-                                                                args.sparsity_seed)
+    sparsity = None if getattr(args, "sparsity", None) is None else BlockSparsity(
+        args.sparsity, args.sparsity_pattern, args.sparsity_seed)  # optimize takes no --sparsity
     if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].block_sparse:
         raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
                          f"{[a.name for a in ALGORITHMS.values() if a.block_sparse]}")
-    algorithms = sweep_algorithms(args) if args.command == "sweep" else [args.algo]
+    if args.command == "sweep":
+        algorithms = sweep_algorithms(args)
+    else:
+        algorithms = args.algo if isinstance(args.algo, list) else [args.algo]
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
         for algo in algorithms:
             pass_of(algo, "bwd")
@@ -170,6 +218,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         finally:
             writer.close()
         return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows))
+    if args.command == "optimize":
+        return _run_optimize(args, M, on_row)
     return _run_one(args, M, on_simulated, sparsity)
 
 
@@ -178,6 +228,25 @@ def sweep_algorithms(args: argparse.Namespace) -> list[str]:
     if args.algo is not None:
         return args.algo
     return [name for name, a in ALGORITHMS.items() if args.sparsity is not None or not a.block_sparse]
+
+
+def _run_optimize(args: argparse.Namespace, M: int, on_done) -> OptimizeOutcome:
+    json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
+    if json_path and json_path == csv_path:
+        raise InputError(f"json and csv name the same file {args.json!r}; give each its own path")
+    algorithms = [pass_of(a, args.pass_) for a in args.algo]
+    outcome = OptimizeOutcome(optimize(algorithms, N=args.N, N_k=args.N_k, d=args.d, M=M, batch=args.batch,
+                                       heads=args.heads, causal=args.causal, dtype=args.dtype, top=args.top,
+                                       on_done=on_done))
+    records = outcome.records()
+    if json_path:
+        json_path.write_text(json.dumps(records, indent=1) + "\n")
+    if csv_path:
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    return outcome
 
 
 def available_memory() -> int | None:
@@ -423,6 +492,37 @@ def _render_traffic(console, r: SimResult | GradResult, t: Counts, tiling, what:
                   f"{_bytes(t.total_bytes)} moved in all")
 
 
+def _render_optimize(console, outcome: OptimizeOutcome) -> None:
+    from rich import box
+    from rich.table import Table
+
+    found = [r for r in outcome.results if isinstance(r, Optimum)]
+    first = found[0]
+    s = first.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
+                  f"{'causal' if first.problem.causal else 'no mask'}. The best tilings of each algorithm (ties in "
+                  f"traffic shown once): HBM elements over all batch·heads, the working set (SRAM) per head, and "
+                  f"c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block policies")
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
+    for name in ("algorithm", "#", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    for r in found:
+        policy_c = [f"{p.c:.2f}" if p else "overflow" for p in (r.fit, r.paper)]
+        for rank, x in enumerate(r.best, 1):
+            table.add_row(r.algorithm if rank == 1 else "", str(rank), f"{x.tiling.Br}×{x.tiling.Bc}",
+                          _eng(x.traffic), _bytes(x.traffic_bytes), _eng(x.working_set), f"{x.c:.2f}",
+                          *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
+    console.print(table)
+    for r in outcome.results:
+        if not isinstance(r, Optimum):
+            console.print(f"[yellow]{r}[/]")
+    best = min(found, key=lambda r: r.best[0].traffic)
+    x = best.best[0]
+    console.print(f"least traffic: {best.algorithm} with B_r={x.tiling.Br}, B_c={x.tiling.Bc}: {x.traffic:,} elements "
+                  f"(c = {x.c:.2f}), simulated count-only: {best.measured.total:,}; "
+                  f"{sum(r.searched for r in found):,} tilings searched")
+
+
 def _render_check(console, outcome: RunOutcome) -> None:
     if outcome.pass_ == "fwd+bwd":
         console.print(f"forward + backward: {outcome.traffic.total:,} elements, {_bytes(outcome.traffic.total_bytes)}")
@@ -449,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
                 task = progress.add_task("sweep", total=total)
                 outcome = run(args, on_row=lambda row: progress.advance(task))
             _render_sweep(console, outcome, args.wide)
+        elif args.command == "optimize":
+            with Progress(TextColumn("optimize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                task = progress.add_task("optimize", total=len(args.algo))
+                outcome = run(args, on_row=lambda result: progress.advance(task))
+            _render_optimize(console, outcome)
         else:
             render = (lambda result: _render_run(console, result)) if args.pass_ == "fwd" else \
                 (lambda result: _render_training(console, result, args.pass_))

@@ -6,7 +6,7 @@ Tilings never exceed the sequence they split (B_r ≤ N_q, B_c ≤ N_k); this ch
 count, only how much SRAM sits idle.
 
 A block policy is a function (algorithm, problem, M) → Tiling, registered in
-``POLICIES``. Both policies here keep the paper's shape: the block of the outer
+``POLICIES``. ``optimal`` searches free shapes (``iosim.optimize``); ``fit`` and ``paper`` keep the paper's shape: the block of the outer
 loop is B and the other is min(B, d) (Alg. 1 line 1 has B_c = ⌈M/4d⌉,
 B_r = min(B_c, d); for a loop with Q blocks outer the roles swap).
 """
@@ -85,7 +85,14 @@ def fit(algo: Algorithm, pb: Problem, M: int) -> Tiling:
     return shape_rule(algo, pb, lo)
 
 
-POLICIES: dict[str, Callable[[Algorithm, Problem, int], Tiling]] = {"fit": fit, "paper": paper}
+def optimal(algo: Algorithm, pb: Problem, M: int) -> Tiling:
+    """Any block shape, for the fewest exact HBM accesses whose working set fits M (``iosim.optimize``)."""
+    from iosim.optimize import optimal as search  # the optimizer builds Tilings: importing it here would be circular
+
+    return search(algo, pb, M)
+
+
+POLICIES: dict[str, Callable[[Algorithm, Problem, int], Tiling]] = {"fit": fit, "paper": paper, "optimal": optimal}
 
 
 def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", tiling: Tiling | None = None) -> Tiling:

@@ -34,7 +34,7 @@ from kernels import _device as dev
 VEC = 4  # floats per 128-bit shared-memory load (LDS.128)
 SHARED_ALIGN = 16  # bytes: shared tiles start where a 128-bit load may read
 BANK_WORDS = 32  # shared memory banks, 4 bytes each
-COPY_LANES = 16  # threads copying one tile row together: 16 consecutive floats, a 64-byte coalesced read
+COPY_LANES = 16  # threads copying one tile row together: 64 contiguous bytes per row (32 lanes per row spill at d = 64)
 INLINE = dev.inline_options()
 FULL_WARP = np.uint32(0xFFFFFFFF)  # every lane takes part in the shuffles: row reductions run warp-uniform
 ZERO = dev.ZERO
@@ -117,7 +117,8 @@ class Tiles(NamedTuple):
     load_row_tile: object  # (rows, W) tiles: Q_i forward, K_j and V_j backward
     load_col_tile: object  # (cols, W) tiles: K_j and V_j forward, Q_i and dO_i backward
     zero_padding: object
-    store_acc: object
+    store_acc: object  # dst = scale · acc, dst in the input dtype
+    add_acc: object  # dst += scale · acc atomically, dst float32; apart, so no atomic is typed for a float16 dst
     load_vector: object
     rows_dot_rows: object
     rows_dot_cols: object
@@ -153,6 +154,16 @@ def _then(before, step, start):
     return f
 
 
+@cuda.jit(device=True, **INLINE)
+def assign(dst, i, x):
+    dst[i] = x
+
+
+@cuda.jit(device=True, **INLINE)
+def atomic_add(dst, i, x):
+    cuda.atomic.add(dst, i, x)
+
+
 @functools.lru_cache(maxsize=None)
 def tiles(layout: Layout) -> Tiles:
     """Device functions specialised to `layout`; every loop bound below is a constant."""
@@ -181,7 +192,7 @@ def tiles(layout: Layout) -> Tiles:
                         dst[r, c] = ZERO
 
     def tile_loader(R):
-        copy_rows = unrolled(load_tile_row, range(-(-R // ROW_STEP)))
+        ROW_PASSES = -(-R // ROW_STEP)
 
         @cuda.jit(device=True, **INLINE)
         def load(dst, src, row_start, n_valid, scale, cr, cc):
@@ -191,9 +202,13 @@ def tiles(layout: Layout) -> Tiles:
             of tile row 0. Thread (cr, cc) of the copy grid copies rows cr, cr + ROW_STEP, …
             and columns cc, cc + LANES, …: consecutive threads read consecutive elements, and
             the global index is unsigned (no negative-index fix-up) and a row base plus a
-            constant. Columns d … W − 1 are left alone (zero_padding clears them once).
+            constant. Columns d … W − 1 are left alone (zero_padding clears them once). The
+            ROW_PASSES loop is left to LLVM: unrolling it by hand puts every pass's loads
+            in flight at once and spills at d = 64.
             """
-            copy_rows(dst, src, np.uint64((row_start + cr) * D + cc), n_valid, scale, cr, cc)
+            first = np.uint64((row_start + cr) * D + cc)
+            for t in range(ROW_PASSES):
+                load_tile_row(t, dst, src, first, n_valid, scale, cr, cc)
 
         return load
 
@@ -204,24 +219,24 @@ def tiles(layout: Layout) -> Tiles:
             for c in range(D + cc, W, LANES):
                 dst[r, c] = ZERO
 
-    @cuda.jit(device=True)
-    def store_acc(dst, acc, row_start, n_valid, scale, r0, tx, atomic):
-        """dst[(row_start + r0 + a)·d + e] = (or +=, atomically) scale · acc[a, 4g + w], e = 4(tx + TC·g) + w.
+    def acc_writer(put):
+        @cuda.jit(device=True)
+        def write(dst, acc, row_start, n_valid, scale, r0, tx):
+            """put(dst, (row_start + r0 + a)·d + e, scale · acc[a, 4g + w]), e = 4(tx + TC·g) + w.
 
-        Writes a thread's (TM, 4·G) accumulator slice to a flat HBM array, for tile rows
-        below n_valid and columns below d.
-        """
-        for a in range(TM):
-            if r0 + a < n_valid:
-                base = (row_start + r0 + a) * D
-                for g in range(G):
-                    for w in range(VEC):
-                        e = VEC * (tx + TC * g) + w
-                        if e < D:
-                            if atomic:
-                                cuda.atomic.add(dst, base + e, scale * acc[a, VEC * g + w])
-                            else:
-                                dst[base + e] = scale * acc[a, VEC * g + w]
+            Writes a thread's (TM, 4·G) accumulator slice to a flat HBM array, for tile rows
+            below n_valid and columns below d.
+            """
+            for a in range(TM):
+                if r0 + a < n_valid:
+                    base = (row_start + r0 + a) * D
+                    for g in range(G):
+                        for w in range(VEC):
+                            e = VEC * (tx + TC * g) + w
+                            if e < D:
+                                put(dst, base + e, scale * acc[a, VEC * g + w])
+
+        return write
 
     @cuda.jit(device=True)
     def load_vector(dst, src, start, n_valid, scale, fill):
@@ -332,4 +347,5 @@ def tiles(layout: Layout) -> Tiles:
             vals[a] = x
         cuda.syncthreads()
 
-    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, store_acc, load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)
+    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, acc_writer(assign), acc_writer(atomic_add),
+                 load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)

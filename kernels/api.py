@@ -25,6 +25,7 @@ from kernels import flash, flash_swapped, standard
 from kernels.config import Dropout
 
 # The one registry of implementations: the host API, the benchmark and the tests all read it.
+# Each module's ALGORITHM is the registered iosim.Algorithm it implements.
 IMPLS: dict[str, ModuleType] = {
     "standard": standard,  # Algorithm 0: S and P materialised in HBM
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)

@@ -26,8 +26,12 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from iosim.algorithms import flash as simulated
 from kernels import _device as dev
 from kernels.config import FLOAT32_BYTES, TileConfig
+
+# The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
+ALGORITHM = simulated.ALGORITHM
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

@@ -2,8 +2,8 @@
 
 The random tests hold the simulator equal to the closed forms; a mistake made the
 same way in both (dropping the mask reads, or the m̃/ℓ̃ buffers) would pass them.
-Here every number is derived from the algorithms' definitions (seed 000 Alg. 2,
-seed 003 Alg. 0 and 1, and the buffers each module's docstring lists), written as
+Here every number is derived from the algorithms' definitions (Dao et al. 2022,
+Algorithms 0, 1 and 2, and the buffers each module's docstring lists), written as
 the arithmetic a reader can check, and both the simulator (count-only and numeric)
 and the prediction must equal it.
 

@@ -144,10 +144,20 @@ def check_against_float64(impl: str, case: Case, dtype) -> None:
     ):
         assert_close(f"{impl} {name}", got, want, low, dtype)
 
-    sim = iosim.simulate(impl, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), M=SIM_M, **opts)
+    sim = iosim.simulate(kernels.IMPLS[impl].ALGORITHM, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), M=SIM_M, **opts)
     assert_close(f"{impl} out vs iosim.simulate", fwd.out, sim.out, lowp[0], dtype)
     if sim.lse is not None:  # the simulated standard algorithm keeps P, not ℓ and m
         assert_close(f"{impl} lse vs iosim.simulate", fwd.lse, sim.lse, lowp[1], dtype)
+
+
+def test_every_impl_names_the_registered_iosim_algorithm_it_implements():
+    for impl, module in kernels.IMPLS.items():
+        algorithm = module.ALGORITHM
+        assert isinstance(algorithm, iosim.Algorithm), f"kernels.IMPLS[{impl!r}].ALGORITHM = {algorithm!r}"
+        assert iosim.ALGORITHMS.get(algorithm.name) is algorithm, (
+            f"kernels.IMPLS[{impl!r}] implements {algorithm.name!r}, which is not the object registered "
+            f"in iosim.ALGORITHMS ({sorted(iosim.ALGORITHMS)})"
+        )
 
 
 @pytest.mark.parametrize("case_name", list(CASES))

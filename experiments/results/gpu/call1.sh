@@ -2,7 +2,7 @@
 # Device call 1 (H100): the kernel tests on the GPU, compute-sanitizer, ncu DRAM bytes.
 # Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/call1.tgz.
 # The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: the caller puts a
-# numpy 2.4.6 wheel first on PYTHONPATH (see manifest.md).
+# numpy 2.4.6 wheel first on PYTHONPATH (docs/gpu.md says how).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 R=${OUT:?}/call1

@@ -1,0 +1,149 @@
+"""Block policy `optimal` and `iosim optimize`: the fewest exact HBM accesses that fit M, confirmed by the simulator."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iosim
+from helpers import ALGORITHM_NAMES, random_qkv, relative_error
+from iosim.cli import OptimizeOutcome, build_parser, main, run
+from iosim.inputs import AttentionShape
+from iosim.optimize import evaluate, optimize, ranked
+from iosim.problem import Problem
+from iosim.registry import ALGORITHMS
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=30, deadline=None)
+@given(n_q=st.integers(1, 36), n_k=st.integers(1, 36), d=st.integers(1, 9), causal=st.booleans(),
+       mask=st.booleans(), slack=st.floats(0, 1))
+def test_optimal_is_the_best_of_every_tiling(algorithm, n_q, n_k, d, causal, mask, slack):
+    algo = ALGORITHMS[algorithm]
+    pb = Problem(AttentionShape(1, 1, n_q, n_k, d), tau=1.0, causal=causal, has_mask=mask)
+    lo = algo.working_set(pb, iosim.Tiling(1, 1), 10**9)
+    hi = algo.working_set(pb, iosim.Tiling(n_q, n_k), 10**9)
+    M = lo + int(slack * (hi - lo))
+    if algo.working_set(pb, iosim.Tiling(1, 1), M) > M:  # a working set that grows with M (standard's rows)
+        return
+    every = [evaluate(algo, pb, M, iosim.Tiling(Br, Bc)) for Br in range(1, n_q + 1) for Bc in range(1, n_k + 1)
+             if algo.working_set(pb, iosim.Tiling(Br, Bc), M) <= M]
+    least = min(x.traffic for x in every)
+    best = ranked(algo, pb, M)[0]
+    assert best.traffic == least, f"searched {best}, but some tiling moves {least}"
+
+
+@st.composite
+def large_cases(draw):
+    d = draw(st.integers(8, 160))
+    n_q = draw(st.integers(1, 70000))
+    return dict(N=n_q, N_k=draw(st.one_of(st.just(n_q), st.integers(1, 70000))), d=d,
+                M=draw(st.integers(4 * d + 10, 60_000)), heads=draw(st.integers(1, 3)),
+                causal=draw(st.booleans()), mask=draw(st.booleans()))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@settings(max_examples=15, deadline=None)
+@given(c=large_cases())
+def test_optimal_fits_is_simulated_exactly_and_beats_fit_and_paper(algorithm, c):
+    try:
+        measured = iosim.count(algorithm, **c, block_policy="optimal")
+    except iosim.BlockSizeError:  # below the smallest working set: test_optimize_rejects_M_below_every_working_set
+        return
+    predicted = iosim.predict(algorithm, **c, block_policy="optimal")
+    assert measured.tiling == predicted.tiling
+    assert measured.traffic == predicted.exact
+    assert ALGORITHMS[algorithm].working_set(measured.problem, measured.tiling, measured.M) <= measured.M
+    for policy in ("fit", "paper"):
+        try:
+            other = iosim.predict(algorithm, **c, block_policy=policy)
+        except iosim.BlockSizeError:  # 'paper' overflows for larger d
+            continue
+        assert measured.traffic.total <= other.exact.total, f"{policy} {other.tiling} beats {measured.tiling}"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+def test_optimal_tiling_computes_attention_exactly(algorithm):
+    rng = np.random.default_rng(113)
+    q, k, v = random_qkv(rng, 2, 1, 113, 239, 7)
+    for causal in (False, True):
+        r = iosim.simulate(algorithm, q, k, v, M=900, causal=causal, block_policy="optimal", dropout_p=0.1, seed=3)
+        ref = iosim.attention_ref(q, k, v, causal=causal, dropout_p=0.1, seed=3)
+        assert relative_error(r.out, ref.out) < 1e-12, (algorithm, causal, r.tiling)
+        assert r.traffic == iosim.count(algorithm, N=113, N_k=239, d=7, M=900, batch=2, causal=causal,
+                                        dropout_p=0.1, block_policy="optimal").traffic
+
+
+# The audit of issue 9 (N = 4096, d = 64): c = traffic·M/(N²d²) of the best flash and swapped blocks.
+AUDIT = [(1000, "flash", 7.99), (1000, "flash-swapped", 5.22), (16_384, "flash", 6.51),
+         (16_384, "flash-swapped", 4.38), (100_000, "flash", 8.17), (100_000, "flash-swapped", 5.35)]
+
+
+@pytest.mark.parametrize("M, algorithm, c", AUDIT)
+def test_optimum_reaches_the_audited_constants(M, algorithm, c):
+    best = ranked(ALGORITHMS[algorithm], Problem(AttentionShape(1, 1, 4096, 4096, 64), tau=1.0), M)[0]
+    assert round(best.c, 2) == c, best
+    # the block that its traffic depends on is as large as fits; the other is 1
+    assert (best.tiling.Br if algorithm == "flash" else best.tiling.Bc) == 1, best
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("M", [10**4, 10**5, 10**6])
+def test_swapped_constant_tends_to_four(d, M):
+    # B_c = 1 and the largest B_r: W = B_r·(2d + 5) + 2d <= M. K and V are read ⌈N/B_r⌉ times and
+    # Q, O, ℓ, m once: 2Nd·⌈N/B_r⌉ + 2Nd + 2N >= 2N²d(2d + 5)/M, so c >= 4 + 10/d; B_r >= (M − 4d − 5)/(2d + 5)
+    # and ⌈N/B_r⌉ <= N/B_r + 1 bound it above.
+    N = 2**20
+    best = ranked(ALGORITHMS["flash-swapped"], Problem(AttentionShape(1, 1, N, N, d), tau=1.0), M)[0]
+    low = 4 + 10 / d
+    assert best.tiling.Bc == 1 and low <= best.c <= low * M / (M - 4 * d - 5) + 4 * M / (N * d), best
+
+
+def test_optimize_confirms_and_compares():
+    results = optimize(N=1000, N_k=777, d=40, M=5000, causal=True, top=2)
+    assert [r.algorithm for r in results] == list(ALGORITHMS)
+    for r in results:
+        assert r.measured == ALGORITHMS[r.algorithm].traffic(r.problem, r.best[0].tiling, r.M)
+        assert r.best[0].traffic < r.best[1].traffic and len(r.best) == 2
+        assert r.best[0].traffic <= r.fit.traffic and r.best[0].working_set <= 5000
+
+
+def test_optimize_rejects_M_below_every_working_set():
+    with pytest.raises(iosim.BlockSizeError, match=r"M=10 is below the smallest working set of every algorithm asked "
+                                                   r"for \(.*flash: 263.*\); allowed range M >= "):
+        optimize(N=4096, d=64, M=10)
+
+
+def test_optimize_command_saves_the_tilings(tmp_path):
+    js = tmp_path / "o.json"
+    argv = ["optimize", "--N", "4096", "--d", "64", "--M", "16384", "--algo", "flash", "flash-swapped",
+            "--json", str(js)]
+    out = run(build_parser().parse_args(argv))
+    assert isinstance(out, OptimizeOutcome)
+    records = json.loads(js.read_text())
+    assert [(r["algorithm"], r["rank"]) for r in records] == [("flash", 1), ("flash", 2), ("flash", 3),
+                                                             ("flash-swapped", 1), ("flash-swapped", 2),
+                                                             ("flash-swapped", 3)]
+    first = records[3]
+    assert (first["Br"], first["Bc"], round(first["c"], 2)) == (121, 1, 4.38)
+    assert first["simulated"] == first["traffic"] and first["working_set"] <= 16384
+    assert main(argv[:-2]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--M", "10"], "M=10 is below the smallest working set of every algorithm"),
+    (["--M", "1000", "--top", "0"], "--top: 0"),
+])
+def test_optimize_bad_input_exits_2_with_one_line(capsys, argv, message):
+    assert main(["optimize", "--N", "4096", "--d", "64", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_sweep_takes_the_optimal_policy():
+    out = run(build_parser().parse_args(["sweep", "--M", "100k", "--N", "4096", "--d", "64", "--block-policy",
+                                         "optimal"]))
+    assert all(r.status == "ok" and r.total == r.predicted for r in out.rows)
+    assert {r.algorithm: (r.tiling.Br, r.tiling.Bc) for r in out.rows}["flash"] == (1, 683)
