@@ -182,3 +182,16 @@ def test_a_training_step_is_both_passes_added(algorithm):
     assert step.traffic == pred.exact == iosim.counts.combined(fwd.traffic, bwd.traffic)
     assert step.flops == pred.flops == fwd.flops + bwd.flops
     assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("n_q, n_k", [(1, 1), (113, 239), (239, 113), (1, 1023)])
+def test_awkward_shapes_causal(algorithm, n_q, n_k):
+    rng = np.random.default_rng(n_q * 1000 + n_k)
+    q, k, v = random_qkv(rng, 1, 2, n_q, n_k, 7)
+    do = rng.standard_normal(q.shape)
+    g = iosim.gradients(algorithm, q, k, v, do, M=3000, causal=True, dropout_p=0.1, seed=4)
+    ref = iosim.attention_backward_ref(q, k, v, do, causal=True, dropout_p=0.1, seed=4)
+    for name, x, r in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref):
+        err = relative_error(x, r)
+        assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: {name} error {err:.3e}, blocks {g.tiling}"

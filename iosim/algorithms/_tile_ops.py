@@ -32,6 +32,16 @@ def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij:
     return S
 
 
+def visible(pb: Problem, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
+    """(bh, Br, Bc) booleans, True = attend: the causal mask and the explicit mask's tile, combined."""
+    keep = np.ones((pb.shape.bh, rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
+    if pb.causal:
+        keep &= causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
+    if mask_ij is not None:
+        keep &= mask_ij.data > 0.5
+    return keep
+
+
 def apply_dropout(pb: Problem, P: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
     """P ∘ Z: zero the dropped entries and scale the kept ones by 1/(1 − p)."""
     if pb.dropout_p == 0.0:

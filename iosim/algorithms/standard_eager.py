@@ -28,12 +28,11 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
-from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose
+from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose, visible
 from iosim.algorithms.standard import softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
-from iosim.inputs import causal_keep
-from iosim.memory import Memory, Tile
+from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.rng import dropout_tile
 from iosim.tiling import Tiling
@@ -80,7 +79,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             for _, cols in mem.loop(tiles.keys_seen_by(i)):
                 S_ij, mask_ij = mem.load("S", rows, cols, tile="S_ij"), load_mask(mem, pb, rows, cols)
                 if mem.numeric:
-                    S_ij.data = np.where(visible(pb, rows, cols, mask_ij), S_ij.data, -np.inf)
+                    S_ij.data = np.where(visible(pb, rows, cols, mask_ij), S_ij.data, -np.inf)  # (bh, Br, Bc)
                 mem.store(S_ij, "S", rows, cols)
                 mem.free(S_ij)
                 if mask_ij is not None:
@@ -115,16 +114,6 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             mem.free(P_ij, V_j)
         mem.store(O_i, "O", rows)
         mem.free(O_i)
-
-
-def visible(pb: Problem, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
-    """(bh, Br, Bc) booleans: the causal mask and the explicit mask's tile, combined."""
-    keep = np.ones((pb.shape.bh, rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
-    if pb.causal:
-        keep &= causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
-    if mask_ij is not None:
-        keep &= mask_ij.data > 0.5
-    return keep
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:

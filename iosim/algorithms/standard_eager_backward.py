@@ -27,10 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Tensor, exact_counts, saved
-from iosim.algorithms._tile_ops import load_mask, row_dot, transpose
+from iosim.algorithms._tile_ops import load_mask, row_dot, transpose, visible
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
-from iosim.inputs import causal_keep
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -100,12 +99,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             if pb.causal or pb.has_mask:
                 dS_ij, mask_ij = mem.load("dS", rows, cols, tile="dS_ij"), load_mask(mem, pb, rows, cols)
                 if mem.numeric:
-                    keep = np.ones(dS_ij.data.shape, dtype=bool)
-                    if pb.causal:
-                        keep &= causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
-                    if mask_ij is not None:
-                        keep &= mask_ij.data > 0.5
-                    dS_ij.data = np.where(keep, dS_ij.data, 0.0)
+                    dS_ij.data = np.where(visible(pb, rows, cols, mask_ij), dS_ij.data, 0.0)
                 mem.store(dS_ij, "dS", rows, cols)
                 mem.free(dS_ij)
                 if mask_ij is not None:
