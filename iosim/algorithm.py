@@ -28,6 +28,7 @@ class Tensor:
     cols: str
     role: str  # one of ROLES: read only, returned, or written and read back within the run
     element: str = "data"  # one of ELEMENTS: sets the bytes per element
+    kv: bool = False  # one per batch·kv_head (K, V under grouped-query attention), not per batch·head
 
     def __post_init__(self):
         if self.role not in ROLES or self.element not in ELEMENTS:
@@ -39,7 +40,10 @@ class Tensor:
 
 
 # What every algorithm reads: Q, K, V, and the boolean mask when the problem has one.
-INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input"), Tensor("V", "N_k", "d", "input"))
+# K and V have kv_heads heads (grouped-query attention); every algorithm that runs per query head reads
+# its group's K/V as its own, so its K/V reads are counted per query head.
+INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input", kv=True),
+          Tensor("V", "N_k", "d", "input", kv=True))
 MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
@@ -81,6 +85,11 @@ class Algorithm:
     # tiles; other algorithms ignore the mask): its backward pass must then run on the forward's tiles, so a
     # training step uses the backward's tiling for both passes, which fits the forward's smaller working set
     block_sparse: bool = False
+    # True when it serves each GQA group of query heads from one K/V load: it runs on the problem packed by
+    # group (Problem.packed_by_group: batch·kv_heads heads of G·N_q query rows), so its counts show the saving
+    packs_groups: bool = False
+    # its default number of K/V splits (Tiling.splits) given the blocks; None when it does not split K/V
+    splits: Callable[[Problem, Tiling], int] | None = None
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)
@@ -100,7 +109,11 @@ def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
 
 def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],
                  peak_sram: int) -> Counts:
-    """Counts from per-head element counts by tensor name (absent means 0), scaled to all batch·heads."""
+    """Counts from per-head element counts by tensor name (absent means 0), scaled to all batch·heads.
+
+    Every head of the run counts its reads of K and V, its group's under grouped-query
+    attention, as the memory does.
+    """
     tensors = hbm_tensors(own, pb)
     unknown = (set(reads) | set(writes)) - {t.name for t in tensors}
     if unknown:

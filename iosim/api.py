@@ -90,7 +90,7 @@ def step_tilings(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | 
     An explicit ``tiling`` is used for both passes.
     """
     forward = get_algorithm(algorithm)
-    backward, M, backward_tiling = _tiled(pass_of(forward, "bwd"), pb, M, block_policy, tiling)
+    backward, M, backward_tiling, _ = _tiled(pass_of(forward, "bwd"), pb, M, block_policy, tiling)
     shared = tiling if tiling is not None else backward_tiling if forward.block_sparse else None
     return forward, backward, M, choose_tiling(forward, pb, M, block_policy, shared), backward_tiling
 
@@ -100,12 +100,13 @@ def _check_pass(pass_) -> None:
         raise InputError(f"pass_={pass_!r} is not one of {[*PASSES, TRAINING]}")
 
 
-def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype, block_sparsity=None) -> Problem:
+def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dtype, block_sparsity=None,
+                   kv_heads=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data."""
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
         n_q=check_positive_int("N", N), n_k=check_positive_int("N_k", N if N_k is None else N_k),
-        d=check_positive_int("d", d),
+        d=check_positive_int("d", d), kv_heads=None if kv_heads is None else check_positive_int("kv_heads", kv_heads),
     )
     if not isinstance(mask, (bool, np.bool_)):
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
@@ -114,35 +115,57 @@ def _count_problem(N, d, N_k, batch, heads, *, causal, mask, dropout_p, seed, dt
                    dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=block_sparsity)
 
 
-def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False) -> int:
+def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
     """Bytes a numeric simulation holds for its HBM tensors: float64 data, one byte per mask element."""
-    pb = _count_problem(N, d, N_k, batch, heads, causal=False, mask=mask, dropout_p=0.0, seed=0, dtype="float64")
-    return sum(pb.shape.bh * rows * cols * (1 if t.element == "mask" else 8)
+    pb = _count_problem(N, d, N_k, batch, heads, causal=False, mask=mask, dropout_p=0.0, seed=0, dtype="float64",
+                        kv_heads=kv_heads)
+    return sum(_heads(t, pb) * rows * cols * (1 if t.element == "mask" else 8)
                for t in get_algorithm(algorithm).hbm_tensors(pb) for rows, cols in [t.shape(pb)])
+
+
+def _heads(t, pb: Problem) -> int:
+    """How many (batch·)heads of tensor ``t`` HBM holds: batch·kv_heads for K and V, else batch·heads."""
+    return pb.shape.bkv if t.kv else pb.shape.bh
+
+
+def run_problem(algorithm, pb: Problem) -> Problem:
+    """The problem as ``algorithm`` runs it: packed by GQA group when it serves a group from one K/V load."""
+    return pb.packed_by_group() if get_algorithm(algorithm).packs_groups else pb
 
 
 def new_memory(algo: Algorithm, pb: Problem, M: int, data: dict | None = None) -> Memory:
     """A run's memory: every HBM tensor the algorithm declares, inputs filled from ``data``.
 
     ``data`` maps tensor names to arrays for a numeric run; None makes it count-only.
+    ``pb`` is the problem as the algorithm runs it (``run_problem``).
     """
     mem = Memory(M, bh=pb.shape.bh, numeric=data is not None)
     for t in algo.hbm_tensors(pb):
-        mem.add_tensor(t.name, *t.shape(pb), pb.itemsize(t.element), data=(data or {}).get(t.name))
+        mem.add_tensor(t.name, *t.shape(pb), pb.itemsize(t.element), data=(data or {}).get(t.name),
+                       heads=_heads(t, pb))
     return mem
 
 
-def _tiled(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None) -> tuple[Algorithm, int, Tiling]:
-    """The algorithm, M in elements and the tiling of the run."""
+def check_grouped_pass(pb: Problem, pass_: str) -> None:
+    if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
+        raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
+                         f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")
+
+
+def _tiled(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None, splits=None
+           ) -> tuple[Algorithm, int, Tiling, Problem]:
+    """The algorithm, M in elements, the tiling of the run and the problem as the algorithm runs it."""
     algo = get_algorithm(algorithm)
     M = parse_size(M, pb.dtype)
-    return algo, M, choose_tiling(algo, pb, M, block_policy, tiling)
+    pb = run_problem(algo, pb)
+    return algo, M, choose_tiling(algo, pb, M, block_policy, tiling, splits), pb
 
 
-def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None, data: dict | None) -> SimResult:
-    algo, M, tiling = _tiled(algorithm, pb, M, block_policy, tiling)
-    mem = new_memory(algo, pb, M, data)
-    algo.run(mem, pb, tiling)
+def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None, data: dict | None,
+             splits=None) -> SimResult:
+    algo, M, tiling, run_pb = _tiled(algorithm, pb, M, block_policy, tiling, splits)
+    mem = new_memory(algo, run_pb, M, data)
+    algo.run(mem, run_pb, tiling)
     result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts(), flops=mem.flops())
     if mem.numeric:
         s = pb.shape
@@ -172,9 +195,12 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None) -> SimResult:
-    """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, heads, N_k, d).
+             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None) -> SimResult:
+    """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
+    kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
+    attention). ``splits`` sets the K/V splits of an algorithm that splits K/V
+    (``split-kv``), whose default policy chooses them otherwise.
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
@@ -182,7 +208,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity)
-    result = _execute(algorithm, pb, M, block_policy, tiling, data)
+    result = _execute(algorithm, pb, M, block_policy, tiling, data, splits)
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
         warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
                       f"float64 holds magnitudes below 1.8e308", RuntimeWarning, stacklevel=2)
@@ -190,7 +216,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> SimResult:
+          seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
+          kv_heads=None, splits=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -200,9 +227,10 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
     """
     _check_pass(pass_)
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
-                        dtype=dtype, block_sparsity=block_sparsity)
+                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads)
+    check_grouped_pass(pb, pass_)
     if pass_ != TRAINING:
-        return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None)
+        return _execute(pass_of(algorithm, pass_), pb, M, block_policy, tiling, None, splits)
     forward, backward, M, forward_tiling, backward_tiling = step_tilings(algorithm, pb, M, block_policy, tiling)
     fwd = _execute(forward, pb, M, block_policy, forward_tiling, None)
     bwd = _execute(backward, pb, M, block_policy, backward_tiling, None)
@@ -211,7 +239,8 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
-            block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None) -> PredictResult:
+            block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
+            kv_heads=None, splits=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
@@ -219,11 +248,12 @@ def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mas
     """
     _check_pass(pass_)
     pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=0, dtype=dtype,
-                        block_sparsity=block_sparsity)
+                        block_sparsity=block_sparsity, kv_heads=kv_heads)
+    check_grouped_pass(pb, pass_)
     if pass_ != TRAINING:
-        algo, M, tiling = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling)
-        return PredictResult(algo.name, pb, M, tiling, algo.traffic(pb, tiling, M), algo.paper_form(pb, M),
-                             algo.paper_label, algo.flops(pb, tiling, M) if algo.flops else None)
+        algo, M, tiling, run_pb = _tiled(pass_of(algorithm, pass_), pb, M, block_policy, tiling, splits)
+        return PredictResult(algo.name, pb, M, tiling, algo.traffic(run_pb, tiling, M), algo.paper_form(run_pb, M),
+                             algo.paper_label, algo.flops(run_pb, tiling, M) if algo.flops else None)
     forward, backward, M, forward_tiling, backward_tiling = step_tilings(algorithm, pb, M, block_policy, tiling)
     passes = ((forward, forward_tiling), (backward, backward_tiling))
     flops = [a.flops(pb, t, M) for a, t in passes if a.flops]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.api import new_memory, numeric_inputs, step_tilings
+from iosim.api import check_grouped_pass, new_memory, numeric_inputs, step_tilings
 from iosim.counts import Counts
 from iosim.flops import Flops
 from iosim.inputs import check_dout
@@ -52,6 +52,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
                               dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
+    check_grouped_pass(pb, "bwd")
 
     forward, backward, M, forward_tiling, tiling = step_tilings(algorithm, pb, M, block_policy)
     fwd = new_memory(forward, pb, M, data)

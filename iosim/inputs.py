@@ -9,6 +9,9 @@ The last query row then sees every key, and with N_q > N_k the first N_q - N_k
 query rows see no key at all (fully masked rows, whose output is defined as 0).
 
 A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
+
+Grouped-query attention: K and V may have fewer heads than Q, ``kv_heads`` dividing
+``heads``; query head h reads K/V head h // (heads / kv_heads). MQA is kv_heads = 1.
 """
 
 from __future__ import annotations
@@ -53,21 +56,42 @@ def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """The sizes of one attention problem; each must be an integer >= 1."""
+    """The sizes of one attention problem; each must be an integer >= 1.
+
+    ``kv_heads`` (default: ``heads``) is how many K/V heads the query heads share, a
+    divisor of ``heads``: query head h reads K/V head h // group.
+    """
 
     batch: int
     heads: int
     n_q: int
     n_k: int
     d: int
+    kv_heads: int | None = None
 
     def __post_init__(self):
         for name in ("batch", "heads", "n_q", "n_k", "d"):
             check_positive_int(name, getattr(self, name))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        check_positive_int("kv_heads", self.kv_heads)
+        if self.heads % self.kv_heads:
+            divisors = [g for g in range(1, self.heads + 1) if self.heads % g == 0]
+            raise InputError(f"kv_heads={self.kv_heads} must divide heads={self.heads}; allowed: {divisors}")
 
     @property
     def bh(self) -> int:
         return self.batch * self.heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head: 1 for multi-head attention, ``heads`` for MQA."""
+        return self.heads // self.kv_heads
+
+    @property
+    def bkv(self) -> int:
+        """batch · kv_heads: how many K/V heads there are."""
+        return self.batch * self.kv_heads
 
 
 def check_qkv(q, k, v) -> AttentionShape:
@@ -84,12 +108,13 @@ def check_qkv(q, k, v) -> AttentionShape:
             raise InputError(f"{name} has shape {tuple(x.shape)}; every dimension must be >= 1")
     if k.shape != v.shape:
         raise InputError(f"k and v must have the same shape; got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[1] % k.shape[1]:
         raise InputError(
-            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and d"
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and d, and k's heads (kv_heads) "
+            f"must divide q's heads"
         )
     b, h, n_q, d = q.shape
-    return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d))
+    return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d), kv_heads=int(k.shape[1]))
 
 
 def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:

@@ -2,7 +2,9 @@
 
 The model follows the paper's IO analysis (Dao et al. 2022, section 3.2):
 
-- HBM holds named 2-D tensors per batch·head (Q, K, V, O, S, P, ℓ, m, ...).
+- HBM holds named 2-D tensors per batch·head (Q, K, V, O, S, P, ℓ, m, ...); under
+  grouped-query attention K and V are per batch·kv_head, one for each group of heads
+  that run in lockstep, and a load hands each head its group's block.
 - SRAM holds tiles. Every on-chip buffer, the S/P tile and the softmax statistics
   included, counts toward the capacity M, in elements (the paper's unit).
 - Data moves only through ``load`` (HBM → SRAM, counted as reads of that tensor)
@@ -70,6 +72,7 @@ class Memory:
         self._hbm: dict[str, np.ndarray | None] = {}
         self._shape: dict[str, tuple[int, int]] = {}
         self._itemsize: dict[str, int] = {}
+        self._group: dict[str, int] = {}  # heads of the run served by one head of the tensor
         self._reads: dict[str, int] = {}
         self._writes: dict[str, int] = {}
         self._resident: dict[int, Tile] = {}
@@ -81,16 +84,22 @@ class Memory:
 
     # --- HBM ---------------------------------------------------------------
     def add_tensor(self, name: str, rows: int, cols: int, itemsize: int, data: np.ndarray | None = None,
-                   fill: float | None = None) -> None:
+                   fill: float | None = None, heads: int | None = None) -> None:
         """Place a (rows, cols)-per-head tensor in HBM without counting traffic.
 
         Inputs arrive in HBM before the algorithm starts; outputs are allocated
-        there. ``data`` must be (bh, rows, cols); ``fill`` creates it instead. Writing
+        there. ``data`` must be (heads, rows, cols); ``fill`` creates it instead. Writing
         initial values that the algorithm itself prescribes (Alg. 1 line 2) is the
-        algorithm's job, through ``store``.
+        algorithm's job, through ``store``. ``heads`` (default bh) divides bh: each
+        of its heads serves bh/heads consecutive heads of the run (a GQA group), which
+        read it as their own, so a load counts bh reads of each element (read-only).
         """
         if name in self._shape:
             raise ValueError(f"tensor {name!r} is already in HBM")
+        heads = self.bh if heads is None else int(heads)
+        if heads < 1 or self.bh % heads:
+            raise ValueError(f"tensor {name!r}: heads={heads} must divide bh={self.bh}")
+        self._group[name] = self.bh // heads
         self._shape[name] = (rows, cols)
         self._itemsize[name] = itemsize
         self._reads[name] = 0
@@ -100,9 +109,9 @@ class Memory:
         elif data is not None:
             arr = np.asarray(data)
             arr = arr if arr.dtype == np.bool_ else arr.astype(np.float64)
-            self._hbm[name] = arr.reshape(self.bh, rows, cols)
+            self._hbm[name] = arr.reshape(heads, rows, cols)
         else:
-            self._hbm[name] = np.full((self.bh, rows, cols), np.nan if fill is None else fill)
+            self._hbm[name] = np.full((heads, rows, cols), np.nan if fill is None else fill)
 
     def tensor(self, name: str) -> np.ndarray:
         """The HBM contents of a tensor after a numeric run (no traffic counted)."""
@@ -129,7 +138,7 @@ class Memory:
         out = self.alloc(tile or name, r, c)
         self._reads[name] += r * c * self.bh * self._weight
         if self.numeric:
-            out.data[...] = self._hbm[name][:, rows, cols]
+            out.data[...] = np.repeat(self._hbm[name][:, rows, cols], self._group[name], axis=0)  # (bh, r, c)
         return out
 
     def store(self, src: Tile, name: str, rows: slice, cols: slice | None = None) -> None:
@@ -137,6 +146,8 @@ class Memory:
         cols, r, c = self._block(name, rows, cols)
         if (r, c) != (src.rows, src.cols):
             raise ValueError(f"tile {src.name} is {src.rows}x{src.cols}; block of {name} is {r}x{c}")
+        if self._group[name] != 1:
+            raise ValueError(f"tensor {name!r} is shared by groups of {self._group[name]} heads: read-only")
         self._writes[name] += r * c * self.bh * self._weight
         if self.numeric:
             self._hbm[name][:, rows, cols] = src.data

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from iosim.errors import InputError, InputTypeError
@@ -34,6 +34,9 @@ class Problem:
     seed: int = 0
     dtype: str = "float16"
     block_sparsity: BlockSparsity | None = None  # the block mask of a block-sparse run; others ignore it
+    # query heads packed into the query rows (``packed()``): 1, or the GQA group of an algorithm that serves
+    # a whole group from one K/V load; row r is then query r mod N_q/packed of the group's head r // (N_q/packed)
+    packed: int = 1
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -51,6 +54,24 @@ class Problem:
 
         if self.block_sparsity is not None and not isinstance(self.block_sparsity, BlockSparsity):
             raise InputTypeError(f"block_sparsity={self.block_sparsity!r} must be an iosim.BlockSparsity or None")
+
+    def packed_by_group(self) -> Problem:
+        """The problem as an algorithm that serves each GQA group from one K/V load sees it.
+
+        The group's G = heads/kv_heads query heads become G·N_q query rows of one K/V head
+        (Flash-Decoding's packing): batch·kv_heads heads run in lockstep and Q, O (and a mask)
+        are the same HBM bytes reshaped, (batch, kv_heads, G·N_q, ·).
+        """
+        s = self.shape
+        if self.packed != 1:
+            raise ValueError("the problem is packed already")
+        shape = AttentionShape(s.batch, s.kv_heads, s.group * s.n_q, s.n_k, s.d, kv_heads=s.kv_heads)
+        return replace(self, shape=shape, packed=s.group)
+
+    @property
+    def queries(self) -> int:
+        """N_q of one head before packing."""
+        return self.shape.n_q // self.packed
 
     def dim(self, name: str) -> int:
         """A size by the name tensors use for it: N_q, N_k, d, or 1."""

@@ -58,9 +58,18 @@ def _check_rows(rows: slice | None, n_q: int) -> slice:
     return rows
 
 
+def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
+    """K or V of (b, kv_heads, N_k, d) as (b, heads, N_k, d): each K/V head repeated for its group.
+
+    Grouped-query attention: query head h attends with K/V head h // (heads / kv_heads).
+    """
+    return np.repeat(x, heads // x.shape[1], axis=1)
+
+
 def _probabilities(q, k, v, causal, mask, scale, rows=None):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
+    k = repeat_kv(k, shape.heads)
     tau = check_scale(scale, shape.d)
     rows = _check_rows(rows, shape.n_q)
     q64, k64 = np.asarray(q[:, :, rows], dtype=np.float64), np.asarray(k, dtype=np.float64)
@@ -90,14 +99,14 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
                   rows: slice | None = None) -> ReferenceOutput:
-    """Float64 attention of q (b, h, N_q, d) against k, v (b, h, N_k, d).
+    """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time.
     """
     shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q))
-    out = (p * z) @ np.asarray(v, dtype=np.float64)
+    out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)
 
 
@@ -108,6 +117,8 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
     D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
     """
     shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale)
+    if shape.kv_heads != shape.heads:
+        raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)
     z = dropout_scale_matrix(shape, dropout_p, seed)
     q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))

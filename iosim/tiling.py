@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from iosim.errors import BlockSizeError, InputError
@@ -28,18 +28,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Tiling:
-    """Block sizes of a run: tiles of B_r query rows by B_c key rows."""
+    """Block sizes of a run: tiles of B_r query rows by B_c key rows.
+
+    ``splits``: how many chunks the K/V blocks are dealt into, each processed on its own
+    and combined at the end (Flash-Decoding, the ``split-kv`` algorithm); 1 for every
+    algorithm that does not split K/V.
+    """
 
     Br: int
     Bc: int
+    splits: int = 1
 
     def __post_init__(self):
         check_positive_int("Br", self.Br)
         check_positive_int("Bc", self.Bc)
+        check_positive_int("splits", self.splits)
 
     def capped(self, pb: Problem) -> Tiling:
         """The same tiling with no block longer than the sequence it splits."""
-        return Tiling(min(self.Br, pb.shape.n_q), min(self.Bc, pb.shape.n_k))
+        return Tiling(min(self.Br, pb.shape.n_q), min(self.Bc, pb.shape.n_k), self.splits)
 
 
 def shape_rule(algo: Algorithm, pb: Problem, B: int) -> Tiling:
@@ -95,8 +102,28 @@ def optimal(algo: Algorithm, pb: Problem, M: int) -> Tiling:
 POLICIES: dict[str, Callable[[Algorithm, Problem, int], Tiling]] = {"fit": fit, "paper": paper, "optimal": optimal}
 
 
-def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", tiling: Tiling | None = None) -> Tiling:
-    """The tiling of a run: ``tiling`` itself when given (it must fit M), else what ``policy`` chooses."""
+def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", tiling: Tiling | None = None,
+                  splits: int | None = None) -> Tiling:
+    """The tiling of a run: ``tiling`` itself when given (it must fit M), else what ``policy`` chooses.
+
+    An algorithm that splits K/V (``algo.splits`` set) gets ``splits`` chunks, or its own
+    default policy's count when ``splits`` is None and no tiling is given; the others take
+    only 1.
+    """
+    explicit = tiling is not None
+    tiling = _blocks(algo, pb, M, policy, tiling)
+    if splits is not None:
+        tiling = replace(tiling, splits=check_positive_int("splits", splits))
+    elif algo.splits is not None and not explicit:
+        tiling = replace(tiling, splits=algo.splits(pb, tiling))
+    T_c = -(-pb.shape.n_k // tiling.Bc)
+    allowed = "1" if algo.splits is None else f"1 to {T_c} (the number of K/V blocks of B_c={tiling.Bc})"
+    if tiling.splits != 1 and (algo.splits is None or tiling.splits > T_c):
+        raise InputError(f"splits={tiling.splits} for {algo.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
+    return tiling
+
+
+def _blocks(algo: Algorithm, pb: Problem, M: int, policy: str, tiling: Tiling | None) -> Tiling:
     if tiling is not None:
         if not isinstance(tiling, Tiling):
             raise InputError(f"tiling={tiling!r} must be an iosim.Tiling(Br=..., Bc=...)")

@@ -52,8 +52,11 @@ def test_mismatched_shapes():
     q, k, v = random_qkv(rng, 1, 2, 8, 8, 4)
     with pytest.raises(ValueError, match="k and v must have the same shape"):
         iosim.simulate("flash", q, k, v[:, :, :5], M=1000)
-    with pytest.raises(ValueError, match="must agree in batch, heads and d"):
+    with pytest.raises(ValueError, match="must agree in batch and d"):
         iosim.simulate("flash", q[..., :3], k, v, M=1000)
+    q3 = rng.standard_normal((1, 3, 8, 4))  # k's 2 heads do not divide q's 3
+    with pytest.raises(ValueError, match="kv_heads.*must divide q's heads"):
+        iosim.simulate("flash", q3, k, v, M=1000)
     with pytest.raises(ValueError, match="4 dimensions"):
         iosim.simulate("flash", q[0], k, v, M=1000)
     with pytest.raises(ValueError, match="does not broadcast"):
