@@ -24,7 +24,7 @@ class Tensor:
     """An HBM tensor of rows × cols per batch·head, sizes named as ``Problem.dim`` names them."""
 
     name: str
-    rows: str  # "N_q", "N_k", "d" or "1"
+    rows: str  # "N_q", "N_k", "d" or "1", or "S·N_q": one block of N_q rows per K/V split (Tiling.splits)
     cols: str
     role: str  # one of ROLES: read only, returned, or written and read back within the run
     element: str = "data"  # one of ELEMENTS: sets the bytes per element
@@ -35,8 +35,14 @@ class Tensor:
             raise ValueError(f"tensor {self.name}: role {self.role!r} must be one of {ROLES} and element "
                              f"{self.element!r} one of {ELEMENTS}")
 
-    def shape(self, pb: Problem) -> tuple[int, int]:
-        return pb.dim(self.rows), pb.dim(self.cols)
+    def shape(self, pb: Problem, tiling: Tiling | None = None) -> tuple[int, int]:
+        """Rows and columns per head; a factor S is the tiling's number of K/V splits (1 without a tiling)."""
+        def size(dims: str) -> int:
+            n = 1
+            for name in dims.split("·"):
+                n *= (tiling.splits if tiling is not None else 1) if name == "S" else pb.dim(name)
+            return n
+        return size(self.rows), size(self.cols)
 
 
 # What every algorithm reads: Q, K, V, and the boolean mask when the problem has one.

@@ -133,15 +133,17 @@ def run_problem(algorithm, pb: Problem) -> Problem:
     return pb.packed_by_group() if get_algorithm(algorithm).packs_groups else pb
 
 
-def new_memory(algo: Algorithm, pb: Problem, M: int, data: dict | None = None) -> Memory:
+def new_memory(algo: Algorithm, pb: Problem, M: int, data: dict | None = None, tiling: Tiling | None = None
+               ) -> Memory:
     """A run's memory: every HBM tensor the algorithm declares, inputs filled from ``data``.
 
     ``data`` maps tensor names to arrays for a numeric run; None makes it count-only.
-    ``pb`` is the problem as the algorithm runs it (``run_problem``).
+    ``pb`` is the problem as the algorithm runs it (``run_problem``); ``tiling`` sizes the
+    tensors that have one block per K/V split.
     """
     mem = Memory(M, bh=pb.shape.bh, numeric=data is not None)
     for t in algo.hbm_tensors(pb):
-        mem.add_tensor(t.name, *t.shape(pb), pb.itemsize(t.element), data=(data or {}).get(t.name),
+        mem.add_tensor(t.name, *t.shape(pb, tiling), pb.itemsize(t.element), data=(data or {}).get(t.name),
                        heads=_heads(t, pb))
     return mem
 
@@ -164,7 +166,7 @@ def _tiled(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None, 
 def _execute(algorithm, pb: Problem, M, block_policy: str, tiling: Tiling | None, data: dict | None,
              splits=None) -> SimResult:
     algo, M, tiling, run_pb = _tiled(algorithm, pb, M, block_policy, tiling, splits)
-    mem = new_memory(algo, run_pb, M, data)
+    mem = new_memory(algo, run_pb, M, data, tiling)
     algo.run(mem, run_pb, tiling)
     result = dict(algorithm=algo.name, problem=pb, M=M, tiling=tiling, traffic=mem.counts(), flops=mem.flops())
     if mem.numeric:

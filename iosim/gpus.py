@@ -42,6 +42,7 @@ class GPU:
     fp16_tensor: Spec  # FLOP/s, tensor cores, float16 inputs with float32 accumulation
     bf16_tensor: Spec | None  # FLOP/s, tensor cores, bfloat16; None where the GPU has none
     fp32: Spec  # FLOP/s, CUDA cores (not TF32 tensor cores)
+    sms: Spec  # streaming multiprocessors: how many thread blocks run at once, one per SM (split-kv's default)
 
     def M(self, dtype: str) -> int:
         """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
@@ -71,6 +72,7 @@ GPUS: dict[str, GPU] = {
         Spec(312e12, f"{A100_DATASHEET}: FP16 Tensor Core 312 TFLOPS"),
         Spec(312e12, f"{A100_DATASHEET}: BF16 Tensor Core 312 TFLOPS"),
         Spec(19.5e12, f"{A100_DATASHEET}: FP32 19.5 TFLOPS"),
+        Spec(108, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
     ),
     "h100": GPU(
         "H100",
@@ -79,6 +81,7 @@ GPUS: dict[str, GPU] = {
         Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
+        Spec(132, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 132 SMs (SXM5)"),
     ),
     "h200": GPU(
         "H200",
@@ -87,6 +90,7 @@ GPUS: dict[str, GPU] = {
         Spec(989.4e12, f"{H200_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(989.4e12, f"{H200_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(67e12, f"{H200_DATASHEET}: FP32 67 TFLOPS"),
+        Spec(132, "the H100 SXM5's GH100 configuration, 132 SMs (the H200 changes the memory only)"),
     ),
     "t4": GPU(
         "T4",
@@ -95,6 +99,7 @@ GPUS: dict[str, GPU] = {
         Spec(65e12, f"{T4_DATASHEET}: mixed-precision (FP16/FP32) 65 TFLOPS"),
         None,  # Turing tensor cores have no bfloat16
         Spec(8.1e12, f"{T4_DATASHEET}: single-precision 8.1 TFLOPS"),
+        Spec(40, "NVIDIA Turing architecture whitepaper: the T4's TU104 with 40 SMs"),
     ),
     "b200": GPU(
         "B200",
@@ -103,6 +108,7 @@ GPUS: dict[str, GPU] = {
         Spec(2.25e15, f"{B200_DATASHEET}: FP16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(2.25e15, f"{B200_DATASHEET}: BF16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(80e12, f"{B200_DATASHEET}: FP32 80 TFLOPS"),
+        Spec(148, "NVIDIA Blackwell B200: 148 SMs over its two dies"),
     ),
 }
 

@@ -37,6 +37,11 @@ class Hand:
     reads: dict[str, int]
     writes: dict[str, int]
     peak: int
+    splits: int = 1  # K/V splits (split-kv)
+
+    @property
+    def tiling(self) -> iosim.Tiling:
+        return iosim.Tiling(Br=self.Br, Bc=self.Bc, splits=self.splits)
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -274,6 +279,26 @@ CASES = [
          reads={"K": 7 * 4, "V": 7 * 4, "Q": 12 * 4, "O": 12 * 4, "l": 12, "m": 12},
          writes={"O": 10 * 4 + 12 * 4, "l": 10 + 12, "m": 10 + 12},
          peak=2 * 3 * 4 + 2 * 4 * 4 + 4 * 3 + 6 * 4),
+    # ------------------------------------------------------------ split-kv (Flash-Decoding) ----
+    # Decoding with grouped-query attention: batch 1, heads 4 sharing kv_heads = 2 (G = 2), N_q = 1,
+    # N_k = 10, d = 4, with a mask. Each K/V head's group packs into G·N_q = 2 query rows: one query
+    # block of B_r = 2 (T_r = 1). Key blocks of B_c = 3: 3, 3, 3, 1 (T_c = 4), dealt to S = 3 splits as
+    # divmod(4, 3) = (1, 1): split 0 takes blocks 0, 1 (6 keys), split 1 block 2, split 2 block 3.
+    # Per K/V head, then ×2 K/V heads:
+    Hand("split-kv-gqa", "split-kv", 2, 3, dict(N=1, N_k=10, d=4, M=BIG_M, heads=4, kv_heads=2, mask=True),
+         reads={
+             "Q": 2 * 3 * 2 * 4,  # every split loads the query block: S·G·N_q·d
+             "K": 2 * 10 * 4, "V": 2 * 10 * 4,  # each key once per K/V head, for both query heads of the group
+             "mask": 2 * 2 * 10,  # each (packed row, key) once: G·N_q·N_k
+             "O_split": 2 * 3 * 2 * 4, "lse_split": 2 * 3 * 2,  # the combine reads back every split's partials
+         },
+         writes={
+             "O_split": 2 * 3 * 2 * 4, "lse_split": 2 * 3 * 2,  # each split writes its O_s (normalized) and lse_s
+             "O": 2 * 2 * 4, "l": 2 * 2, "m": 2 * 2,  # the combine writes O, ℓ, m once
+         },
+         # a tile: Q_i, O_i (2·2·4) + K_j, V_j (2·3·4) + S_ij (2·3) + 4 statistics (4·2) + mask tile (2·3) = 60;
+         # the combine's O_i, O_s (2·2·4) + ℓ_i, m_i, lse_s, m_new (4·2) = 24 is less
+         peak=2 * 2 * 4 + 2 * 3 * 4 + 2 * 3 + 4 * 2 + 2 * 3, splits=3),
 ]
 
 IDS = [c.id for c in CASES]
@@ -301,14 +326,14 @@ def assert_counts_equal_hand(case: Hand, counts, source: str):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_count_only_equals_hand(case):
-    r = iosim.count(case.algorithm, tiling=iosim.Tiling(Br=case.Br, Bc=case.Bc), **case.shape)
+    r = iosim.count(case.algorithm, tiling=case.tiling, **case.shape)
     assert (r.tiling.Br, r.tiling.Bc) == (case.Br, case.Bc), f"{case.id}: tiling {r.tiling}"
     assert_counts_equal_hand(case, r.traffic, "count")
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_prediction_equals_hand(case):
-    p = iosim.predict(case.algorithm, tiling=iosim.Tiling(Br=case.Br, Bc=case.Bc), **case.shape)
+    p = iosim.predict(case.algorithm, tiling=case.tiling, **case.shape)
     assert_counts_equal_hand(case, p.exact, "predict")
 
 
@@ -319,8 +344,9 @@ def inputs(case: Hand):
     batch, heads = s.get("batch", 1), s.get("heads", 1)
     rng = np.random.default_rng(2026)
     q = rng.standard_normal((batch, heads, n_q, d))
-    k = rng.standard_normal((batch, heads, n_k, d))
-    v = rng.standard_normal((batch, heads, n_k, d))
+    kv_heads = s.get("kv_heads", heads)
+    k = rng.standard_normal((batch, kv_heads, n_k, d))
+    v = rng.standard_normal((batch, kv_heads, n_k, d))
     i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
     mask = (i + 2 * j) % 3 != 0 if s.get("mask") else None  # (N_q, N_k)
     return q, k, v, mask
@@ -332,7 +358,7 @@ def test_numeric_run_equals_hand(case):
     opts = {key: case.shape[key] for key in ("causal", "dropout_p") if key in case.shape}
     sparsity = case.shape.get("block_sparsity")
     r = iosim.simulate(case.algorithm, q, k, v, M=case.shape["M"], mask=mask, block_sparsity=sparsity,
-                       tiling=iosim.Tiling(Br=case.Br, Bc=case.Bc), seed=5, **opts)
+                       tiling=case.tiling, seed=5, **opts)
     assert_counts_equal_hand(case, r.traffic, "simulate")
     if sparsity is not None:  # every element of a zero tile is masked out
         blocks = np.array(sparsity.blocks)

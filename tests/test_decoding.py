@@ -74,3 +74,88 @@ def test_backward_passes_refuse_grouped_heads(pass_):
     q, k, v = grouped_qkv(np.random.default_rng(0), 1, 4, 1, 8, 8, 4)
     with pytest.raises(iosim.InputError, match=r"kv_heads=1"):
         iosim.gradients("flash", q, k, v, np.ones_like(q), M=1000)
+
+
+@st.composite
+def split_cases(draw):
+    kv_heads, group = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 4]))
+    n_k, d = draw(st.sampled_from([1, 239, 1023])), draw(st.sampled_from([3, 8]))
+    M = draw(st.integers(40 * d + 200, 3000))
+    return dict(batch=draw(st.integers(1, 2)), heads=kv_heads * group, kv_heads=kv_heads,
+                n_q=draw(st.sampled_from([1, 3, 113])), n_k=n_k, d=d, M=M,
+                splits=draw(st.one_of(st.none(), st.integers(1, 40))), causal=draw(st.booleans()),
+                masked=draw(st.booleans()), dropout_p=draw(st.sampled_from([0.0, 0.3])),
+                seed=draw(st.integers(0, 2**32 - 1)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=split_cases())
+def test_split_kv_matches_reference_and_its_closed_form(c):
+    rng = np.random.default_rng(c["seed"])
+    q, k, v = grouped_qkv(rng, c["batch"], c["heads"], c["kv_heads"], c["n_q"], c["n_k"], c["d"])
+    mask = rng.random((c["heads"], c["n_q"], c["n_k"])) > 0.3 if c["masked"] else None
+    opts = dict(causal=c["causal"], dropout_p=c["dropout_p"])
+    shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], batch=c["batch"], heads=c["heads"], kv_heads=c["kv_heads"],
+                 mask=c["masked"], M=c["M"], **opts)
+    try:
+        counted = iosim.count("split-kv", splits=c["splits"], **shape)
+    except iosim.InputError as e:  # more splits than K/V blocks
+        assert "splits=" in str(e) and c["splits"] is not None, str(e)
+        return
+    r = iosim.simulate("split-kv", q, k, v, M=c["M"], mask=mask, seed=c["seed"], splits=c["splits"], **opts)
+    ref = iosim.attention_ref(q, k, v, mask=mask, seed=c["seed"], **opts)
+    err = relative_error(r.out, ref.out)
+    assert err <= TOL, f"{c} {r.tiling}: relative error {err:.3e}"
+    assert np.array_equal(np.isneginf(r.lse), np.isneginf(ref.lse)), "fully masked rows differ"
+    finite = np.isfinite(ref.lse)
+    if finite.any():
+        assert relative_error(r.lse[finite], ref.lse[finite]) <= TOL, f"{c}: logsumexp"
+    predicted = iosim.predict("split-kv", splits=c["splits"], **shape)
+    assert r.tiling == counted.tiling == predicted.tiling
+    assert r.traffic == counted.traffic == predicted.exact, f"{c} {r.tiling}"
+    assert r.flops == counted.flops == predicted.flops
+
+
+def test_split_kv_reads_the_cache_once_per_kv_head():
+    # decoding, 32 query heads sharing 8 K/V heads (G = 4), N_k = 4096, d = 128: every algorithm that runs per
+    # query head reads each K/V head 4 times, split-kv once (its query block holds the group's G·N_q = 4 rows)
+    shape = dict(N=1, N_k=4096, d=128, M="100k", batch=1, heads=32, kv_heads=8)
+    cache = 8 * 4096 * 128  # elements of K (and of V) in HBM
+    split = iosim.count("split-kv", **shape).traffic
+    flash = iosim.count("flash-swapped", **shape).traffic
+    assert split.tensor("K").reads == split.tensor("V").reads == cache
+    assert flash.tensor("K").reads == flash.tensor("V").reads == 4 * cache
+
+
+def test_default_splits_fill_the_sms_and_stop_at_the_blocks():
+    # batch·kv_heads·T_r = 8 work units: ⌈132 / 8⌉ = 17 splits fill an H100's 132 SMs
+    r = iosim.count("split-kv", N=1, N_k=4096, d=128, M="100k", heads=32, kv_heads=8, tiling=None)
+    assert r.tiling.splits == 17, r.tiling
+    # 132 work units or more: no split
+    assert iosim.count("split-kv", N=1, N_k=4096, d=128, M="100k", batch=132, heads=8).tiling.splits == 1
+    # a cache of 3 keys has at most 3 key blocks
+    assert iosim.count("split-kv", N=1, N_k=3, d=8, M="100k").tiling.splits <= 3
+
+
+def test_splits_cost_only_the_partials():
+    # S splits add S·n·d + S·n partial writes and as many reads, and S − 1 more reads of the query block
+    one = iosim.count("split-kv", N=1, N_k=4096, d=128, M="100k", heads=8, splits=1).traffic
+    many = iosim.count("split-kv", N=1, N_k=4096, d=128, M="100k", heads=8, splits=16).traffic
+    per_head = 2 * 16 * 128 + 2 * 16 + 15 * 128  # partials written and read back, Q read by 15 more splits
+    assert many.total - one.total == 8 * per_head, (many.total, one.total)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(algorithm="split-kv", splits=0), r"splits=0"),
+    (dict(algorithm="split-kv", splits=-2), r"splits=-2"),
+    (dict(algorithm="split-kv", splits=9), r"splits=9 for split-kv at N_k=64; allowed: 1 to 8"),
+    (dict(algorithm="flash", splits=2), r"splits=2 for flash at N_k=64; allowed: 1"),
+])
+def test_bad_splits_are_refused(kwargs, message):
+    with pytest.raises(iosim.InputError, match=message):
+        iosim.count(kwargs.pop("algorithm"), N=1, N_k=64, d=8, M=10**5, tiling=iosim.Tiling(1, 8), **kwargs)
+
+
+def test_split_kv_has_no_backward_pass():
+    with pytest.raises(iosim.InputError, match="has no backward pass"):
+        iosim.count("split-kv", N=1, N_k=64, d=8, M=10**5, pass_="bwd")

@@ -22,11 +22,20 @@ def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.exp(a - np.where(np.isneginf(b), 0.0, b))
 
 
+def causal_tile(pb: Problem, rows: slice, cols: slice) -> np.ndarray:
+    """The causal mask of one tile, (Br, Bc); on a problem packed by GQA group (``Problem.packed_by_group``)
+    row r is query r mod N_q of its head."""
+    if pb.packed == 1:
+        return causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
+    n = pb.queries
+    return np.tile(causal_keep(n, pb.shape.n_k, slice(0, n), cols), (pb.packed, 1))[rows]  # (G·N_q, Bc) → rows
+
+
 def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
     """S_ij = MASK(tau · Q_i K_jᵀ): (bh, Br, Bc), −inf where a key is hidden."""
     S = pb.tau * (Q_i.data @ np.swapaxes(K_j.data, -1, -2))  # (bh, Br, Bc)
     if pb.causal:
-        S = np.where(causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols), S, -np.inf)
+        S = np.where(causal_tile(pb, rows, cols), S, -np.inf)
     if mask_ij is not None:
         S = np.where(mask_ij.data > 0.5, S, -np.inf)
     return S
@@ -36,7 +45,7 @@ def visible(pb: Problem, rows: slice, cols: slice, mask_ij: Tile | None) -> np.n
     """(bh, Br, Bc) booleans, True = attend: the causal mask and the explicit mask's tile, combined."""
     keep = np.ones((pb.shape.bh, rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
     if pb.causal:
-        keep &= causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
+        keep &= causal_tile(pb, rows, cols)
     if mask_ij is not None:
         keep &= mask_ij.data > 0.5
     return keep
@@ -46,7 +55,12 @@ def apply_dropout(pb: Problem, P: np.ndarray, rows: slice, cols: slice) -> np.nd
     """P ∘ Z: zero the dropped entries and scale the kept ones by 1/(1 − p)."""
     if pb.dropout_p == 0.0:
         return P
-    keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+    if pb.packed == 1:
+        keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+    else:  # packed by GQA group: the stream of each query head's own rows, (bkv, G·N_q, Bc) → rows
+        n = pb.queries
+        keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh * pb.packed, slice(0, n), cols)
+        keep = keep.reshape(pb.shape.bh, pb.packed * n, -1)[:, rows]
     return np.where(keep, P / (1.0 - pb.dropout_p), 0.0)
 
 

@@ -1,0 +1,182 @@
+"""Split-KV attention for decoding (Flash-Decoding), serving each GQA group from one K/V load.
+
+Flash-Decoding (Dao, Haziza, Massa and Sizov, 2023) splits the keys and values into
+S chunks that separate thread blocks process at once, each into a partial output and
+its logsumexp, written to HBM; a second step reads them back and combines them. With
+one query (decoding) FlashAttention has a single query block per head, so without
+splits a batch·heads of 8 keeps 8 of an H100's 132 SMs busy; the splits fill the rest.
+
+Each split is the swapped loop (``flash-swapped``) over its own K/V blocks. The run
+is on the problem packed by GQA group (``Problem.packed_by_group``): the G =
+heads/kv_heads query heads that share a K/V head are G·N_q query rows of one head, so
+a K/V block loaded once serves the whole group (the query-head packing of
+Flash-Decoding's and FlashInfer's GQA kernels).
+
+On-chip buffers per K/V head: those of ``flash-swapped`` (Q_i, O_i, K_j, V_j, S_ij,
+ℓ_i, m_i, m_i^new, ℓ̃_ij, the mask tile); the combine holds O_i, ℓ_i, m_i, one split's
+O_s and lse_s and the new max, which is less.
+
+Deviations: no causal skipping (a decoding query sees the whole cache; with a few
+speculative tokens the hidden tiles are at most the last block). With S = 1 the split
+writes O, ℓ, m directly and there is no combine. Q_i is loaded by every split, as each
+split's thread block loads it. Decode-only: there is no backward pass (inference has
+no gradients); ``backward`` is None.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts
+from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, logsumexp, safe_divide, scores
+from iosim.counts import Counts
+from iosim.flops import Flops, matmul
+from iosim.gpus import GPUS
+from iosim.memory import Memory
+from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.visits import Splits, visits
+
+# One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
+PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"), Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
+TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
+
+SMS = int(GPUS["h100"].sms.value)  # the default policy fills an H100's SMs
+
+
+def default_splits(pb: Problem, tiling: Tiling) -> int:
+    """Splits enough that the work units, batch·kv_heads·T_r·S, fill an H100's 132 SMs, at most T_c.
+
+    A problem that already has a work unit per SM (batch·kv_heads·T_r ≥ 132, as in prefill
+    or a large batch) is not split.
+    """
+    units = pb.shape.bh * math.ceil(pb.shape.n_q / tiling.Br)
+    return max(1, min(math.ceil(pb.shape.n_k / tiling.Bc), math.ceil(SMS / units)))
+
+
+def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
+    """Split-KV forward on Q, K, V (and mask) in ``mem``, on the packed problem; leaves O, l, m in HBM."""
+    d, n = pb.shape.d, pb.shape.n_q
+    tiles = visits(pb, tiling, skips_hidden=False)
+    chunks = Splits(tiles.k, tiling.splits)
+    for _, rows in mem.loop(tiles.q.all()):  # every (query block, split) is a thread block of its own
+        br = rows.stop - rows.start
+        for s, _ in mem.loop(chunks):
+            Q_i = mem.load("Q", rows)
+            O_i = mem.alloc("O_i", br, d, fill=0.0)
+            l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
+            for _, cols in mem.loop(chunks.blocks(s)):  # the swapped loop over the split's K/V blocks
+                bc = cols.stop - cols.start
+                K_j, V_j = mem.load("K", cols), mem.load("V", cols)
+                mask_ij = load_mask(mem, pb, rows, cols)
+                S_ij = mem.alloc("S_ij", br, bc)
+                m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
+                mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
+                if mem.numeric:
+                    S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
+                    m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
+                    S_ij.data = exp_diff(S_ij.data, m_new.data)
+                    l_tilde.data = S_ij.data.sum(axis=-1, keepdims=True)
+                    alpha = exp_diff(m_i.data, m_new.data)
+                    l_i.data = alpha * l_i.data + l_tilde.data
+                    O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data
+                    m_i.data = m_new.data
+                mem.free(K_j, V_j, S_ij, m_new, l_tilde)
+                if mask_ij is not None:
+                    mem.free(mask_ij)
+            if mem.numeric:
+                O_i.data = safe_divide(O_i.data, l_i.data)
+            if tiling.splits == 1:  # nothing to combine
+                mem.store(O_i, "O", rows)
+                mem.store(l_i, "l", rows)
+                mem.store(m_i, "m", rows)
+            else:
+                if mem.numeric:
+                    l_i.data = logsumexp(l_i.data, m_i.data)  # the split's lse, in place of ℓ_i
+                mem.store(O_i, "O_split", _part(rows, s, n))
+                mem.store(l_i, "lse_split", _part(rows, s, n))
+            mem.free(Q_i, O_i, l_i, m_i)
+    if tiling.splits > 1:
+        combine(mem, pb, tiles.q.all(), chunks)
+
+
+def _part(rows: slice, s: int, n: int) -> slice:
+    """The rows of split s's partials for query rows ``rows``."""
+    return slice(s * n + rows.start, s * n + rows.stop)
+
+
+def combine(mem: Memory, pb: Problem, query_blocks, chunks: Splits) -> None:
+    """O = Σ_s e^(lse_s − m) O_s / Σ_s e^(lse_s − m), m = max_s lse_s, online over the splits.
+
+    Writes O, ℓ = Σ_s e^(lse_s − m) and m, so that m + log ℓ is the row's logsumexp.
+    """
+    d, n = pb.shape.d, pb.shape.n_q
+    for _, rows in mem.loop(query_blocks):
+        br = rows.stop - rows.start
+        O_i = mem.alloc("O_i", br, d, fill=0.0)
+        l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
+        for s, _ in mem.loop(chunks):
+            O_s, lse_s = mem.load("O_split", _part(rows, s, n)), mem.load("lse_split", _part(rows, s, n))
+            m_new = mem.alloc("m_new", br)
+            mem.compute(exp=2 * br)  # the rescalings of the running sum and of the split
+            if mem.numeric:
+                m_new.data = np.maximum(m_i.data, lse_s.data)
+                alpha, beta = exp_diff(m_i.data, m_new.data), exp_diff(lse_s.data, m_new.data)
+                O_i.data = alpha * O_i.data + beta * O_s.data
+                l_i.data = alpha * l_i.data + beta
+                m_i.data = m_new.data
+            mem.free(O_s, lse_s, m_new)
+        if mem.numeric:
+            O_i.data = safe_divide(O_i.data, l_i.data)
+        mem.store(O_i, "O", rows)
+        mem.store(l_i, "l", rows)
+        mem.store(m_i, "m", rows)
+        mem.free(O_i, l_i, m_i)
+
+
+def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
+    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; the combine's 2·B_r·d + 4·B_r is less
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    return 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+
+
+def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
+    """Exact counts per K/V head of the packed problem (n = G·N_q query rows), T_r query blocks, S splits.
+
+    Every split reads its query block (S·n·d of Q) and each query block reads every key
+    once across its splits (T_r·N_k·d of K and of V). With S > 1 each split writes and
+    the combine reads back S·n·d partial outputs and S·n logsumexps.
+    """
+    n, n_k, d, S = pb.shape.n_q, pb.shape.n_k, pb.shape.d, tiling.splits
+    tiles = visits(pb, tiling, skips_hidden=False)
+    reads = {"Q": S * n * d, "K": tiles.q.T * n_k * d, "V": tiles.q.T * n_k * d}
+    writes = {"O": n * d, "l": n, "m": n}
+    if S > 1:
+        reads.update(O_split=S * n * d, lse_split=S * n)
+        writes.update(O_split=S * n * d, lse_split=S * n)
+    if pb.has_mask:
+        reads["mask"] = n * n_k
+    peak = max(working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in tiles.pairs())
+    return exact_counts(TENSORS, pb, reads, writes, peak)
+
+
+def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """Two B_r × B_c × d products and B_r·B_c + B_r exponentials per tile; 2 per row and split to combine."""
+    n, n_k, S = pb.shape.n_q, pb.shape.n_k, tiling.splits
+    tiles = visits(pb, tiling, skips_hidden=False)
+    combine_exp = 2 * S * n if S > 1 else 0
+    return Flops(matmul=4 * pb.shape.d * n * n_k, exp=n * n_k + n * tiles.k.T + combine_exp).scaled(pb.shape.bh)
+
+
+def paper_form(pb: Problem, M: int) -> float:
+    """The decoding lower bound it approaches: K and V read once per K/V head, Q read and O written once."""
+    return pb.shape.bh * (2 * pb.shape.n_k * pb.shape.d + 2 * pb.shape.n_q * pb.shape.d)
+
+
+ALGORITHM = Algorithm(
+    name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
+    paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops, packs_groups=True,
+    splits=default_splits,
+)
