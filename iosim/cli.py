@@ -78,6 +78,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
     p.add_argument("--batch", type=_count, default=1)
     p.add_argument("--heads", type=_count, default=1)
+    p.add_argument("--kv-heads", type=_count, default=None,
+                   help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads; "
+                        "1 is MQA (default: --heads)")
+    p.add_argument("--splits", type=int, default=None,
+                   help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill an "
+                        "H100's 132 SMs)")
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size for bytes and for M given in bytes (default float16)")
@@ -210,7 +216,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
             raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
         writer = RecordWriter(args.json, args.csv, resume=args.resume)
         try:
-            rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads, causal=args.causal,
+            rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads,
+                             kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                              dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                              pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
         finally:
@@ -223,11 +230,12 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
 
 def sweep_algorithms(args: argparse.Namespace) -> list[str]:
     """The algorithms a sweep or an optimization covers: those named, else all (block-sparse ones only with a
-    block mask to use)."""
+    block mask to use, and with a backward pass only those that have one)."""
     if args.algo is not None:
         return args.algo
     sparse = getattr(args, "sparsity", None) is not None
-    return [name for name, a in ALGORITHMS.items() if sparse or not a.block_sparse]
+    return [name for name, a in ALGORITHMS.items()
+            if (sparse or not a.block_sparse) and (args.pass_ == "fwd" or a.backward is not None)]
 
 
 def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_done) -> OptimizeOutcome:
@@ -262,7 +270,7 @@ def available_memory() -> int | None:
 def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSparsity | None) -> RunOutcome:
     json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     n_k = args.N_k or args.N
-    shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads)
+    shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
     need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
     if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
         need += simulation_bytes(pass_of(args.algo, "bwd"), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
@@ -274,9 +282,12 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSpar
             f"use `iosim sweep` (count-only) for its traffic")
     rng = np.random.default_rng(args.seed)
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
-    k, v = (rng.standard_normal((args.batch, args.heads, n_k, args.d)) for _ in range(2))
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity, **options)
+    if args.splits is not None:
+        run_options["splits"] = args.splits
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -60,6 +60,7 @@ class SweepRow:
     sparsity_pattern: str | None = None
     flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
     roofline: Roofline | None = None  # with a GPU preset: the estimated time
+    kv_heads: int | None = None  # K/V heads under grouped-query attention; None when equal to heads
 
     @property
     def reads(self) -> int | None:
@@ -109,25 +110,28 @@ class SweepRow:
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
-               "block_policy", "pass", "sparsity", "sparsity_pattern")
+               "block_policy", "pass", "sparsity", "sparsity_pattern", "kv_heads")
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
-              block_sparsity: BlockSparsity | None = None) -> SweepRow:
+              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
     ``iosim.count`` chooses them. ``gpu`` names a preset (``iosim.gpus.GPUS``) whose
     roofline time the row carries. ``block_sparsity`` is the block mask of the
-    block-sparse algorithms; others ignore it.
+    block-sparse algorithms; others ignore it. ``kv_heads`` shares K/V heads among the
+    query heads; ``splits`` sets split-kv's K/V splits and is ignored by the others.
     """
     preset = None if gpu is None else get_gpu(gpu)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
-                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity)
+                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity, kv_heads=kv_heads,
+                   splits=splits if get_algorithm(algorithm).splits is not None else None)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
-                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_)
+                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
+                  kv_heads=None if kv_heads in (None, heads) else kv_heads)
     sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
     config["sparsity"] = block_sparsity.sparsity if sparse else None
     config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
@@ -136,7 +140,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
-        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit"})  # M in elements, paper's form
+        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})  # M in elements, paper's form
         return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     training = measured.forward_tiling is not None  # fwd+bwd: tiling is the backward's
@@ -242,7 +246,8 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
 def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
-              gpu: str | None = None, block_sparsity: BlockSparsity | None = None) -> list[SweepRow]:
+              gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
+              splits=None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``).
@@ -254,12 +259,14 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
         sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
         done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
                                **{"pass": pass_}, sparsity=block_sparsity.sparsity if sparse else None,
-                               sparsity_pattern=block_sparsity.pattern if sparse else None))
+                               sparsity_pattern=block_sparsity.pattern if sparse else None,
+                               kv_heads=None if kv_heads in (None, heads) else kv_heads))
         if writer and done in writer.done:
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity)
+        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity,
+                        kv_heads=kv_heads, splits=splits)
         rows.append(row)
         if writer:
             writer.add(row)

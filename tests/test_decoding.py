@@ -1,5 +1,7 @@
 """Decoding: grouped-query attention (kv_heads < heads) for every algorithm, and split-KV."""
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import relative_error
+from iosim.cli import build_parser, main, run
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 PER_HEAD = [name for name, a in iosim.ALGORITHMS.items() if not a.block_sparse and not a.packs_groups]
@@ -159,3 +162,34 @@ def test_bad_splits_are_refused(kwargs, message):
 def test_split_kv_has_no_backward_pass():
     with pytest.raises(iosim.InputError, match="has no backward pass"):
         iosim.count("split-kv", N=1, N_k=64, d=8, M=10**5, pass_="bwd")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--N", "64", "--d", "8", "--heads", "6", "--kv-heads", "4"], "kv_heads=4 must divide heads=6"),
+    (["run", "--algo", "split-kv", "--N", "1", "--N-k", "100", "--d", "8", "--splits", "0"],
+     "splits=0 for split-kv at N_k=100; allowed: 1 to"),
+    (["run", "--algo", "split-kv", "--N", "1", "--N-k", "3", "--d", "8", "--splits", "4"],
+     "splits=4 for split-kv at N_k=3; allowed: 1 to"),
+    (["sweep", "--N", "64", "--d", "8", "--heads", "4", "--kv-heads", "2", "--pass", "bwd"],
+     "kv_heads=2 with pass 'bwd'"),
+])
+def test_bad_decoding_input_exits_2_with_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_cli_counts_grouped_heads_and_splits(tmp_path):
+    out = tmp_path / "sweep.json"
+    rows = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--heads", "8", "--kv-heads", "2",
+                                          "--splits", "4", "--algo", "flash", "split-kv", "--json", str(out)])).rows
+    flash, split = rows
+    assert split.tiling.splits == 4 and flash.tiling.splits == 1
+    assert split.total == iosim.predict("split-kv", N=256, d=16, M="100k", heads=8, kv_heads=2, splits=4).exact.total
+    records = json.loads(out.read_text())
+    assert [r["kv_heads"] for r in records] == [2, 2] and [r["splits"] for r in records] == [1, 4]
+    one = run(build_parser().parse_args(["run", "--algo", "split-kv", "--N", "2", "--N-k", "300", "--d", "8",
+                                         "--heads", "4", "--kv-heads", "1", "--splits", "3"]))
+    assert one.result.tiling.splits == 3 and one.result.problem.shape.kv_heads == 1
