@@ -112,12 +112,14 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
     """
     explicit = tiling is not None
     tiling = _blocks(algo, pb, M, policy, tiling)
-    if splits is not None:
-        tiling = replace(tiling, splits=check_positive_int("splits", splits))
-    elif algo.splits is not None and not explicit:
-        tiling = replace(tiling, splits=algo.splits(pb, tiling))
     T_c = -(-pb.shape.n_k // tiling.Bc)
     allowed = "1" if algo.splits is None else f"1 to {T_c} (the number of K/V blocks of B_c={tiling.Bc})"
+    if splits is not None:
+        if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+            raise InputError(f"splits={splits!r} for {algo.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
+        tiling = replace(tiling, splits=splits)
+    elif algo.splits is not None and not explicit:
+        tiling = replace(tiling, splits=algo.splits(pb, tiling))
     if tiling.splits != 1 and (algo.splits is None or tiling.splits > T_c):
         raise InputError(f"splits={tiling.splits} for {algo.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
     return tiling
