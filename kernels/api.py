@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
+from iosim.errors import InputError
 from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
 from kernels import flash, flash_swapped, flash_swapped_tc, standard
 from kernels.config import Dropout
@@ -129,6 +130,14 @@ def _finish(x, shape, on_host: bool):
     return x.copy_to_host() if on_host else x
 
 
+def _check_heads(shape: AttentionShape) -> AttentionShape:
+    """The kernels index K/V by the query head: they take kv_heads == heads (no grouped-query attention)."""
+    if shape.kv_heads != shape.heads:
+        raise InputError(f"kv_heads={shape.kv_heads}: the kernels take k and v with heads={shape.heads} heads, "
+                         f"as many as q (grouped-query attention runs on the simulator only)")
+    return shape
+
+
 def attention(q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None):
     """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
 
@@ -140,7 +149,7 @@ def attention(q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropou
     """
     module = implementation(impl)
     q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
-    shape = check_qkv(q, k, v)
+    shape = _check_heads(check_qkv(q, k, v))
     _check_dtypes({"q": q, "k": k, "v": v})
     causal = _check_bool("causal", causal)
     tau = check_scale(scale, shape.d)
@@ -183,7 +192,7 @@ def attention_backward(
     q, k, v, out, lse, dout = (
         _as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout))
     )
-    shape = check_qkv(q, k, v)
+    shape = _check_heads(check_qkv(q, k, v))
     dtype = _check_dtypes({"q": q, "k": k, "v": v})
     check_dout(dout, shape)
     _check_dtypes({"q": q, "dout": dout})

@@ -193,3 +193,12 @@ def test_cli_counts_grouped_heads_and_splits(tmp_path):
     one = run(build_parser().parse_args(["run", "--algo", "split-kv", "--N", "2", "--N-k", "300", "--d", "8",
                                          "--heads", "4", "--kv-heads", "1", "--splits", "3"]))
     assert one.result.tiling.splits == 3 and one.result.problem.shape.kv_heads == 1
+
+
+def test_kernels_refuse_grouped_heads():
+    pytest.importorskip("numba")
+    from kernels.api import attention
+
+    q, k = np.zeros((1, 4, 8, 16), np.float16), np.zeros((1, 2, 8, 16), np.float16)
+    with pytest.raises(iosim.InputError, match="kv_heads=2: the kernels take k and v with heads=4"):
+        attention(q, k, k)  # refused on the host, before any device work
