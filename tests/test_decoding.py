@@ -202,3 +202,12 @@ def test_kernels_refuse_grouped_heads():
     q, k = np.zeros((1, 4, 8, 16), np.float16), np.zeros((1, 2, 8, 16), np.float16)
     with pytest.raises(iosim.InputError, match="kv_heads=2: the kernels take k and v with heads=4"):
         attention(q, k, k)  # refused on the host, before any device work
+
+
+def test_the_optimal_policy_does_not_split():
+    # splits only add traffic (the partials), so the fewest-traffic policy keeps S = 1 unless told otherwise
+    shape = dict(N=1, N_k=4096, d=128, M="100k", heads=32, kv_heads=8)
+    best = iosim.count("split-kv", block_policy="optimal", **shape)
+    assert best.tiling.splits == 1
+    assert best.traffic.total < iosim.count("split-kv", **shape).traffic.total
+    assert iosim.count("split-kv", block_policy="optimal", splits=4, **shape).tiling.splits == 4

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, random_qkv
+from helpers import ALGORITHM_NAMES, TRAINABLE, random_qkv
 from iosim.flops import Flops
 
 
@@ -24,6 +24,8 @@ def cases(draw):
 @settings(max_examples=150, deadline=None)
 @given(c=cases())
 def test_counted_flops_equal_the_closed_form(algorithm, pass_, c):
+    if pass_ == "bwd" and iosim.ALGORITHMS[algorithm].backward is None:  # decode-only: no backward pass
+        return
     try:
         r = iosim.count(algorithm, pass_=pass_, **c)
     except iosim.BlockSizeError:  # M below the smallest working set: covered elsewhere
@@ -31,7 +33,7 @@ def test_counted_flops_equal_the_closed_form(algorithm, pass_, c):
     assert r.flops == iosim.predict(algorithm, pass_=pass_, **c).flops, f"{algorithm} {pass_} {c} {r.tiling}"
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("algorithm", TRAINABLE)
 def test_numeric_runs_count_the_same_flops(algorithm):
     rng = np.random.default_rng(1)
     q, k, v = random_qkv(rng, 2, 1, 113, 61, 5)

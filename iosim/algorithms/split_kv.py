@@ -40,7 +40,8 @@ from iosim.tiling import Tiling
 from iosim.visits import Splits, visits
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
-PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"), Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
+PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"),
+            Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
 TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
 SMS = int(GPUS["h100"].sms.value)  # the default policy fills an H100's SMs
