@@ -409,7 +409,7 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
     console.print(_setting(rows[0], rows))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
     tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
-        "" if r.backward_tiling is None else f", {r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
+        "" if r.backward_tiling is None else f"/{r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
     exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
     peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
     if wide:
@@ -422,8 +422,10 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
+        if any(r.backward_tiling is not None for r in rows):  # two tilings a row: room made for them
+            columns = [c for c in columns if c[0] != "peak/M"]
     if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
-        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d", "= pred")]
+        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
         columns = kept + [
             ("HBM bytes", lambda r: _bytes(r.total_bytes)),
             ("FLOPs", lambda r: "—" if r.flops is None else _eng(r.flops.matmul)),
