@@ -7,13 +7,14 @@ algorithm defined elsewhere joins with ``register``.
 from __future__ import annotations
 
 from iosim.algorithm import Algorithm
-from iosim.algorithms import flash, flash_swapped, standard
+from iosim.algorithms import flash, flash_swapped, small_cache, standard
 from iosim.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {
     standard.ALGORITHM.name: standard.ALGORITHM,
     flash.ALGORITHM.name: flash.ALGORITHM,
     flash_swapped.ALGORITHM.name: flash_swapped.ALGORITHM,
+    small_cache.ALGORITHM.name: small_cache.ALGORITHM,
 }
 DEFAULT = flash.ALGORITHM.name  # what `iosim run` simulates unless told otherwise
 
