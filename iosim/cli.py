@@ -1,4 +1,5 @@
-"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation) and ``iosim optimize``.
+"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation), ``iosim optimize``
+and ``iosim bound``.
 
 ``build_parser`` and ``run`` hold the logic and return data; only ``main`` renders,
 with rich. Tests call ``run`` directly. Bad input (``iosim.InputError``, a
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import SimResult, simulate, simulation_bytes
+from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
 from iosim.errors import InputError
 from iosim.memory import CapacityError
 from iosim.optimize import TOP_DEFAULT, Optimum, optimize
@@ -122,6 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      f"{TOP_DEFAULT})")
     op.add_argument("--json", metavar="PATH", help="save the tilings as JSON")
     op.add_argument("--csv", metavar="PATH", help="save the tilings as CSV")
+
+    bd = sub.add_parser("bound", help="least traffic of any algorithm at its optimal tiling against the IO lower "
+                                      "bound, over M from the smallest working set to N·d")
+    bd.add_argument("--N", type=_count, required=True, help="query length N_q")
+    bd.add_argument("--N-k", type=_count, default=None, help="key/value length (default: N)")
+    bd.add_argument("--d", type=_count, required=True)
+    bd.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(ALGORITHMS))
+    bd.add_argument("--batch", type=_count, default=1)
+    bd.add_argument("--heads", type=_count, default=1)
+    bd.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    bd.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help="element size for bytes")
+    bd.add_argument("--points", type=_count, default=POINTS_DEFAULT,
+                    help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
+    bd.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")
+    bd.add_argument("--json", metavar="PATH", help="save every (M, algorithm) as JSON")
+    bd.add_argument("--csv", metavar="PATH", help="save every (M, algorithm) as CSV")
     return parser
 
 
@@ -153,6 +171,19 @@ class OptimizeOutcome:
         return out
 
 
+def bound_records(sweep: BoundSweep) -> list[dict]:
+    """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
+    s, out = sweep.problem.shape, []
+    for p in sweep.points:
+        for name, traffic in p.traffic.items():
+            t = p.tiling[name]
+            out.append(dict(N=s.n_q, N_k=s.n_k, d=s.d, batch=s.batch, heads=s.heads, causal=sweep.problem.causal,
+                            M=p.M, algorithm=name, Br=t and t.Br, Bc=t and t.Bc, traffic=traffic,
+                            lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
+                            best=name == p.best))
+    return out
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     result: SimResult
@@ -168,6 +199,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     algorithm's optimum;
     ``on_simulated`` sees a run's result before the reference check starts.
     """
+    if args.command == "bound":
+        return _run_bound(args, on_row)
     M = parse_size(args.M, args.dtype)
     if args.command == "sweep":
         if args.resume and not (args.json or args.csv):
@@ -182,6 +215,26 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     if args.command == "optimize":
         return _run_optimize(args, M, on_row)
     return _run_one(args, M, on_simulated)
+
+
+def _run_bound(args: argparse.Namespace, on_point) -> BoundSweep:
+    paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
+    named = [p for p in paths.values() if p]
+    if len(set(named)) < len(named):
+        raise InputError(f"--json, --csv and --out name the same file; give each its own path: {sorted(map(str, named))}")
+    sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
+                  dtype=args.dtype, points=args.points, algorithms=args.algo, on_point=on_point)
+    records = bound_records(sweep)
+    if paths["json"]:
+        paths["json"].write_text(json.dumps(records, indent=1) + "\n")
+    if paths["csv"]:
+        with paths["csv"].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    if paths["out"]:
+        plot(sweep, paths["out"])
+    return sweep
 
 
 def _run_optimize(args: argparse.Namespace, M: int, on_done) -> OptimizeOutcome:
@@ -419,6 +472,27 @@ def _render_optimize(console, outcome: OptimizeOutcome) -> None:
                   f"{sum(r.searched for r in found):,} tilings searched")
 
 
+def _render_bound(console, sweep: BoundSweep) -> None:
+    from rich import box
+    from rich.table import Table
+
+    s = sweep.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}"
+                  f"{', causal' if sweep.problem.causal else ''}: the least traffic of any algorithm at its optimal "
+                  f"tiling (count-only simulation) against the lower bound min(N²d/√M, N²d²/M)")
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
+    for name in ("M", "best", "B_r×B_c", "traffic", "bound", "ratio"):
+        table.add_column(name, justify="left" if name == "best" else "right", no_wrap=True)
+    for p in sweep.points:
+        t = p.tiling[p.best]
+        table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", _eng(p.traffic[p.best]), _eng(p.lower_bound),
+                      f"{p.ratio:.2f}")
+    console.print(table)
+    w = sweep.worst
+    console.print(f"worst ratio to the lower bound: {w.ratio:.2f} at M = {w.M:,} ({w.best}); "
+                  f"M = d² = {s.d * s.d:,}")
+
+
 def _render_check(console, outcome: RunOutcome) -> None:
     if outcome.max_abs_error is None:
         console.print("not checked against the float64 reference (--no-check)")
@@ -449,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
                 task = progress.add_task("optimize", total=len(args.algo))
                 outcome = run(args, on_row=lambda result: progress.advance(task))
             _render_optimize(console, outcome)
+        elif args.command == "bound":
+            with Progress(TextColumn("bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                task = progress.add_task("bound", total=args.points)
+                outcome = run(args, on_row=lambda point: progress.advance(task))
+            _render_bound(console, outcome)
         else:
             outcome = run(args, on_simulated=lambda result: _render_run(console, result))
             _render_check(console, outcome)

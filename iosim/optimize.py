@@ -13,7 +13,8 @@ Without a causal mask, the traffic of every algorithm here depends on the blocks
 through T_r = ⌈N_q/B_r⌉ and T_c = ⌈N_k/B_c⌉ and never grows with a block, so the
 staircase holds the best tiling of all. A causal mask rewards a small block in the
 other dimension (it skips hidden tiles more finely, and reads fewer elements of an
-explicit mask), which the thin tilings cover; ``tests/test_optimize.py`` checks the
+explicit mask), which the thin tilings cover (they also hold, for the FlashAttention
+loops, the tilings that tie with less idle SRAM); ``tests/test_optimize.py`` checks the
 result against every tiling on small problems, causal and masked ones included. No
 algorithm is named: the search uses only ``working_set`` and ``traffic``, so an
 algorithm registered later (a backward pass, say) is covered as it stands.
@@ -111,7 +112,7 @@ def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
 
     shapes = set(_staircase(fits, n_q, n_k))  # for each B_r, the largest B_c
     shapes |= {(Br, Bc) for Bc, Br in _staircase(lambda Bc, Br: fits(Br, Bc), n_k, n_q)}  # and the other way
-    shapes |= {(1, Bc) for Bc in range(1, _largest(lambda Bc: fits(1, Bc), n_k) + 1)}
+    shapes |= {(1, Bc) for Bc in range(1, _largest(lambda Bc: fits(1, Bc), n_k) + 1)}  # the thin tilings
     shapes |= {(Br, 1) for Br in range(1, _largest(lambda Br: fits(Br, 1), n_q) + 1)}
     return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
