@@ -131,7 +131,7 @@ def plot(sweep: BoundSweep, path) -> None:
     ax.text(s.d * s.d * 1.05, 0.03, "M = d²", transform=ax.get_xaxis_transform(), fontsize=8, color="grey")
     worst = sweep.worst
     ax.annotate(f"worst ratio {worst.ratio:.2f} ({worst.best})", (worst.M, worst.traffic[worst.best]),
-                xytext=(15, -90), textcoords="offset points", fontsize=8, arrowprops=dict(arrowstyle="->", lw=0.6))
+                xytext=(30, -160), textcoords="offset points", fontsize=8, arrowprops=dict(arrowstyle="->", lw=0.6))
     ax.set(xscale="log", yscale="log", xlabel="M (elements)", ylabel="HBM traffic (elements)",
            title=f"N_q = {s.n_q}, N_k = {s.n_k}, d = {s.d}{', causal' if sweep.problem.causal else ''}, "
                  f"batch·heads = {s.bh}")
