@@ -1,4 +1,5 @@
-"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation) and ``iosim optimize``.
+"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation), ``iosim optimize``
+and ``iosim bound``.
 
 ``build_parser`` and ``run`` hold the logic and return data; only ``main`` renders,
 with rich. Tests call ``run`` directly. Bad input (``iosim.InputError``, a
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import SimResult, pass_of, simulate, simulation_bytes
+from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.gpus import GPUS, resolve_M
@@ -142,6 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      f"{TOP_DEFAULT})")
     op.add_argument("--json", metavar="PATH", help="save the tilings as JSON")
     op.add_argument("--csv", metavar="PATH", help="save the tilings as CSV")
+
+    bd = sub.add_parser("bound", help="least traffic of any algorithm at its optimal tiling against the IO lower "
+                                      "bound, over M from the smallest working set to N·d")
+    bd.add_argument("--N", type=_count, required=True, help="query length N_q")
+    bd.add_argument("--N-k", type=_count, default=None, help="key/value length (default: N)")
+    bd.add_argument("--d", type=_count, required=True)
+    bd.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                    help="default: every algorithm but the block-sparse ones")
+    bd.add_argument("--batch", type=_count, default=1)
+    bd.add_argument("--heads", type=_count, default=1)
+    bd.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    bd.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help="element size for bytes")
+    bd.add_argument("--points", type=_count, default=POINTS_DEFAULT,
+                    help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
+    bd.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")
+    bd.add_argument("--json", metavar="PATH", help="save every (M, algorithm) as JSON")
+    bd.add_argument("--csv", metavar="PATH", help="save every (M, algorithm) as CSV")
     return parser
 
 
@@ -173,6 +192,19 @@ class OptimizeOutcome:
         return out
 
 
+def bound_records(sweep: BoundSweep) -> list[dict]:
+    """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
+    s, out = sweep.problem.shape, []
+    for p in sweep.points:
+        for name, traffic in p.traffic.items():
+            t = p.tiling[name]
+            out.append(dict(N=s.n_q, N_k=s.n_k, d=s.d, batch=s.batch, heads=s.heads, causal=sweep.problem.causal,
+                            M=p.M, algorithm=name, Br=t and t.Br, Bc=t and t.Bc, traffic=traffic,
+                            lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
+                            best=name == p.best))
+    return out
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     result: SimResult | GradResult  # a GradResult with --pass bwd or fwd+bwd
@@ -195,6 +227,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     algorithm's optimum;
     ``on_simulated`` sees a run's result before the reference check starts.
     """
+    if args.command == "bound":
+        return _run_bound(args, on_row)
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = None if getattr(args, "sparsity", None) is None else BlockSparsity(
         args.sparsity, args.sparsity_pattern, args.sparsity_seed)
@@ -222,12 +256,34 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
 
 
 def sweep_algorithms(args: argparse.Namespace) -> list[str]:
-    """The algorithms a sweep or an optimization covers: those named, else all (block-sparse ones only with a
-    block mask to use)."""
+    """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
+    mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
     sparse = getattr(args, "sparsity", None) is not None
-    return [name for name, a in ALGORITHMS.items() if sparse or not a.block_sparse]
+    backward = getattr(args, "pass_", "fwd") != "fwd"
+    return [name for name, a in ALGORITHMS.items()
+            if (sparse or not a.block_sparse) and (a.backward is not None or not backward)]
+
+
+def _run_bound(args: argparse.Namespace, on_point) -> BoundSweep:
+    paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
+    named = [p for p in paths.values() if p]
+    if len(set(named)) < len(named):
+        raise InputError(f"--json, --csv and --out name the same file; give each its own path: {sorted(map(str, named))}")
+    sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
+                  dtype=args.dtype, points=args.points, algorithms=sweep_algorithms(args), on_point=on_point)
+    records = bound_records(sweep)
+    if paths["json"]:
+        paths["json"].write_text(json.dumps(records, indent=1) + "\n")
+    if paths["csv"]:
+        with paths["csv"].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    if paths["out"]:
+        plot(sweep, paths["out"])
+    return sweep
 
 
 def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_done) -> OptimizeOutcome:
@@ -524,6 +580,27 @@ def _render_optimize(console, outcome: OptimizeOutcome) -> None:
                   f"{sum(r.searched for r in found):,} tilings searched")
 
 
+def _render_bound(console, sweep: BoundSweep) -> None:
+    from rich import box
+    from rich.table import Table
+
+    s = sweep.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}"
+                  f"{', causal' if sweep.problem.causal else ''}: the least traffic of any algorithm at its optimal "
+                  f"tiling (count-only simulation) against the lower bound min(N²d/√M, N²d²/M)")
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
+    for name in ("M", "best", "B_r×B_c", "traffic", "bound", "ratio"):
+        table.add_column(name, justify="left" if name == "best" else "right", no_wrap=True)
+    for p in sweep.points:
+        t = p.tiling[p.best]
+        table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", _eng(p.traffic[p.best]), _eng(p.lower_bound),
+                      f"{p.ratio:.2f}")
+    console.print(table)
+    w = sweep.worst
+    console.print(f"worst ratio to the lower bound: {w.ratio:.2f} at M = {w.M:,} ({w.best}); "
+                  f"M = d² = {s.d * s.d:,}")
+
+
 def _render_check(console, outcome: RunOutcome) -> None:
     if outcome.pass_ == "fwd+bwd":
         console.print(f"forward + backward: {outcome.traffic.total:,} elements, {_bytes(outcome.traffic.total_bytes)}")
@@ -556,6 +633,12 @@ def main(argv: list[str] | None = None) -> int:
                 task = progress.add_task("optimize", total=len(sweep_algorithms(args)))
                 outcome = run(args, on_row=lambda result: progress.advance(task))
             _render_optimize(console, outcome)
+        elif args.command == "bound":
+            with Progress(TextColumn("bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                task = progress.add_task("bound", total=args.points)
+                outcome = run(args, on_row=lambda point: progress.advance(task))
+            _render_bound(console, outcome)
         else:
             render = (lambda result: _render_run(console, result)) if args.pass_ == "fwd" else \
                 (lambda result: _render_training(console, result, args.pass_))

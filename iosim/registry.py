@@ -7,7 +7,7 @@ algorithm defined elsewhere joins with ``register``.
 from __future__ import annotations
 
 from iosim.algorithm import Algorithm
-from iosim.algorithms import block_sparse, block_sparse_skip, flash, flash_swapped, standard, standard_eager
+from iosim.algorithms import block_sparse, block_sparse_skip, flash, flash_swapped, small_cache, standard, standard_eager
 from iosim.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -17,6 +17,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     standard_eager.ALGORITHM.name: standard_eager.ALGORITHM,
     block_sparse.ALGORITHM.name: block_sparse.ALGORITHM,
     block_sparse_skip.ALGORITHM.name: block_sparse_skip.ALGORITHM,
+    small_cache.ALGORITHM.name: small_cache.ALGORITHM,
 }
 DEFAULT = flash.ALGORITHM.name  # what `iosim run` simulates unless told otherwise
 

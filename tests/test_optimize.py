@@ -111,9 +111,9 @@ def test_optimize_confirms_and_compares():
 
 
 def test_optimize_rejects_M_below_every_working_set():
-    with pytest.raises(iosim.BlockSizeError, match=r"M=10 is below the smallest working set of every algorithm asked "
+    with pytest.raises(iosim.BlockSizeError, match=r"M=4 is below the smallest working set of every algorithm asked "
                                                    r"for \(.*flash: 263.*\); allowed range M >= "):
-        optimize(N=4096, d=64, M=10)
+        optimize(N=4096, d=64, M=4)
 
 
 def test_optimize_command_saves_the_tilings(tmp_path):
@@ -133,7 +133,7 @@ def test_optimize_command_saves_the_tilings(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--M", "10"], "M=10 is below the smallest working set of every algorithm"),
+    (["--M", "4"], "M=4 is below the smallest working set of every algorithm"),
     (["--M", "1000", "--top", "0"], "--top: 0"),
 ])
 def test_optimize_bad_input_exits_2_with_one_line(capsys, argv, message):

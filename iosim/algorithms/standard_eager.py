@@ -28,8 +28,8 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
+from iosim.algorithms._softmax import softmax_exps, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose, visible
-from iosim.algorithms.standard import softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory
@@ -152,11 +152,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """QKᵀ and P_drop·V over every tile, and the softmax's exponentials as in Alg. 0."""
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
-    if softmax_rows(M, n_q, n_k) >= 1:
-        exp = n_q * n_k
-    else:
-        exp = 2 * n_q * n_k + sum(b_i * n for b_i, _, n in visits(pb, tiling, skips_hidden=False).pairs())
-    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=exp).scaled(pb.shape.bh)
+    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=softmax_exps(pb, tiling, M)).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:
