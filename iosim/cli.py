@@ -38,6 +38,7 @@ from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, ch
 from iosim.tiling import POLICIES
 from iosim.units import DTYPE_ITEMSIZE, parse_count
 
+PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
 
@@ -449,7 +450,7 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
     if first.pass_ != "fwd":
-        options.append({"bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}[first.pass_])
+        options.append(PASS_TITLES[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
 
 
@@ -549,7 +550,7 @@ def _render_traffic(console, r: SimResult | GradResult, t: Counts, tiling, what:
                   f"{_bytes(t.total_bytes)} moved in all")
 
 
-def _render_optimize(console, outcome: OptimizeOutcome) -> None:
+def _render_optimize(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     from rich import box
     from rich.table import Table
 
@@ -557,17 +558,19 @@ def _render_optimize(console, outcome: OptimizeOutcome) -> None:
     first = found[0]
     s = first.problem.shape
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
-                  f"{'causal' if first.problem.causal else 'no mask'}. The best tilings of each algorithm (ties in "
-                  f"traffic shown once): HBM elements over all batch·heads, the working set (SRAM) per head, and "
-                  f"c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block policies")
+                  f"{'causal' if first.problem.causal else 'no mask'}, {PASS_TITLES[pass_]}. The best tilings of each "
+                  f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
+                  f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
+                  f"policies (— where the policy overflows M)")
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
-    for name in ("algorithm", "#", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
+    for name in ("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for r in found:
-        policy_c = [f"{p.c:.2f}" if p else "overflow" for p in (r.fit, r.paper)]
+        name = r.algorithm.removesuffix(" backward")  # the pass is in the title
+        policy_c = [f"{p.c:.3g}" if p else "—" for p in (r.fit, r.paper)]
         for rank, x in enumerate(r.best, 1):
-            table.add_row(r.algorithm if rank == 1 else "", str(rank), f"{x.tiling.Br}×{x.tiling.Bc}",
-                          _eng(x.traffic), _bytes(x.traffic_bytes), _eng(x.working_set), f"{x.c:.2f}",
+            table.add_row(name if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", _eng(x.traffic),
+                          _bytes(x.traffic_bytes), _eng(x.working_set), f"{x.c:.3g}",
                           *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
     console.print(table)
     for r in outcome.results:
@@ -632,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                           console=console, transient=True) as progress:
                 task = progress.add_task("optimize", total=len(sweep_algorithms(args)))
                 outcome = run(args, on_row=lambda result: progress.advance(task))
-            _render_optimize(console, outcome)
+            _render_optimize(console, outcome, args.pass_)
         elif args.command == "bound":
             with Progress(TextColumn("bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console, transient=True) as progress:

@@ -1,15 +1,17 @@
 """Block policy `optimal` and `iosim optimize`: the fewest exact HBM accesses that fit M, confirmed by the simulator."""
 
+import io
 import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv, relative_error
-from iosim.cli import OptimizeOutcome, build_parser, main, run
+from iosim.cli import OptimizeOutcome, _render_optimize, build_parser, main, run
 from iosim.inputs import AttentionShape
 from iosim.optimize import evaluate, optimize, ranked
 from iosim.problem import Problem
@@ -147,3 +149,13 @@ def test_sweep_takes_the_optimal_policy():
                                          "optimal"]))
     assert all(r.status == "ok" and r.total == r.predicted for r in out.rows)
     assert {r.algorithm: (r.tiling.Br, r.tiling.Bc) for r in out.rows}["flash"] == (1, 683)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_optimize_table_fits_80_columns(pass_):
+    args = build_parser().parse_args(["optimize", "--N", "4096", "--d", "64", "--M", "100k", "--pass", pass_])
+    console = Console(width=80, file=io.StringIO(), record=True)
+    _render_optimize(console, run(args), pass_)
+    text = console.export_text()
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
