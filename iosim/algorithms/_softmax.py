@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms._tile_ops import exp_diff, safe_divide
+from iosim.flops import Flops
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -22,6 +23,13 @@ from iosim.visits import Axis, Visits, visits
 def softmax_rows(M: int, n_q: int, n_k: int) -> int:
     """R, the rows of S that step 2 holds at once; 0 selects the two-pass fallback."""
     return min(n_q, M // (n_k + 2))
+
+
+def materialized_flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
+    """The arithmetic of attention that writes S to HBM (standard, standard-eager, small-cache): both products
+    over all of S, 2·N_q·N_k·d each, and the softmax pass's exponentials."""
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=softmax_exps(pb, tiling, M)).scaled(pb.shape.bh)
 
 
 def softmax_exps(pb: Problem, tiling: Tiling, M: int) -> int:
