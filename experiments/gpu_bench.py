@@ -46,8 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-import kernels  # noqa: E402
-from kernels._device import simulator_enabled  # noqa: E402
+from iosim import kernels  # noqa: E402
+from iosim.kernels._device import simulator_enabled  # noqa: E402
 
 TORCH_IMPLS = ("torch", "torch-sdpa")
 # --smoke: tiles sized for the simulator (32 threads a block), as in tests/test_kernels.py

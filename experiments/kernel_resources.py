@@ -35,8 +35,8 @@ import numba  # noqa: E402
 import numba.cuda.dispatcher  # noqa: E402
 from numba import cuda, types  # noqa: E402
 
-from kernels import _device as dev  # noqa: E402
-from kernels import flash, flash_swapped, flash_swapped_tc, standard  # noqa: E402
+from iosim.kernels import _device as dev  # noqa: E402
+from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard  # noqa: E402
 
 CC = (9, 0)
 ARCH = "sm_90"

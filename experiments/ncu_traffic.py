@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 import iosim  # noqa: E402
-import kernels  # noqa: E402
+from iosim import kernels  # noqa: E402
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")

@@ -1,4 +1,5 @@
-"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation) and ``iosim optimize``.
+"""Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation), ``iosim optimize``
+and ``iosim bound``.
 
 ``build_parser`` and ``run`` hold the logic and return data; only ``main`` renders,
 with rich. Tests call ``run`` directly. Bad input (``iosim.InputError``, a
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import SimResult, pass_of, simulate, simulation_bytes
+from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.gpus import GPUS, resolve_M
@@ -36,6 +38,7 @@ from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, ch
 from iosim.tiling import POLICIES
 from iosim.units import DTYPE_ITEMSIZE, parse_count
 
+PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
 
@@ -148,6 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      f"{TOP_DEFAULT})")
     op.add_argument("--json", metavar="PATH", help="save the tilings as JSON")
     op.add_argument("--csv", metavar="PATH", help="save the tilings as CSV")
+
+    bd = sub.add_parser("bound", help="least traffic of any algorithm at its optimal tiling against the IO lower "
+                                      "bound, over M from the smallest working set to N·d")
+    bd.add_argument("--N", type=_count, required=True, help="query length N_q")
+    bd.add_argument("--N-k", type=_count, default=None, help="key/value length (default: N)")
+    bd.add_argument("--d", type=_count, required=True)
+    bd.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                    help="default: every algorithm but the block-sparse ones")
+    bd.add_argument("--batch", type=_count, default=1)
+    bd.add_argument("--heads", type=_count, default=1)
+    bd.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    bd.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help="element size for bytes")
+    bd.add_argument("--points", type=_count, default=POINTS_DEFAULT,
+                    help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
+    bd.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")
+    bd.add_argument("--json", metavar="PATH", help="save every (M, algorithm) as JSON")
+    bd.add_argument("--csv", metavar="PATH", help="save every (M, algorithm) as CSV")
     return parser
 
 
@@ -179,6 +199,19 @@ class OptimizeOutcome:
         return out
 
 
+def bound_records(sweep: BoundSweep) -> list[dict]:
+    """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
+    s, out = sweep.problem.shape, []
+    for p in sweep.points:
+        for name, traffic in p.traffic.items():
+            t = p.tiling[name]
+            out.append(dict(N=s.n_q, N_k=s.n_k, d=s.d, batch=s.batch, heads=s.heads, causal=sweep.problem.causal,
+                            M=p.M, algorithm=name, Br=t and t.Br, Bc=t and t.Bc, traffic=traffic,
+                            lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
+                            best=name == p.best))
+    return out
+
+
 @dataclass(frozen=True)
 class RunOutcome:
     result: SimResult | GradResult  # a GradResult with --pass bwd or fwd+bwd
@@ -201,6 +234,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     algorithm's optimum;
     ``on_simulated`` sees a run's result before the reference check starts.
     """
+    if args.command == "bound":
+        return _run_bound(args, on_row)
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = None if getattr(args, "sparsity", None) is None else BlockSparsity(
         args.sparsity, args.sparsity_pattern, args.sparsity_seed)
@@ -229,13 +264,34 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
 
 
 def sweep_algorithms(args: argparse.Namespace) -> list[str]:
-    """The algorithms a sweep or an optimization covers: those named, else all (block-sparse ones only with a
-    block mask to use, and with a backward pass only those that have one)."""
+    """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
+    mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
     sparse = getattr(args, "sparsity", None) is not None
+    backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
-            if (sparse or not a.block_sparse) and (args.pass_ == "fwd" or a.backward is not None)]
+            if (sparse or not a.block_sparse) and (a.backward is not None or not backward)]
+
+
+def _run_bound(args: argparse.Namespace, on_point) -> BoundSweep:
+    paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
+    named = [p for p in paths.values() if p]
+    if len(set(named)) < len(named):
+        raise InputError(f"--json, --csv and --out name the same file; give each its own path: {sorted(map(str, named))}")
+    sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
+                  dtype=args.dtype, points=args.points, algorithms=sweep_algorithms(args), on_point=on_point)
+    records = bound_records(sweep)
+    if paths["json"]:
+        paths["json"].write_text(json.dumps(records, indent=1) + "\n")
+    if paths["csv"]:
+        with paths["csv"].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    if paths["out"]:
+        plot(sweep, paths["out"])
+    return sweep
 
 
 def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_done) -> OptimizeOutcome:
@@ -404,7 +460,7 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
     if first.pass_ != "fwd":
-        options.append({"bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}[first.pass_])
+        options.append(PASS_TITLES[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
 
 
@@ -420,7 +476,7 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
     console.print(_setting(rows[0], rows))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
     tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
-        "" if r.backward_tiling is None else f", {r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
+        "" if r.backward_tiling is None else f"/{r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
     exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
     peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
     if wide:
@@ -433,8 +489,10 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
+        if any(r.backward_tiling is not None for r in rows):  # two tilings a row: room made for them
+            columns = [c for c in columns if c[0] != "peak/M"]
     if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
-        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d", "= pred")]
+        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
         columns = kept + [
             ("HBM bytes", lambda r: _bytes(r.total_bytes)),
             ("FLOPs", lambda r: "—" if r.flops is None else _eng(r.flops.matmul)),
@@ -502,7 +560,7 @@ def _render_traffic(console, r: SimResult | GradResult, t: Counts, tiling, what:
                   f"{_bytes(t.total_bytes)} moved in all")
 
 
-def _render_optimize(console, outcome: OptimizeOutcome) -> None:
+def _render_optimize(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     from rich import box
     from rich.table import Table
 
@@ -510,17 +568,19 @@ def _render_optimize(console, outcome: OptimizeOutcome) -> None:
     first = found[0]
     s = first.problem.shape
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
-                  f"{'causal' if first.problem.causal else 'no mask'}. The best tilings of each algorithm (ties in "
-                  f"traffic shown once): HBM elements over all batch·heads, the working set (SRAM) per head, and "
-                  f"c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block policies")
+                  f"{'causal' if first.problem.causal else 'no mask'}, {PASS_TITLES[pass_]}. The best tilings of each "
+                  f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
+                  f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
+                  f"policies (— where the policy overflows M)")
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
-    for name in ("algorithm", "#", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
+    for name in ("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
         table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
     for r in found:
-        policy_c = [f"{p.c:.2f}" if p else "overflow" for p in (r.fit, r.paper)]
+        name = r.algorithm.removesuffix(" backward")  # the pass is in the title
+        policy_c = [f"{p.c:.3g}" if p else "—" for p in (r.fit, r.paper)]
         for rank, x in enumerate(r.best, 1):
-            table.add_row(r.algorithm if rank == 1 else "", str(rank), f"{x.tiling.Br}×{x.tiling.Bc}",
-                          _eng(x.traffic), _bytes(x.traffic_bytes), _eng(x.working_set), f"{x.c:.2f}",
+            table.add_row(name if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", _eng(x.traffic),
+                          _bytes(x.traffic_bytes), _eng(x.working_set), f"{x.c:.3g}",
                           *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
     console.print(table)
     for r in outcome.results:
@@ -531,6 +591,27 @@ def _render_optimize(console, outcome: OptimizeOutcome) -> None:
     console.print(f"least traffic: {best.algorithm} with B_r={x.tiling.Br}, B_c={x.tiling.Bc}: {x.traffic:,} elements "
                   f"(c = {x.c:.2f}), simulated count-only: {best.measured.total:,}; "
                   f"{sum(r.searched for r in found):,} tilings searched")
+
+
+def _render_bound(console, sweep: BoundSweep) -> None:
+    from rich import box
+    from rich.table import Table
+
+    s = sweep.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}"
+                  f"{', causal' if sweep.problem.causal else ''}: the least traffic of any algorithm at its optimal "
+                  f"tiling (count-only simulation) against the lower bound min(N²d/√M, N²d²/M)")
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
+    for name in ("M", "best", "B_r×B_c", "traffic", "bound", "ratio"):
+        table.add_column(name, justify="left" if name == "best" else "right", no_wrap=True)
+    for p in sweep.points:
+        t = p.tiling[p.best]
+        table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", _eng(p.traffic[p.best]), _eng(p.lower_bound),
+                      f"{p.ratio:.2f}")
+    console.print(table)
+    w = sweep.worst
+    console.print(f"worst ratio to the lower bound: {w.ratio:.2f} at M = {w.M:,} ({w.best}); "
+                  f"M = d² = {s.d * s.d:,}")
 
 
 def _render_check(console, outcome: RunOutcome) -> None:
@@ -564,7 +645,13 @@ def main(argv: list[str] | None = None) -> int:
                           console=console, transient=True) as progress:
                 task = progress.add_task("optimize", total=len(sweep_algorithms(args)))
                 outcome = run(args, on_row=lambda result: progress.advance(task))
-            _render_optimize(console, outcome)
+            _render_optimize(console, outcome, args.pass_)
+        elif args.command == "bound":
+            with Progress(TextColumn("bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                task = progress.add_task("bound", total=args.points)
+                outcome = run(args, on_row=lambda point: progress.advance(task))
+            _render_bound(console, outcome)
         else:
             render = (lambda result: _render_run(console, result)) if args.pass_ == "fwd" else \
                 (lambda result: _render_training(console, result, args.pass_))

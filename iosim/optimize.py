@@ -5,22 +5,29 @@ What is searched. Every algorithm's working set grows with each block size (the
 The search evaluates the algorithm's exact closed form (``Algorithm.traffic``, O(1)
 per tiling even with a causal mask) on
 
-- every tiling maximal in one block size: for each B_r the largest B_c that fits, and
-  for each B_c the largest B_r;
-- the thin tilings B_r = 1 (every B_c that fits) and B_c = 1 (every B_r).
+- without a causal mask, the staircase of least blocks: for each B_r = ⌈N_q/T_r⌉
+  (T_r = 1 … N_q: O(√N_q) distinct sizes) that fits, the largest B_c that fits, and
+  that B_c shrunk to the least block with as many blocks, ⌈N_k/T_c⌉; and the other way
+  round. Without a causal mask the traffic of every algorithm here depends on one block
+  only through its count and never grows with the other (most depend on T_r and T_c
+  alone; small-cache's O tiles are min(B_c, d) wide, so it gains from the largest B_c),
+  so this holds the best tiling of all, and among tied ones one that leaves little SRAM
+  idle;
+- with a causal mask, where the exact block sizes matter, every tiling maximal in one
+  block size (for each B_r the largest B_c that fits, and for each B_c the largest B_r)
+  and the thin tilings B_r = 1 (every B_c that fits) and B_c = 1 (every B_r): a causal
+  mask rewards a small block in the other dimension (it skips hidden tiles more finely,
+  and reads fewer elements of an explicit mask).
 
-Without a causal mask, the traffic of every algorithm here depends on the blocks only
-through T_r = ⌈N_q/B_r⌉ and T_c = ⌈N_k/B_c⌉ and never grows with a block, so the
-staircase holds the best tiling of all. A causal mask rewards a small block in the
-other dimension (it skips hidden tiles more finely, and reads fewer elements of an
-explicit mask), which the thin tilings cover; ``tests/test_optimize.py`` checks the
-result against every tiling on small problems, causal and masked ones included. No
+``tests/test_optimize.py`` checks the result against every tiling on small problems,
+for every registered algorithm, causal and masked ones included. No
 algorithm is named: the search uses only ``working_set`` and ``traffic``, so an
 algorithm registered later (a backward pass, say) is covered as it stands.
 
-Cost. At most 2·(min(N_q, B_r,max) + min(N_k, B_c,max)) tilings, about 2·M/d for the
-FlashAttention family, each one closed form (tens of microseconds); finding the
-staircase costs a few working sets per step.
+Cost. Without a causal mask at most 2·(√N_q + √N_k) tilings, each one closed form (tens
+of microseconds) and a binary search of working sets; with one at most
+2·(min(N_q, B_r,max) + min(N_k, B_c,max)) tilings, about 2·M/d for the FlashAttention
+loops.
 
 Ranking: fewest HBM elements (the paper's unit), then fewest bytes, then the
 smaller working set, then the smaller blocks.
@@ -40,6 +47,7 @@ from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.tiling import POLICIES, Tiling
 from iosim.units import parse_size
+from iosim.visits import ceil_div
 
 TOP_DEFAULT = 3  # tilings per algorithm that `iosim optimize` shows
 
@@ -101,18 +109,46 @@ def _staircase(fits: Callable[[int, int], bool], n_outer: int, n_inner: int) -> 
         yield a, b
 
 
+def block_sizes(n: int) -> list[int]:
+    """The least block size giving each block count: ⌈n/T⌉ for T = 1 … n, distinct, ascending (O(√n) of them)."""
+    out, T = [], 1
+    while T <= n:
+        b = ceil_div(n, T)
+        out.append(b)
+        if b == 1:
+            break
+        T = ceil_div(n, b - 1)  # the first block count whose least size is below b
+    return out[::-1]
+
+
 def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
-    """Every tiling maximal in one block size (see the module docstring), no block longer than its sequence."""
+    """The tilings the search evaluates (see the module docstring), no block longer than its sequence."""
     check_fits(algo, pb, M)
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
 
     def fits(Br: int, Bc: int) -> bool:
         return algo.working_set(pb, Tiling(Br, Bc), M) <= M
 
+    if not pb.causal:  # traffic depends on T_r and T_c only: the least block of each count will do
+        return _canonical_staircase(fits, n_q, n_k)
     shapes = set(_staircase(fits, n_q, n_k))  # for each B_r, the largest B_c
     shapes |= {(Br, Bc) for Bc, Br in _staircase(lambda Bc, Br: fits(Br, Bc), n_k, n_q)}  # and the other way
-    shapes |= {(1, Bc) for Bc in range(1, _largest(lambda Bc: fits(1, Bc), n_k) + 1)}
+    shapes |= {(1, Bc) for Bc in range(1, _largest(lambda Bc: fits(1, Bc), n_k) + 1)}  # the thin tilings
     shapes |= {(Br, 1) for Br in range(1, _largest(lambda Br: fits(Br, 1), n_q) + 1)}
+    return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
+
+
+def _canonical_staircase(fits: Callable[[int, int], bool], n_q: int, n_k: int) -> list[Tiling]:
+    """For each least block size B_r = ⌈N_q/T_r⌉ that fits, the largest B_c that fits and the least B_c with
+    as few blocks; and the other way round."""
+    shapes = set()
+    for n_a, n_b, fits_ab, swap in ((n_q, n_k, fits, False), (n_k, n_q, lambda a, b: fits(b, a), True)):
+        for a in block_sizes(n_a):
+            b = _largest(lambda x: fits_ab(a, x), n_b)
+            if b == 0:
+                break
+            for b in (b, ceil_div(n_b, ceil_div(n_b, b))):  # the largest, and the least with as few blocks
+                shapes.add((b, a) if swap else (a, b))
     return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
 

@@ -7,8 +7,8 @@ algorithm defined elsewhere joins with ``register``.
 from __future__ import annotations
 
 from iosim.algorithm import Algorithm
-from iosim.algorithms import (block_sparse, block_sparse_skip, flash, flash_swapped, split_kv, standard,
-                              standard_eager)
+from iosim.algorithms import (block_sparse, block_sparse_skip, flash, flash_swapped, small_cache, split_kv,
+                              standard, standard_eager)
 from iosim.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -18,6 +18,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     standard_eager.ALGORITHM.name: standard_eager.ALGORITHM,
     block_sparse.ALGORITHM.name: block_sparse.ALGORITHM,
     block_sparse_skip.ALGORITHM.name: block_sparse_skip.ALGORITHM,
+    small_cache.ALGORITHM.name: small_cache.ALGORITHM,
     split_kv.ALGORITHM.name: split_kv.ALGORITHM,
 }
 DEFAULT = flash.ALGORITHM.name  # what `iosim run` simulates unless told otherwise

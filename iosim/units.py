@@ -28,6 +28,8 @@ def parse_count(name: str, value, *, dtype: str | None = None) -> int:
 
     With ``dtype`` given, a trailing B (bytes) is allowed and converted to elements.
     """
+    if type(value) is int and value >= 1:  # the common case, kept cheap: tiling searches build many Tilings
+        return value
     if isinstance(value, (bool, np.bool_)):
         raise InputTypeError(f"{name}={value!r} must be a whole number >= 1, such as 4096 or 4Ki")
     if isinstance(value, (int, np.integer)):

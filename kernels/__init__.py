@@ -4,9 +4,9 @@ One module per algorithm (standard, flash, flash_swapped) and a thin host API:
 ``attention`` and ``attention_backward``, with ``IMPLS`` the registry of names.
 """
 
-from kernels.api import IMPLS, KernelOutput, attention, attention_backward, max_head_dim, resolve_config
-from kernels.config import Dropout, TileConfig
-from kernels.standard import MatmulConfig
+from iosim.kernels.api import IMPLS, KernelOutput, attention, attention_backward, max_head_dim, resolve_config
+from iosim.kernels.config import Dropout, TileConfig
+from iosim.kernels.standard import MatmulConfig
 
 __all__ = [
     "IMPLS",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from kernels import _device as dev
+from iosim.kernels import _device as dev
 
 M, N, K = 16, 8, 16  # the shape of one mma.sync.m16n8k16
 WARP = 32

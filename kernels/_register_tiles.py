@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32
 
-from kernels import _device as dev
+from iosim.kernels import _device as dev
 
 VEC = 4  # floats per 128-bit shared-memory load (LDS.128)
 SHARED_ALIGN = 16  # bytes: shared tiles start where a 128-bit load may read

@@ -22,8 +22,8 @@ from numba import cuda
 
 from iosim.errors import InputError
 from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
-from kernels import flash, flash_swapped, flash_swapped_tc, standard
-from kernels.config import Dropout
+from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard
+from iosim.kernels.config import Dropout
 
 # The one registry of implementations: the host API, the benchmark and the tests all read it.
 # Each module's ALGORITHM is the registered iosim.Algorithm it implements.

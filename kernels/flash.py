@@ -27,8 +27,8 @@ import numpy as np
 from numba import cuda, float32
 
 from iosim.algorithms import flash as simulated
-from kernels import _device as dev
-from kernels.config import FLOAT32_BYTES, TileConfig
+from iosim.kernels import _device as dev
+from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM

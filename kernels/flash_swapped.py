@@ -37,9 +37,9 @@ import numpy as np
 from numba import cuda, float32
 
 from iosim.algorithms import flash_swapped as simulated
-from kernels import _device as dev
-from kernels._register_tiles import SHARED_ALIGN, VEC, Layout, tiles
-from kernels.config import FLOAT32_BYTES, TileConfig
+from iosim.kernels import _device as dev
+from iosim.kernels._register_tiles import SHARED_ALIGN, VEC, Layout, tiles
+from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM

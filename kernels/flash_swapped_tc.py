@@ -26,10 +26,10 @@ import math
 import numpy as np
 from numba import cuda, float32, types, uint32
 
-from kernels import _device as dev
-from kernels import _mma as mma
-from kernels import flash_swapped
-from kernels.config import FLOAT32_BYTES, STATIC_SHARED_LIMIT, TileConfig
+from iosim.kernels import _device as dev
+from iosim.kernels import _mma as mma
+from iosim.kernels import flash_swapped
+from iosim.kernels.config import FLOAT32_BYTES, STATIC_SHARED_LIMIT, TileConfig
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = flash_swapped.ALGORITHM

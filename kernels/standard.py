@@ -23,8 +23,8 @@ import numpy as np
 from numba import cuda, float32
 
 from iosim.algorithms import standard as simulated
-from kernels import _device as dev
-from kernels.config import FLOAT32_BYTES, MAX_THREADS_PER_BLOCK, STATIC_SHARED_LIMIT
+from iosim.kernels import _device as dev
+from iosim.kernels.config import FLOAT32_BYTES, MAX_THREADS_PER_BLOCK, STATIC_SHARED_LIMIT
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM

@@ -10,8 +10,8 @@ from iosim.registry import ALGORITHMS
 from iosim.tiling import shape_rule
 
 ALGORITHM_NAMES = list(ALGORITHMS)
-# Algorithms with a backward pass; a decode-only one (split-kv) has none and the backward tests skip it.
-TRAINABLE = [name for name, a in ALGORITHMS.items() if a.backward is not None]
+# the algorithms with a backward pass (small-cache, for one, has none: --pass bwd refuses it)
+BACKWARD_NAMES = [name for name, a in ALGORITHMS.items() if a.backward is not None]
 
 
 def random_qkv(rng: np.random.Generator, batch: int, heads: int, n_q: int, n_k: int, d: int):

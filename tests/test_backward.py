@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import TRAINABLE, problem, random_qkv, relative_error
+from helpers import BACKWARD_NAMES, problem, random_qkv, relative_error
 from iosim.tiling import choose_tiling
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
@@ -30,7 +30,7 @@ def count_cases(draw):
                 dropout_p=draw(st.sampled_from([0.0, 0.3])), dtype=draw(st.sampled_from(["float16", "float32"])))
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 @settings(max_examples=200, deadline=None)
 @given(c=count_cases())
 def test_backward_count_equals_exact_prediction(algorithm, c):
@@ -59,7 +59,7 @@ def gradient_cases(draw):
     )
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c=gradient_cases())
 def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
@@ -96,7 +96,7 @@ def central_differences(f, x, eps=1e-6):
     return grad
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 @pytest.mark.parametrize("n_q, n_k, d, causal, masked, dropout_p", [
     (1, 1, 1, False, False, 0.0), (3, 5, 2, True, False, 0.0), (5, 3, 3, True, True, 0.0), (4, 4, 2, False, True, 0.5),
 ])
@@ -119,7 +119,7 @@ def test_gradients_match_finite_differences(algorithm, n_q, n_k, d, causal, mask
         assert err <= 1e-7, f"{algorithm}: {name} differs from central differences by {err:.3e}"
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 def test_fully_masked_rows_get_zero_gradients(algorithm):
     # causal with N_q > N_k: the first N_q − N_k query rows see no key (bottom-right alignment);
     # an explicit mask hides every key from row 33 as well
@@ -136,7 +136,7 @@ def test_fully_masked_rows_get_zero_gradients(algorithm):
     assert max(relative_error(x, r) for x, r in zip((g.dq, g.dk, g.dv), ref)) <= TOL
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     rng = np.random.default_rng(2)
     q, k, v = random_qkv(rng, 1, 1, 300, 300, 16)
@@ -172,7 +172,7 @@ def test_dO_of_the_wrong_shape_is_refused(bad):
         iosim.gradients("flash", q, q, q, np.ones(bad), M=2000)
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 def test_a_training_step_is_both_passes_added(algorithm):
     shape = dict(N=1000, N_k=700, d=48, M="60k", causal=True, mask=True, batch=2)
     step, pred = iosim.count(algorithm, pass_="fwd+bwd", **shape), iosim.predict(algorithm, pass_="fwd+bwd", **shape)
@@ -184,7 +184,7 @@ def test_a_training_step_is_both_passes_added(algorithm):
     assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 @pytest.mark.parametrize("n_q, n_k", [(1, 1), (113, 239), (239, 113), (1, 1023)])
 def test_awkward_shapes_causal(algorithm, n_q, n_k):
     rng = np.random.default_rng(n_q * 1000 + n_k)

@@ -8,7 +8,7 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from helpers import TRAINABLE
+from helpers import BACKWARD_NAMES
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "kv_resident.py"
 
@@ -28,7 +28,7 @@ def no_backward():
     del iosim.ALGORITHMS[algo.name]
 
 
-@pytest.mark.parametrize("algorithm", TRAINABLE)
+@pytest.mark.parametrize("algorithm", BACKWARD_NAMES)
 def test_sweep_fwd_plus_bwd_adds_the_two_passes(algorithm):
     rows = {p: run(parse("sweep", "--algo", algorithm, "--N", "1000", "--d", "48", "--causal", "--pass", p)).rows[0]
             for p in ("fwd", "bwd", "fwd+bwd")}

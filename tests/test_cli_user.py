@@ -96,6 +96,15 @@ def test_sweep_table_fits_without_cutting_anything(width, wide):
     assert "1G" in text and "65536" in text
 
 
+@pytest.mark.parametrize("options", [("--pass", "fwd+bwd", "--sparsity", "0.5"), ("--gpu", "h100", "--pass", "bwd"),
+                                     ("--gpu", "a100", "--pass", "fwd+bwd", "--sparsity", "0.25", "--causal")])
+def test_sweep_table_fits_80_columns_with_every_option(options):
+    out = run(parse("sweep", "--N", "1024", "65536", "--d", "64", "128", *options))
+    text = render(out, 80)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
 @pytest.mark.parametrize("x, text", [(0, "0"), (999, "999"), (1000, "1k"), (999_960, "1M"), (1.79e9, "1.79G"),
                                      (3.8e18, "3.8E"), (3.8e24, "3.80e+24"), (65536, "65.5k")])
 def test_compact_units_never_overflow(x, text):

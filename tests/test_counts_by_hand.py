@@ -299,6 +299,41 @@ CASES = [
          # a tile: Q_i, O_i (2·2·4) + K_j, V_j (2·3·4) + S_ij (2·3) + 4 statistics (4·2) + mask tile (2·3) = 60;
          # the combine's O_i, O_s (2·2·4) + ℓ_i, m_i, lse_s, m_new (4·2) = 24 is less
          peak=2 * 2 * 4 + 2 * 3 * 4 + 2 * 3 + 4 * 2 + 2 * 3, splits=3),
+    # ---------------------------------------------------------------- small-cache ----
+    # Step 1: per (i, j) tile, S_ij on chip while d streams past one column of Q_i (b_i) and of
+    # K_j (b_j) at a time; then [the mask tile and] write S_ij. Step 2 as in standard. Step 3: per
+    # query block i and column block of O (B_d = min(B_c, d) columns), O_i on chip while N_k
+    # streams past one column of P_i (b_i) and one row of V (b_d) at a time; write O_i.
+    # On chip: step 1 S_ij + max(b_i + b_j, mask tile); step 3 O_i (B_r·B_d) + B_r + B_d.
+    #
+    # N_q = N_k = 10, d = 4, B_r = 4, B_c = 3: T_r = 3, T_c = 4, B_d = 3 so column blocks 3, 1
+    # (T_d = 2). M = 50: R = ⌊50/12⌋ = 4 rows of S at a time, S read once.
+    Hand("small-cache-ragged", "small-cache", 4, 3, dict(N=10, d=4, M=50),
+         reads={
+             "Q": 4 * 10 * 4,  # step 1: Q_i's d columns once per key block, T_c·N_q·d
+             "K": 3 * 10 * 4,  # step 1: K_j's d columns once per query block, T_r·N_k·d
+             "S": 10 * 10,  # step 2: once
+             "P": 2 * 10 * 10,  # step 3: all of P once per column block of O, T_d·N_q·N_k
+             "V": 3 * 10 * 4,  # step 3: all of V once per query block, T_r·N_k·d
+         },
+         writes={"S": 10 * 10, "P": 10 * 10, "O": 10 * 4},
+         # step 1: S_ij (12) + columns (4 + 3) = 19; step 2: 4·(10 + 2) = 48; step 3: O_i (4·3) + 4 + 3 = 19
+         peak=4 * (10 + 2)),
+    # Causal and an explicit mask, two heads, no row fits: N_q = 5, N_k = 31, d = 2, B_r = 2, B_c = 3,
+    # M = 32 < N_k + 2, so R = 0 and S is read twice. T_r = 3, T_c = 11, B_d = min(3, 2) = 2 (T_d = 1).
+    # Nothing is skipped.
+    Hand("small-cache-two-pass-causal-mask-bh2", "small-cache", 2, 3,
+         dict(N=5, N_k=31, d=2, M=32, heads=2, causal=True, mask=True),
+         reads={
+             "Q": 2 * (11 * 5 * 2), "K": 2 * (3 * 31 * 2),  # T_c·N_q·d, T_r·N_k·d per head
+             "mask": 2 * (5 * 31),  # every tile once
+             "S": 2 * (2 * 5 * 31),  # two passes
+             "P": 2 * (1 * 5 * 31), "V": 2 * (3 * 31 * 2),  # T_d·N_q·N_k, T_r·N_k·d per head
+         },
+         writes={"S": 2 * (5 * 31), "P": 2 * (5 * 31), "O": 2 * (5 * 2)},
+         # step 1: S_ij (6) + mask tile (6) = 12 > S_ij + columns (6 + 5); step 2: S_ij (6) + 4·2 = 14;
+         # step 3: O_i (2·2) + 2 + 2 = 8
+         peak=2 * 3 + 4 * 2),
 ]
 
 IDS = [c.id for c in CASES]

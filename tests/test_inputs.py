@@ -36,8 +36,8 @@ def test_nonpositive_sizes(field, value):
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 def test_M_below_smallest_working_set(algorithm):
-    with pytest.raises(iosim.BlockSizeError, match="M=10 is below the smallest working set.*allowed range M >="):
-        iosim.count(algorithm, N=128, d=64, M=10)
+    with pytest.raises(iosim.BlockSizeError, match="M=4 is below the smallest working set.*allowed range M >="):
+        iosim.count(algorithm, N=128, d=64, M=4)
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.0, 1.5, float("nan")])
@@ -94,8 +94,8 @@ def test_algorithm_raises_capacity_error_when_blocks_do_not_fit(algorithm):
     pb = problem(64, 64, 16)
     algo = iosim.ALGORITHMS[algorithm]
     tiling = iosim.Tiling(32, 16)
-    M = algo.working_set(pb, tiling, 1000) - 1
-    assert algo.working_set(pb, tiling, M) > M, "precondition: 32 x 16 blocks overflow M"
+    # the largest M below which 32 × 16 blocks overflow (a working set may grow with M: rows of S in step 2)
+    M = next(m for m in range(algo.working_set(pb, tiling, 1000), 0, -1) if algo.working_set(pb, tiling, m) > m)
     mem = new_memory(algo, pb, M)
     with pytest.raises(iosim.CapacityError, match=f"M={M} elements exceeded"):
         algo.run(mem, pb, tiling)

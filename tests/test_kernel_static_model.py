@@ -177,7 +177,7 @@ def test_bank_ways():
 
 
 def test_layout_patterns_of_the_default_forward_tiling_are_conflict_free():
-    from kernels import flash_swapped
+    from iosim.kernels import flash_swapped
 
     config = flash_swapped.FORWARD_TILES[0]
     ways = model.bank_report(flash_swapped.layout(config, 64, False))

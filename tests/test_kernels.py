@@ -17,12 +17,12 @@ import pytest
 from numba import cuda
 
 import iosim
-import kernels
+from iosim import kernels
 from iosim.inputs import causal_keep, check_qkv, check_scale
 from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
 from iosim.rng import dropout_tile, philox_word
-from kernels import MatmulConfig, TileConfig
-from kernels import _device as dev
+from iosim.kernels import MatmulConfig, TileConfig
+from iosim.kernels import _device as dev
 
 IMPLS = list(kernels.IMPLS)
 
@@ -384,7 +384,7 @@ def test_bad_backward_input_is_rejected_naming_the_parameter(change, error, word
 
 
 def test_mma_fragments_follow_the_ptx_isa():
-    from kernels import _mma
+    from iosim.kernels import _mma
 
     # lane 5: group 1, quad 1 (PTX ISA, mma.m16n8k16 fragments for .f16 A, B and .f32 C)
     assert [_mma.a_element(5, w, h) for w in range(4) for h in range(2)] == [
@@ -402,7 +402,7 @@ def test_mma_fragments_follow_the_ptx_isa():
 
 
 def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments():
-    from kernels import _mma
+    from iosim.kernels import _mma
 
     rng = np.random.default_rng(16816)
     a = rng.standard_normal((16, 16)).astype(np.float16)

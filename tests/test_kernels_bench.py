@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-import kernels
-from kernels._device import simulator_enabled
+from iosim import kernels
+from iosim.kernels._device import simulator_enabled
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-import kernels
+from iosim import kernels
 from iosim.inputs import AttentionShape, causal_keep
 from iosim.reference import dropout_scale_matrix
-from kernels._device import simulator_enabled
+from iosim.kernels._device import simulator_enabled
 
 pytestmark = pytest.mark.skipif(
     simulator_enabled(), reason="needs a CUDA GPU and torch: run with IOSIM_GPU=1 (N up to 16384 is out of the simulator's reach)"

@@ -1,15 +1,17 @@
 """Block policy `optimal` and `iosim optimize`: the fewest exact HBM accesses that fit M, confirmed by the simulator."""
 
+import io
 import json
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv, relative_error
-from iosim.cli import OptimizeOutcome, build_parser, main, run
+from iosim.cli import OptimizeOutcome, _render_optimize, build_parser, main, run
 from iosim.inputs import AttentionShape
 from iosim.optimize import evaluate, optimize, ranked
 from iosim.problem import Problem
@@ -111,9 +113,9 @@ def test_optimize_confirms_and_compares():
 
 
 def test_optimize_rejects_M_below_every_working_set():
-    with pytest.raises(iosim.BlockSizeError, match=r"M=10 is below the smallest working set of every algorithm asked "
+    with pytest.raises(iosim.BlockSizeError, match=r"M=4 is below the smallest working set of every algorithm asked "
                                                    r"for \(.*flash: 263.*\); allowed range M >= "):
-        optimize(N=4096, d=64, M=10)
+        optimize(N=4096, d=64, M=4)
 
 
 def test_optimize_command_saves_the_tilings(tmp_path):
@@ -133,7 +135,7 @@ def test_optimize_command_saves_the_tilings(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--M", "10"], "M=10 is below the smallest working set of every algorithm"),
+    (["--M", "4"], "M=4 is below the smallest working set of every algorithm"),
     (["--M", "1000", "--top", "0"], "--top: 0"),
 ])
 def test_optimize_bad_input_exits_2_with_one_line(capsys, argv, message):
@@ -147,3 +149,13 @@ def test_sweep_takes_the_optimal_policy():
                                          "optimal"]))
     assert all(r.status == "ok" and r.total == r.predicted for r in out.rows)
     assert {r.algorithm: (r.tiling.Br, r.tiling.Bc) for r in out.rows}["flash"] == (1, 683)
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_optimize_table_fits_80_columns(pass_):
+    args = build_parser().parse_args(["optimize", "--N", "4096", "--d", "64", "--M", "100k", "--pass", pass_])
+    console = Console(width=80, file=io.StringIO(), record=True)
+    _render_optimize(console, run(args), pass_)
+    text = console.export_text()
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -87,8 +87,8 @@ def test_explicit_tiling_is_used_and_must_fit(algorithm):
     assert r.tiling == iosim.Tiling(7, 9)
     assert r.traffic == iosim.predict(algorithm, N=100, N_k=70, d=8, M=10**6, tiling=iosim.Tiling(7, 9)).exact
     assert iosim.count(algorithm, N=5, d=8, M=10**6, tiling=iosim.Tiling(64, 64)).tiling == iosim.Tiling(5, 5)
-    with pytest.raises(iosim.BlockSizeError, match="tiling B_r=7, B_c=9 needs a working set of .* above M=100"):
-        iosim.count(algorithm, N=100, N_k=70, d=8, M=100, tiling=iosim.Tiling(7, 9))
+    with pytest.raises(iosim.BlockSizeError, match="tiling B_r=7, B_c=9 needs a working set of .* above M=50"):
+        iosim.count(algorithm, N=100, N_k=70, d=8, M=50, tiling=iosim.Tiling(7, 9))
 
 
 @pytest.mark.parametrize("kwargs, message", [

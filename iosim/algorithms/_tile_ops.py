@@ -33,7 +33,11 @@ def causal_tile(pb: Problem, rows: slice, cols: slice) -> np.ndarray:
 
 def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
     """S_ij = MASK(tau · Q_i K_jᵀ): (bh, Br, Bc), −inf where a key is hidden."""
-    S = pb.tau * (Q_i.data @ np.swapaxes(K_j.data, -1, -2))  # (bh, Br, Bc)
+    return masked(pb, pb.tau * (Q_i.data @ np.swapaxes(K_j.data, -1, -2)), rows, cols, mask_ij)  # (bh, Br, Bc)
+
+
+def masked(pb: Problem, S: np.ndarray, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
+    """MASK(S) of the scaled scores of one tile: −inf where the causal or the explicit mask hides a key."""
     if pb.causal:
         S = np.where(causal_tile(pb, rows, cols), S, -np.inf)
     if mask_ij is not None:

@@ -23,24 +23,18 @@ chip, so that P in HBM is the softmax the backward pass needs (``standard_backwa
 
 from __future__ import annotations
 
-import numpy as np
-
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_backward
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
+from iosim.algorithms._tile_ops import apply_dropout, load_mask, scores
 from iosim.counts import Counts
-from iosim.flops import Flops, matmul
+from iosim.flops import matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
-from iosim.visits import Axis, Visits, visits
+from iosim.visits import visits
 
 TENSORS = (Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", "intermediate"), OUTPUT)
-
-
-def softmax_rows(M: int, n_q: int, n_k: int) -> int:
-    """R, the rows of S that step 2 holds at once; 0 selects the two-pass fallback."""
-    return min(n_q, M // (n_k + 2))
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
@@ -83,46 +77,6 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         mem.free(O_i)
 
 
-def softmax_whole_rows(mem: Memory, pb: Problem, R: int) -> None:
-    """Step 2 with R full rows of S on chip: S is read once."""
-    for _, rows in mem.loop(Axis(pb.shape.n_q, R).all()):
-        S_i = mem.load("S", rows, tile="S_i")  # (bh, R, N_k)
-        m_i, l_i = mem.alloc("m_i", rows.stop - rows.start), mem.alloc("l_i", rows.stop - rows.start)
-        mem.compute(exp=S_i.size)
-        if mem.numeric:
-            m_i.data = S_i.data.max(axis=-1, keepdims=True)
-            S_i.data = exp_diff(S_i.data, m_i.data)
-            l_i.data = S_i.data.sum(axis=-1, keepdims=True)
-            S_i.data = safe_divide(S_i.data, l_i.data)
-        mem.store(S_i, "P", rows)
-        mem.free(S_i, m_i, l_i)
-
-
-def softmax_two_pass(mem: Memory, pb: Problem, tiles: Visits) -> None:
-    """Step 2 when no row fits: online max and sum, then normalize; S is read twice."""
-    for i, rows in mem.loop(tiles.query_blocks()):
-        br = rows.stop - rows.start
-        m_i, l_i = mem.alloc("m_i", br, fill=-np.inf), mem.alloc("l_i", br, fill=0.0)
-        for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 1: running max and sum
-            S_ij = mem.load("S", rows, cols, tile="S_ij")
-            m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
-            mem.compute(exp=S_ij.size + br)  # exp(S_ij − m̃) and the rescaling of ℓ_i
-            if mem.numeric:
-                m_tilde.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
-                l_tilde.data = exp_diff(S_ij.data, m_tilde.data).sum(axis=-1, keepdims=True)
-                l_i.data = exp_diff(m_i.data, m_tilde.data) * l_i.data + l_tilde.data
-                m_i.data = m_tilde.data
-            mem.free(S_ij, m_tilde, l_tilde)
-        for _, cols in mem.loop(tiles.keys_seen_by(i)):  # pass 2: P_ij = exp(S_ij − m_i) / ℓ_i
-            S_ij = mem.load("S", rows, cols, tile="S_ij")
-            mem.compute(exp=S_ij.size)
-            if mem.numeric:
-                S_ij.data = safe_divide(exp_diff(S_ij.data, m_i.data), l_i.data)
-            mem.store(S_ij, "P", rows, cols)
-            mem.free(S_ij)
-        mem.free(m_i, l_i)
-
-
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
     Br, Bc = tiling.Br, tiling.Bc
@@ -149,16 +103,6 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
 
 
-def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """QKᵀ and PV over every tile; one exp per element of S, two and a rescaling per row and tile if two-pass."""
-    n_q, n_k = pb.shape.n_q, pb.shape.n_k
-    if softmax_rows(M, n_q, n_k) >= 1:
-        exp = n_q * n_k
-    else:
-        exp = 2 * n_q * n_k + sum(b_i * n for b_i, _, n in visits(pb, tiling, skips_hidden=False).pairs())
-    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=exp).scaled(pb.shape.bh)
-
-
 def paper_form(pb: Problem, M: int) -> float:
     """Theorem 2's Θ(Nd + N²) for standard attention, as Nd + N², with N² ↦ N_q·N_k and N ↦ N_q."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
@@ -168,5 +112,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="standard", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True, backward=standard_backward.ALGORITHM,
-    flops=flops,
+    flops=materialized_flops,
 )

@@ -28,10 +28,10 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
+from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose, visible
-from iosim.algorithms.standard import softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.counts import Counts
-from iosim.flops import Flops, matmul
+from iosim.flops import matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.rng import dropout_tile
@@ -149,16 +149,6 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
 
 
-def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """QKᵀ and P_drop·V over every tile, and the softmax's exponentials as in Alg. 0."""
-    n_q, n_k = pb.shape.n_q, pb.shape.n_k
-    if softmax_rows(M, n_q, n_k) >= 1:
-        exp = n_q * n_k
-    else:
-        exp = 2 * n_q * n_k + sum(b_i * n for b_i, _, n in visits(pb, tiling, skips_hidden=False).pairs())
-    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=exp).scaled(pb.shape.bh)
-
-
 def paper_form(pb: Problem, M: int) -> float:
     """Θ(Nd + N²), as for Alg. 0, with N² ↦ N_q·N_k and N ↦ N_q."""
     n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
@@ -167,5 +157,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="standard-eager", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM, flops=flops,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM, flops=materialized_flops,
 )

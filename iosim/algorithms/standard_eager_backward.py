@@ -28,8 +28,9 @@ import numpy as np
 
 from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Tensor, exact_counts, saved
 from iosim.algorithms._tile_ops import load_mask, row_dot, transpose, visible
+from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
 from iosim.counts import Counts
-from iosim.flops import Flops, matmul
+from iosim.flops import matmul
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -200,17 +201,6 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     if pb.has_mask:
         reads["mask"] = area  # step 5
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
-
-
-def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Four products over every tile (dP_drop, dV, dQ, dK); no exponential."""
-    return Flops(matmul=8 * pb.shape.n_q * pb.shape.n_k * pb.shape.d).scaled(pb.shape.bh)
-
-
-def paper_form(pb: Problem, M: int) -> float:
-    """Θ(Nd + N²), with N² ↦ N_q·N_k and N ↦ N_q."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
-    return pb.shape.bh * (n_q * d + n_q * n_k)
 
 
 ALGORITHM = Algorithm(
