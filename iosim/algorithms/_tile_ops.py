@@ -101,3 +101,21 @@ def logsumexp(l: np.ndarray, m: np.ndarray) -> np.ndarray:
 def transpose(x: np.ndarray) -> np.ndarray:
     """xᵀ of every head's tile: (bh, a, b) → (bh, b, a)."""
     return np.swapaxes(x, -1, -2)
+
+
+def absorb_block(pb: Problem, S_ij: Tile, V_j: Tile, m_i: Tile, l_i: Tile, O_i: Tile, m_new: Tile, l_tilde: Tile,
+                 rows: slice, cols: slice) -> None:
+    """One K/V block of a loop that keeps O_i on chip unnormalized (Alg. 2 lines 12-15, as FlashAttention-2).
+
+    S_ij holds the block's scores; it becomes P̃_ij against the new row max m_new, and
+    m_i, ℓ_i and O_i absorb the block: O_i ← α·O_i + dropout(P̃_ij) V_j with
+    α = exp(m_i − m_new). O_i is divided by ℓ_i once, after the last block.
+    """
+    m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
+    S_ij.data = exp_diff(S_ij.data, m_new.data)
+    l_tilde.data = S_ij.data.sum(axis=-1, keepdims=True)
+    alpha = exp_diff(m_i.data, m_new.data)
+    l_i.data = alpha * l_i.data + l_tilde.data
+    O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data  # (bh, Br, d)
+    m_i.data = m_new.data
+

@@ -23,7 +23,7 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_swapped_backward
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.algorithms._tile_ops import absorb_block, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory
@@ -54,13 +54,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
-                m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))  # lines 12-13
-                S_ij.data = exp_diff(S_ij.data, m_new.data)  # P̃_ij against the new max
-                l_tilde.data = S_ij.data.sum(axis=-1, keepdims=True)
-                alpha = exp_diff(m_i.data, m_new.data)
-                l_i.data = alpha * l_i.data + l_tilde.data
-                O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data  # lines 14-15
-                m_i.data = m_new.data
+                absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)  # lines 12-15
             mem.free(K_j, V_j, S_ij, m_new, l_tilde)
             if mask_ij is not None:
                 mem.free(mask_ij)

@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, logsumexp, safe_divide, scores
+from iosim.algorithms._tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.gpus import GPUS
@@ -77,13 +77,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
                 if mem.numeric:
                     S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
-                    m_new.data = np.maximum(m_i.data, S_ij.data.max(axis=-1, keepdims=True))
-                    S_ij.data = exp_diff(S_ij.data, m_new.data)
-                    l_tilde.data = S_ij.data.sum(axis=-1, keepdims=True)
-                    alpha = exp_diff(m_i.data, m_new.data)
-                    l_i.data = alpha * l_i.data + l_tilde.data
-                    O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data
-                    m_i.data = m_new.data
+                    absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)
                 mem.free(K_j, V_j, S_ij, m_new, l_tilde)
                 if mask_ij is not None:
                     mem.free(mask_ij)
