@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: every algorithm but the block-sparse ones")
     op.add_argument("--batch", type=_count, default=1)
     op.add_argument("--heads", type=_count, default=1)
+    op.add_argument("--kv-heads", type=_count, default=None,
+                    help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads "
+                         "(default: --heads)")
     op.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     op.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                     help="element size for bytes and for M given in bytes (default float16)")
@@ -298,9 +301,12 @@ def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_do
     json_path, csv_path = check_output_path("json", args.json), check_output_path("csv", args.csv)
     if json_path and json_path == csv_path:
         raise InputError(f"json and csv name the same file {args.json!r}; give each its own path")
-    outcome = OptimizeOutcome(optimize([pass_of(a, args.pass_) for a in algorithms], N=args.N, N_k=args.N_k, d=args.d, M=M, batch=args.batch,
-                                       heads=args.heads, causal=args.causal, dtype=args.dtype, top=args.top,
-                                       on_done=on_done))
+    if args.pass_ != "fwd" and args.kv_heads not in (None, args.heads):
+        raise InputError(f"--kv-heads {args.kv_heads} with --pass {args.pass_}: the backward passes take kv_heads "
+                         f"== heads={args.heads} (grouped-query attention is forward only)")
+    outcome = OptimizeOutcome(optimize([pass_of(a, args.pass_) for a in algorithms], N=args.N, N_k=args.N_k,
+                                       d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+                                       causal=args.causal, dtype=args.dtype, top=args.top, on_done=on_done))
     records = outcome.records()
     if json_path:
         json_path.write_text(json.dumps(records, indent=1) + "\n")

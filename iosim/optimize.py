@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from iosim.algorithm import Algorithm
-from iosim.api import _count_problem, count
+from iosim.api import _count_problem, count, run_problem
 from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
 from iosim.problem import Problem
@@ -191,21 +191,25 @@ class Optimum:
 
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
-             causal=False, mask=False, dtype="float16", top: int = TOP_DEFAULT,
+             causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
              on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | BlockSizeError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
     algorithm that cannot fit M at all gives its ``BlockSizeError`` in its place; when
     none fits, that error is raised. ``on_done`` sees each algorithm's result as it ends.
+    With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
+    problem as it runs it, packed by group where it serves a group from one K/V load.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
-    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=0.0, seed=0, dtype=dtype)
+    user_pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=0.0, seed=0, dtype=dtype,
+                             kv_heads=kv_heads)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | BlockSizeError] = []
     for algo in algos:
+        pb = run_problem(algo, user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
             searched = ranked(algo, pb, M)
         except BlockSizeError as err:
@@ -215,7 +219,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
             continue
         winner = searched[0].tiling
         measured = count(algo, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
-                         dtype=dtype, tiling=winner).traffic
+                         dtype=dtype, kv_heads=kv_heads, tiling=winner).traffic
         if measured != algo.traffic(pb, winner, M):
             raise RuntimeError(f"{algo.name} with {winner}: the simulator measured {measured}, the closed form says "
                                f"{algo.traffic(pb, winner, M)}")
@@ -225,16 +229,16 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
                 policies[policy] = evaluate(algo, pb, M, POLICIES[policy](algo, pb, M))
             except BlockSizeError:
                 policies[policy] = None
-        result = Optimum(algo.name, pb, M, _distinct(searched, top), len(searched), measured, **policies)
+        result = Optimum(algo.name, user_pb, M, _distinct(searched, top), len(searched), measured, **policies)
         out.append(result)
         if on_done:
             on_done(result)
     if not any(isinstance(r, Optimum) for r in out):
-        needs = {a.name: smallest_working_set(a, pb, M) for a in algos}
+        needs = {a.name: smallest_working_set(a, run_problem(a, user_pb), M) for a in algos}
         raise BlockSizeError(
             f"M={M} is below the smallest working set of every algorithm asked for ("
             + ", ".join(f"{name}: {need}" for name, need in needs.items())
-            + f" elements at d={pb.shape.d}, N_q={pb.shape.n_q}, N_k={pb.shape.n_k}); allowed range M >= "
+            + f" elements at d={user_pb.shape.d}, N_q={user_pb.shape.n_q}, N_k={user_pb.shape.n_k}); allowed range M >= "
               f"{min(needs.values())}")
     return out
 

@@ -159,3 +159,21 @@ def test_optimize_table_fits_80_columns(pass_):
     text = console.export_text()
     assert "…" not in text, text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_optimize_with_grouped_heads_searches_each_algorithm_as_it_runs():
+    # 8 query heads share 2 K/V heads: split-kv packs each group of 4 and reads the cache once per K/V head,
+    # the per-head algorithms read it once per query head; every winner is the count of its own tiling
+    results = optimize(["flash-swapped", "split-kv"], N=1, N_k=4096, d=64, M="100k", heads=8, kv_heads=2)
+    by_name = {r.algorithm: r for r in results}
+    for name, r in by_name.items():
+        counted = iosim.count(name, N=1, N_k=4096, d=64, M="100k", heads=8, kv_heads=2, tiling=r.best[0].tiling)
+        assert counted.traffic == r.measured and counted.traffic.total == r.best[0].traffic, name
+    kv_reads = {name: r.measured.tensor("K").reads + r.measured.tensor("V").reads for name, r in by_name.items()}
+    assert kv_reads["flash-swapped"] == 8 * 2 * 4096 * 64 and kv_reads["split-kv"] == 2 * 2 * 4096 * 64, kv_reads
+
+
+def test_optimize_refuses_grouped_heads_for_a_backward_pass(capsys):
+    assert main(["optimize", "--N", "64", "--d", "8", "--heads", "4", "--kv-heads", "2", "--pass", "bwd"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--kv-heads 2 with --pass bwd" in err
