@@ -106,7 +106,8 @@ def _check_dtypes(named: dict) -> np.dtype:
     first_name, first = next(iter(dtypes.items()))
     for name, dt in dtypes.items():
         if dt not in DTYPES:
-            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16")
+            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16 "
+                            f"(and bfloat16 through dtype='bfloat16')")
         if dt != first:
             raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
     return first
