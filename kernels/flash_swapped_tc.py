@@ -104,15 +104,46 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         join = mma.join_halves  # the 2-half word of two tile elements: bfloat16 bits join as they are
 
         @cuda.jit(device=True)
+        def q_fragment(A, r, c):
+            """The four bf16x2 words of the 16 × 16 A fragment at rows r, r + 8, columns c … c + 15 of tile A."""
+            a0 = join(A[r, c], A[r, c + 1])
+            a1 = join(A[r + 8, c], A[r + 8, c + 1])
+            a2 = join(A[r, c + 8], A[r, c + 9])
+            a3 = join(A[r + 8, c + 8], A[r + 8, c + 9])
+            return a0, a1, a2, a3
+
+        @cuda.jit(device=True)
+        def p_fragment(A, r, c):
+            """The same fragment of float32 A (P̃_ij), each value rounded to bfloat16."""
+            a0 = pack(A[r, c], A[r, c + 1])
+            a1 = pack(A[r + 8, c], A[r + 8, c + 1])
+            a2 = pack(A[r, c + 8], A[r, c + 9])
+            a3 = pack(A[r + 8, c + 8], A[r + 8, c + 9])
+            return a0, a1, a2, a3
+
+        @cuda.jit(device=True)
         def store(x):
             """An output element as bfloat16 bits, rounded to nearest even (the low half of the packed word)."""
             return uint16(pack(x, ZERO) & LOW_HALF)
     else:
+        # float16 and float32 elements pack alike, through float32; calling pack directly
+        # here, not through join, keeps ptxas at 168 registers for d = 64 (170 through join)
 
         @cuda.jit(device=True)
         def join(lo, hi):
-            """The f16x2 word of two float16 tile elements."""
+            """The f16x2 word of two elements, each rounded to float16."""
             return pack(float32(lo), float32(hi))
+
+        @cuda.jit(device=True)
+        def q_fragment(A, r, c):
+            """The four f16x2 words of the 16 × 16 A fragment at rows r, r + 8, columns c … c + 15 of A."""
+            a0 = pack(float32(A[r, c]), float32(A[r, c + 1]))
+            a1 = pack(float32(A[r + 8, c]), float32(A[r + 8, c + 1]))
+            a2 = pack(float32(A[r, c + 8]), float32(A[r, c + 9]))
+            a3 = pack(float32(A[r + 8, c + 8]), float32(A[r + 8, c + 9]))
+            return a0, a1, a2, a3
+
+        p_fragment = q_fragment  # P̃_ij in float32 rounds to float16 in the same packs
 
         @cuda.jit(device=True)
         def store(x):
@@ -129,24 +160,6 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                 dst[r, c] = src[(row_start + r) * d + c]
             else:
                 dst[r, c] = ZERO  # a float16 constant does not lower through NVVM; float32 0 is cast
-
-    @cuda.jit(device=True)
-    def q_fragment(A, r, c):
-        """The four 2-half words of the 16 × 16 A fragment at rows r, r + 8, columns c … c + 15 of tile A."""
-        a0 = join(A[r, c], A[r, c + 1])
-        a1 = join(A[r + 8, c], A[r + 8, c + 1])
-        a2 = join(A[r, c + 8], A[r, c + 9])
-        a3 = join(A[r + 8, c + 8], A[r + 8, c + 9])
-        return a0, a1, a2, a3
-
-    @cuda.jit(device=True)
-    def p_fragment(A, r, c):
-        """The same fragment of float32 A (P̃_ij), each value rounded to the input type."""
-        a0 = pack(A[r, c], A[r, c + 1])
-        a1 = pack(A[r + 8, c], A[r + 8, c + 1])
-        a2 = pack(A[r, c + 8], A[r, c + 9])
-        a3 = pack(A[r + 8, c + 8], A[r + 8, c + 9])
-        return a0, a1, a2, a3
 
     @cuda.jit(**dev.launch_bounds(THREADS, 2))
     def kernel(q, k, v, out, lse, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
