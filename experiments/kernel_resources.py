@@ -48,7 +48,7 @@ SM_MAX_THREADS = 2048
 SM_MAX_BLOCKS = 32
 REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
 
-F32, F16, U64, I64 = types.float32, types.float16, types.uint64, types.int64
+F32, F16, U16, U64, I64 = types.float32, types.float16, types.uint16, types.uint64, types.int64
 
 
 def arr(dtype, ndim: int):
@@ -91,13 +91,15 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     + DROPOUT_ARGS,
                     c.threads(True), flash_swapped.shared_bytes(c, d, True), flash_swapped.layout(c, d, True),
                 ))
-                if dt is F16:
-                    out.append(KernelCase(
-                        f"flash-swapped-tc forward {tag} ({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.BC})",
-                        flash_swapped_tc.forward_kernel(d, causal, dropout),
-                        (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
-                        flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
-                    ))
+                if dt is F16:  # and its bfloat16 twin, whose arrays hold uint16 bit patterns
+                    for tc_dt, tc_name, tc_dtype in ((F16, "fp16", "float16"), (U16, "bf16", "bfloat16")):
+                        out.append(KernelCase(
+                            f"flash-swapped-tc forward {tag.replace('fp16', tc_name)} "
+                            f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.BC})",
+                            flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
+                            (arr(tc_dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
+                            flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
+                        ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)
         out.append(KernelCase(

@@ -482,7 +482,7 @@ def markdown(report: dict) -> str:
         "- step: one pass of the kernel's hot loop (the outermost loop holding the most FMAs), per thread,",
         "  nested loops weighted by their trip counts; both arms of every branch counted (masking, dropout)",
         f"- ceiling: FFMA share × {PEAK_TFLOPS['FFMA']:g} TFLOP/s (H100 FP32), or HMMA share / "
-        f"{HMMA_SHARE_AT_PEAK} × {PEAK_TFLOPS['HMMA']:g} TFLOP/s (fp16 tensor cores), capped at that peak",
+        f"{HMMA_SHARE_AT_PEAK} × {PEAK_TFLOPS['HMMA']:g} TFLOP/s (fp16 and bf16 tensor cores), capped at that peak",
         "",
         "| kernel | instr/step | FFMA | HMMA | FMA share | LDS 32/64/128 | LDS per FMA | shuffles | div in loops "
         "| regs | spill st/ld (B) | blocks/SM (limit) | ceiling TFLOP/s |",

@@ -1,10 +1,12 @@
 """kernels: real GPU attention kernels (Numba CUDA) computing what iosim's algorithms simulate.
 
-One module per algorithm (standard, flash, flash_swapped) and a thin host API:
-``attention`` and ``attention_backward``, with ``IMPLS`` the registry of names.
+One module per algorithm (standard, flash, flash_swapped, flash_swapped_tc) and a thin
+host API: ``attention`` and ``attention_backward``, with ``IMPLS`` the registry of names;
+``to_bfloat16`` and ``from_bfloat16`` convert float32 to bfloat16 bit patterns and back.
 """
 
 from iosim.kernels.api import IMPLS, KernelOutput, attention, attention_backward, max_head_dim, resolve_config
+from iosim.kernels.bfloat16 import from_bfloat16, to_bfloat16
 from iosim.kernels.config import Dropout, TileConfig
 from iosim.kernels.standard import MatmulConfig
 
@@ -16,6 +18,8 @@ __all__ = [
     "TileConfig",
     "attention",
     "attention_backward",
+    "from_bfloat16",
     "max_head_dim",
     "resolve_config",
+    "to_bfloat16",
 ]

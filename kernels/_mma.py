@@ -1,15 +1,17 @@
-"""One warp-wide tensor-core product, D = A·B + C with A 16×16 and B 16×8 in float16, C and D float32.
+"""One warp-wide tensor-core product, D = A·B + C with A 16×16 and B 16×8 in float16 or bfloat16, C and D float32.
 
 On a GPU `mma_16816` is PTX's `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`
-(HMMA.16816.F32 on sm_80 and later), emitted as inline assembly because Numba has no MMA
-API. Numba's CUDA simulator cannot run inline PTX, so there the same function is plain
-Python with the same fragment semantics: each thread passes and receives exactly the
-elements the PTX ISA assigns to its lane, so a kernel's data layout runs unchanged in CI.
+(HMMA.16816.F32 on sm_80 and later) and `mma_16816_bf16` its `.f32.bf16.bf16.f32` form
+(HMMA.16816.F32.BF16), emitted as inline assembly because Numba has no MMA API. Numba's
+CUDA simulator cannot run inline PTX, so there the same functions are plain Python with
+the same fragment semantics: each thread passes and receives exactly the elements the PTX
+ISA assigns to its lane, so a kernel's data layout runs unchanged in CI.
 
-Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), for lane = 4·group + quad:
-  - A, 16 × 16 row-major, four f16x2 words a0…a3: word i holds rows group + 8·(i mod 2),
+Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"; the same for .f16 and .bf16),
+for lane = 4·group + quad:
+  - A, 16 × 16 row-major, four 2-half words a0…a3: word i holds rows group + 8·(i mod 2),
     columns 2·quad + 8·(i // 2) and that + 1 (low half first);
-  - B, 16 × 8 column-major, two f16x2 words b0, b1: word i holds rows 2·quad + 8·i and
+  - B, 16 × 8 column-major, two 2-half words b0, b1: word i holds rows 2·quad + 8·i and
     that + 1 of column group;
   - C and D, 16 × 8 float32, four values c0…c3: value i is row group + 8·(i // 2),
     column 2·quad + (i mod 2).
@@ -19,9 +21,10 @@ Every lane of the warp must call it together (it is a warp-synchronous instructi
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, types, uint32
 
 from iosim.kernels import _device as dev
+from iosim.kernels.bfloat16 import from_bfloat16, to_bfloat16
 
 M, N, K = 16, 8, 16  # the shape of one mma.sync.m16n8k16
 WARP = 32
@@ -46,15 +49,14 @@ def c_element(lane: int, i: int) -> tuple[int, int]:
     return group + 8 * (i // 2), 2 * quad + i % 2
 
 
-def _simulator_functions():
-    """pack_half2 and mma_16816 as Python, exchanging fragments through a shared scratch array."""
+@cuda.jit(device=True)
+def join_halves(lo, hi):
+    """The 2-half word of two 16-bit patterns (uint16), lo in the low half: bfloat16 tiles pack without rounding."""
+    return uint32(lo) | (uint32(hi) << uint32(16))
 
-    @cuda.jit(device=True)
-    def pack_half2(lo, hi):
-        """The f16x2 word of (lo, hi), each rounded to nearest float16; lo in the low half."""
-        halves = np.array([lo, hi], dtype=np.float32).astype(np.float16)
-        return np.uint32(halves.view(np.uint32)[0])
 
+def _simulated_mma(decode):
+    """mma_16816 as Python for the halves' type: decode maps (…, 2) uint16 patterns to their float values."""
     lanes = np.arange(WARP)[:, None, None]
     words, half = np.arange(4)[None, :, None], np.arange(2)[None, None, :]
     a_rows, a_cols = np.broadcast_arrays(*a_element(lanes, words, half))  # (32, 4, 2) each
@@ -72,7 +74,8 @@ def _simulator_functions():
         for w, word in enumerate((a0, a1, a2, a3, b0, b1)):
             scratch[tid, w] = word
         cuda.syncthreads()
-        halves = np.ascontiguousarray(scratch[first:first + WARP]).view(np.float16).reshape(WARP, SCRATCH_WORDS, 2)
+        bits = np.ascontiguousarray(scratch[first:first + WARP]).view(np.uint16).reshape(WARP, SCRATCH_WORDS, 2)
+        halves = decode(bits)
         a = np.zeros((M, K))
         b = np.zeros((K, N))
         a[a_rows, a_cols] = halves[:, :4]
@@ -81,55 +84,83 @@ def _simulator_functions():
         out = []
         for i, c in enumerate((c0, c1, c2, c3)):
             r, n = c_element(lane, i)
-            # products of float16 values are exact in float64; one rounding to float32 at the end
+            # products of float16 or bfloat16 values are exact in float64; one rounding to float32 at the end
             out.append(np.float32(np.dot(a[r, :], b[:, n]) + np.float64(c)))
         return out[0], out[1], out[2], out[3]
 
-    return pack_half2, mma_16816
+    return mma_16816
+
+
+def _simulator_functions():
+    """pack_half2, pack_bfloat162, mma_16816 and mma_16816_bf16 as Python (fragments exchanged in shared scratch)."""
+
+    @cuda.jit(device=True)
+    def pack_half2(lo, hi):
+        """The f16x2 word of (lo, hi), each rounded to nearest float16; lo in the low half."""
+        halves = np.array([lo, hi], dtype=np.float32).astype(np.float16)
+        return np.uint32(halves.view(np.uint32)[0])
+
+    @cuda.jit(device=True)
+    def pack_bfloat162(lo, hi):
+        """The bf16x2 word of (lo, hi), each rounded to nearest bfloat16, ties to even; lo in the low half."""
+        return np.uint32(to_bfloat16(np.array([lo, hi], dtype=np.float32)).view(np.uint32)[0])
+
+    def float16_values(bits):
+        return bits.view(np.float16)
+
+    return pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16)
 
 
 def _gpu_functions():
-    """pack_half2 and mma_16816 as inline PTX."""
+    """pack_half2, pack_bfloat162, mma_16816 and mma_16816_bf16 as inline PTX."""
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
     f32, u32 = ir.FloatType(), ir.IntType(32)
 
-    @intrinsic
-    def pack_half2(typingctx, lo, hi):
-        sig = types.uint32(types.float32, types.float32)
+    def pack_intrinsic(ptx_type):
+        @intrinsic
+        def pack(typingctx, lo, hi):
+            sig = types.uint32(types.float32, types.float32)
 
-        def codegen(context, builder, signature, args):
-            # cvt.rn.f16x2.f32 d, a, b puts a in the high half and b in the low half
-            asm = ir.InlineAsm(ir.FunctionType(u32, [f32, f32]), "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")
-            return builder.call(asm, [args[0], args[1]])
+            def codegen(context, builder, signature, args):
+                # cvt.rn.<type>x2.f32 d, a, b puts a in the high half and b in the low half
+                asm = ir.InlineAsm(ir.FunctionType(u32, [f32, f32]), f"cvt.rn.{ptx_type}x2.f32 $0, $2, $1;", "=r,f,f")
+                return builder.call(asm, [args[0], args[1]])
 
-        return sig, codegen
+            return sig, codegen
 
-    @intrinsic
-    def mma_intrinsic(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-        result = types.UniTuple(types.float32, 4)
-        sig = result(*([types.uint32] * 6 + [types.float32] * 4))
+        return pack
 
-        def codegen(context, builder, signature, args):
-            out = ir.LiteralStructType([f32] * 4)
-            asm = ir.InlineAsm(
-                ir.FunctionType(out, [u32] * 6 + [f32] * 4),
-                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-            )
-            d = builder.call(asm, list(args))
-            return context.make_tuple(builder, result, [builder.extract_value(d, i) for i in range(4)])
+    def mma_device_function(ptx_type):
+        @intrinsic
+        def mma_intrinsic(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            result = types.UniTuple(types.float32, 4)
+            sig = result(*([types.uint32] * 6 + [types.float32] * 4))
 
-        return sig, codegen
+            def codegen(context, builder, signature, args):
+                out = ir.LiteralStructType([f32] * 4)
+                asm = ir.InlineAsm(
+                    ir.FunctionType(out, [u32] * 6 + [f32] * 4),
+                    f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32 "
+                    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                    "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                )
+                d = builder.call(asm, list(args))
+                return context.make_tuple(builder, result, [builder.extract_value(d, i) for i in range(4)])
 
-    @cuda.jit(device=True, **dev.inline_options())
-    def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
-        """(d0, d1, d2, d3) = this lane's fragment of A·B + C (scratch is the simulator's; unused here)."""
-        return mma_intrinsic(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+            return sig, codegen
 
-    return pack_half2, mma_16816
+        @cuda.jit(device=True, **dev.inline_options())
+        def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+            """(d0, d1, d2, d3) = this lane's fragment of A·B + C (scratch is the simulator's; unused here)."""
+            return mma_intrinsic(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+        return mma_16816
+
+    return pack_intrinsic("f16"), pack_intrinsic("bf16"), mma_device_function("f16"), mma_device_function("bf16")
 
 
-pack_half2, mma_16816 = _simulator_functions() if dev.simulator_enabled() else _gpu_functions()
+pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 = (
+    _simulator_functions() if dev.simulator_enabled() else _gpu_functions()
+)

@@ -8,6 +8,16 @@ float16 (accumulation is float32 either way). They may be numpy arrays, Numba de
 arrays or anything with ``__cuda_array_interface__`` (a CUDA torch tensor, say). Results
 are numpy arrays when q is a numpy array and Numba device arrays otherwise.
 
+bfloat16, which numpy lacks, is asked for by name and runs the forward of the
+implementations that take it (flash-swapped-tc):
+
+    out, lse = kernels.attention(q, k, v, impl="flash-swapped-tc", dtype="bfloat16")
+
+with q, k, v either float32 numpy arrays, rounded to bfloat16 on the host (to nearest,
+ties to even; kernels.bfloat16), and then O comes back as float32 holding bfloat16
+values, or uint16 bfloat16 bit patterns (numpy or device arrays), and then O comes back
+as bit patterns too.
+
 Every check runs before any launch and raises ValueError or TypeError naming the
 parameter, its value and the allowed range.
 """
@@ -22,6 +32,7 @@ from numba import cuda
 
 from iosim.errors import InputError
 from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
+from iosim.kernels import bfloat16 as bf16
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard
 from iosim.kernels.config import Dropout
 
@@ -31,10 +42,14 @@ IMPLS: dict[str, ModuleType] = {
     "standard": standard,  # Algorithm 0: S and P materialised in HBM
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
     "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
-    "flash-swapped-tc": flash_swapped_tc,  # flash-swapped's forward on tensor cores (float16)
+    "flash-swapped-tc": flash_swapped_tc,  # flash-swapped's forward on tensor cores (float16, bfloat16)
 }
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+BFLOAT16 = "bfloat16"
+COMPUTE_DTYPES = (None, BFLOAT16)  # attention(dtype=...): None runs the inputs' own dtype
+BFLOAT16_IMPLS = [name for name, module in IMPLS.items() if getattr(module, "BFLOAT16", False)]
+BFLOAT16_INPUTS = (np.dtype(np.float32), bf16.BITS)  # rounded on the host, or bit patterns as they are
 MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
 
 
@@ -91,10 +106,37 @@ def _check_dtypes(named: dict) -> np.dtype:
     first_name, first = next(iter(dtypes.items()))
     for name, dt in dtypes.items():
         if dt not in DTYPES:
-            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16")
+            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16 "
+                            f"(and bfloat16 through dtype='bfloat16')")
         if dt != first:
             raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
     return first
+
+
+def _as_bfloat16(impl: str, dtype, named: dict) -> tuple[list, bool]:
+    """q, k, v as bfloat16 bit patterns, and whether O should come back as float32 values.
+
+    float32 numpy arrays are rounded here; uint16 arrays are taken as bit patterns.
+    """
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {list(COMPUTE_DTYPES)}")
+    if impl not in BFLOAT16_IMPLS:
+        raise ValueError(f"dtype={dtype!r} needs impl in {BFLOAT16_IMPLS}; got impl={impl!r}")
+    dtypes = {name: np.dtype(x.dtype) for name, x in named.items()}
+    first_name, first = next(iter(dtypes.items()))
+    for name, dt in dtypes.items():
+        if dt not in BFLOAT16_INPUTS:
+            raise TypeError(f"{name} has dtype {dt}; with dtype='bfloat16' allowed dtypes are float32 "
+                            f"(rounded on the host) and uint16 (bfloat16 bit patterns)")
+        if dt != first:
+            raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
+    if first == bf16.BITS:
+        return list(named.values()), False
+    for name, x in named.items():
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name} is a float32 device array; with dtype='bfloat16' float32 inputs must be "
+                            f"numpy arrays (rounded on the host) or device inputs uint16 bfloat16 bit patterns")
+    return [bf16.to_bfloat16(x) for x in named.values()], True
 
 
 def _check_bool(name: str, value) -> bool:
@@ -138,19 +180,27 @@ def _check_heads(shape: AttentionShape) -> AttentionShape:
     return shape
 
 
-def attention(q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None):
+def attention(
+    q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None, dtype=None
+):
     """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
 
     q (batch, heads, N_q, d), k and v (batch, heads, N_k, d); causal masking is aligned
     bottom-right (query i sees key j iff j <= i + N_k − N_q); scale defaults to 1/sqrt(d);
     dropout uses iosim.rng's Philox stream, so the mask equals the simulator's bit for bit.
     `config` overrides the implementation's tile sizes (a TileConfig, or a
-    standard.MatmulConfig for impl="standard"). Returns KernelOutput(out, lse).
+    standard.MatmulConfig for impl="standard"). dtype="bfloat16" runs bfloat16 (see the
+    module docstring for the inputs it takes); None runs the inputs' dtype. Returns
+    KernelOutput(out, lse).
     """
     module = implementation(impl)
     q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     shape = _check_heads(check_qkv(q, k, v))
-    _check_dtypes({"q": q, "k": k, "v": v})
+    widen = False
+    if dtype is None:
+        _check_dtypes({"q": q, "k": k, "v": v})
+    else:
+        (q, k, v), widen = _as_bfloat16(impl, dtype, {"q": q, "k": k, "v": v})
     causal = _check_bool("causal", causal)
     tau = check_scale(scale, shape.d)
     dropout = Dropout.checked(dropout_p, seed)
@@ -161,8 +211,9 @@ def attention(q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropou
     kd = _to_device("k", k, (shape.bh, shape.n_k, shape.d))
     vd = _to_device("v", v, (shape.bh, shape.n_k, shape.d))
     out, lse = module.forward(qd, kd, vd, tau=tau, causal=causal, dropout=dropout, config=config)
+    out = _finish(out, (shape.batch, shape.heads, shape.n_q, shape.d), on_host)
     return KernelOutput(
-        out=_finish(out, (shape.batch, shape.heads, shape.n_q, shape.d), on_host),
+        out=bf16.from_bfloat16(out) if widen else out,
         lse=_finish(lse, (shape.batch, shape.heads, shape.n_q), on_host),
     )
 

@@ -105,6 +105,48 @@ def attention_in_dtype(dtype, q, k, v, dout, *, causal=False, scale=None, dropou
     return out, lse, (ds @ k) * tau, (t(ds) @ q) * tau, dv
 
 
+BFLOAT16 = "bfloat16"  # numpy has no bfloat16 dtype; the kernels hold it as uint16 bit patterns
+BFLOAT16_EPS = 2.0**-7  # 8 significand bits: the gap between 1 and the next bfloat16
+
+
+def eps(dtype) -> float:
+    return BFLOAT16_EPS if isinstance(dtype, str) and dtype == BFLOAT16 else float(np.finfo(dtype).eps)
+
+
+def dtype_name(dtype) -> str:
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
+def round_bfloat16(x) -> np.ndarray:
+    """x rounded to the nearest bfloat16 (ties to even), held in float32."""
+    return kernels.from_bfloat16(kernels.to_bfloat16(np.asarray(x, dtype=np.float32)))
+
+
+def attention_in_bfloat16(q, k, v, *, causal=False, scale=None, dropout_p=0.0, seed=0):
+    """The reference's forward algebra in bfloat16: float32 arithmetic, every array and intermediate rounded.
+
+    numpy cannot compute in bfloat16, so each operation runs in float32 and its result is
+    rounded to bfloat16, as bfloat16 storage between operations would. Returns (out, lse).
+    """
+    r = round_bfloat16
+    shape = check_qkv(q, k, v)
+    tau = r(check_scale(scale, shape.d))
+    q, k, v = (r(x) for x in (q, k, v))
+    s = r(r(q @ np.swapaxes(k, -1, -2)) * tau)  # (b, h, N_q, N_k)
+    if causal:
+        keep = causal_keep(shape.n_q, shape.n_k, slice(0, shape.n_q), slice(0, shape.n_k))
+        s = np.where(keep, s, np.float32(-np.inf))
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isneginf(m), np.float32(0), m)
+    e = r(np.exp(s - m))
+    l = r(e.sum(axis=-1, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = r(np.where(l > 0, e / np.where(l > 0, l, np.float32(1)), np.float32(0)))
+        lse = r(np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf))
+    z = r(np.asarray(dropout_scale_matrix(shape, dropout_p, seed)))
+    return r(r(p * z) @ v), lse
+
+
 def assert_close(name: str, got, ref, lowp, dtype) -> None:
     """|got − ref| <= 4 × |lowp − ref| + 2 eps(dtype) · max|ref|, and identical non-finite entries.
 
@@ -121,10 +163,10 @@ def assert_close(name: str, got, ref, lowp, dtype) -> None:
     err = float(np.max(np.abs(got[finite] - ref[finite]), initial=0.0))
     err_lowp = float(np.max(np.abs(np.asarray(lowp, dtype=np.float64)[finite] - ref[finite]), initial=0.0))
     magnitude = float(np.max(np.abs(ref[finite]), initial=0.0))
-    tol = 4 * err_lowp + 2 * np.finfo(dtype).eps * magnitude
+    tol = 4 * err_lowp + 2 * eps(dtype) * magnitude
     assert err <= tol, (
         f"{name}: max |kernel − float64| = {err:.3g} > {tol:.3g} "
-        f"(4 × {np.dtype(dtype).name} reference error {err_lowp:.3g} + 2 eps × max|ref| {magnitude:.3g})"
+        f"(4 × {dtype_name(dtype)} reference error {err_lowp:.3g} + 2 eps × max|ref| {magnitude:.3g})"
     )
 
 
@@ -171,6 +213,93 @@ def test_float32_matches_float64_and_simulator(impl, case_name):
 def test_float16_inputs_accumulate_in_float32(impl):
     case = Case(1, 2, 37, 29, 12, causal=True, dropout_p=0.2, seed=5)
     check_against_float64(impl, case, np.float16)
+
+
+BFLOAT16_CASES = {
+    "Nq>Nk,causal,dropout": Case(1, 2, 37, 29, 12, causal=True, dropout_p=0.2, seed=5),
+    "Nq=70>64,ragged,d=20,scale": Case(1, 1, 70, 45, 20, scale=0.3),
+    "Nq<Nk,causal,batch=2": Case(2, 1, 17, 50, 5, causal=True),
+}
+
+
+@pytest.mark.parametrize("case_name", list(BFLOAT16_CASES))
+def test_bfloat16_matches_float64(case_name):
+    """flash-swapped-tc in bfloat16 (float32 inputs rounded on the host) against float64 on the unrounded inputs.
+
+    The tolerance is the error of the reference's algebra run in bfloat16 (rounded inputs
+    included), as for float16. Inputs given as bit patterns give O's bit patterns.
+    """
+    case = BFLOAT16_CASES[case_name]
+    q, k, v, _ = make_inputs(case, np.float32)
+    opts = case.options()
+    fwd = kernels.attention(q, k, v, impl="flash-swapped-tc", dtype=BFLOAT16, **opts)
+    assert fwd.out.dtype == np.float32 and fwd.lse.dtype == np.float32, (fwd.out.dtype, fwd.lse.dtype)
+    assert np.array_equal(round_bfloat16(fwd.out), fwd.out), "O holds values that are not bfloat16"
+    ref = attention_ref(q, k, v, **opts)
+    lowp = attention_in_bfloat16(q, k, v, **opts)
+    for name, got, want, low in zip(("out", "lse"), fwd, (ref.out, ref.lse), lowp):
+        assert_close(f"flash-swapped-tc bfloat16 {name}", got, want, low, BFLOAT16)
+
+    bits = kernels.attention(*(kernels.to_bfloat16(x) for x in (q, k, v)), impl="flash-swapped-tc", dtype=BFLOAT16,
+                             **opts)
+    assert bits.out.dtype == np.uint16, bits.out.dtype
+    assert np.array_equal(kernels.from_bfloat16(bits.out), fwd.out) and np.array_equal(bits.lse, fwd.lse)
+
+
+def test_to_bfloat16_rounds_to_nearest_even():
+    def f32(word):
+        return np.array([word], np.uint32).view(np.float32)[0]
+
+    one = 0x3F800000  # 1.0; a bfloat16 keeps the top 16 bits, so its last bit is 2^-7 here
+    cases = {
+        "1": (one, 0x3F80),
+        "1 + 2^-8, a tie: down to even": (one | 0x8000, 0x3F80),
+        "1 + 3·2^-8, a tie: up to even": (one | 0x18000, 0x3F82),
+        "just above the tie": (one | 0x8001, 0x3F81),
+        "just below the tie": (one | 0x7FFF, 0x3F80),
+        "−(1 + 2^-8 + 2^-23)": (0xBF808001, 0xBF81),
+        "−0": (0x80000000, 0x8000),
+        "largest bfloat16": (0x7F7F0000, 0x7F7F),
+        "largest float32 overflows": (0x7F7FFFFF, 0x7F80),
+        "+inf": (0x7F800000, 0x7F80),
+        "−inf": (0xFF800000, 0xFF80),
+        "smallest subnormal, down to 0": (0x00000001, 0x0000),
+        "subnormal tie, down to even": (0x00008000, 0x0000),
+        "subnormal tie, up to even": (0x00018000, 0x0002),
+        "quiet NaN": (0x7FC00000, 0x7FC0),
+        "NaN with a low payload stays NaN": (0x7F800001, 0x7FC0),
+        "negative NaN": (0xFF800001, 0xFFC0),
+    }
+    x = np.array([f32(word) for word, _ in cases.values()], np.float32)
+    got = kernels.to_bfloat16(x)
+    want = np.array([bits for _, bits in cases.values()], np.uint16)
+    bad = [(name, hex(g), hex(w)) for name, g, w in zip(cases, got, want) if g != w]
+    assert not bad, f"(value, got, want): {bad}"
+
+    # every bfloat16 widens exactly and rounds back to itself; NaNs stay NaNs
+    every = np.arange(2**16, dtype=np.uint16)
+    wide = kernels.from_bfloat16(every)
+    nan = np.isnan(wide)
+    assert nan.sum() == 2 * (2**7 - 1), nan.sum()
+    assert np.array_equal(kernels.to_bfloat16(wide)[~nan], every[~nan])
+    assert np.all(np.isnan(kernels.from_bfloat16(kernels.to_bfloat16(wide[nan]))))
+
+    # random finite floats: the nearer of the two bfloat16 neighbours, the even one on a tie
+    rng = np.random.default_rng(7)
+    words = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
+    words = words[(words & 0x7F800000) != 0x7F800000]  # finite
+    words = words[(words & 0x7FFFFFFF) < 0x7F7F0000]  # both neighbours finite
+    x = words.view(np.float32)
+    below = (words >> 16).astype(np.uint16)  # truncation: the neighbour nearer zero
+    above = below + np.uint16(1)
+    gap_below = np.abs(x.astype(np.float64) - kernels.from_bfloat16(below))
+    gap_above = np.abs(x.astype(np.float64) - kernels.from_bfloat16(above))
+    even = np.where(below % 2 == 0, below, above)
+    want = np.where(gap_below < gap_above, below, np.where(gap_above < gap_below, above, even))
+    got = kernels.to_bfloat16(x)
+    bad = np.flatnonzero(got != want)
+    first = [(hex(words[i]), hex(got[i]), hex(want[i])) for i in bad[:3]]
+    assert bad.size == 0, f"{bad.size} of {x.size} differ, first (float32, got, want) {first}"
 
 
 def test_fully_masked_rows_give_zero_and_minus_inf():
@@ -334,6 +463,13 @@ def _qkv(n_q=4, n_k=4, d=8, dtype=np.float32):
         (dict(config=TileConfig(16, 16, 3, 4)), ValueError, ["config.TM=3", "16"]),
         (dict(config=MatmulConfig()), TypeError, ["config", "TileConfig"]),
         (dict(config=TileConfig(64, 64, 1, 1)), ValueError, ["4096 threads", "[1, 1024]"]),
+        (dict(dtype="bf16", impl="flash-swapped-tc"), ValueError, ["dtype='bf16'", "None", "'bfloat16'"]),
+        (dict(dtype="bfloat16"), ValueError, ["dtype='bfloat16'", "flash-swapped-tc", "impl='flash-swapped'"]),
+        (dict(dtype="bfloat16", impl="flash-swapped-tc", q=np.zeros((1, 1, 4, 8), np.float16)), TypeError,
+         ["q", "float16", "float32", "uint16"]),
+        (dict(dtype="bfloat16", impl="flash-swapped-tc", k=np.zeros((1, 1, 4, 8), np.uint16)), TypeError,
+         ["k", "uint16", "float32"]),
+        (dict(impl="flash-swapped-tc", q=np.zeros((1, 1, 4, 8), np.uint16)), TypeError, ["q", "uint16", "float16"]),
     ],
 )
 def test_bad_forward_input_is_rejected_naming_the_parameter(change, error, words):
@@ -401,21 +537,30 @@ def test_mma_fragments_follow_the_ptx_isa():
         assert len(set(cells)) == len(cells) == size, f"{name}: {len(set(cells))} distinct of {len(cells)}"
 
 
-def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments():
+@pytest.mark.parametrize("dtype", ["float16", BFLOAT16])
+def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments(dtype):
     from iosim.kernels import _mma
 
+    if dtype == BFLOAT16:
+        mma, pack, bits = _mma.mma_16816_bf16, _mma.pack_bfloat162, kernels.to_bfloat16
+    else:
+        mma, pack = _mma.mma_16816, _mma.pack_half2
+
+        def bits(x):
+            return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
+
     rng = np.random.default_rng(16816)
-    a = rng.standard_normal((16, 16)).astype(np.float16)
-    b = rng.standard_normal((16, 8)).astype(np.float16)
+    a_bits = bits(rng.standard_normal((16, 16)).astype(np.float32))
+    b_bits = bits(rng.standard_normal((16, 8)).astype(np.float32))
     c = rng.standard_normal((16, 8)).astype(np.float32)
     a_words = np.zeros((32, 4), np.uint32)
     b_words = np.zeros((32, 2), np.uint32)
     c_lanes = np.zeros((32, 4), np.float32)
     for lane in range(32):
         for w in range(4):
-            a_words[lane, w] = np.array([a[_mma.a_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
+            a_words[lane, w] = np.array([a_bits[_mma.a_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
         for w in range(2):
-            b_words[lane, w] = np.array([b[_mma.b_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
+            b_words[lane, w] = np.array([b_bits[_mma.b_element(lane, w, h)] for h in range(2)]).view(np.uint32)[0]
         for i in range(4):
             c_lanes[lane, i] = c[_mma.c_element(lane, i)]
     packed = np.zeros((32, 2), np.uint32)
@@ -424,12 +569,12 @@ def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments():
     def warp_mma(a_w, b_w, c_l, d_l, pk):
         lane = cuda.threadIdx.x
         scratch = cuda.shared.array((32, _mma.SCRATCH_WORDS), np.uint32)
-        d = _mma.mma_16816(a_w[lane, 0], a_w[lane, 1], a_w[lane, 2], a_w[lane, 3], b_w[lane, 0], b_w[lane, 1],
-                           c_l[lane, 0], c_l[lane, 1], c_l[lane, 2], c_l[lane, 3], scratch)
+        d = mma(a_w[lane, 0], a_w[lane, 1], a_w[lane, 2], a_w[lane, 3], b_w[lane, 0], b_w[lane, 1],
+                c_l[lane, 0], c_l[lane, 1], c_l[lane, 2], c_l[lane, 3], scratch)
         for i in range(4):
             d_l[lane, i] = d[i]
-        pk[lane, 0] = _mma.pack_half2(np.float32(0.0), np.float32(1.5))
-        pk[lane, 1] = _mma.pack_half2(np.float32(-2.0), np.float32(1.0 / 3.0))
+        pk[lane, 0] = pack(np.float32(0.0), np.float32(1.5))
+        pk[lane, 1] = pack(np.float32(-2.0), np.float32(1.0 / 3.0))
 
     d_lanes = np.zeros((32, 4), np.float32)
     warp_mma[1, 32](a_words, b_words, c_lanes, d_lanes, packed)
@@ -437,9 +582,14 @@ def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments():
     for lane in range(32):
         for i in range(4):
             d[_mma.c_element(lane, i)] = d_lanes[lane, i]
+    if dtype == BFLOAT16:
+        a, b = kernels.from_bfloat16(a_bits), kernels.from_bfloat16(b_bits)
+    else:
+        a, b = a_bits.view(np.float16), b_bits.view(np.float16)
     want = a.astype(np.float64) @ b.astype(np.float64) + c
     err = np.max(np.abs(d - want))
-    assert err <= np.finfo(np.float32).eps * np.max(np.abs(want)), f"max |D − (A·B + C)| = {err:.3g}"
-    # lo in the low half, each rounded to nearest float16
-    assert np.array_equal(packed[0], [np.array([0.0, 1.5], np.float16).view(np.uint32)[0],
-                                      np.array([-2.0, 1.0 / 3.0], np.float16).view(np.uint32)[0]]), packed[0]
+    assert err <= np.finfo(np.float32).eps * np.max(np.abs(want)), f"{dtype}: max |D − (A·B + C)| = {err:.3g}"
+    # lo in the low half, each rounded to nearest
+    want_packed = [bits(np.array([0.0, 1.5], np.float32)).view(np.uint32)[0],
+                   bits(np.array([-2.0, 1.0 / 3.0], np.float32)).view(np.uint32)[0]]
+    assert np.array_equal(packed[0], want_packed), (dtype, packed[0], want_packed)
