@@ -101,16 +101,21 @@ def resolve_config(impl: str, d: int, backward: bool, config=None):
     )
 
 
-def _check_dtypes(named: dict) -> np.dtype:
+def _common_dtype(named: dict, allowed, allowed_text: str) -> np.dtype:
+    """The one dtype every array in ``named`` shares, from ``allowed``; a TypeError naming the array otherwise."""
     dtypes = {name: np.dtype(x.dtype) for name, x in named.items()}
     first_name, first = next(iter(dtypes.items()))
     for name, dt in dtypes.items():
-        if dt not in DTYPES:
-            raise TypeError(f"{name} has dtype {dt}; allowed dtypes are float32 and float16 "
-                            f"(and bfloat16 through dtype='bfloat16')")
+        if dt not in allowed:
+            raise TypeError(f"{name} has dtype {dt}; {allowed_text}")
         if dt != first:
             raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
     return first
+
+
+def _check_dtypes(named: dict) -> np.dtype:
+    return _common_dtype(named, DTYPES, "allowed dtypes are float32 and float16 (and bfloat16 through "
+                                        "dtype='bfloat16')")
 
 
 def _as_bfloat16(impl: str, dtype, named: dict) -> tuple[list, bool]:
@@ -122,14 +127,8 @@ def _as_bfloat16(impl: str, dtype, named: dict) -> tuple[list, bool]:
         raise ValueError(f"dtype={dtype!r} is not one of {list(COMPUTE_DTYPES)}")
     if impl not in BFLOAT16_IMPLS:
         raise ValueError(f"dtype={dtype!r} needs impl in {BFLOAT16_IMPLS}; got impl={impl!r}")
-    dtypes = {name: np.dtype(x.dtype) for name, x in named.items()}
-    first_name, first = next(iter(dtypes.items()))
-    for name, dt in dtypes.items():
-        if dt not in BFLOAT16_INPUTS:
-            raise TypeError(f"{name} has dtype {dt}; with dtype='bfloat16' allowed dtypes are float32 "
-                            f"(rounded on the host) and uint16 (bfloat16 bit patterns)")
-        if dt != first:
-            raise TypeError(f"{name} has dtype {dt} but {first_name} has {first}; all must share one dtype")
+    first = _common_dtype(named, BFLOAT16_INPUTS, "with dtype='bfloat16' allowed dtypes are float32 (rounded on "
+                                                  "the host) and uint16 (bfloat16 bit patterns)")
     if first == bf16.BITS:
         return list(named.values()), False
     for name, x in named.items():
