@@ -119,3 +119,17 @@ def absorb_block(pb: Problem, S_ij: Tile, V_j: Tile, m_i: Tile, l_i: Tile, O_i: 
     O_i.data = alpha * O_i.data + apply_dropout(pb, S_ij.data, rows, cols) @ V_j.data  # (bh, Br, d)
     m_i.data = m_new.data
 
+
+def absorb_gradients(pb: Problem, P_ij: Tile, dO_i: Tile, Q_i: Tile, K_j: Tile, V_j: Tile, D_i: Tile, dP_ij: Tile,
+                     dQ_i: Tile, dK_j: Tile, dV_j: Tile, rows: slice, cols: slice) -> None:
+    """One tile of a backward pass that recomputes P (Alg. 4 lines 14-22, FlashAttention-2's too).
+
+    From P_ij and D_i = rowsum(dO_i ∘ O_i): dV_j += (P_ij ∘ Z_ij)ᵀ dO_i; dP_ij = (dO_i V_jᵀ) ∘ Z_ij,
+    then dS_ij = P_ij ∘ (dP_ij − D_i) in place of dP_ij; dQ_i += τ dS_ij K_j and dK_j += τ dS_ijᵀ Q_i.
+    """
+    dV_j.data += transpose(apply_dropout(pb, P_ij.data, rows, cols)) @ dO_i.data  # (bh, Bc, d)
+    dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # (bh, Br, Bc)
+    dP_ij.data = P_ij.data * (dP_ij.data - D_i.data)
+    dQ_i.data = dQ_i.data + pb.tau * (dP_ij.data @ K_j.data)  # (bh, Br, d)
+    dK_j.data += pb.tau * (transpose(dP_ij.data) @ Q_i.data)  # (bh, Bc, d)
+

@@ -21,7 +21,7 @@ as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV
 from __future__ import annotations
 
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
-from iosim.algorithms._tile_ops import apply_dropout, load_mask, probabilities, row_dot, scores, transpose
+from iosim.algorithms._tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory
@@ -39,7 +39,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     """Alg. 4 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
-    d, tau = pb.shape.d, pb.tau
+    d = pb.shape.d
 
     # line 5: initialize dQ = (0), dK = (0), dV = (0) in HBM
     for _, rows in mem.loop(tiles.q.all()):
@@ -67,13 +67,8 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
                 S_ij.data = probabilities(S_ij.data, l_i.data, m_i.data)  # line 13: P_ij in place of S_ij
-                P_dropped = apply_dropout(pb, S_ij.data, rows, cols)  # lines 14-15: P_ij ∘ Z_ij
-                dV_j.data += transpose(P_dropped) @ dO_i.data  # line 16: (bh, Bc, d)
-                dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # lines 17-18
                 D_i.data = row_dot(dO_i.data, O_i.data)  # line 19: (bh, Br, 1)
-                dP_ij.data = S_ij.data * (dP_ij.data - D_i.data)  # line 20: dS_ij in place of dP_ij
-                dQ_i.data = dQ_i.data + tau * (dP_ij.data @ K_j.data)  # line 21: (bh, Br, d)
-                dK_j.data += tau * (transpose(dP_ij.data) @ Q_i.data)  # line 22: (bh, Bc, d)
+                absorb_gradients(pb, S_ij, dO_i, Q_i, K_j, V_j, D_i, dP_ij, dQ_i, dK_j, dV_j, rows, cols)  # 14-22
             mem.store(dQ_i, "dQ", rows)  # line 21
             mem.free(Q_i, O_i, dO_i, dQ_i, l_i, m_i, S_ij, dP_ij, D_i)
             if mask_ij is not None:

@@ -25,7 +25,7 @@ explicit mask is not inspected.
 from __future__ import annotations
 
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, logsumexp, row_dot, scores, transpose
+from iosim.algorithms._tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory
@@ -42,7 +42,7 @@ TENSORS = (
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run the FlashAttention-2 backward on Q, K, V, O, ℓ, m, dO (and mask); leaves dQ, dK, dV in HBM."""
-    d, tau = pb.shape.d, pb.tau
+    d = pb.shape.d
     tiles = visits(pb, tiling, skips_hidden=True)
 
     for _, rows in mem.loop(tiles.q.all()):  # first pass: D, L and dQ = (0), per query block
@@ -76,11 +76,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
                 S_ij.data = exp_diff(S_ij.data, L_i.data)  # line 13: P_ij = exp(S_ij − L_i) in place
-                dV_j.data += transpose(apply_dropout(pb, S_ij.data, rows, cols)) @ dO_i.data  # lines 14-16
-                dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # lines 17-18
-                dP_ij.data = S_ij.data * (dP_ij.data - D_i.data)  # line 20: dS_ij in place of dP_ij
-                dQ_i.data = dQ_i.data + tau * (dP_ij.data @ K_j.data)  # line 21: (bh, Br, d)
-                dK_j.data += tau * (transpose(dP_ij.data) @ Q_i.data)  # line 22: (bh, Bc, d)
+                absorb_gradients(pb, S_ij, dO_i, Q_i, K_j, V_j, D_i, dP_ij, dQ_i, dK_j, dV_j, rows, cols)  # 14-22
             mem.store(dQ_i, "dQ", rows)  # line 21: the write of the read-modify-write
             mem.free(Q_i, dO_i, dQ_i, L_i, D_i, S_ij, dP_ij)
             if mask_ij is not None:
