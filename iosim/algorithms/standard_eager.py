@@ -30,6 +30,7 @@ from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose, visible
+from iosim.algorithms.standard import paper_form  # Alg. 0's form: the same matrices, unfused
 from iosim.counts import Counts
 from iosim.flops import matmul
 from iosim.memory import Memory
@@ -147,12 +148,6 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     if pb.has_mask:
         reads["mask"] = area  # step 3
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
-
-
-def paper_form(pb: Problem, M: int) -> float:
-    """Θ(Nd + N²), as for Alg. 0, with N² ↦ N_q·N_k and N ↦ N_q."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
-    return pb.shape.bh * (n_q * d + n_q * n_k)
 
 
 ALGORITHM = Algorithm(
