@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+import iosim
 from iosim.inputs import AttentionShape
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS
@@ -40,3 +43,44 @@ def relative_error(x: np.ndarray, ref: np.ndarray) -> float:
     """max |x − ref| / max(1, max |ref|)."""
     return float(np.max(np.abs(x - ref)) / max(1.0, float(np.max(np.abs(ref)))))
 
+
+# --- hand-derived count cases (tests/test_counts_by_hand.py, tests/test_backward_counts_by_hand.py) ---
+BIG_M = 10**6  # for the hand cases: M does not enter a count once the tiling fits (standard's softmax aside)
+# a block mask over 3 query blocks × 4 key blocks (the block-sparse hand cases)
+SPARSE = iosim.BlockSparsity.from_array(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=bool))
+
+
+@dataclass(frozen=True)
+class Hand:
+    id: str
+    algorithm: str
+    Br: int
+    Bc: int
+    shape: dict  # N, N_k, d, M, and optionally batch, heads, causal, mask, dropout_p
+    reads: dict[str, int]
+    writes: dict[str, int]
+    peak: int
+    splits: int = 1  # K/V splits (split-kv)
+
+    @property
+    def tiling(self) -> iosim.Tiling:
+        return iosim.Tiling(Br=self.Br, Bc=self.Bc, splits=self.splits)
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.reads, *self.writes]))
+
+
+def assert_counts_equal_hand(case: Hand, counts, source: str):
+    for name in case.tensors:
+        t = counts.tensor(name)
+        want_r, want_w = case.reads.get(name, 0), case.writes.get(name, 0)
+        assert (t.reads, t.writes) == (want_r, want_w), (
+            f"{case.id} {source}: {name} reads, writes = {t.reads}, {t.writes}; by hand {want_r}, {want_w}"
+        )
+    # no tensor outside the table moves anything
+    assert (counts.reads, counts.writes) == (sum(case.reads.values()), sum(case.writes.values())), (
+        f"{case.id} {source}: total reads, writes = {counts.reads}, {counts.writes}; "
+        f"by hand {sum(case.reads.values())}, {sum(case.writes.values())}"
+    )
+    assert counts.peak_sram == case.peak, f"{case.id} {source}: peak SRAM {counts.peak_sram}, by hand {case.peak}"

@@ -1,7 +1,7 @@
 """HBM traffic and peak SRAM of every backward pass on tiny shapes, derived by hand.
 
 The random tests hold the simulator equal to the closed forms; here each number is
-derived from the algorithm's definition (seed 003 Alg. 4, the paper's Alg. 3, and the
+derived from the algorithm's definition (Dao et al. 2022, Algorithms 3 and 4, and the
 buffers each backward module's docstring lists), written as arithmetic a reader can
 check, and both the count-only simulator and the prediction must equal it.
 
@@ -10,29 +10,10 @@ SRAM of one head, causal masking bottom-right aligned, a pair the causal mask hi
 entirely skipped by flash and flash-swapped, never by standard; dropout moves nothing.
 """
 
-from dataclasses import dataclass
-
-import numpy as np
 import pytest
 
 import iosim
-
-BIG_M = 10**6  # the counts do not depend on M once the tiling fits
-# a block mask over 3 query blocks × 4 key blocks (the block-sparse cases below)
-SPARSE = iosim.BlockSparsity.from_array(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=bool))
-
-
-@dataclass(frozen=True)
-class Hand:
-    id: str
-    algorithm: str
-    Br: int
-    Bc: int
-    shape: dict  # N, N_k, d, M, and optionally batch, heads, causal, mask, dropout_p
-    reads: dict[str, int]
-    writes: dict[str, int]
-    peak: int
-
+from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 CASES = [
     # ------------------------------------------------------------------ flash (Alg. 4) ----
@@ -167,18 +148,6 @@ IDS = [c.id for c in CASES]
 
 def test_every_backward_pass_is_pinned():
     assert {c.algorithm for c in CASES} == {a.name for a in iosim.ALGORITHMS.values() if a.backward is not None}
-
-
-def assert_counts_equal_hand(case: Hand, counts, source: str):
-    for name in dict.fromkeys([*case.reads, *case.writes]):
-        t = counts.tensor(name)
-        want = (case.reads.get(name, 0), case.writes.get(name, 0))
-        assert (t.reads, t.writes) == want, f"{case.id} {source}: {name} reads, writes = {t.reads}, {t.writes}; " \
-                                            f"by hand {want}"
-    by_hand = (sum(case.reads.values()), sum(case.writes.values()))
-    assert (counts.reads, counts.writes) == by_hand, f"{case.id} {source}: totals {counts.reads}, {counts.writes}; " \
-                                                     f"by hand {by_hand}"
-    assert counts.peak_sram == case.peak, f"{case.id} {source}: peak SRAM {counts.peak_sram}, by hand {case.peak}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

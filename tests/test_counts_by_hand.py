@@ -15,38 +15,11 @@ explicit mask is read once per visited tile. Dropout is regenerated from a count
 on chip, so it changes no traffic and no buffer.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
 import iosim
-
-BIG_M = 10**6  # flash and flash-swapped: M does not enter their counts once the tiling fits
-# a block mask over 3 query blocks × 4 key blocks (the block-sparse cases below)
-SPARSE = iosim.BlockSparsity.from_array(np.array([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=bool))
-
-
-@dataclass(frozen=True)
-class Hand:
-    id: str
-    algorithm: str
-    Br: int
-    Bc: int
-    shape: dict  # N, N_k, d, M, and optionally batch, heads, causal, mask, dropout_p
-    reads: dict[str, int]
-    writes: dict[str, int]
-    peak: int
-    splits: int = 1  # K/V splits (split-kv)
-
-    @property
-    def tiling(self) -> iosim.Tiling:
-        return iosim.Tiling(Br=self.Br, Bc=self.Bc, splits=self.splits)
-
-    @property
-    def tensors(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys([*self.reads, *self.writes]))
-
+from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 CASES = [
     # ---------------------------------------------------------------- flash (Alg. 1/2) ----
@@ -342,21 +315,6 @@ IDS = [c.id for c in CASES]
 def test_every_algorithm_is_pinned():
     pinned = {c.algorithm for c in CASES}
     assert pinned == set(iosim.ALGORITHMS), f"hand cases cover {sorted(pinned)}, registry {sorted(iosim.ALGORITHMS)}"
-
-
-def assert_counts_equal_hand(case: Hand, counts, source: str):
-    for name in case.tensors:
-        t = counts.tensor(name)
-        want_r, want_w = case.reads.get(name, 0), case.writes.get(name, 0)
-        assert (t.reads, t.writes) == (want_r, want_w), (
-            f"{case.id} {source}: {name} reads, writes = {t.reads}, {t.writes}; by hand {want_r}, {want_w}"
-        )
-    # no tensor outside the table moves anything
-    assert (counts.reads, counts.writes) == (sum(case.reads.values()), sum(case.writes.values())), (
-        f"{case.id} {source}: total reads, writes = {counts.reads}, {counts.writes}; "
-        f"by hand {sum(case.reads.values())}, {sum(case.writes.values())}"
-    )
-    assert counts.peak_sram == case.peak, f"{case.id} {source}: peak SRAM {counts.peak_sram}, by hand {case.peak}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
