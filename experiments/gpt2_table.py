@@ -1,6 +1,6 @@
 """The paper's GPT-2 medium table on the simulator: HBM bytes, FLOPs and roofline time of a training step.
 
-Dao et al. (2022), Figure 2 left (seed 003, "Attention Kernel Benchmarks"): attention
+Dao et al. (2022), Figure 2 left, the table beside it: attention
 of GPT-2 medium, forward + backward, on an A100. Every algorithm is counted
 count-only at that shape with the A100 preset (M = 164 KiB of shared memory per SM in
 float16 elements, HBM bandwidth and peak FLOP/s from the datasheet), in four settings:
@@ -34,7 +34,7 @@ SETTINGS = {  # name → (causal, dropout_p)
     "no mask, dropout 0.1": (False, 0.1),
     "no mask, no dropout": (False, 0.0),
 }
-PAPER = {  # seed 003, "Attention Kernel Benchmarks": standard and FlashAttention
+PAPER = {  # Dao et al. (2022), Figure 2 left: standard and FlashAttention
     "standard": dict(GB=40.3, GFLOPs=66.6, ms=41.7),
     "flash": dict(GB=4.4, GFLOPs=75.2, ms=7.3),
 }

@@ -66,7 +66,7 @@ B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
 GPUS: dict[str, GPU] = {
     "a100": GPU(
         "A100",
-        Spec(164 * KiB, "seed 003 GPU table; NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM"),
+        Spec(164 * KiB, "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM"),
         # the FlashAttention paper's A100 (section 2.1 gives 1.5-2.0 TB/s for 40-80 GB)
         Spec(1555e9, f"{A100_DATASHEET}: 1,555 GB/s HBM2"),
         Spec(312e12, f"{A100_DATASHEET}: FP16 Tensor Core 312 TFLOPS"),
@@ -76,8 +76,8 @@ GPUS: dict[str, GPU] = {
     ),
     "h100": GPU(
         "H100",
-        Spec(228 * KiB, "seed 003 GPU table; NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM"),
-        Spec(3.35e12, f"seed 003 GPU table; {H100_DATASHEET}: 3.35 TB/s HBM3"),
+        Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM"),
+        Spec(3.35e12, f"{H100_DATASHEET}: 3.35 TB/s HBM3"),
         Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
         Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
@@ -104,7 +104,7 @@ GPUS: dict[str, GPU] = {
     "b200": GPU(
         "B200",
         Spec(228 * KiB, "NVIDIA Blackwell tuning guide: up to 228 KB shared memory per SM"),
-        Spec(8e12, f"seed 003 GPU table; {B200_DATASHEET}: 8 TB/s HBM3e"),
+        Spec(8e12, f"{B200_DATASHEET}: 8 TB/s HBM3e"),
         Spec(2.25e15, f"{B200_DATASHEET}: FP16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(2.25e15, f"{B200_DATASHEET}: BF16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(80e12, f"{B200_DATASHEET}: FP32 80 TFLOPS"),

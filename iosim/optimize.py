@@ -64,7 +64,7 @@ class Candidate:
 
 
 def constant(pb: Problem, M: int, traffic: int) -> float:
-    """c in traffic = c·N_q·N_k·d²/M per head (Alg. 1 reaches 12, the swapped loop of seed 003 8)."""
+    """c in traffic = c·N_q·N_k·d²/M per head (Alg. 1 reaches 12, the swapped loop 8: docs/derivations.md)."""
     s = pb.shape
     return traffic * M / (s.bh * s.n_q * s.n_k * s.d * s.d)
 

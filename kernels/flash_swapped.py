@@ -2,9 +2,8 @@
 
 Forward. One thread block per (batch·head, query block Q_i): Q_i stays in shared memory,
 K_j and V_j stream through it, and O_i, m_i, ℓ_i live on chip until the single write at
-the end. This is the "possible improvement" of seed 003 (Q blocks outer) and the loop
-order of FlashAttention-2 (Dao, 2023): HBM traffic 2·N·d for Q, O plus T_r·2·N_k·d for
-K, V streamed once per query block.
+the end. This is the loop order of FlashAttention-2 (Dao, 2023): HBM traffic 2·N·d for
+Q, O plus T_r·2·N_k·d for K, V streamed once per query block.
 
 Backward. One thread block per (batch·head, key block K_j), as in FlashAttention-2:
 K_j, V_j and the accumulators dK_j, dV_j stay on chip while Q_i, dO_i stream through

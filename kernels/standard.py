@@ -170,7 +170,7 @@ def matmul_kernel(trans_a: bool, trans_b: bool, config: MatmulConfig):
 def softmax_kernel(threads: int, causal: bool, dropout: bool):
     """Alg. 0 line 2, a thread block per row (grid-stride over rows): S (bh, N_q, N_k) -> P ∘ Z in place, and lse (bh, N_q).
 
-    Pass 1 computes the row's max and sum with the online normaliser (seed 001, Alg. 3),
+    Pass 1 computes the row's max and sum with the online normaliser (Milakov and Gimelshein, 2018),
     combined across threads by a tree in shared memory; pass 2 writes P.
     """
     T = threads

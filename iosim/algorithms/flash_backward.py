@@ -1,6 +1,6 @@
 """FlashAttention backward: Algorithm 4, recomputing S and P from Q, K and the forward's ℓ, m.
 
-Dao et al. (2022), Algorithm 4 (seed 003); line numbers below are Algorithm 4's.
+Dao et al. (2022), Algorithm 4 (appendix B); line numbers below are Algorithm 4's.
 K/V blocks form the outer loop (line 6) and keep dK_j, dV_j on chip, written once
 (line 24); Q_i, O_i, dO_i, dQ_i, ℓ_i, m_i are loaded at every inner step (line 10)
 and dQ_i goes back to HBM after each (line 21). S_ij and P_ij are recomputed, and

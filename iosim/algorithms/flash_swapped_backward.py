@@ -6,7 +6,7 @@ L_i = m_i + log ℓ_i, saves both, and zeroes dQ. The main pass keeps K_j, V_j, 
 dV_j on chip while the query blocks that see them stream past; it reads Q_i, dO_i,
 L_i, D_i at every inner step, recomputes P_ij = exp(S_ij − L_i), and adds
 τ·dS_ij·K_j into dQ_i in HBM, a read-modify-write. Line numbers below are those of
-Algorithm 4 (seed 003) that each step corresponds to.
+Algorithm 4 (Dao et al. 2022, appendix B) that each step corresponds to.
 
 On-chip buffers per head: first pass O_i, dO_i (B_r × d each) and ℓ_i, m_i, D_i, L_i
 (B_r each), then a zero B_r × d tile; main pass K_j, V_j, dK_j, dV_j (B_c × d each),
