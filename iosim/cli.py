@@ -73,23 +73,29 @@ def _package_version() -> str:
         return "unknown (not installed)"
 
 
+def _add_problem(p: argparse.ArgumentParser, grouped: bool = True) -> None:
+    """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too)."""
+    p.add_argument("--batch", type=_count, default=1)
+    p.add_argument("--heads", type=_count, default=1)
+    if grouped:
+        p.add_argument("--kv-heads", type=_count, default=None,
+                       help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads; "
+                            "1 is MQA (default: --heads)")
+    p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
+                   help="element size for bytes and for M given in bytes (default float16)")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default=None,
                    help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
                         "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
-    p.add_argument("--batch", type=_count, default=1)
-    p.add_argument("--heads", type=_count, default=1)
-    p.add_argument("--kv-heads", type=_count, default=None,
-                   help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads; "
-                        "1 is MQA (default: --heads)")
+    _add_problem(p)
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill an "
                         "H100's 132 SMs)")
-    p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
-    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
-                   help="element size for bytes and for M given in bytes (default float16)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")
@@ -142,14 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
     op.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                     help="default: every algorithm but the block-sparse ones")
-    op.add_argument("--batch", type=_count, default=1)
-    op.add_argument("--heads", type=_count, default=1)
-    op.add_argument("--kv-heads", type=_count, default=None,
-                    help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads "
-                         "(default: --heads)")
-    op.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
-    op.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
-                    help="element size for bytes and for M given in bytes (default float16)")
+    _add_problem(op)
     op.add_argument("--top", type=_count, default=TOP_DEFAULT, help=f"tilings shown per algorithm (default "
                                                                      f"{TOP_DEFAULT})")
     op.add_argument("--json", metavar="PATH", help="save the tilings as JSON")
@@ -162,10 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--d", type=_count, required=True)
     bd.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                     help="default: every algorithm but the block-sparse ones")
-    bd.add_argument("--batch", type=_count, default=1)
-    bd.add_argument("--heads", type=_count, default=1)
-    bd.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
-    bd.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help="element size for bytes")
+    _add_problem(bd, grouped=False)  # the lower bound is for multi-head attention
     bd.add_argument("--points", type=_count, default=POINTS_DEFAULT,
                     help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
     bd.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")
