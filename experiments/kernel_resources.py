@@ -93,11 +93,12 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 ))
                 if dt is F16:  # and its bfloat16 twin, whose arrays hold uint16 bit patterns
                     for tc_dt, tc_name, tc_dtype in ((F16, "fp16", "float16"), (U16, "bf16", "bfloat16")):
+                        qkv = U64 if flash_swapped_tc.paired_words(d) else tc_dt
                         out.append(KernelCase(
                             f"flash-swapped-tc forward {tag.replace('fp16', tc_name)} "
-                            f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.BC})",
+                            f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.keys_per_step(d)})",
                             flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
-                            (arr(tc_dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
+                            (arr(qkv, 1),) * 3 + (arr(tc_dt, 1), arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
                         ))
         d = 64

@@ -16,9 +16,15 @@ for lane = 4·group + quad:
   - C and D, 16 × 8 float32, four values c0…c3: value i is row group + 8·(i // 2),
     column 2·quad + (i mod 2).
 Every lane of the warp must call it together (it is a warp-synchronous instruction).
+
+`exp2` is the softmax's 2^x beside it: PTX's ex2.approx.ftz.f32, one MUFU.EX2 (relative
+error about 2⁻²², results below 2⁻¹²⁶ flushed to 0), where math.exp2 adds a test and two
+multiplies per call to keep those tiny results; the simulator's is math.exp2.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import cuda, types, uint32
@@ -92,7 +98,7 @@ def _simulated_mma(decode):
 
 
 def _simulator_functions():
-    """pack_half2, pack_bfloat162, mma_16816 and mma_16816_bf16 as Python (fragments exchanged in shared scratch)."""
+    """pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 and exp2 as Python (fragments exchanged in shared scratch)."""
 
     @cuda.jit(device=True)
     def pack_half2(lo, hi):
@@ -108,11 +114,16 @@ def _simulator_functions():
     def float16_values(bits):
         return bits.view(np.float16)
 
-    return pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16)
+    @cuda.jit(device=True)
+    def exp2(x):
+        """2^x in float32."""
+        return np.float32(math.exp2(x))
+
+    return pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16), exp2
 
 
 def _gpu_functions():
-    """pack_half2, pack_bfloat162, mma_16816 and mma_16816_bf16 as inline PTX."""
+    """pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 and exp2 as inline PTX."""
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
@@ -158,9 +169,20 @@ def _gpu_functions():
 
         return mma_16816
 
-    return pack_intrinsic("f16"), pack_intrinsic("bf16"), mma_device_function("f16"), mma_device_function("bf16")
+    @intrinsic
+    def exp2(typingctx, x):
+        sig = types.float32(types.float32)
+
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(f32, [f32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [args[0]])
+
+        return sig, codegen
+
+    return (pack_intrinsic("f16"), pack_intrinsic("bf16"), mma_device_function("f16"), mma_device_function("bf16"),
+            exp2)
 
 
-pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 = (
+pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16, exp2 = (
     _simulator_functions() if dev.simulator_enabled() else _gpu_functions()
 )

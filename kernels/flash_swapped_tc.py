@@ -5,16 +5,31 @@ outer): one thread block per (batch·head, query block Q_i) keeps Q_i, O_i, m_i 
 chip while K_j, V_j stream through shared memory. Both products run as warp-wide
 mma.sync.m16n8k16 (kernels/_mma.py: float16 or bfloat16 operands, float32 accumulation;
 a fragment-exact Python twin under the simulator). bfloat16, which numpy lacks, travels
-as uint16 bit patterns (kernels.bfloat16): Q, K, V in and O out. Each of the block's
-WARPS warps owns 16 query rows: its S_ij fragments (16 × B_c) and its O_i accumulator
-fragments (16 × d, d padded to a multiple of 16 with zeros) stay in its registers.
+as uint16 bit patterns (kernels.bfloat16): Q, K, V in and O out.
+
+Everything a warp computes stays in its registers, as in FlashAttention-2. Each of the
+block's WARPS warps owns 16 query rows and holds
+  - Q_i's A fragments, loaded once from HBM (16 × d, d padded to a multiple of 16 with zeros);
+  - S_ij as C fragments (16 × B_c), which the softmax works on in place: a lane's values
+    lie on two rows, so the row max and sum combine the four lanes of a quad with warp
+    shuffles, and the C fragments of two adjacent n8 tiles are exactly the A fragment of
+    one k16 chunk of P̃_ij, so P̃_ij goes from softmax to product without leaving registers;
+  - O_i as C fragments (16 × d), rescaled and accumulated in place.
+K_j and V_j sit in shared memory as 32-bit words of two halves (d padded to a multiple of
+16, rows padded to 4 mod 8 words, so every fragment load is conflict-free), copied from
+HBM a word at a time when d is even. A B fragment of K_jᵀ is two word loads. V_j needs
+pairs of keys, which lie on different rows: a lane loads one word from each of rows
+k, k + 1 and splits them, the low halves forming its fragment for the even columns of a
+16-column group and the high halves for the odd ones, so the n8 tiles of O_i hold the
+even and odd columns of each group (kept track of at the end) and V_j needs no transpose.
+Key blocks that need no mask (full, and wholly below the causal diagonal) run a step
+without the mask test; the rest (at most ⌈B_r/B_c⌉ + 1 per query block) run it with it.
 
 Deviations from Algorithms 1/2, beyond flash-swapped's (O unnormalised until the end,
 lse = m + log ℓ written instead of m and ℓ, log2 units, causal blocks skipped):
 - P̃_ij is rounded to the input type (float16 or bfloat16) for the P̃V product, as
-  FlashAttention does; ℓ_i sums the float32 values.
-- The row max and sum go through shared memory, one thread per query row, between
-  barriers (a first version: the fragments' rows could reduce with quad shuffles).
+  FlashAttention does; ℓ_i sums the float32 values, each lane its own columns until the
+  end.
 - float32 inputs run flash-swapped's CUDA-core forward (the tensor cores take float16 and
   bfloat16 only); the backward pass is flash-swapped's (float32 and float16: the host
   API offers bfloat16 forward only).
@@ -23,29 +38,35 @@ lse = m + log ℓ written instead of m and ℓ, log2 units, causal blocks skippe
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
-from numba import cuda, float32, types, uint16, uint32
+from numba import cuda, float32, int32, uint16, uint32, uint64
 
 from iosim.kernels import _device as dev
 from iosim.kernels import _mma as mma
 from iosim.kernels import flash_swapped
-from iosim.kernels.config import FLOAT32_BYTES, STATIC_SHARED_LIMIT, TileConfig
+from iosim.kernels._register_tiles import unrolled
+from iosim.kernels.config import STATIC_SHARED_LIMIT
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = flash_swapped.ALGORITHM
 
-FLOAT16_BYTES = 2  # float16 and bfloat16 alike
 TC_DTYPES = ("float16", "bfloat16")  # what the tensor cores take; bfloat16 travels as uint16 bits
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
+WORD_BYTES = 4  # shared tiles hold 32-bit words of two halves
 LOW_HALF = uint32(0xFFFF)
+HIGH_HALF = uint32(0xFFFF0000)
+SHIFT = uint32(16)
+LOW_WORD = np.uint64(0xFFFFFFFF)
+PAIR_SHIFT = np.uint64(32)
 WARPS = 4  # warps per block, each owning one m16 row tile of Q_i
 BR = mma.M * WARPS  # 64 query rows per block
-BC = 32  # keys per K/V step: two k16 chunks of P̃ V, four n8 tiles of S
+BC_CHOICES = (64, 32)  # keys per K/V step, the largest that fits registers and shared memory
+MAX_SCORE_FLOATS = 64 * 64  # B_c · d_padded at most: S_ij's and O_i's fragments share a thread's registers
 THREADS = mma.WARP * WARPS
-S_PAD = 1  # the S/P̃ tile is read by rows and by fragments; an odd row stride spreads the banks
-S_W = BC + S_PAD  # its row width
+COPY_LANES = 32  # at most this many threads copy one tile row's words together
+FULL_WARP = np.uint32(0xFFFFFFFF)
+MIN_BLOCKS = 2  # blocks per SM the compiler must make room for (at most 255 registers a thread)
 
 # The tilings of the float32 forward and of the backward, which are flash-swapped's.
 FORWARD_TILES = flash_swapped.FORWARD_TILES
@@ -63,11 +84,38 @@ def padded_head_dim(d: int) -> int:
     return mma.K * -(-d // mma.K)
 
 
+def row_words(d: int) -> int:
+    """Shared row width in words: the padded row's d/2 words, plus 4 so that the width is 4 mod 8.
+
+    A K fragment load reads word 8·kc + qd of rows 8t + g (g < 8, qd < 4) and a V fragment
+    load word 8T + g of rows 2·qd + c: with a width of 4 mod 8 words the 32 lanes of
+    either hit 32 different banks.
+    """
+    return padded_head_dim(d) // 2 + 4
+
+
+def _tile_bytes(d: int, bc: int) -> int:
+    return 2 * bc * row_words(d) * WORD_BYTES  # K_j and V_j
+
+
+def keys_per_step(d: int) -> int:
+    """B_c: 64 keys per step up to d = 64, 32 above, where O_i's fragments take the registers that S_ij's
+    would need (64 keys at d = 128 spill in the step loop on sm_90); 32 too where 64 overflow shared memory."""
+    for bc in BC_CHOICES:
+        if (bc <= MAX_SCORE_FLOATS // padded_head_dim(d)
+                and _tile_bytes(d, bc) + _simulator_bytes() <= STATIC_SHARED_LIMIT):
+            return bc
+    return BC_CHOICES[-1]
+
+
+def _simulator_bytes() -> int:
+    """The simulator's shared scratch: MMA fragment exchange and quad reductions (no shuffles there)."""
+    return THREADS * (mma.SCRATCH_WORDS + 2) * WORD_BYTES if dev.simulator_enabled() else 0
+
+
 def tc_shared_bytes(d: int) -> int:
-    """Static shared memory of the tensor-core forward: Q_i, K_j, V_j in 16 bits, S/P̃ and row state in float32."""
-    dp = padded_head_dim(d)
-    scratch = THREADS * mma.SCRATCH_WORDS * 4 if dev.simulator_enabled() else 0
-    return FLOAT16_BYTES * (BR + 2 * BC) * dp + FLOAT32_BYTES * (BR * S_W + 3 * BR) + scratch
+    """Static shared memory of the tensor-core forward: K_j and V_j as words (plus the simulator's scratch)."""
+    return _tile_bytes(d, keys_per_step(d)) + _simulator_bytes()
 
 
 def check_config(config, d: int, backward: bool) -> None:
@@ -76,92 +124,270 @@ def check_config(config, d: int, backward: bool) -> None:
     if not backward and tc_shared_bytes(d) > STATIC_SHARED_LIMIT:
         raise ValueError(
             f"d={d}: the tensor-core forward needs {tc_shared_bytes(d)} bytes of shared memory "
-            f"(Q_i, K_j, V_j in 16 bits at d padded to {padded_head_dim(d)}), more than {STATIC_SHARED_LIMIT}"
+            f"(K_j, V_j as words at d padded to {padded_head_dim(d)}, {BC_CHOICES[-1]} keys), "
+            f"more than {STATIC_SHARED_LIMIT}"
         )
+
+
+def paired_words(d: int) -> bool:
+    """Whether Q, K, V reach the kernel as uint64 pairs of words (d a multiple of 4: a row is whole pairs)."""
+    return d % 4 == 0
 
 
 @functools.lru_cache(maxsize=None)
 def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
     """Tensor-core forward for head dim d: grid (batch·heads · T_r,), block THREADS, T_r = ⌈N_q/64⌉.
 
-    q, k, v, out are flat arrays, as in flash_swapped.forward_kernel: float16 for
-    dtype="float16", uint16 bfloat16 bit patterns (kernels.bfloat16) for dtype="bfloat16".
+    q, k, v are flat arrays of uint64 word pairs (four halves each) when d is a multiple of 4, else flat
+    arrays of halves (float16 for dtype="float16", uint16 bfloat16 bit patterns for
+    "bfloat16"); out is a flat array of halves, lse a flat float32 array.
     """
     if dtype not in TC_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {TC_DTYPES}")
     bf16 = dtype == "bfloat16"
+    PAIRS = paired_words(d)
     DP = padded_head_dim(d)
+    DW = DP // 2  # words of a padded row
+    HP = d // 4  # word pairs of a row in HBM (d a multiple of 4)
+    SW = row_words(d)
+    BC = keys_per_step(d)
     KD = DP // mma.K  # k16 chunks of Q_i K_jᵀ
     NS = BC // mma.N  # n8 tiles of S_ij per warp
     KP = BC // mma.K  # k16 chunks of P̃_ij V_j
-    NO = DP // mma.N  # n8 tiles of O_i per warp
-    SCRATCH = (THREADS, mma.SCRATCH_WORDS) if dev.simulator_enabled() else (1, 1)
+    NO = DP // mma.N  # n8 tiles of O_i per warp: even and odd columns of DP/16 groups
+    UNIT = 2 if PAIRS else 1  # words a thread copies at a time
+    UNITS = DW // UNIT  # of a padded row
+    LANES = min(COPY_LANES, 1 << (UNITS.bit_length() - 1))  # threads copying one row: a power of two ≤ UNITS
+    ROW_STEP = THREADS // LANES  # rows per copy pass
+    UNIT_PASSES = -(-UNITS // LANES)
+    ROW_PASSES = BC // ROW_STEP
+    BUFFERED = ROW_PASSES * UNIT_PASSES  # units of one tile a thread holds between fetch and put
+    UNIT_TYPE = uint64 if PAIRS else uint32
+    WHOLE_PASSES = UNITS % LANES == 0  # every copy pass lies within the padded row: no column test
+    WHOLE_ROWS = HP * 2 == DW  # d is a multiple of 16: no padding words to zero
+    SIM = dev.simulator_enabled()
+    SCRATCH = (THREADS, mma.SCRATCH_WORDS) if SIM else (1, 1)
+    RED = (THREADS, 2) if SIM else (1, 1)
     pack = mma.pack_bfloat162 if bf16 else mma.pack_half2  # float32 pair -> 2-half word, rounded
     mma_16816 = mma.mma_16816_bf16 if bf16 else mma.mma_16816
-    TILE = types.uint16 if bf16 else types.float16  # Q_i, K_j, V_j in shared memory
+    inline = dev.inline_options()
 
     if bf16:
-        join = mma.join_halves  # the 2-half word of two tile elements: bfloat16 bits join as they are
+        HALF_ZERO = uint16(0)
 
-        @cuda.jit(device=True)
-        def q_fragment(A, r, c):
-            """The four bf16x2 words of the 16 × 16 A fragment at rows r, r + 8, columns c … c + 15 of tile A."""
-            a0 = join(A[r, c], A[r, c + 1])
-            a1 = join(A[r + 8, c], A[r + 8, c + 1])
-            a2 = join(A[r, c + 8], A[r, c + 9])
-            a3 = join(A[r + 8, c + 8], A[r + 8, c + 9])
-            return a0, a1, a2, a3
+        @cuda.jit(device=True, **inline)
+        def half(src, i):
+            return src[i]
 
-        @cuda.jit(device=True)
-        def p_fragment(A, r, c):
-            """The same fragment of float32 A (P̃_ij), each value rounded to bfloat16."""
-            a0 = pack(A[r, c], A[r, c + 1])
-            a1 = pack(A[r + 8, c], A[r + 8, c + 1])
-            a2 = pack(A[r, c + 8], A[r, c + 9])
-            a3 = pack(A[r + 8, c + 8], A[r + 8, c + 9])
-            return a0, a1, a2, a3
+        join = mma.join_halves  # bfloat16 bits join as they are
 
-        @cuda.jit(device=True)
+        @cuda.jit(device=True, **inline)
         def store(x):
             """An output element as bfloat16 bits, rounded to nearest even (the low half of the packed word)."""
             return uint16(pack(x, ZERO) & LOW_HALF)
     else:
-        # float16 and float32 elements pack alike, through float32; calling pack directly
-        # here, not through join, keeps ptxas at 168 registers for d = 64 (170 through join)
+        HALF_ZERO = ZERO
 
-        @cuda.jit(device=True)
-        def join(lo, hi):
-            """The f16x2 word of two elements, each rounded to float16."""
-            return pack(float32(lo), float32(hi))
+        @cuda.jit(device=True, **inline)
+        def half(src, i):
+            return float32(src[i])
 
-        @cuda.jit(device=True)
-        def q_fragment(A, r, c):
-            """The four f16x2 words of the 16 × 16 A fragment at rows r, r + 8, columns c … c + 15 of A."""
-            a0 = pack(float32(A[r, c]), float32(A[r, c + 1]))
-            a1 = pack(float32(A[r + 8, c]), float32(A[r + 8, c + 1]))
-            a2 = pack(float32(A[r, c + 8]), float32(A[r, c + 9]))
-            a3 = pack(float32(A[r + 8, c + 8]), float32(A[r + 8, c + 9]))
-            return a0, a1, a2, a3
+        join = pack  # float16 values are exact in float32 and pack back unchanged
 
-        p_fragment = q_fragment  # P̃_ij in float32 rounds to float16 in the same packs
-
-        @cuda.jit(device=True)
+        @cuda.jit(device=True, **inline)
         def store(x):
             """An output element; the float16 array's store rounds it."""
             return x
 
-    @cuda.jit(device=True)
-    def load_tile(dst, src, row_start, n_valid):
-        """dst[r, c] = src[(row_start + r)·d + c] for r < n_valid and c < d, else 0; dst is (R, DP) of TILE."""
-        for e in range(cuda.threadIdx.x, dst.shape[0] * DP, THREADS):
-            r = e // DP
-            c = e - r * DP
-            if r < n_valid and c < d:
-                dst[r, c] = src[(row_start + r) * d + c]
-            else:
-                dst[r, c] = ZERO  # a float16 constant does not lower through NVVM; float32 0 is cast
+    @cuda.jit(device=True, **inline)
+    def word(src, row, w, n_valid_rows):
+        """Word w (halves 2w, 2w + 1) of row `row` of a flat q/k/v array, 0 past d or past n_valid_rows."""
+        if row >= n_valid_rows:
+            return uint32(0)
+        if PAIRS:
+            if w < 2 * HP:
+                pair = src[np.uint64(row) * np.uint64(HP) + np.uint64(w // 2)]
+                return uint32(pair >> PAIR_SHIFT) if w % 2 else uint32(pair & LOW_WORD)
+            return uint32(0)
+        base = np.uint64(row) * np.uint64(d) + np.uint64(2 * w)
+        lo = half(src, base) if 2 * w < d else HALF_ZERO
+        hi = half(src, base + np.uint64(1)) if 2 * w + 1 < d else HALF_ZERO
+        return join(lo, hi)
 
-    @cuda.jit(**dev.launch_bounds(THREADS, 2))
+    @cuda.jit(device=True, **inline)
+    def fetch_row(t, buf, src, row_start, n_valid, first, left, cr, cc):
+        """Copy pass t of fetch: units cc, cc + LANES, … of tile row cr + ROW_STEP·t into buf (left = n_valid − cr)."""
+        keep = int32(ROW_STEP * t) < left
+        for u in range(UNIT_PASSES):
+            c = cc + LANES * u
+            if not PAIRS:
+                buf[UNIT_PASSES * t + u] = word(src, row_start + cr + ROW_STEP * t, c, row_start + n_valid)
+            elif keep and (WHOLE_ROWS or c < HP):
+                buf[UNIT_PASSES * t + u] = src[first + np.uint64(ROW_STEP * HP * t + LANES * u)]
+            else:
+                buf[UNIT_PASSES * t + u] = np.uint64(0)
+
+    @cuda.jit(device=True, **inline)
+    def put_row(t, dst, buf, cr, cc):
+        """Copy pass t of put: buf's units to tile row cr + ROW_STEP·t of dst."""
+        r = cr + ROW_STEP * t
+        for u in range(UNIT_PASSES):
+            c = cc + LANES * u
+            if WHOLE_PASSES or c < UNITS:
+                x = buf[UNIT_PASSES * t + u]
+                if PAIRS:
+                    dst[r, 2 * c] = uint32(x & LOW_WORD)
+                    dst[r, 2 * c + 1] = uint32(x >> PAIR_SHIFT)
+                else:
+                    dst[r, c] = x
+
+    fetch_rows = unrolled(fetch_row, range(ROW_PASSES))
+    put = unrolled(put_row, range(ROW_PASSES))
+
+    @cuda.jit(device=True, **inline)
+    def fetch(buf, src, row_start, n_valid, cr, cc):
+        """This thread's part of rows row_start … row_start + BC − 1 of src into registers (0 past d and n_valid rows).
+
+        Thread (cr, cc) of the copy grid takes units cc, cc + LANES, … of rows cr,
+        cr + ROW_STEP, …, consecutive threads reading consecutive units. With d a multiple
+        of 4 a unit is two words, one 64-bit load at a row base plus a constant; otherwise
+        it is one word, joined from two halves. `put` stores them to a shared tile.
+        """
+        first = np.uint64(row_start + cr) * np.uint64(HP) + np.uint64(cc)
+        left = int32(min(max(n_valid, 0), BC)) - int32(cr)  # a 32-bit row test per pass, nothing kept across steps
+        fetch_rows(buf, src, row_start, n_valid, first, left, cr, cc)
+
+    @cuda.jit(device=True, **inline)
+    def quad_max(x, red, tid, slot):
+        """The max of x over the 4 lanes of this lane's quad (the lanes sharing its fragment rows)."""
+        if SIM:
+            return quad_reduce(x, red, tid, slot, True)
+        x = max(x, cuda.shfl_xor_sync(FULL_WARP, x, 1))
+        return max(x, cuda.shfl_xor_sync(FULL_WARP, x, 2))
+
+    @cuda.jit(device=True, **inline)
+    def quad_sum(x, red, tid, slot):
+        """The sum of x over the 4 lanes of this lane's quad."""
+        if SIM:
+            return quad_reduce(x, red, tid, slot, False)
+        x += cuda.shfl_xor_sync(FULL_WARP, x, 1)
+        return x + cuda.shfl_xor_sync(FULL_WARP, x, 2)
+
+    @cuda.jit(device=True)
+    def quad_reduce(x, red, tid, slot, take_max):
+        """The simulator's quad reduction, through red (THREADS, 2) in shared memory between barriers."""
+        red[tid, slot] = x
+        cuda.syncthreads()
+        first = tid - tid % 4
+        y = red[first, slot]
+        for lane in range(1, 4):
+            y = max(y, red[first + lane, slot]) if take_max else y + red[first + lane, slot]
+        cuda.syncthreads()
+        return y
+
+    def make_step(masked):
+        """One K/V step, with the mask test (masked) or without it (blocks every row sees whole)."""
+
+        @cuda.jit(device=True, **inline)
+        def step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end, row,
+                 scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+            col0 = j * BC
+            cuda.syncthreads()  # the previous step's readers of K_s, V_s are done
+            put(K_s, k_buf, cr, cc)  # Alg. 1 line 6, fetched during the previous step
+            put(V_s, v_buf, cr, cc)
+            cuda.syncthreads()
+            # K_{j+1}, V_{j+1} into registers: the loads are in flight while this step computes
+            fetch(k_buf, k, bh * n_k + col0 + BC, keys_end - col0 - BC, cr, cc)
+            fetch(v_buf, v, bh * n_k + col0 + BC, keys_end - col0 - BC, cr, cc)
+
+            # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, one 16 × 8 C fragment per n8 tile of keys;
+            # B(k, n) = K_j[n, k]: this lane's column n is key 8t + g, its rows k the words qd, qd + 4 of a chunk
+            for t in range(NS):
+                for u in range(4):
+                    s[t, u] = ZERO
+                for kc in range(KD):
+                    b0 = K_s[mma.N * t + g, 8 * kc + qd]
+                    b1 = K_s[mma.N * t + g, 8 * kc + qd + 4]
+                    s[t, 0], s[t, 1], s[t, 2], s[t, 3] = mma_16816(
+                        q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], b0, b1,
+                        s[t, 0], s[t, 1], s[t, 2], s[t, 3], scratch,
+                    )
+
+            # Alg. 2 lines 11-13 on rows row (values 0, 1) and row + 8 (values 2, 3), log2 units
+            m_0 = state[0]
+            m_1 = state[1]
+            for t in range(NS):
+                for u in range(4):
+                    x = s[t, u] * scale
+                    if masked and not dev.visible(row + 8 * (u // 2), col0 + mma.N * t + 2 * qd + u % 2,
+                                                  n_q, n_k, causal):  # line 11
+                        x = NEG_INF
+                    s[t, u] = x
+                m_0 = max(m_0, max(s[t, 0], s[t, 1]))
+                m_1 = max(m_1, max(s[t, 2], s[t, 3]))
+            m_0 = quad_max(m_0, red, tid, 0)
+            m_1 = quad_max(m_1, red, tid, 1)
+            use_0 = dev.safe_max(m_0)
+            use_1 = dev.safe_max(m_1)
+            alpha_0 = mma.exp2(state[0] - use_0)
+            alpha_1 = mma.exp2(state[1] - use_1)
+            state[0] = m_0
+            state[1] = m_1
+            l_0 = state[2] * alpha_0
+            l_1 = state[3] * alpha_1
+            for t in range(NO):  # line 15's diag(alpha) O_i
+                o[t, 0] *= alpha_0
+                o[t, 1] *= alpha_0
+                o[t, 2] *= alpha_1
+                o[t, 3] *= alpha_1
+            # line 14: P̃_ij = 2^(S_ij − m_new) (∘ Z); ℓ_i gains the undropped values
+            for t in range(NS):
+                for u in range(4):
+                    p = mma.exp2(s[t, u] - (use_0 if u < 2 else use_1))
+                    if u < 2:
+                        l_0 += p
+                    else:
+                        l_1 += p
+                    if dropout:
+                        p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + 8 * (u // 2),
+                                               col0 + mma.N * t + 2 * qd + u % 2)
+                    s[t, u] = p
+            state[2] = l_0
+            state[3] = l_1
+
+            # Alg. 2 line 15 (unnormalised): O_i += P̃_ij V_j. The C fragments of S tiles 2kc and
+            # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: a lane needs keys
+            # 16kc + 2qd (+1, +8, +9) of one column; the words at column word 8T + g of those rows
+            # hold columns 16T + 2g (low halves: tile 2T) and 16T + 2g + 1 (high halves: tile 2T + 1).
+            for kc in range(KP):
+                a0 = pack(s[2 * kc, 0], s[2 * kc, 1])
+                a1 = pack(s[2 * kc, 2], s[2 * kc, 3])
+                a2 = pack(s[2 * kc + 1, 0], s[2 * kc + 1, 1])
+                a3 = pack(s[2 * kc + 1, 2], s[2 * kc + 1, 3])
+                key = mma.K * kc + 2 * qd
+                for T in range(NO // 2):
+                    x0 = V_s[key, 8 * T + g]
+                    x1 = V_s[key + 1, 8 * T + g]
+                    x2 = V_s[key + 8, 8 * T + g]
+                    x3 = V_s[key + 9, 8 * T + g]
+                    even0 = (x0 & LOW_HALF) | (x1 << SHIFT)
+                    even1 = (x2 & LOW_HALF) | (x3 << SHIFT)
+                    odd0 = (x0 >> SHIFT) | (x1 & HIGH_HALF)
+                    odd1 = (x2 >> SHIFT) | (x3 & HIGH_HALF)
+                    o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3] = mma_16816(
+                        a0, a1, a2, a3, even0, even1, o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3], scratch
+                    )
+                    o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3] = mma_16816(
+                        a0, a1, a2, a3, odd0, odd1,
+                        o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3], scratch,
+                    )
+
+        return step
+
+    plain_step = make_step(False)
+    masked_step = make_step(True)
+
+    @cuda.jit(**dev.launch_bounds(THREADS, MIN_BLOCKS))
     def kernel(q, k, v, out, lse, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
         Tr = (n_q + BR - 1) // BR
         bh = cuda.blockIdx.x // Tr
@@ -171,108 +397,75 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         lane = tid - warp * mma.WARP
         g = lane // 4  # the lane's group: fragment rows g and g + 8
         qd = lane - 4 * g  # its place in the group: fragment columns 2·qd, 2·qd + 1
-        r0 = mma.M * warp  # first tile row of this warp
+        cr = uint32(tid) // uint32(LANES)  # this thread's place in the copy grid (unsigned: no index wraparound)
+        cc = uint32(tid) - cr * uint32(LANES)
         row0 = i * BR
+        row = row0 + mma.M * warp + g  # this lane's first query row; its second is row + 8
 
-        Q_s = cuda.shared.array((BR, DP), TILE)
-        K_s = cuda.shared.array((BC, DP), TILE)
-        V_s = cuda.shared.array((BC, DP), TILE)
-        S_s = cuda.shared.array((BR, S_W), float32)  # S_ij in log2 units, then P̃_ij
-        m_s = cuda.shared.array(BR, float32)  # m_i, log2 units
-        l_s = cuda.shared.array(BR, float32)  # ℓ_i
-        alpha_s = cuda.shared.array(BR, float32)  # 2^(m_old − m_new) of this step
+        K_s = cuda.shared.array((BC, SW), uint32, alignment=8)
+        V_s = cuda.shared.array((BC, SW), uint32, alignment=8)
+        red = cuda.shared.array(RED, float32)  # the simulator's quad reductions
         scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
 
-        o = cuda.local.array((NO, 4), float32)  # O_i fragments: rows g, g + 8 of columns 8·t + 2·qd + (0, 1)
-        s = cuda.local.array(4, float32)
+        q_frag = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments, one per k16 chunk
+        s = cuda.local.array((NS, 4), float32)  # S_ij, then P̃_ij
+        o = cuda.local.array((NO, 4), float32)  # O_i: tile 2T holds columns 16T + 2c, tile 2T + 1 16T + 2c + 1
+        k_buf = cuda.local.array(BUFFERED, UNIT_TYPE)  # the next K_j, V_j on their way to shared memory
+        v_buf = cuda.local.array(BUFFERED, UNIT_TYPE)
+        state = cuda.local.array(4, float32)  # m (rows row, row + 8; log2 units), then ℓ (this lane's columns)
         dev.zero_tile(o)
-        if tid < BR:
-            m_s[tid] = NEG_INF
-            l_s[tid] = ZERO
-        load_tile(Q_s, q, bh * n_q + row0, n_q - row0)  # Alg. 1 line 8, hoisted
+        state[0] = NEG_INF
+        state[1] = NEG_INF
+        state[2] = ZERO
+        state[3] = ZERO
+        # Alg. 1 line 8, hoisted: word i of chunk kc holds rows row + 8(i mod 2), words 8kc + qd + 4(i // 2)
+        for kc in range(KD):
+            for w in range(4):
+                q_frag[kc, w] = word(q, bh * n_q + row + 8 * (w % 2), 8 * kc + qd + 4 * (w // 2), bh * n_q + n_q)
         scale = tau * LOG2E
 
+        # key blocks every row of this query block sees whole, then the rest up to the causal edge
         Tc = (n_k + BC - 1) // BC
+        whole = n_k // BC
         if causal:
+            first_row_keys = row0 + 1 + (n_k - n_q)  # keys 0 … row0 + N_k − N_q: what the block's first row sees
+            whole = min(whole, max(first_row_keys, 0) // BC)
             last_key = min(row0 + BR, n_q) - 1 + (n_k - n_q)
             Tc = min(Tc, (last_key + BC) // BC) if last_key >= 0 else 0
-        for j in range(Tc):
-            col0 = j * BC
-            cuda.syncthreads()  # the previous step's readers of K_s, V_s, S_s are done
-            load_tile(K_s, k, bh * n_k + col0, n_k - col0)  # Alg. 1 line 6
-            load_tile(V_s, v, bh * n_k + col0, n_k - col0)
-            cuda.syncthreads()
+        keys_end = min(n_k, Tc * BC)  # no fetch reads past the last key block this query block visits
+        fetch(k_buf, k, bh * n_k, keys_end, cr, cc)
+        fetch(v_buf, v, bh * n_k, keys_end, cr, cc)
+        for j in range(whole):
+            plain_step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end,
+                       row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+        for j in range(whole, Tc):
+            masked_step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end,
+                        row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
 
-            # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, one 16 × 8 fragment per n8 tile of keys
-            for t in range(NS):
-                for u in range(4):
-                    s[u] = ZERO
-                for kc in range(KD):
-                    a0, a1, a2, a3 = q_fragment(Q_s, r0 + g, mma.K * kc + 2 * qd)
-                    key = mma.N * t + g  # B(k, n) = K_j[n, k]: this lane's column n is key g of the tile
-                    b0 = join(K_s[key, mma.K * kc + 2 * qd], K_s[key, mma.K * kc + 2 * qd + 1])
-                    b1 = join(K_s[key, mma.K * kc + 2 * qd + 8], K_s[key, mma.K * kc + 2 * qd + 9])
-                    s[0], s[1], s[2], s[3] = mma_16816(a0, a1, a2, a3, b0, b1, s[0], s[1], s[2], s[3], scratch)
-                for u in range(4):
-                    S_s[r0 + g + 8 * (u // 2), mma.N * t + 2 * qd + u % 2] = s[u] * scale
-            cuda.syncthreads()
-
-            # Alg. 2 lines 11-14 for query row tid: MASK, m_new, P̃_ij = 2^(S_ij − m_new) (∘ Z), ℓ_i
-            if tid < BR:
-                row = row0 + tid
-                m_new = m_s[tid]
-                for c in range(BC):
-                    if not dev.visible(row, col0 + c, n_q, n_k, causal):  # line 11
-                        S_s[tid, c] = NEG_INF
-                    m_new = max(m_new, S_s[tid, c])
-                m_use = dev.safe_max(m_new)
-                alpha = math.exp2(m_s[tid] - m_use)
-                l_i = l_s[tid] * alpha
-                for c in range(BC):
-                    p = math.exp2(S_s[tid, c] - m_use)
-                    l_i += p
-                    if dropout:  # line 14
-                        p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row, col0 + c)
-                    S_s[tid, c] = p
-                m_s[tid] = m_new
-                l_s[tid] = l_i
-                alpha_s[tid] = alpha
-            cuda.syncthreads()
-
-            # Alg. 2 line 15 (unnormalised): O_i = diag(alpha) O_i + P̃_ij V_j
-            for t in range(NO):
-                for u in range(4):
-                    o[t, u] *= alpha_s[r0 + g + 8 * (u // 2)]
-            for kc in range(KP):
-                a0, a1, a2, a3 = p_fragment(S_s, r0 + g, mma.K * kc + 2 * qd)
-                key = mma.K * kc + 2 * qd  # B(k, n) = V_j[k, n]: this lane's rows k are keys key, key + 1, +8, +9
-                for t in range(NO):
-                    col = mma.N * t + g
-                    b0 = join(V_s[key, col], V_s[key + 1, col])
-                    b1 = join(V_s[key + 8, col], V_s[key + 9, col])
-                    o[t, 0], o[t, 1], o[t, 2], o[t, 3] = mma_16816(
-                        a0, a1, a2, a3, b0, b1, o[t, 0], o[t, 1], o[t, 2], o[t, 3], scratch
-                    )
-
-        # Epilogue: O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
-        cuda.syncthreads()
-        for u in range(4):
-            r = r0 + g + 8 * (u // 2)
-            row = row0 + r
-            if row < n_q:
-                l_i = l_s[r]
+        # Epilogue: ℓ_i over the quad, O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
+        l_0 = quad_sum(state[2], red, tid, 0)
+        l_1 = quad_sum(state[3], red, tid, 1)
+        for half_row in range(2):
+            r = row + 8 * half_row
+            l_i = l_0 if half_row == 0 else l_1
+            if r < n_q:
                 inv_l = ONE / l_i if l_i > ZERO else ZERO
-                for t in range(NO):
-                    col = mma.N * t + 2 * qd + u % 2
-                    if col < d:
-                        out[(bh * n_q + row) * d + col] = store(o[t, u] * inv_l)
-        if tid < BR and row0 + tid < n_q:
-            lse[bh * n_q + row0 + tid] = flash_swapped.lse_from_log2(m_s[tid], l_s[tid])
+                base = (bh * n_q + r) * d
+                for T in range(NO // 2):
+                    for c in range(2):
+                        col = 16 * T + 4 * qd + 2 * c  # value 2·half_row + c of tiles 2T (col) and 2T + 1 (col + 1)
+                        if col < d:
+                            out[base + col] = store(o[2 * T, 2 * half_row + c] * inv_l)
+                        if col + 1 < d:
+                            out[base + col + 1] = store(o[2 * T + 1, 2 * half_row + c] * inv_l)
+                if qd == 0:
+                    m_i = state[half_row]
+                    lse[bh * n_q + r] = flash_swapped.lse_from_log2(m_i, l_i)
 
     return kernel
 
 
-def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig):
+def forward(q, k, v, *, tau: float, causal: bool, dropout, config):
     """O and lse as flash_swapped.forward: float16 and bfloat16 on tensor cores, float32 on flash-swapped's kernel.
 
     bfloat16 inputs arrive as uint16 bit patterns (kernels.bfloat16) and O leaves as them.
@@ -290,7 +483,9 @@ def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig):
     kernel = forward_kernel(d, bool(causal), dropout.enabled, dtype)
     Tr = -(-n_q // BR)
     flat = flash_swapped.flat
-    kernel[n_bh * Tr, THREADS](
-        flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, np.float32(tau), *dropout.kernel_args()
-    )
+    if paired_words(d):
+        q, k, v = (flat(x).view(np.uint64) for x in (q, k, v))
+    else:
+        q, k, v = (flat(x) for x in (q, k, v))
+    kernel[n_bh * Tr, THREADS](q, k, v, flat(out), flat(lse), n_q, n_k, np.float32(tau), *dropout.kernel_args())
     return out, lse

@@ -246,6 +246,38 @@ def test_bfloat16_matches_float64(case_name):
     assert np.array_equal(kernels.from_bfloat16(bits.out), fwd.out) and np.array_equal(bits.lse, fwd.lse)
 
 
+# Shapes that take flash-swapped-tc through several key blocks: B_c = 64 keys per step at these
+# d, so N_k ≥ 128 runs steps without the mask test before the masked ones, and N_q > 64 gives
+# query blocks whose causal edge lies in different key blocks. d covers the three ways K and V
+# reach shared memory: 64-bit word pairs (d a multiple of 4; of 16, with no padding words), and
+# words joined from halves (d odd, or 2 mod 4).
+TENSOR_CORE_CASES = {
+    "fp16,Nk=150,d=24": (np.float16, Case(1, 1, 70, 150, 24)),
+    "fp16,Nq=130,causal,dropout,scale<0,d=7": (np.float16, Case(1, 1, 130, 140, 7, causal=True, dropout_p=0.1,
+                                                                     scale=-0.4, seed=3)),
+    "bf16,Nq=100,Nk=200,causal,d=10": (BFLOAT16, Case(1, 1, 100, 200, 10, causal=True)),
+    "bf16,Nk=129,dropout,d=16,bh=2": (BFLOAT16, Case(1, 2, 65, 129, 16, dropout_p=0.2, seed=11)),
+}
+
+
+@pytest.mark.parametrize("case_name", list(TENSOR_CORE_CASES))
+def test_tensor_core_forward_over_several_key_blocks(case_name):
+    """flash-swapped-tc's forward against float64 where its steps with and without the mask test both run."""
+    dtype, case = TENSOR_CORE_CASES[case_name]
+    opts = case.options()
+    if dtype is BFLOAT16:
+        q, k, v, _ = make_inputs(case, np.float32)
+        fwd = kernels.attention(q, k, v, impl="flash-swapped-tc", dtype=BFLOAT16, **opts)
+        lowp = attention_in_bfloat16(q, k, v, **opts)
+    else:
+        q, k, v, do = make_inputs(case, dtype)
+        fwd = kernels.attention(q, k, v, impl="flash-swapped-tc", **opts)
+        lowp = attention_in_dtype(dtype, q, k, v, do, **opts)[:2]
+    ref = attention_ref(q, k, v, **opts)
+    for name, got, want, low in zip(("out", "lse"), fwd, (ref.out, ref.lse), lowp):
+        assert_close(f"flash-swapped-tc {case_name} {name}", got, want, low, dtype)
+
+
 def test_to_bfloat16_rounds_to_nearest_even():
     def f32(word):
         return np.array([word], np.uint32).view(np.float32)[0]
