@@ -1,4 +1,5 @@
-"""One warp-wide tensor-core product, D = A·B + C with A 16×16 and B 16×8 in float16 or bfloat16, C and D float32.
+"""Warp-wide tensor-core primitives: D = A·B + C with A 16×16 and B 16×8 in float16 or bfloat16, C and D float32,
+and the fragment loads and packing that feed it.
 
 On a GPU `mma_16816` is PTX's `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`
 (HMMA.16816.F32 on sm_80 and later) and `mma_16816_bf16` its `.f32.bf16.bf16.f32` form
@@ -16,6 +17,14 @@ for lane = 4·group + quad:
   - C and D, 16 × 8 float32, four values c0…c3: value i is row group + 8·(i // 2),
     column 2·quad + (i mod 2).
 Every lane of the warp must call it together (it is a warp-synchronous instruction).
+
+`ldmatrix_x4` and `ldmatrix_x4_trans` fill operand fragments from four 8 × 8 matrices of
+16-bit values in shared memory, one warp-wide instruction (PTX's
+ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16): lane 8i + r names the address of row r
+of matrix i (`shared_address` of a shared array's element: the byte address in the shared
+window on a GPU, the flat word index under the simulator), and value i of a lane holds
+matrix i's halves at row group, columns 2·quad and 2·quad + 1 — or, transposed, rows
+2·quad and 2·quad + 1 of column group. A row is 8 halves, 16-byte aligned.
 
 `exp2` is the softmax's 2^x beside it: PTX's ex2.approx.ftz.f32, one MUFU.EX2 (relative
 error about 2⁻²², results below 2⁻¹²⁶ flushed to 0), where math.exp2 adds a test and two
@@ -98,7 +107,7 @@ def _simulated_mma(decode):
 
 
 def _simulator_functions():
-    """pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 and exp2 as Python (fragments exchanged in shared scratch)."""
+    """The primitives as Python (fragments and row addresses exchanged in shared scratch)."""
 
     @cuda.jit(device=True)
     def pack_half2(lo, hi):
@@ -119,15 +128,49 @@ def _simulator_functions():
         """2^x in float32."""
         return np.float32(math.exp2(x))
 
-    return pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16), exp2
+    @cuda.jit(device=True)
+    def shared_address(arr, row, col):
+        """Where ldmatrix finds element (row, col) of a 2-D uint32 shared array: its flat word index."""
+        return np.uint32(row * arr.shape[1] + col)
+
+    def simulated_ldmatrix(trans):
+        @cuda.jit(device=True)
+        def ldmatrix(arr, base, offset, scratch):
+            """The four words this lane receives from the rows the warp's lanes name at base + offset words."""
+            tid = cuda.threadIdx.x
+            lane = tid % WARP
+            first = tid - lane
+            scratch[tid, 0] = base + offset
+            cuda.syncthreads()
+            rows = [int(scratch[first + other, 0]) for other in range(WARP)]
+            cuda.syncthreads()
+            words = arr.reshape(-1)
+            group, quad = divmod(lane, 4)
+            out = []
+            for i in range(4):
+                if trans:
+                    halves = words.view(np.uint16)
+                    lo = halves[2 * rows[8 * i + 2 * quad] + group]
+                    hi = halves[2 * rows[8 * i + 2 * quad + 1] + group]
+                    out.append(np.uint32(lo) | (np.uint32(hi) << np.uint32(16)))
+                else:
+                    out.append(np.uint32(words[rows[8 * i + group] + quad]))
+            return out[0], out[1], out[2], out[3]
+
+        return ldmatrix
+
+    return (pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16), exp2,
+            shared_address, simulated_ldmatrix(False), simulated_ldmatrix(True))
 
 
 def _gpu_functions():
-    """pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16 and exp2 as inline PTX."""
+    """The primitives as inline PTX."""
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
 
-    f32, u32 = ir.FloatType(), ir.IntType(32)
+    from numba.cuda import cgutils
+
+    f32, u32, u64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 
     def pack_intrinsic(ptx_type):
         @intrinsic
@@ -179,10 +222,53 @@ def _gpu_functions():
 
         return sig, codegen
 
+    @intrinsic
+    def shared_address(typingctx, arr, row, col):
+        sig = types.uint32(arr, row, col)
+
+        def codegen(context, builder, signature, args):
+            array_type = signature.args[0]
+            array = context.make_array(array_type)(context, builder, value=args[0])
+            index = [context.cast(builder, a, t, types.intp) for a, t in zip(args[1:], signature.args[1:])]
+            pointer = cgutils.get_item_pointer(context, builder, array_type, array, index)
+            generic = builder.ptrtoint(pointer, u64)
+            asm = ir.InlineAsm(ir.FunctionType(u32, [u64]),
+                               "{ .reg .u64 s; cvta.to.shared.u64 s, $1; cvt.u32.u64 $0, s; }", "=r,l")
+            return builder.call(asm, [generic])
+
+        return sig, codegen
+
+    def ldmatrix_device_function(trans):
+        @intrinsic
+        def ldmatrix_intrinsic(typingctx, address):
+            result = types.UniTuple(types.uint32, 4)
+            sig = result(types.uint32)
+
+            def codegen(context, builder, signature, args):
+                out = ir.LiteralStructType([u32] * 4)
+                # side_effect and the memory clobber keep it between the barriers around it
+                asm = ir.InlineAsm(
+                    ir.FunctionType(out, [u32]),
+                    f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+                    "=r,=r,=r,=r,r,~{memory}",
+                    side_effect=True,
+                )
+                d = builder.call(asm, [args[0]])
+                return context.make_tuple(builder, result, [builder.extract_value(d, i) for i in range(4)])
+
+            return sig, codegen
+
+        @cuda.jit(device=True, **dev.inline_options())
+        def ldmatrix(arr, base, offset, scratch):
+            """The four words this lane receives from the rows the warp's lanes name at base + 4·offset bytes."""
+            return ldmatrix_intrinsic(base + uint32(4 * offset))
+
+        return ldmatrix
+
     return (pack_intrinsic("f16"), pack_intrinsic("bf16"), mma_device_function("f16"), mma_device_function("bf16"),
-            exp2)
+            exp2, shared_address, ldmatrix_device_function(False), ldmatrix_device_function(True))
 
 
-pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16, exp2 = (
+pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16, exp2, shared_address, ldmatrix_x4, ldmatrix_x4_trans = (
     _simulator_functions() if dev.simulator_enabled() else _gpu_functions()
 )

@@ -15,15 +15,15 @@ block's WARPS warps owns 16 query rows and holds
     shuffles, and the C fragments of two adjacent n8 tiles are exactly the A fragment of
     one k16 chunk of P̃_ij, so P̃_ij goes from softmax to product without leaving registers;
   - O_i as C fragments (16 × d), rescaled and accumulated in place.
-K_j and V_j sit in shared memory as 32-bit words of two halves (d padded to a multiple of
-16, rows padded to 4 mod 8 words, so every fragment load is conflict-free), copied from
-HBM a word at a time when d is even. A B fragment of K_jᵀ is two word loads. V_j needs
-pairs of keys, which lie on different rows: a lane loads one word from each of rows
-k, k + 1 and splits them, the low halves forming its fragment for the even columns of a
-16-column group and the high halves for the odd ones, so the n8 tiles of O_i hold the
-even and odd columns of each group (kept track of at the end) and V_j needs no transpose.
-Key blocks that need no mask (full, and wholly below the causal diagonal) run a step
-without the mask test; the rest (at most ⌈B_r/B_c⌉ + 1 per query block) run it with it.
+K_j and V_j sit in shared memory as 32-bit words of two halves, row-major (d padded to a
+multiple of 16, rows padded to 4 mod 8 words: 16-byte aligned, and the 8 rows an ldmatrix
+phase reads hit 8 different groups of 4 banks). One `ldmatrix.x4` gives the B fragments of
+two n8 tiles of K_jᵀ, and one `ldmatrix.x4.trans` those of two n8 tiles of V_j, whose key
+pairs lie on different rows. The next step's K_j, V_j are fetched from HBM into registers
+(64-bit word pairs where d is a multiple of 4) while this step computes, and stored to
+shared memory at the start of the next. Key blocks that need no mask (full, and wholly
+below the causal diagonal) run a step without the mask test; the rest (at most
+⌈B_r/B_c⌉ + 1 per query block) run it with it.
 
 Deviations from Algorithms 1/2, beyond flash-swapped's (O unnormalised until the end,
 lse = m + log ℓ written instead of m and ℓ, log2 units, causal blocks skipped):
@@ -87,9 +87,8 @@ def padded_head_dim(d: int) -> int:
 def row_words(d: int) -> int:
     """Shared row width in words: the padded row's d/2 words, plus 4 so that the width is 4 mod 8.
 
-    A K fragment load reads word 8·kc + qd of rows 8t + g (g < 8, qd < 4) and a V fragment
-    load word 8T + g of rows 2·qd + c: with a width of 4 mod 8 words the 32 lanes of
-    either hit 32 different banks.
+    Rows then start 16 bytes apart modulo 128, so the 8 rows of one 8 × 8 matrix that an
+    ldmatrix phase reads lie in 8 different groups of 4 banks, and every row is 16-byte aligned.
     """
     return padded_head_dim(d) // 2 + 4
 
@@ -216,7 +215,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
 
     @cuda.jit(device=True, **inline)
     def fetch_row(t, buf, src, row_start, n_valid, first, left, cr, cc):
-        """Copy pass t of fetch: units cc, cc + LANES, … of tile row cr + ROW_STEP·t into buf (left = n_valid − cr)."""
+        """Fetch pass t: units cc, cc + LANES, … of tile row cr + ROW_STEP·t into buf (left = n_valid − cr)."""
         keep = int32(ROW_STEP * t) < left
         for u in range(UNIT_PASSES):
             c = cc + LANES * u
@@ -246,7 +245,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
 
     @cuda.jit(device=True, **inline)
     def fetch(buf, src, row_start, n_valid, cr, cc):
-        """This thread's part of rows row_start … row_start + BC − 1 of src into registers (0 past d and n_valid rows).
+        """This thread's part of rows row_start … row_start + BC − 1 of src, to registers (0 past d, n_valid rows).
 
         Thread (cr, cc) of the copy grid takes units cc, cc + LANES, … of rows cr,
         cr + ROW_STEP, …, consecutive threads reading consecutive units. With d a multiple
@@ -285,12 +284,26 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         cuda.syncthreads()
         return y
 
+    @cuda.jit(device=True, **inline)
+    def tile_probabilities(t, s, state, m_use, bh, row, col, seed_lo, seed_hi, threshold, inv_keep):
+        """Line 14 on S tile t (keys col + 8t, col + 8t + 1 of rows row, row + 8): P̃ in place, ℓ in state[2:]."""
+        for u in range(4):
+            p = mma.exp2(s[t, u] - m_use[u // 2])
+            state[2 + u // 2] += p
+            if dropout:
+                p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + 8 * (u // 2),
+                                       col + mma.N * t + u % 2)
+            s[t, u] = p
+
+    # unrolled by hand: with the dropout draws inside, LLVM keeps the tile loop and S in local memory
+    probabilities = unrolled(tile_probabilities, range(NS))
+
     def make_step(masked):
         """One K/V step, with the mask test (masked) or without it (blocks every row sees whole)."""
 
         @cuda.jit(device=True, **inline)
-        def step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end, row,
-                 scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+        def step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v, bh, n_q,
+                 n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
             col0 = j * BC
             cuda.syncthreads()  # the previous step's readers of K_s, V_s are done
             put(K_s, k_buf, cr, cc)  # Alg. 1 line 6, fetched during the previous step
@@ -300,17 +313,21 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
             fetch(k_buf, k, bh * n_k + col0 + BC, keys_end - col0 - BC, cr, cc)
             fetch(v_buf, v, bh * n_k + col0 + BC, keys_end - col0 - BC, cr, cc)
 
-            # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, one 16 × 8 C fragment per n8 tile of keys;
-            # B(k, n) = K_j[n, k]: this lane's column n is key 8t + g, its rows k the words qd, qd + 4 of a chunk
-            for t in range(NS):
+            # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, one 16 × 8 C fragment per n8 tile of keys. B(k, n) =
+            # K_j[n, k]: one ldmatrix gives B fragments (b0, b1) of tiles 2P and 2P + 1 for chunk kc
+            for P in range(NS // 2):
                 for u in range(4):
-                    s[t, u] = ZERO
+                    s[2 * P, u] = ZERO
+                    s[2 * P + 1, u] = ZERO
                 for kc in range(KD):
-                    b0 = K_s[mma.N * t + g, 8 * kc + qd]
-                    b1 = K_s[mma.N * t + g, 8 * kc + qd + 4]
-                    s[t, 0], s[t, 1], s[t, 2], s[t, 3] = mma_16816(
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(K_s, k_lane, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3] = mma_16816(
                         q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], b0, b1,
-                        s[t, 0], s[t, 1], s[t, 2], s[t, 3], scratch,
+                        s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3], scratch,
+                    )
+                    s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3] = mma_16816(
+                        q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], c0, c1,
+                        s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3], scratch,
                     )
 
             # Alg. 2 lines 11-13 on rows row (values 0, 1) and row + 8 (values 2, 3), log2 units
@@ -341,44 +358,27 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                 o[t, 2] *= alpha_1
                 o[t, 3] *= alpha_1
             # line 14: P̃_ij = 2^(S_ij − m_new) (∘ Z); ℓ_i gains the undropped values
-            for t in range(NS):
-                for u in range(4):
-                    p = mma.exp2(s[t, u] - (use_0 if u < 2 else use_1))
-                    if u < 2:
-                        l_0 += p
-                    else:
-                        l_1 += p
-                    if dropout:
-                        p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + 8 * (u // 2),
-                                               col0 + mma.N * t + 2 * qd + u % 2)
-                    s[t, u] = p
             state[2] = l_0
             state[3] = l_1
+            m_use[0] = use_0
+            m_use[1] = use_1
+            probabilities(s, state, m_use, bh, row, col0 + 2 * qd, seed_lo, seed_hi, threshold, inv_keep)
 
             # Alg. 2 line 15 (unnormalised): O_i += P̃_ij V_j. The C fragments of S tiles 2kc and
-            # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: a lane needs keys
-            # 16kc + 2qd (+1, +8, +9) of one column; the words at column word 8T + g of those rows
-            # hold columns 16T + 2g (low halves: tile 2T) and 16T + 2g + 1 (high halves: tile 2T + 1).
+            # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: one transposing
+            # ldmatrix gives B fragments (b0, b1) of O tiles 2T and 2T + 1 for chunk kc
             for kc in range(KP):
                 a0 = pack(s[2 * kc, 0], s[2 * kc, 1])
                 a1 = pack(s[2 * kc, 2], s[2 * kc, 3])
                 a2 = pack(s[2 * kc + 1, 0], s[2 * kc + 1, 1])
                 a3 = pack(s[2 * kc + 1, 2], s[2 * kc + 1, 3])
-                key = mma.K * kc + 2 * qd
                 for T in range(NO // 2):
-                    x0 = V_s[key, 8 * T + g]
-                    x1 = V_s[key + 1, 8 * T + g]
-                    x2 = V_s[key + 8, 8 * T + g]
-                    x3 = V_s[key + 9, 8 * T + g]
-                    even0 = (x0 & LOW_HALF) | (x1 << SHIFT)
-                    even1 = (x2 & LOW_HALF) | (x3 << SHIFT)
-                    odd0 = (x0 >> SHIFT) | (x1 & HIGH_HALF)
-                    odd1 = (x2 >> SHIFT) | (x3 & HIGH_HALF)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(V_s, v_lane, mma.K * kc * SW + 8 * T, scratch)
                     o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3] = mma_16816(
-                        a0, a1, a2, a3, even0, even1, o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3], scratch
+                        a0, a1, a2, a3, b0, b1, o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3], scratch
                     )
                     o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3] = mma_16816(
-                        a0, a1, a2, a3, odd0, odd1,
+                        a0, a1, a2, a3, c0, c1,
                         o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3], scratch,
                     )
 
@@ -402,17 +402,22 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         row0 = i * BR
         row = row0 + mma.M * warp + g  # this lane's first query row; its second is row + 8
 
-        K_s = cuda.shared.array((BC, SW), uint32, alignment=8)
-        V_s = cuda.shared.array((BC, SW), uint32, alignment=8)
+        K_s = cuda.shared.array((BC, SW), uint32, alignment=16)
+        V_s = cuda.shared.array((BC, SW), uint32, alignment=16)
         red = cuda.shared.array(RED, float32)  # the simulator's quad reductions
+        # the rows this lane names to ldmatrix: row lane mod 8 of matrix lane // 8, matrices
+        # (keys 8·(i // 2) …, words 4·(i mod 2)) of K_j and (keys 8·(i mod 2) …, words 4·(i // 2)) of V_j
+        k_lane = mma.shared_address(K_s, lane % 8 + 8 * (lane // 16), 4 * (lane // 8 % 2))
+        v_lane = mma.shared_address(V_s, lane % 8 + 8 * (lane // 8 % 2), 4 * (lane // 16))
         scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
 
         q_frag = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments, one per k16 chunk
         s = cuda.local.array((NS, 4), float32)  # S_ij, then P̃_ij
-        o = cuda.local.array((NO, 4), float32)  # O_i: tile 2T holds columns 16T + 2c, tile 2T + 1 16T + 2c + 1
+        o = cuda.local.array((NO, 4), float32)  # O_i, n8 tile t holding columns 8t … 8t + 7
         k_buf = cuda.local.array(BUFFERED, UNIT_TYPE)  # the next K_j, V_j on their way to shared memory
         v_buf = cuda.local.array(BUFFERED, UNIT_TYPE)
         state = cuda.local.array(4, float32)  # m (rows row, row + 8; log2 units), then ℓ (this lane's columns)
+        m_use = cuda.local.array(2, float32)  # this step's row maxima as subtracted (0 for a row that saw no key)
         dev.zero_tile(o)
         state[0] = NEG_INF
         state[1] = NEG_INF
@@ -436,11 +441,11 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         fetch(k_buf, k, bh * n_k, keys_end, cr, cc)
         fetch(v_buf, v, bh * n_k, keys_end, cr, cc)
         for j in range(whole):
-            plain_step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end,
-                       row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            plain_step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v,
+                       bh, n_q, n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
         for j in range(whole, Tc):
-            masked_step(j, q_frag, s, o, state, K_s, V_s, k_buf, v_buf, red, scratch, k, v, bh, n_q, n_k, keys_end,
-                        row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            masked_step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v,
+                        bh, n_q, n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
 
         # Epilogue: ℓ_i over the quad, O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
         l_0 = quad_sum(state[2], red, tid, 0)
@@ -451,13 +456,11 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
             if r < n_q:
                 inv_l = ONE / l_i if l_i > ZERO else ZERO
                 base = (bh * n_q + r) * d
-                for T in range(NO // 2):
+                for t in range(NO):
                     for c in range(2):
-                        col = 16 * T + 4 * qd + 2 * c  # value 2·half_row + c of tiles 2T (col) and 2T + 1 (col + 1)
+                        col = mma.N * t + 2 * qd + c  # value 2·half_row + c of tile t
                         if col < d:
-                            out[base + col] = store(o[2 * T, 2 * half_row + c] * inv_l)
-                        if col + 1 < d:
-                            out[base + col + 1] = store(o[2 * T + 1, 2 * half_row + c] * inv_l)
+                            out[base + col] = store(o[t, 2 * half_row + c] * inv_l)
                 if qd == 0:
                     m_i = state[half_row]
                     lse[bh * n_q + r] = flash_swapped.lse_from_log2(m_i, l_i)

@@ -625,3 +625,47 @@ def test_mma_16816_computes_a_b_plus_c_from_the_lanes_fragments(dtype):
     want_packed = [bits(np.array([0.0, 1.5], np.float32)).view(np.uint32)[0],
                    bits(np.array([-2.0, 1.0 / 3.0], np.float32)).view(np.uint32)[0]]
     assert np.array_equal(packed[0], want_packed), (dtype, packed[0], want_packed)
+
+
+def test_ldmatrix_fills_the_mma_fragments_the_ptx_isa_assigns():
+    """ldmatrix.x4 over the four 8 × 8 quarters of a row-major 16 × 16 A gives each lane its A fragment,
+    and ldmatrix.x4.trans over the two 8 × 8 halves of a row-major 16 × 8 B (k rows) its B fragment:
+    the layouts the kernel's loads rely on, checked against the fragment maps pinned to the PTX ISA above."""
+    from iosim.kernels import _mma
+
+    width = 12  # words per shared row: 8 for 16 halves, plus padding that must not be read
+    halves = np.arange(16 * 2 * width, dtype=np.uint16).reshape(16, 2 * width)  # element (r, c) = its own index
+    words = halves.view(np.uint32)  # (16, width)
+
+    @cuda.jit
+    def load(src, a_out, b_out):
+        lane = cuda.threadIdx.x
+        tile = cuda.shared.array((16, width), np.uint32)
+        scratch = cuda.shared.array((32, _mma.SCRATCH_WORDS), np.uint32)
+        for w in range(width):
+            if lane < 16:
+                tile[lane, w] = src[lane, w]
+        cuda.syncthreads()
+        # A quarter i = lane // 8: rows 8·(i mod 2) …, columns 8·(i // 2) … (word 4·(i // 2))
+        base = _mma.shared_address(tile, lane % 8 + 8 * (lane // 8 % 2), 4 * (lane // 16))
+        a = _mma.ldmatrix_x4(tile, base, 0, scratch)
+        # B (16 × 8, k rows): matrices 0 and 1 are rows 0-7 and 8-15 of columns 0-7; 2 and 3 the same
+        base = _mma.shared_address(tile, lane % 8 + 8 * (lane // 8 % 2), 0)
+        b = _mma.ldmatrix_x4_trans(tile, base, 0, scratch)
+        for i in range(4):
+            a_out[lane, i] = a[i]
+            b_out[lane, i] = b[i]
+
+    a_words = np.zeros((32, 4), np.uint32)
+    b_words = np.zeros((32, 4), np.uint32)
+    load[1, 32](words, a_words, b_words)
+    for lane in range(32):
+        got_a = a_words[lane].view(np.uint16).reshape(4, 2)
+        got_b = b_words[lane].view(np.uint16).reshape(4, 2)
+        for w in range(4):
+            for h in range(2):
+                assert got_a[w, h] == halves[_mma.a_element(lane, w, h)], (lane, w, h)
+        for w in range(2):
+            for h in range(2):
+                assert got_b[w, h] == halves[_mma.b_element(lane, w, h)], (lane, w, h)
+                assert got_b[w + 2, h] == got_b[w, h], "matrices 2 and 3 name the same rows as 0 and 1"
