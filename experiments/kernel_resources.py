@@ -68,6 +68,7 @@ class KernelCase:
     threads: int
     predicted_shared: int | None
     layout: object = None  # the thread block's kernels._register_tiles.Layout, where it has one
+    mma_per_step: int | None = None  # tensor-core MMAs a warp issues per K/V step, by construction
 
 
 def cases(d_values=(64, 128)) -> list[KernelCase]:
@@ -100,6 +101,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                             flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
                             (arr(qkv, 1),) * 3 + (arr(tc_dt, 1), arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
+                            mma_per_step=flash_swapped_tc.mma_per_step(d),
                         ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)

@@ -5,7 +5,9 @@ PTX, nvJitLink to an sm_90 cubin, ptxas's resource report), the cubin is disasse
 with nvdisasm, and the machine code is read:
 
 - loops are found from backward branches; the hot loop is the outermost loop holding the
-  most FMAs (flash-swapped's K/V step forward, its Q step backward);
+  most FMAs, the first of them in the listing where several hold as many (flash-swapped's
+  K/V step forward, its Q step backward; flash-swapped-tc's steps without the mask test,
+  which come before the masked ones and are all but ⌈B_r/B_c⌉ + 1 of a query block's steps);
 - one pass of the hot loop is counted as issued instructions, each weighted by the trip
   counts of the loops nested inside it (read from the loop's counter, its step and its
   bound; a nested loop whose count cannot be read is reported and counted once);
@@ -14,7 +16,9 @@ with nvdisasm, and the machine code is read:
   instructions, shared-memory loads per FMA split by width (LDS 32-bit, LDS.64,
   LDS.128), stores, warp shuffles, barriers, integer division (a call to the division
   routine or its I2F.RP/MUFU.RCP sequence) and float64 instructions in the loop, local
-  memory (spill) traffic, registers, occupancy;
+  memory (spill) traffic, registers, occupancy; ldmatrix (LDSM) counts as a shared load;
+- for the tensor-core kernel, the HMMAs a warp issues per step by construction beside those
+  read from the listing, so that a misread loop shows;
 - ceiling = FMA share × the H100's peak for that FMA: an SM issues one warp instruction
   per scheduler per clock and its FP32 pipes take one warp FFMA per scheduler per clock,
   so with every other instruction issued too, FFMAs reach at most that share of the peak.
@@ -217,6 +221,7 @@ class StepMix:
     lds_32: int
     lds_64: int
     lds_128: int
+    ldsm: int  # ldmatrix: four 8 × 8 matrices of 16-bit values per warp instruction
     sts: int
     shuffles: int
     barriers: int
@@ -233,7 +238,7 @@ class StepMix:
 
     @property
     def lds(self) -> int:
-        return self.lds_32 + self.lds_64 + self.lds_128
+        return self.lds_32 + self.lds_64 + self.lds_128 + self.ldsm
 
     @property
     def lds_per_fma(self) -> float:
@@ -263,6 +268,7 @@ def step_mix(fn: Function) -> tuple[Loop, StepMix] | None:
                     if lp.holds(ins.address):
                         w *= trips[lp] or 1
                 weights[ins] = (top, w)
+    # max keeps the first of equals: the earliest loop in the listing
     hot = max(outer, key=lambda lp: sum(w for ins, (t, w) in weights.items() if t == lp and is_fma(ins)))
     counts: dict[str, int] = {}
 
@@ -280,6 +286,8 @@ def step_mix(fn: Function) -> tuple[Loop, StepMix] | None:
             add(base.lower(), w)
         elif base == "LDS":
             add("lds_128" if ".128" in op else "lds_64" if ".64" in op else "lds_32", w)
+        elif base == "LDSM":
+            add("ldsm", w)
         elif base == "STS":
             add("sts", w)
         elif base == "SHFL":
@@ -306,6 +314,7 @@ def step_mix(fn: Function) -> tuple[Loop, StepMix] | None:
         lds_32=counts.get("lds_32", 0),
         lds_64=counts.get("lds_64", 0),
         lds_128=counts.get("lds_128", 0),
+        ldsm=counts.get("ldsm", 0),
         sts=counts.get("sts", 0),
         shuffles=counts.get("shuffles", 0),
         barriers=counts.get("barriers", 0),
@@ -466,6 +475,8 @@ def analyse(case, workdir: Path) -> dict:
     row["hot_loop"] = {"start": hot.start, "end": hot.end}
     row["step"] = {**asdict(mix), "fma_share": mix.fma_share, "lds_per_fma": mix.lds_per_fma}
     row["ceiling_tflops"] = ceiling_tflops(mix)
+    if case.mma_per_step is not None:
+        row["hmma_built"] = case.mma_per_step
     if case.layout is not None:
         row["bank_ways"] = bank_report(case.layout)
     return row
@@ -484,7 +495,7 @@ def markdown(report: dict) -> str:
         f"- ceiling: FFMA share × {PEAK_TFLOPS['FFMA']:g} TFLOP/s (H100 FP32), or HMMA share / "
         f"{HMMA_SHARE_AT_PEAK} × {PEAK_TFLOPS['HMMA']:g} TFLOP/s (fp16 and bf16 tensor cores), capped at that peak",
         "",
-        "| kernel | instr/step | FFMA | HMMA | FMA share | LDS 32/64/128 | LDS per FMA | shuffles | div in loops "
+        "| kernel | instr/step | FFMA | HMMA | FMA share | LDS 32/64/128/LDSM | LDS per FMA | shuffles | div in loops "
         "| regs | spill st/ld (B) | blocks/SM (limit) | ceiling TFLOP/s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -495,10 +506,20 @@ def markdown(report: dict) -> str:
         unresolved = f" ({s['unresolved_loops']} loops counted once)" if s["unresolved_loops"] else ""
         lines.append(
             f"| {k['kernel']} | {s['instructions']}{unresolved} | {s['ffma']} | {s['hmma']} | {s['fma_share']:.1%} | "
-            f"{s['lds_32']}/{s['lds_64']}/{s['lds_128']} | {s['lds_per_fma']:.3f} | {s['shuffles']} | "
+            f"{s['lds_32']}/{s['lds_64']}/{s['lds_128']}/{s['ldsm']} | {s['lds_per_fma']:.3f} | {s['shuffles']} | "
             f"{k['divisions_in_loops']} | {k['registers']} | {k['spill_store_bytes']}/{k['spill_load_bytes']} | "
             f"{k['blocks_per_sm']} ({k['limited_by']}) | {k['ceiling_tflops']:.1f} |"
         )
+    built = [k for k in report["kernels"] if "hmma_built" in k and "step" in k]
+    if built:
+        misread = [k["kernel"] for k in built if k["step"]["hmma"] != k["hmma_built"]]
+        lines += ["", (
+            f"HMMAs per step read from the listing equal the kernel's construction count "
+            f"({', '.join(sorted({str(k['hmma_built']) for k in built}))}) for all {len(built)} tensor-core rows."
+            if not misread else f"HMMAs per step read from the listing differ from the construction count for: "
+            + "; ".join(f"{k['kernel']} ({k['step']['hmma']} read, {k['hmma_built']} built)"
+                        for k in built if k["kernel"] in misread)
+        )]
     banked = [k for k in report["kernels"] if "bank_ways" in k]
     if banked:
         patterns = list(banked[0]["bank_ways"])

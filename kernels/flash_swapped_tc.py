@@ -128,6 +128,12 @@ def check_config(config, d: int, backward: bool) -> None:
         )
 
 
+def mma_per_step(d: int) -> int:
+    """mma.sync instructions a warp issues per K/V step: S_ij's n8 tiles × k16 chunks, then P̃_ij V_j's."""
+    bc, dp = keys_per_step(d), padded_head_dim(d)
+    return (bc // mma.N) * (dp // mma.K) + (bc // mma.K) * (dp // mma.N)
+
+
 def paired_words(d: int) -> bool:
     """Whether Q, K, V reach the kernel as uint64 pairs of words (d a multiple of 4: a row is whole pairs)."""
     return d % 4 == 0

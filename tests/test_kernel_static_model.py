@@ -144,13 +144,45 @@ def test_step_mix_weights_nested_loops_by_their_trips(kernel):
     assert mix.lds_per_fma == pytest.approx(12 / 16)
 
 
+# Two run-time loops with one HMMA each, as flash-swapped-tc's steps without and with the
+# mask test: the first in the listing is the hot loop, and ldmatrix counts as a shared load.
+TENSOR_CORE_LISTING = """\
+//--------------------- .text._Z2tcPf --------------------------
+\t.section\t.text._Z2tcPf,"ax",@progbits
+.text._Z2tcPf:
+        /*0000*/                   MOV R9, RZ ;
+.L_x_0:
+        /*0010*/                   LDSM.16.M88.4 R20, [R12+0x200] ;
+        /*0020*/                   LDSM.16.MT88.4 R24, [R13] ;
+        /*0030*/                   HMMA.16816.F32 R32, R20, R24, R32 ;
+        /*0040*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*0050*/                   ISETP.GE.AND P0, PT, R9, R40, PT ;
+        /*0060*/              @!P0 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0070*/                   FSETP.GT.AND P1, PT, R30, RZ, PT ;
+        /*0080*/                   LDSM.16.MT88.4 R24, [R13] ;
+        /*0090*/                   HMMA.16816.F32 R32, R20, R24, R32 ;
+        /*00a0*/                   IADD3 R9, R9, 0x1, RZ ;
+        /*00b0*/                   ISETP.GE.AND P0, PT, R9, R41, PT ;
+        /*00c0*/              @!P0 BRA `(.L_x_1) ;
+        /*00d0*/                   EXIT ;
+"""
+
+
+def test_the_first_of_equally_hot_loops_is_the_step_and_ldmatrix_is_a_shared_load():
+    hot, mix = model.step_mix(model.kernel_function(model.parse_sass(TENSOR_CORE_LISTING)))
+    assert hot == model.Loop(0x10, 0x60)
+    assert (mix.instructions, mix.hmma, mix.ldsm, mix.lds) == (6, 1, 2, 2), mix
+    assert mix.lds_per_fma == 2
+
+
 def test_divisions_in_loops_ignore_the_prologue_call(kernel):
     # the CALL at 0x0 is before every loop; the I2F.U32.RP at 0x180 is inside the outer loop
     assert model.loop_divisions(kernel) == 1
 
 
 def test_ceilings():
-    fp32 = model.StepMix(instructions=100, ffma=60, hmma=0, lds_32=0, lds_64=0, lds_128=0, sts=0, shuffles=0,
+    fp32 = model.StepMix(instructions=100, ffma=60, hmma=0, lds_32=0, lds_64=0, lds_128=0, ldsm=0, sts=0, shuffles=0,
                          barriers=0, mufu=0, global_loads=0, local_memory=0, int_divisions=0, float64=0,
                          unresolved_loops=0)
     assert model.ceiling_tflops(fp32) == pytest.approx(0.6 * model.PEAK_TFLOPS["FFMA"])
