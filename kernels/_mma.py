@@ -26,6 +26,7 @@ window on a GPU, the flat word index under the simulator), and value i of a lane
 matrix i's halves at row group, columns 2·quad and 2·quad + 1 — or, transposed, rows
 2·quad and 2·quad + 1 of column group. A row is 8 halves, 16-byte aligned.
 
+`float_from_bits` reinterprets a uint32 as a float32 (a bfloat16 widens exactly by a shift).
 `exp2` is the softmax's 2^x beside it: PTX's ex2.approx.ftz.f32, one MUFU.EX2 (relative
 error about 2⁻²², results below 2⁻¹²⁶ flushed to 0), where math.exp2 adds a test and two
 multiplies per call to keep those tiny results; the simulator's is math.exp2.
@@ -129,6 +130,11 @@ def _simulator_functions():
         return np.float32(math.exp2(x))
 
     @cuda.jit(device=True)
+    def float_from_bits(bits):
+        """The float32 whose bits are the uint32 `bits`."""
+        return np.array([bits], np.uint32).view(np.float32)[0]
+
+    @cuda.jit(device=True)
     def shared_address(arr, row, col):
         """Where ldmatrix finds element (row, col) of a 2-D uint32 shared array: its flat word index."""
         return np.uint32(row * arr.shape[1] + col)
@@ -160,7 +166,7 @@ def _simulator_functions():
         return ldmatrix
 
     return (pack_half2, pack_bfloat162, _simulated_mma(float16_values), _simulated_mma(from_bfloat16), exp2,
-            shared_address, simulated_ldmatrix(False), simulated_ldmatrix(True))
+            float_from_bits, shared_address, simulated_ldmatrix(False), simulated_ldmatrix(True))
 
 
 def _gpu_functions():
@@ -223,6 +229,15 @@ def _gpu_functions():
         return sig, codegen
 
     @intrinsic
+    def float_from_bits(typingctx, bits):
+        sig = types.float32(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], f32)
+
+        return sig, codegen
+
+    @intrinsic
     def shared_address(typingctx, arr, row, col):
         sig = types.uint32(arr, row, col)
 
@@ -266,9 +281,10 @@ def _gpu_functions():
         return ldmatrix
 
     return (pack_intrinsic("f16"), pack_intrinsic("bf16"), mma_device_function("f16"), mma_device_function("bf16"),
-            exp2, shared_address, ldmatrix_device_function(False), ldmatrix_device_function(True))
+            exp2, float_from_bits, shared_address, ldmatrix_device_function(False), ldmatrix_device_function(True))
 
 
-pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16, exp2, shared_address, ldmatrix_x4, ldmatrix_x4_trans = (
+(pack_half2, pack_bfloat162, mma_16816, mma_16816_bf16, exp2, float_from_bits, shared_address, ldmatrix_x4,
+ ldmatrix_x4_trans) = (
     _simulator_functions() if dev.simulator_enabled() else _gpu_functions()
 )

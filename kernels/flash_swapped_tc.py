@@ -40,10 +40,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import cuda, float32, int32, uint16, uint32, uint64
+from numba import cuda, float32, uint32
 
 from iosim.kernels import _device as dev
 from iosim.kernels import _mma as mma
+from iosim.kernels import _tc_tiles as tc
 from iosim.kernels import flash_swapped
 from iosim.kernels._register_tiles import unrolled
 from iosim.kernels.config import STATIC_SHARED_LIMIT
@@ -51,21 +52,13 @@ from iosim.kernels.config import STATIC_SHARED_LIMIT
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = flash_swapped.ALGORITHM
 
-TC_DTYPES = ("float16", "bfloat16")  # what the tensor cores take; bfloat16 travels as uint16 bits
+TC_DTYPES = tc.TC_DTYPES
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
-WORD_BYTES = 4  # shared tiles hold 32-bit words of two halves
-LOW_HALF = uint32(0xFFFF)
-HIGH_HALF = uint32(0xFFFF0000)
-SHIFT = uint32(16)
-LOW_WORD = np.uint64(0xFFFFFFFF)
-PAIR_SHIFT = np.uint64(32)
-WARPS = 4  # warps per block, each owning one m16 row tile of Q_i
+WARPS = tc.WARPS  # each owning one m16 row tile of Q_i
+THREADS = tc.THREADS
 BR = mma.M * WARPS  # 64 query rows per block
 BC_CHOICES = (64, 32)  # keys per K/V step, the largest that fits registers and shared memory
 MAX_SCORE_FLOATS = 64 * 64  # B_c · d_padded at most: S_ij's and O_i's fragments share a thread's registers
-THREADS = mma.WARP * WARPS
-COPY_LANES = 32  # at most this many threads copy one tile row's words together
-FULL_WARP = np.uint32(0xFFFFFFFF)
 MIN_BLOCKS = 2  # blocks per SM the compiler must make room for (at most 255 registers a thread)
 
 # The tilings of the float32 forward and of the backward, which are flash-swapped's.
@@ -77,44 +70,22 @@ NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
 ONE = dev.ONE
 LOG2E = flash_swapped.LOG2E
-
-
-def padded_head_dim(d: int) -> int:
-    """d rounded up to the k16 of one MMA (the padding columns hold zeros)."""
-    return mma.K * -(-d // mma.K)
-
-
-def row_words(d: int) -> int:
-    """Shared row width in words: the padded row's d/2 words, plus 4 so that the width is 4 mod 8.
-
-    Rows then start 16 bytes apart modulo 128, so the 8 rows of one 8 × 8 matrix that an
-    ldmatrix phase reads lie in 8 different groups of 4 banks, and every row is 16-byte aligned.
-    """
-    return padded_head_dim(d) // 2 + 4
-
-
-def _tile_bytes(d: int, bc: int) -> int:
-    return 2 * bc * row_words(d) * WORD_BYTES  # K_j and V_j
+padded_head_dim = tc.padded_head_dim
+paired_words = tc.paired_words
 
 
 def keys_per_step(d: int) -> int:
     """B_c: 64 keys per step up to d = 64, 32 above, where O_i's fragments take the registers that S_ij's
     would need (64 keys at d = 128 spill in the step loop on sm_90); 32 too where 64 overflow shared memory."""
     for bc in BC_CHOICES:
-        if (bc <= MAX_SCORE_FLOATS // padded_head_dim(d)
-                and _tile_bytes(d, bc) + _simulator_bytes() <= STATIC_SHARED_LIMIT):
+        if bc <= MAX_SCORE_FLOATS // padded_head_dim(d) and 2 * tc.tile_bytes(bc, d) <= STATIC_SHARED_LIMIT:
             return bc
     return BC_CHOICES[-1]
 
 
-def _simulator_bytes() -> int:
-    """The simulator's shared scratch: MMA fragment exchange and quad reductions (no shuffles there)."""
-    return THREADS * (mma.SCRATCH_WORDS + 2) * WORD_BYTES if dev.simulator_enabled() else 0
-
-
 def tc_shared_bytes(d: int) -> int:
-    """Static shared memory of the tensor-core forward: K_j and V_j as words (plus the simulator's scratch)."""
-    return _tile_bytes(d, keys_per_step(d)) + _simulator_bytes()
+    """Static shared memory of the tensor-core forward on a GPU: K_j and V_j as words."""
+    return 2 * tc.tile_bytes(keys_per_step(d), d)
 
 
 def check_config(config, d: int, backward: bool) -> None:
@@ -134,11 +105,6 @@ def mma_per_step(d: int) -> int:
     return (bc // mma.N) * (dp // mma.K) + (bc // mma.K) * (dp // mma.N)
 
 
-def paired_words(d: int) -> bool:
-    """Whether Q, K, V reach the kernel as uint64 pairs of words (d a multiple of 4: a row is whole pairs)."""
-    return d % 4 == 0
-
-
 @functools.lru_cache(maxsize=None)
 def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
     """Tensor-core forward for head dim d: grid (batch·heads · T_r,), block THREADS, T_r = ⌈N_q/64⌉.
@@ -147,148 +113,21 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
     arrays of halves (float16 for dtype="float16", uint16 bfloat16 bit patterns for
     "bfloat16"); out is a flat array of halves, lse a flat float32 array.
     """
-    if dtype not in TC_DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not one of {TC_DTYPES}")
-    bf16 = dtype == "bfloat16"
-    PAIRS = paired_words(d)
+    h = tc.halves(d, dtype)
+    pack, mma_16816, store, word = h.pack, h.mma, h.store, h.word
     DP = padded_head_dim(d)
-    DW = DP // 2  # words of a padded row
-    HP = d // 4  # word pairs of a row in HBM (d a multiple of 4)
-    SW = row_words(d)
+    SW = tc.row_words(d)
     BC = keys_per_step(d)
     KD = DP // mma.K  # k16 chunks of Q_i K_jᵀ
     NS = BC // mma.N  # n8 tiles of S_ij per warp
     KP = BC // mma.K  # k16 chunks of P̃_ij V_j
-    NO = DP // mma.N  # n8 tiles of O_i per warp: even and odd columns of DP/16 groups
-    UNIT = 2 if PAIRS else 1  # words a thread copies at a time
-    UNITS = DW // UNIT  # of a padded row
-    LANES = min(COPY_LANES, 1 << (UNITS.bit_length() - 1))  # threads copying one row: a power of two ≤ UNITS
-    ROW_STEP = THREADS // LANES  # rows per copy pass
-    UNIT_PASSES = -(-UNITS // LANES)
-    ROW_PASSES = BC // ROW_STEP
-    BUFFERED = ROW_PASSES * UNIT_PASSES  # units of one tile a thread holds between fetch and put
-    UNIT_TYPE = uint64 if PAIRS else uint32
-    WHOLE_PASSES = UNITS % LANES == 0  # every copy pass lies within the padded row: no column test
-    WHOLE_ROWS = HP * 2 == DW  # d is a multiple of 16: no padding words to zero
-    SIM = dev.simulator_enabled()
-    SCRATCH = (THREADS, mma.SCRATCH_WORDS) if SIM else (1, 1)
-    RED = (THREADS, 2) if SIM else (1, 1)
-    pack = mma.pack_bfloat162 if bf16 else mma.pack_half2  # float32 pair -> 2-half word, rounded
-    mma_16816 = mma.mma_16816_bf16 if bf16 else mma.mma_16816
+    NO = DP // mma.N  # n8 tiles of O_i per warp
+    LANES = tc.copy_lanes(d)
+    copy = tc.tile_copy(d, dtype, BC)
+    fetch, put = copy.fetch, copy.put
+    BUFFERED, UNIT = copy.buffered, copy.unit
+    RED, SCRATCH = tc.RED, tc.SCRATCH  # closure constants: numba sizes shared arrays only from those
     inline = dev.inline_options()
-
-    if bf16:
-        HALF_ZERO = uint16(0)
-
-        @cuda.jit(device=True, **inline)
-        def half(src, i):
-            return src[i]
-
-        join = mma.join_halves  # bfloat16 bits join as they are
-
-        @cuda.jit(device=True, **inline)
-        def store(x):
-            """An output element as bfloat16 bits, rounded to nearest even (the low half of the packed word)."""
-            return uint16(pack(x, ZERO) & LOW_HALF)
-    else:
-        HALF_ZERO = ZERO
-
-        @cuda.jit(device=True, **inline)
-        def half(src, i):
-            return float32(src[i])
-
-        join = pack  # float16 values are exact in float32 and pack back unchanged
-
-        @cuda.jit(device=True, **inline)
-        def store(x):
-            """An output element; the float16 array's store rounds it."""
-            return x
-
-    @cuda.jit(device=True, **inline)
-    def word(src, row, w, n_valid_rows):
-        """Word w (halves 2w, 2w + 1) of row `row` of a flat q/k/v array, 0 past d or past n_valid_rows."""
-        if row >= n_valid_rows:
-            return uint32(0)
-        if PAIRS:
-            if w < 2 * HP:
-                pair = src[np.uint64(row) * np.uint64(HP) + np.uint64(w // 2)]
-                return uint32(pair >> PAIR_SHIFT) if w % 2 else uint32(pair & LOW_WORD)
-            return uint32(0)
-        base = np.uint64(row) * np.uint64(d) + np.uint64(2 * w)
-        lo = half(src, base) if 2 * w < d else HALF_ZERO
-        hi = half(src, base + np.uint64(1)) if 2 * w + 1 < d else HALF_ZERO
-        return join(lo, hi)
-
-    @cuda.jit(device=True, **inline)
-    def fetch_row(t, buf, src, row_start, n_valid, first, left, cr, cc):
-        """Fetch pass t: units cc, cc + LANES, … of tile row cr + ROW_STEP·t into buf (left = n_valid − cr)."""
-        keep = int32(ROW_STEP * t) < left
-        for u in range(UNIT_PASSES):
-            c = cc + LANES * u
-            if not PAIRS:
-                buf[UNIT_PASSES * t + u] = word(src, row_start + cr + ROW_STEP * t, c, row_start + n_valid)
-            elif keep and (WHOLE_ROWS or c < HP):
-                buf[UNIT_PASSES * t + u] = src[first + np.uint64(ROW_STEP * HP * t + LANES * u)]
-            else:
-                buf[UNIT_PASSES * t + u] = np.uint64(0)
-
-    @cuda.jit(device=True, **inline)
-    def put_row(t, dst, buf, cr, cc):
-        """Copy pass t of put: buf's units to tile row cr + ROW_STEP·t of dst."""
-        r = cr + ROW_STEP * t
-        for u in range(UNIT_PASSES):
-            c = cc + LANES * u
-            if WHOLE_PASSES or c < UNITS:
-                x = buf[UNIT_PASSES * t + u]
-                if PAIRS:
-                    dst[r, 2 * c] = uint32(x & LOW_WORD)
-                    dst[r, 2 * c + 1] = uint32(x >> PAIR_SHIFT)
-                else:
-                    dst[r, c] = x
-
-    fetch_rows = unrolled(fetch_row, range(ROW_PASSES))
-    put = unrolled(put_row, range(ROW_PASSES))
-
-    @cuda.jit(device=True, **inline)
-    def fetch(buf, src, row_start, n_valid, cr, cc):
-        """This thread's part of rows row_start … row_start + BC − 1 of src, to registers (0 past d, n_valid rows).
-
-        Thread (cr, cc) of the copy grid takes units cc, cc + LANES, … of rows cr,
-        cr + ROW_STEP, …, consecutive threads reading consecutive units. With d a multiple
-        of 4 a unit is two words, one 64-bit load at a row base plus a constant; otherwise
-        it is one word, joined from two halves. `put` stores them to a shared tile.
-        """
-        first = np.uint64(row_start + cr) * np.uint64(HP) + np.uint64(cc)
-        left = int32(min(max(n_valid, 0), BC)) - int32(cr)  # a 32-bit row test per pass, nothing kept across steps
-        fetch_rows(buf, src, row_start, n_valid, first, left, cr, cc)
-
-    @cuda.jit(device=True, **inline)
-    def quad_max(x, red, tid, slot):
-        """The max of x over the 4 lanes of this lane's quad (the lanes sharing its fragment rows)."""
-        if SIM:
-            return quad_reduce(x, red, tid, slot, True)
-        x = max(x, cuda.shfl_xor_sync(FULL_WARP, x, 1))
-        return max(x, cuda.shfl_xor_sync(FULL_WARP, x, 2))
-
-    @cuda.jit(device=True, **inline)
-    def quad_sum(x, red, tid, slot):
-        """The sum of x over the 4 lanes of this lane's quad."""
-        if SIM:
-            return quad_reduce(x, red, tid, slot, False)
-        x += cuda.shfl_xor_sync(FULL_WARP, x, 1)
-        return x + cuda.shfl_xor_sync(FULL_WARP, x, 2)
-
-    @cuda.jit(device=True)
-    def quad_reduce(x, red, tid, slot, take_max):
-        """The simulator's quad reduction, through red (THREADS, 2) in shared memory between barriers."""
-        red[tid, slot] = x
-        cuda.syncthreads()
-        first = tid - tid % 4
-        y = red[first, slot]
-        for lane in range(1, 4):
-            y = max(y, red[first + lane, slot]) if take_max else y + red[first + lane, slot]
-        cuda.syncthreads()
-        return y
 
     @cuda.jit(device=True, **inline)
     def tile_probabilities(t, s, state, m_use, bh, row, col, seed_lo, seed_hi, threshold, inv_keep):
@@ -348,8 +187,8 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                     s[t, u] = x
                 m_0 = max(m_0, max(s[t, 0], s[t, 1]))
                 m_1 = max(m_1, max(s[t, 2], s[t, 3]))
-            m_0 = quad_max(m_0, red, tid, 0)
-            m_1 = quad_max(m_1, red, tid, 1)
+            m_0 = tc.quad_max(m_0, red, tid, 0)
+            m_1 = tc.quad_max(m_1, red, tid, 1)
             use_0 = dev.safe_max(m_0)
             use_1 = dev.safe_max(m_1)
             alpha_0 = mma.exp2(state[0] - use_0)
@@ -411,17 +250,18 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
         K_s = cuda.shared.array((BC, SW), uint32, alignment=16)
         V_s = cuda.shared.array((BC, SW), uint32, alignment=16)
         red = cuda.shared.array(RED, float32)  # the simulator's quad reductions
-        # the rows this lane names to ldmatrix: row lane mod 8 of matrix lane // 8, matrices
-        # (keys 8·(i // 2) …, words 4·(i mod 2)) of K_j and (keys 8·(i mod 2) …, words 4·(i // 2)) of V_j
-        k_lane = mma.shared_address(K_s, lane % 8 + 8 * (lane // 16), 4 * (lane // 8 % 2))
-        v_lane = mma.shared_address(V_s, lane % 8 + 8 * (lane // 8 % 2), 4 * (lane // 16))
         scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
+        # the rows this lane names to ldmatrix (kernels/_tc_tiles.py): Kᵀ's B fragments, V's transposed
+        k_row, k_word = tc.pattern_pair_of_tiles(lane)
+        k_lane = mma.shared_address(K_s, k_row, k_word)
+        v_row, v_word = tc.pattern_one_tile(lane)
+        v_lane = mma.shared_address(V_s, v_row, v_word)
 
         q_frag = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments, one per k16 chunk
         s = cuda.local.array((NS, 4), float32)  # S_ij, then P̃_ij
         o = cuda.local.array((NO, 4), float32)  # O_i, n8 tile t holding columns 8t … 8t + 7
-        k_buf = cuda.local.array(BUFFERED, UNIT_TYPE)  # the next K_j, V_j on their way to shared memory
-        v_buf = cuda.local.array(BUFFERED, UNIT_TYPE)
+        k_buf = cuda.local.array(BUFFERED, UNIT)  # the next K_j, V_j on their way to shared memory
+        v_buf = cuda.local.array(BUFFERED, UNIT)
         state = cuda.local.array(4, float32)  # m (rows row, row + 8; log2 units), then ℓ (this lane's columns)
         m_use = cuda.local.array(2, float32)  # this step's row maxima as subtracted (0 for a row that saw no key)
         dev.zero_tile(o)
@@ -454,8 +294,8 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                         bh, n_q, n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
 
         # Epilogue: ℓ_i over the quad, O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
-        l_0 = quad_sum(state[2], red, tid, 0)
-        l_1 = quad_sum(state[3], red, tid, 1)
+        l_0 = tc.quad_sum(state[2], red, tid, 0)
+        l_1 = tc.quad_sum(state[3], red, tid, 1)
         for half_row in range(2):
             r = row + 8 * half_row
             l_i = l_0 if half_row == 0 else l_1
@@ -492,9 +332,6 @@ def forward(q, k, v, *, tau: float, causal: bool, dropout, config):
     kernel = forward_kernel(d, bool(causal), dropout.enabled, dtype)
     Tr = -(-n_q // BR)
     flat = flash_swapped.flat
-    if paired_words(d):
-        q, k, v = (flat(x).view(np.uint64) for x in (q, k, v))
-    else:
-        q, k, v = (flat(x) for x in (q, k, v))
-    kernel[n_bh * Tr, THREADS](q, k, v, flat(out), flat(lse), n_q, n_k, np.float32(tau), *dropout.kernel_args())
+    kernel[n_bh * Tr, THREADS](*(tc.words_view(x) for x in (q, k, v)), flat(out), flat(lse), n_q, n_k,
+                               np.float32(tau), *dropout.kernel_args())
     return out, lse
