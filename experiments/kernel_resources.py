@@ -218,6 +218,15 @@ def missing_toolchain() -> str | None:
     return None
 
 
+def require_toolchain() -> None:
+    """Exit with status TOOLCHAIN_MISSING, saying how to get it, where NVVM or nvJitLink cannot be loaded."""
+    missing = missing_toolchain()
+    if missing is not None:
+        print(f"NVVM or nvJitLink cannot be loaded ({missing}); pip install -e '.[test]' brings both "
+              "(numba-cuda[cu13])", file=sys.stderr)
+        sys.exit(TOOLCHAIN_MISSING)
+
+
 def _assemble_case(index: int) -> tuple[str | None, str | None]:
     """(nvJitLink's log, None) for cases()[index], or (None, why it failed to compile or assemble).
 
@@ -353,11 +362,7 @@ def main() -> None:
         parser.error(f"--jobs {args.jobs}: must be at least 1")
     if numba.config.ENABLE_CUDASIM:
         parser.error("NUMBA_ENABLE_CUDASIM=1 selects Numba's CUDA simulator, which compiles nothing; unset it")
-    missing = missing_toolchain()
-    if missing is not None:
-        print(f"NVVM or nvJitLink cannot be loaded ({missing}); pip install -e '.[test]' brings both "
-              "(numba-cuda[cu13])", file=sys.stderr)
-        sys.exit(TOOLCHAIN_MISSING)
+    require_toolchain()
     if args.check:
         sys.exit(check(args.jobs))
     rows = []
