@@ -7,10 +7,18 @@ frame and static shared memory. Next to it: the shared memory the host-side form
 predicts (the d-too-large check relies on it), threads per block and the occupancy those
 numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 threads).
 
-    pip install 'numba-cuda[cu13]'      # NVRTC, NVVM and nvJitLink; not a CI dependency
-    python experiments/kernel_resources.py [--out experiments/results/kernels_resources_sm90]
+    pip install -e '.[test]'      # numba-cuda[cu13]: NVRTC, NVVM and nvJitLink
+    python experiments/kernel_resources.py [--out experiments/results/kernels_resources_sm90] [--jobs N]
 
 Writes OUT.json and OUT.md with the versions, the git commit and the command.
+
+    python experiments/kernel_resources.py --check [--jobs N]
+
+compiles and assembles every kernel and writes nothing: it exits with status 1, naming
+each kernel that failed, if any did. tests/test_kernels_compile.py runs it in CI, whose
+other kernel tests run under Numba's CUDA simulator, which neither type-checks a kernel
+nor lowers it to PTX. Without NVVM or nvJitLink either form exits with status 77
+(TOOLCHAIN_MISSING).
 
 Numba compiles device functions for "the current device"; with no GPU present this
 script substitutes a stand-in device of compute capability 9.0 while compiling.
@@ -21,9 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import re
 import subprocess
 import sys
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +52,7 @@ from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard  # no
 
 CC = (9, 0)
 ARCH = "sm_90"
+TOOLCHAIN_MISSING = 77  # exit status without NVVM or nvJitLink: automake's "test skipped"
 # One H100 SM (CUDA C Programming Guide, compute capability 9.0 table)
 SM_REGISTERS = 65536
 SM_SHARED_BYTES = 228 * 1024
@@ -182,12 +195,72 @@ def assemble(ptx: str) -> str:
     try:
         data = ptx.encode()
         nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
-        nvjitlink.complete(handle)
+        try:
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as e:
+            buf = bytearray(nvjitlink.get_error_log_size(handle))
+            nvjitlink.get_error_log(handle, buf)
+            raise RuntimeError(f"nvJitLink cannot assemble the PTX for {ARCH}: {e}\n{buf.decode(errors='replace')}") from e
         buf = bytearray(nvjitlink.get_info_log_size(handle))
         nvjitlink.get_info_log(handle, buf)
         return buf.decode(errors="replace")
     finally:
         nvjitlink.destroy(handle)
+
+
+def missing_toolchain() -> str | None:
+    """Why NVVM or nvJitLink cannot be loaded, or None when both can."""
+    try:
+        from cuda.bindings import nvjitlink
+        from numba.cuda.cudadrv import nvvm
+
+        nvjitlink.version()
+        nvvm.NVVM()
+    except (ImportError, OSError, RuntimeError) as e:  # a library that is not found raises a RuntimeError
+        return f"{type(e).__name__}: {str(e).strip()}"
+    return None
+
+
+def require_toolchain() -> None:
+    """Exit with status TOOLCHAIN_MISSING, saying how to get it, where NVVM or nvJitLink cannot be loaded."""
+    missing = missing_toolchain()
+    if missing is not None:
+        print(f"NVVM or nvJitLink cannot be loaded ({missing}); pip install -e '.[test]' brings both "
+              "(numba-cuda[cu13])", file=sys.stderr)
+        sys.exit(TOOLCHAIN_MISSING)
+
+
+def _assemble_case(index: int) -> tuple[str | None, str | None]:
+    """(nvJitLink's log, None) for cases()[index], or (None, why it failed to compile or assemble).
+
+    A process pool's task: it takes an index, since a case's dispatcher does not pickle.
+    """
+    try:
+        return assemble(compile_ptx(cases()[index])), None
+    except Exception as e:  # any failure is a finding about that kernel, reported with its name
+        # the message says what failed to type or assemble; the compiler's stack would bury it
+        return None, "".join(traceback.format_exception_only(e)).rstrip()
+
+
+def assemble_all(jobs: int):
+    """Yield (case, nvJitLink's log or None, why it failed or None) for every case, in order."""
+    all_cases = cases()
+    if jobs == 1:
+        for index, case in enumerate(all_cases):
+            yield case, *_assemble_case(index)
+        return
+    # spawn: fresh interpreters, whatever the platform's default, so no compiler state is forked
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = [pool.submit(_assemble_case, index) for index in range(len(all_cases))]
+        for case, future in zip(all_cases, futures):
+            try:
+                log, error = future.result()
+            except BrokenProcessPool as e:
+                log, error = None, f"a compiling process died while this kernel or one beside it compiled: {e}"
+            yield case, log, error
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def parse(log: str) -> dict:
@@ -264,13 +337,42 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check(jobs: int) -> int:
+    """Compile and assemble every case; print each failure with its kernel's name. The exit status."""
+    failed = []
+    n = 0
+    for n, (case, _, error) in enumerate(assemble_all(jobs), 1):
+        if error is None:
+            print(f"ok      {case.name}", flush=True)
+        else:
+            failed.append(case.name)
+            print(f"FAILED  {case.name}\n{error}", flush=True)
+    if failed:
+        print(f"{len(failed)} of {n} kernel specialisations do not compile for {ARCH}:", *failed, sep="\n  ")
+        return 1
+    print(f"all {n} kernel specialisations compile for {ARCH} (NVVM to PTX, nvJitLink to a cubin)")
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "kernels_resources_sm90")
+    parser.add_argument("--check", action="store_true",
+                        help="compile and assemble every kernel, write no report; exit 1 naming those that fail")
+    parser.add_argument("--jobs", type=int, default=1, help="kernels compiled in parallel processes (default 1)")
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: must be at least 1")
+    if numba.config.ENABLE_CUDASIM:
+        parser.error("NUMBA_ENABLE_CUDASIM=1 selects Numba's CUDA simulator, which compiles nothing; unset it")
+    require_toolchain()
+    if args.check:
+        sys.exit(check(args.jobs))
     rows = []
-    for case in cases():
-        row = {"kernel": case.name, "threads": case.threads, **parse(assemble(compile_ptx(case)))}
+    for case, log, error in assemble_all(args.jobs):
+        if error is not None:
+            sys.exit(f"{case.name} does not compile for {ARCH}:\n{error}")
+        row = {"kernel": case.name, "threads": case.threads, **parse(log)}
         row["predicted_shared_bytes"] = case.predicted_shared + (SHARED_RESERVED_PER_BLOCK if case.predicted_shared else 0)
         row.update(occupancy(row["registers"], row["shared_bytes"], case.threads))
         rows.append(row)

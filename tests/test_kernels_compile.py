@@ -1,0 +1,79 @@
+"""Every kernel specialisation compiles for sm_90: NVVM to PTX, then nvJitLink to a cubin.
+
+The other kernel tests run under Numba's CUDA simulator, which neither type-checks a
+kernel nor lowers it to PTX, so a kernel that cannot compile for a GPU passes them (a
+float16 flash-swapped kernel once did). This test compiles every specialisation that
+experiments/kernel_resources.py reports on (each dtype, d = 64 and 128, causal with
+dropout, the tensor-core float16 and bfloat16 forward) for a stand-in sm_90 device: no
+GPU, only NVVM and nvJitLink, which the test extra brings (numba-cuda[cu13]).
+
+conftest.py has chosen the simulator for this process, so the compiling runs in a
+subprocess with it off.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+if str(EXPERIMENTS) not in sys.path:
+    sys.path.insert(0, str(EXPERIMENTS))
+
+import kernel_resources  # noqa: E402  (under the simulator here: only its names are used)
+
+JOBS = 2  # CI's cores: about 70 s there for the 42 kernels, against 110 s in one process
+TIMEOUT_S = 600
+
+
+def compile_in_subprocess(*args: str) -> subprocess.CompletedProcess:
+    """python ARGS run in experiments/ with the simulator off; skipped where NVVM or nvJitLink cannot be loaded."""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING": "1"}
+    r = subprocess.run([sys.executable, *args], cwd=EXPERIMENTS, env=env, capture_output=True, text=True,
+                       timeout=TIMEOUT_S)
+    if r.returncode == kernel_resources.TOOLCHAIN_MISSING:
+        pytest.skip(f"no sm_90 toolchain: {r.stderr.strip()}")
+    return r
+
+
+def test_every_kernel_compiles_for_sm90():
+    r = compile_in_subprocess("kernel_resources.py", "--check", "--jobs", str(JOBS))
+    if r.returncode != 0:
+        pytest.fail(f"kernel_resources.py --check exited with status {r.returncode}\n{r.stdout}{r.stderr}",
+                    pytrace=False)
+
+
+# A kernel that the simulator runs (its local array takes a run-time shape) but NVVM rejects,
+# checked beside a kernel that compiles: --check's failure path, in seconds
+BROKEN_BESIDE_GOOD = """
+import sys
+from numba import cuda, float32
+import kernel_resources as kr
+
+@cuda.jit
+def local_array_of_runtime_shape(out, n):
+    a = cuda.local.array(n, float32)
+    a[0] = 1.0
+    out[0] = a[0]
+
+kr.require_toolchain()
+good = kr.cases()[-1]
+broken = kr.KernelCase("local array of run-time shape", local_array_of_runtime_shape,
+                       (kr.arr(kr.F32, 1), kr.I64), 1, 0)
+kr.cases = lambda: [good, broken]
+sys.exit(kr.check(jobs=1))
+"""
+
+
+def test_check_fails_naming_the_kernel_that_does_not_compile():
+    r = compile_in_subprocess("-c", BROKEN_BESIDE_GOOD)
+    good = kernel_resources.cases()[-1].name
+    assert r.returncode == 1, f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
+    assert f"ok      {good}\n" in r.stdout, r.stdout
+    assert "FAILED  local array of run-time shape\n" in r.stdout, r.stdout
+    summary = "1 of 2 kernel specialisations do not compile for sm_90:\n  local array of run-time shape\n"
+    assert r.stdout.endswith(summary), r.stdout
