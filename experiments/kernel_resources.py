@@ -116,6 +116,17 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
                             mma_per_step=flash_swapped_tc.mma_per_step(d),
                         ))
+                        out.append(KernelCase(
+                            f"flash-swapped-tc backward {tag.replace('fp16', tc_name)} "
+                            f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BKB}x"
+                            f"{flash_swapped_tc.queries_per_step(d)})",
+                            flash_swapped_tc.backward_kernel(d, causal, dropout, tc_dtype),
+                            (arr(qkv, 1),) * 4 + (arr(F32, 1),) * 3 + (arr(tc_dt, 1),) * 2 + (I64, I64, F32)
+                            + DROPOUT_ARGS,
+                            flash_swapped_tc.THREADS, flash_swapped_tc.backward_shared_bytes(
+                                d, flash_swapped_tc.queries_per_step(d)),
+                            mma_per_step=flash_swapped_tc.backward_mma_per_step(d),
+                        ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)
         out.append(KernelCase(

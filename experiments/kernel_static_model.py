@@ -516,7 +516,7 @@ def markdown(report: dict) -> str:
         lines += ["", (
             f"HMMAs per step read from the listing equal the kernel's construction count "
             f"({', '.join(sorted({str(k['hmma_built']) for k in built}))}) for all {len(built)} tensor-core rows."
-            if not misread else f"HMMAs per step read from the listing differ from the construction count for: "
+            if not misread else "HMMAs per step read from the listing differ from the construction count for: "
             + "; ".join(f"{k['kernel']} ({k['step']['hmma']} read, {k['hmma_built']} built)"
                         for k in built if k["kernel"] in misread)
         )]

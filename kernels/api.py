@@ -8,15 +8,16 @@ float16 (accumulation is float32 either way). They may be numpy arrays, Numba de
 arrays or anything with ``__cuda_array_interface__`` (a CUDA torch tensor, say). Results
 are numpy arrays when q is a numpy array and Numba device arrays otherwise.
 
-bfloat16, which numpy lacks, is asked for by name and runs the forward of the
-implementations that take it (flash-swapped-tc):
+bfloat16, which numpy lacks, is asked for by name and runs the implementations that take
+it (flash-swapped-tc), forward and backward:
 
     out, lse = kernels.attention(q, k, v, impl="flash-swapped-tc", dtype="bfloat16")
+    dq, dk, dv = kernels.attention_backward(q, k, v, out, lse, dout, impl="flash-swapped-tc", dtype="bfloat16")
 
-with q, k, v either float32 numpy arrays, rounded to bfloat16 on the host (to nearest,
-ties to even; kernels.bfloat16), and then O comes back as float32 holding bfloat16
-values, or uint16 bfloat16 bit patterns (numpy or device arrays), and then O comes back
-as bit patterns too.
+with q, k, v (out, dout) either float32 numpy arrays, rounded to bfloat16 on the host (to
+nearest, ties to even; kernels.bfloat16), and then the results come back as float32
+holding bfloat16 values, or uint16 bfloat16 bit patterns (numpy or device arrays), and
+then they come back as bit patterns too.
 
 Every check runs before any launch and raises ValueError or TypeError naming the
 parameter, its value and the allowed range.
@@ -42,7 +43,7 @@ IMPLS: dict[str, ModuleType] = {
     "standard": standard,  # Algorithm 0: S and P materialised in HBM
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
     "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
-    "flash-swapped-tc": flash_swapped_tc,  # flash-swapped's forward on tensor cores (float16, bfloat16)
+    "flash-swapped-tc": flash_swapped_tc,  # flash-swapped on tensor cores (float16, bfloat16)
 }
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -119,7 +120,7 @@ def _check_dtypes(named: dict) -> np.dtype:
 
 
 def _as_bfloat16(impl: str, dtype, named: dict) -> tuple[list, bool]:
-    """q, k, v as bfloat16 bit patterns, and whether O should come back as float32 values.
+    """The arrays as bfloat16 bit patterns, and whether the results should come back as float32 values.
 
     float32 numpy arrays are rounded here; uint16 arrays are taken as bit patterns.
     """
@@ -231,21 +232,28 @@ def _check_forward_outputs(out, lse, shape: AttentionShape, dtype: np.dtype) -> 
 
 
 def attention_backward(
-    q, k, v, out, lse, dout, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None
+    q, k, v, out, lse, dout, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None,
+    dtype=None,
 ):
     """Gradients (dq, dk, dv) of `attention` for upstream gradient dout (batch, heads, N_q, d).
 
     out and lse are attention()'s outputs for the same q, k, v and options; dout has q's
-    shape and dtype. Returns dq, dk, dv in the input dtype.
+    shape and dtype. dtype="bfloat16" runs bfloat16, taking q, k, v, out, dout as
+    `attention` takes q, k, v with it. Returns dq, dk, dv in the input dtype.
     """
     module = implementation(impl)
     q, k, v, out, lse, dout = (
         _as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout))
     )
     shape = _check_heads(check_qkv(q, k, v))
-    dtype = _check_dtypes({"q": q, "k": k, "v": v})
+    widen = False
+    if dtype is None:
+        dtype = _check_dtypes({"q": q, "k": k, "v": v})
+        _check_dtypes({"q": q, "dout": dout})
+    else:
+        (q, k, v, out, dout), widen = _as_bfloat16(impl, dtype, {"q": q, "k": k, "v": v, "out": out, "dout": dout})
+        dtype = np.dtype(q.dtype)
     check_dout(dout, shape)
-    _check_dtypes({"q": q, "dout": dout})
     _check_forward_outputs(out, lse, shape, dtype)
     causal = _check_bool("causal", causal)
     tau = check_scale(scale, shape.d)
@@ -272,4 +280,5 @@ def attention_backward(
     dq, dk, dv = grads
     four_d_q = (shape.batch, shape.heads, shape.n_q, shape.d)
     four_d_k = (shape.batch, shape.heads, shape.n_k, shape.d)
-    return _finish(dq, four_d_q, on_host), _finish(dk, four_d_k, on_host), _finish(dv, four_d_k, on_host)
+    grads = _finish(dq, four_d_q, on_host), _finish(dk, four_d_k, on_host), _finish(dv, four_d_k, on_host)
+    return tuple(bf16.from_bfloat16(g) for g in grads) if widen else grads

@@ -1,38 +1,48 @@
-"""flash-swapped-tc: flash-swapped's forward with S = Q Kᵀ and O += P̃ V on tensor cores.
+"""flash-swapped-tc: flash-swapped's forward and backward with every product on tensor cores.
 
-The loop order, HBM traffic and outputs are flash-swapped's (FlashAttention-2, Q blocks
-outer): one thread block per (batch·head, query block Q_i) keeps Q_i, O_i, m_i and ℓ_i on
-chip while K_j, V_j stream through shared memory. Both products run as warp-wide
-mma.sync.m16n8k16 (kernels/_mma.py: float16 or bfloat16 operands, float32 accumulation;
-a fragment-exact Python twin under the simulator). bfloat16, which numpy lacks, travels
-as uint16 bit patterns (kernels.bfloat16): Q, K, V in and O out.
+The loop orders, HBM traffic and outputs are flash-swapped's (FlashAttention-2). Forward:
+one thread block per (batch·head, query block Q_i) keeps Q_i, O_i, m_i and ℓ_i on chip
+while K_j, V_j stream through shared memory. Backward: one block per (batch·head, key
+block K_j) keeps K_j, V_j, dK_j and dV_j on chip while Q_i, dO_i stream through, and adds
+dQ_i into a float32 buffer with atomics. Every product runs as warp-wide mma.sync.m16n8k16
+(kernels/_mma.py: float16 or bfloat16 operands, float32 accumulation; a fragment-exact
+Python twin under the simulator). bfloat16, which numpy lacks, travels as uint16 bit
+patterns (kernels.bfloat16).
 
-Everything a warp computes stays in its registers, as in FlashAttention-2. Each of the
-block's WARPS warps owns 16 query rows and holds
+Forward. Everything a warp computes stays in its registers, as in FlashAttention-2. Each
+of the block's WARPS warps owns 16 query rows and holds
   - Q_i's A fragments, loaded once from HBM (16 × d, d padded to a multiple of 16 with zeros);
   - S_ij as C fragments (16 × B_c), which the softmax works on in place: a lane's values
     lie on two rows, so the row max and sum combine the four lanes of a quad with warp
     shuffles, and the C fragments of two adjacent n8 tiles are exactly the A fragment of
     one k16 chunk of P̃_ij, so P̃_ij goes from softmax to product without leaving registers;
   - O_i as C fragments (16 × d), rescaled and accumulated in place.
-K_j and V_j sit in shared memory as 32-bit words of two halves, row-major (d padded to a
-multiple of 16, rows padded to 4 mod 8 words: 16-byte aligned, and the 8 rows an ldmatrix
-phase reads hit 8 different groups of 4 banks). One `ldmatrix.x4` gives the B fragments of
-two n8 tiles of K_jᵀ, and one `ldmatrix.x4.trans` those of two n8 tiles of V_j, whose key
-pairs lie on different rows. The next step's K_j, V_j are fetched from HBM into registers
+K_j and V_j sit in shared memory as 32-bit words of two halves (kernels/_tc_tiles.py: rows
+padded so that ldmatrix reads them without bank conflicts). One `ldmatrix.x4` gives the B
+fragments of two n8 tiles of K_jᵀ, and one `ldmatrix.x4.trans` those of two n8 tiles of
+V_j, whose key pairs lie on different rows. The next step's K_j, V_j are fetched from HBM into registers
 (64-bit word pairs where d is a multiple of 4) while this step computes, and stored to
 shared memory at the start of the next. Key blocks that need no mask (full, and wholly
 below the causal diagonal) run a step without the mask test; the rest (at most
 ⌈B_r/B_c⌉ + 1 per query block) run it with it.
 
-Deviations from Algorithms 1/2, beyond flash-swapped's (O unnormalised until the end,
+Backward. Each of the block's warps owns 16 keys and holds their dK_j, dV_j as C
+fragments. Per query block: Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ as C fragments, Alg. 4
+lines 12-20 on them in registers, then dV_j += (P∘Z)ᵀ dO_i and dK_j += dSᵀ Q_i with those
+C fragments as A fragments; dSᵀ goes through shared memory, from which dQ_i += tau dS K_j
+is split over the warps by 16-query tile and pairs of n8 column tiles. Query blocks that
+need no mask run first, without the mask test.
+
+Deviations from Algorithms 1/2 and 4, beyond flash-swapped's (O unnormalised until the end,
 lse = m + log ℓ written instead of m and ℓ, log2 units, causal blocks skipped):
 - P̃_ij is rounded to the input type (float16 or bfloat16) for the P̃V product, as
   FlashAttention does; ℓ_i sums the float32 values, each lane its own columns until the
   end.
-- float32 inputs run flash-swapped's CUDA-core forward (the tensor cores take float16 and
-  bfloat16 only); the backward pass is flash-swapped's (float32 and float16: the host
-  API offers bfloat16 forward only).
+- The backward rounds P∘Z and dS to the input type for its products, and computes
+  D = rowsum(dO ∘ O) in a small kernel before, from the 16-bit dO and O.
+- float32 inputs run flash-swapped's CUDA-core kernels (the tensor cores take float16 and
+  bfloat16 only), and so does a float16 backward at a head dim whose tensor-core tiles
+  overflow shared memory (d > 128; bfloat16 raises there, naming d).
 """
 
 from __future__ import annotations
@@ -64,7 +74,6 @@ MIN_BLOCKS = 2  # blocks per SM the compiler must make room for (at most 255 reg
 # The tilings of the float32 forward and of the backward, which are flash-swapped's.
 FORWARD_TILES = flash_swapped.FORWARD_TILES
 BACKWARD_TILES = flash_swapped.BACKWARD_TILES
-backward = flash_swapped.backward
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
@@ -312,6 +321,351 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                     lse[bh * n_q + r] = flash_swapped.lse_from_log2(m_i, l_i)
 
     return kernel
+
+
+BKB = mma.M * WARPS  # 64 keys per backward block, 16 per warp
+BQ_CHOICES = (64, 32, 16)  # queries per backward step, the largest whose tiles fit shared memory
+
+
+def backward_shared_bytes(d: int, bq: int) -> int:
+    """K_j, V_j (B_c rows), Q_i, dO_i (bq rows), dS_ijᵀ (B_c × bq) as words, lse_i and D_i."""
+    return 2 * tc.tile_bytes(BKB, d) + 2 * tc.tile_bytes(bq, d) + tc.tile_bytes(BKB, bq) + 2 * bq * 4
+
+
+def queries_per_step(d: int) -> int | None:
+    """The backward's B_r: the largest of BQ_CHOICES that fits the static shared memory, None if none does."""
+    return next((bq for bq in BQ_CHOICES if backward_shared_bytes(d, bq) <= STATIC_SHARED_LIMIT), None)
+
+
+def backward_mma_per_step(d: int) -> int:
+    """mma.sync a warp issues per query step: Sᵀ, dPᵀ, dV, dK (16 keys each) and its share of dQ."""
+    bq, dp = queries_per_step(d), padded_head_dim(d)
+    per_product = (bq // mma.N) * (dp // mma.K)  # 16 keys × bq queries × d, as n8 × k16 tiles
+    pairs = -(-(dp // (2 * mma.N)) // (WARPS // (bq // mma.M)))  # n8 tile pairs of dQ per warp
+    return 4 * per_product + (BKB // mma.K) * 2 * pairs
+
+
+@functools.lru_cache(maxsize=None)
+def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
+    """Tensor-core backward for head dim d: grid (batch·heads · ⌈N_k/64⌉,), block THREADS.
+
+    One block per (batch·head, key block K_j of 64 keys), as flash-swapped's backward; each
+    warp owns 16 keys and holds their dK_j, dV_j as C fragments. Per query block Q_i (B_r
+    = queries_per_step(d) rows): Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ as C fragments, then
+    Alg. 4 lines 12-20 on them in registers, dV_j += (P∘Z)ᵀ dO_i and dK_j += dSᵀ Q_i with
+    the C fragments as A fragments, dSᵀ through shared memory, and dQ_i += tau dS K_j split
+    over the warps by query tile and column pairs, added to a float32 dQ with atomics.
+    q, k, v, do are flat word arrays as the forward's (tc.words_view); dk, dv flat arrays of
+    halves; lse, big_d (D = rowsum(dO ∘ O)) and dq_acc flat float32.
+    """
+    h = tc.halves(d, dtype)
+    pack, mma_16816, store = h.pack, h.mma, h.store
+    BQ = queries_per_step(d)
+    if BQ is None:
+        raise ValueError(f"d={d}: the tensor-core backward's tiles need {backward_shared_bytes(d, BQ_CHOICES[-1])} "
+                         f"bytes of shared memory, more than {STATIC_SHARED_LIMIT}")
+    DP = padded_head_dim(d)
+    SW = tc.row_words(d)
+    QW = tc.row_words(BQ)  # dSᵀ row width in words
+    KD = DP // mma.K  # k16 chunks over d: Sᵀ, dPᵀ
+    NQ = BQ // mma.N  # n8 tiles of queries in Sᵀ, dPᵀ
+    KQ = BQ // mma.K  # k16 chunks over queries: dV, dK
+    NO = DP // mma.N  # n8 tiles over d: dK, dV, dQ
+    KK = BKB // mma.K  # k16 chunks over keys: dQ
+    QT = BQ // mma.M  # 16-query tiles of dQ
+    DS = WARPS // QT  # warps sharing one, each taking PAIRS of its NO / 2 pairs of n8 tiles
+    PAIRS = -(-(NO // 2) // DS)
+    DQ_TILES = 2 * PAIRS
+    LANES = tc.copy_lanes(d)
+    key_copy = tc.tile_copy(d, dtype, BKB)
+    query_copy = tc.tile_copy(d, dtype, BQ)
+    KEY_BUF, QUERY_BUF, UNIT = key_copy.buffered, query_copy.buffered, key_copy.unit
+    SCRATCH = tc.SCRATCH
+    inline = dev.inline_options()
+
+    @cuda.jit(device=True, **inline)
+    def tile_gradients(t, s, dp, lse_s, D_s, bh, key, query0, qd, n_q, n_k, tau2, masked,
+                       seed_lo, seed_hi, threshold, inv_keep):
+        """Alg. 4 lines 12-20 on n8 tile t of Sᵀ (keys key, key + 8; queries query0 + 8t + 2qd + (0, 1)).
+
+        In: s = K_j Q_iᵀ, dp = V_j dO_iᵀ. Out, in place: s = (P ∘ Z)ᵀ, dp = dSᵀ = (P ∘ (dP ∘ Z − D))ᵀ.
+        """
+        for u in range(4):
+            c = mma.N * t + 2 * qd + u % 2  # the query's place in the tile
+            key_u = key + 8 * (u // 2)
+            p = mma.exp2(s[t, u] * tau2 - lse_s[c])  # line 13, with lse = m + log ℓ
+            if masked and not dev.visible(query0 + c, key_u, n_q, n_k, causal):  # line 12: MASK
+                p = ZERO
+            z = ONE
+            if dropout:  # line 14
+                z = dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, query0 + c, key_u)
+            s[t, u] = p * z  # line 15
+            dp[t, u] = p * (dp[t, u] * z - D_s[c])  # lines 18 and 20
+
+    gradients = unrolled(tile_gradients, range(NQ))
+
+    def make_step(masked):
+        """One query step, with the mask test (masked) or without it (blocks every key and query see whole)."""
+
+        @cuda.jit(device=True, **inline)
+        def step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf, scratch,
+                 ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key, tau, cr, cc,
+                 warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+            row0 = i * BQ
+            query_copy.fetch(q_buf, q, bh * n_q + row0, n_q - row0, cr, cc)  # Alg. 4 line 10
+            query_copy.fetch(do_buf, do, bh * n_q + row0, n_q - row0, cr, cc)
+            cuda.syncthreads()  # the previous step's readers of Q_s, dO_s, dST_s, lse_s, D_s are done
+            query_copy.put(Q_s, q_buf, cr, cc)
+            query_copy.put(dO_s, do_buf, cr, cc)
+            if tid < BQ:
+                valid = row0 + tid < n_q
+                lse_s[tid] = lse[bh * n_q + row0 + tid] * LOG2E if valid else ZERO
+                D_s[tid] = big_d[bh * n_q + row0 + tid] if valid else ZERO
+            cuda.syncthreads()
+
+            # Alg. 4 line 11: Sᵀ = K_j Q_iᵀ; line 17: dPᵀ = V_j dO_iᵀ (this warp's 16 keys × BQ queries)
+            for t in range(NQ):
+                for u in range(4):
+                    s[t, u] = ZERO
+                    dp[t, u] = ZERO
+            for kc in range(KD):
+                a0, a1, a2, a3 = mma.ldmatrix_x4(K_s, ka, 8 * kc, scratch)
+                v0, v1, v2, v3 = mma.ldmatrix_x4(V_s, va, 8 * kc, scratch)
+                for P in range(NQ // 2):
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(Q_s, qb, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3] = mma_16816(
+                        a0, a1, a2, a3, b0, b1, s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3], scratch)
+                    s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3] = mma_16816(
+                        a0, a1, a2, a3, c0, c1,
+                        s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3], scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(dO_s, dob, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    dp[2 * P, 0], dp[2 * P, 1], dp[2 * P, 2], dp[2 * P, 3] = mma_16816(
+                        v0, v1, v2, v3, b0, b1, dp[2 * P, 0], dp[2 * P, 1], dp[2 * P, 2], dp[2 * P, 3], scratch)
+                    dp[2 * P + 1, 0], dp[2 * P + 1, 1], dp[2 * P + 1, 2], dp[2 * P + 1, 3] = mma_16816(
+                        v0, v1, v2, v3, c0, c1,
+                        dp[2 * P + 1, 0], dp[2 * P + 1, 1], dp[2 * P + 1, 2], dp[2 * P + 1, 3], scratch)
+            gradients(s, dp, lse_s, D_s, bh, key, row0 + 0, qd, n_q, n_k, tau * LOG2E, masked,
+                      seed_lo, seed_hi, threshold, inv_keep)
+
+            # line 16: dV_j += (P∘Z)ᵀ dO_i; line 22: dK_j += dSᵀ Q_i (tau at the end). The C fragments of
+            # tiles 2kc, 2kc + 1 are the A fragment of query chunk kc; dO_i's and Q_i's rows are B's k
+            for kc in range(KQ):
+                a0 = pack(s[2 * kc, 0], s[2 * kc, 1])
+                a1 = pack(s[2 * kc, 2], s[2 * kc, 3])
+                a2 = pack(s[2 * kc + 1, 0], s[2 * kc + 1, 1])
+                a3 = pack(s[2 * kc + 1, 2], s[2 * kc + 1, 3])
+                e0 = pack(dp[2 * kc, 0], dp[2 * kc, 1])
+                e1 = pack(dp[2 * kc, 2], dp[2 * kc, 3])
+                e2 = pack(dp[2 * kc + 1, 0], dp[2 * kc + 1, 1])
+                e3 = pack(dp[2 * kc + 1, 2], dp[2 * kc + 1, 3])
+                for T in range(NO // 2):
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(dO_s, dot, mma.K * kc * SW + 8 * T, scratch)
+                    dv_acc[2 * T, 0], dv_acc[2 * T, 1], dv_acc[2 * T, 2], dv_acc[2 * T, 3] = mma_16816(
+                        a0, a1, a2, a3, b0, b1,
+                        dv_acc[2 * T, 0], dv_acc[2 * T, 1], dv_acc[2 * T, 2], dv_acc[2 * T, 3], scratch)
+                    dv_acc[2 * T + 1, 0], dv_acc[2 * T + 1, 1], dv_acc[2 * T + 1, 2], dv_acc[2 * T + 1, 3] = (
+                        mma_16816(a0, a1, a2, a3, c0, c1, dv_acc[2 * T + 1, 0], dv_acc[2 * T + 1, 1],
+                                  dv_acc[2 * T + 1, 2], dv_acc[2 * T + 1, 3], scratch))
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(Q_s, qt, mma.K * kc * SW + 8 * T, scratch)
+                    dk_acc[2 * T, 0], dk_acc[2 * T, 1], dk_acc[2 * T, 2], dk_acc[2 * T, 3] = mma_16816(
+                        e0, e1, e2, e3, b0, b1,
+                        dk_acc[2 * T, 0], dk_acc[2 * T, 1], dk_acc[2 * T, 2], dk_acc[2 * T, 3], scratch)
+                    dk_acc[2 * T + 1, 0], dk_acc[2 * T + 1, 1], dk_acc[2 * T + 1, 2], dk_acc[2 * T + 1, 3] = (
+                        mma_16816(e0, e1, e2, e3, c0, c1, dk_acc[2 * T + 1, 0], dk_acc[2 * T + 1, 1],
+                                  dk_acc[2 * T + 1, 2], dk_acc[2 * T + 1, 3], scratch))
+                # dSᵀ to shared memory for dQ: keys key, key + 8 of this warp, query pair 8t + 2qd as one word
+                dST_s[key - key // BKB * BKB, 8 * kc + qd] = e0
+                dST_s[key - key // BKB * BKB + 8, 8 * kc + qd] = e1
+                dST_s[key - key // BKB * BKB, 8 * kc + 4 + qd] = e2
+                dST_s[key - key // BKB * BKB + 8, 8 * kc + 4 + qd] = e3
+            cuda.syncthreads()
+
+            # line 21: dQ_i += tau dS_ij K_j. This warp: query tile warp // DS, n8 tile pairs from
+            # (warp mod DS)·PAIRS (the last pair again where they run out; its sums are not added)
+            for t in range(DQ_TILES):
+                for u in range(4):
+                    dq_t[t, u] = ZERO
+            first_pair = (warp % DS) * PAIRS
+            for kc in range(KK):
+                a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dST_s, dsa, mma.K * kc * QW + 8 * (warp // DS), scratch)
+                for P in range(PAIRS):
+                    pair = min(first_pair + P, NO // 2 - 1)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(K_s, kt, mma.K * kc * SW + 8 * pair, scratch)
+                    dq_t[2 * P, 0], dq_t[2 * P, 1], dq_t[2 * P, 2], dq_t[2 * P, 3] = mma_16816(
+                        a0, a1, a2, a3, b0, b1, dq_t[2 * P, 0], dq_t[2 * P, 1], dq_t[2 * P, 2], dq_t[2 * P, 3],
+                        scratch)
+                    dq_t[2 * P + 1, 0], dq_t[2 * P + 1, 1], dq_t[2 * P + 1, 2], dq_t[2 * P + 1, 3] = mma_16816(
+                        a0, a1, a2, a3, c0, c1,
+                        dq_t[2 * P + 1, 0], dq_t[2 * P + 1, 1], dq_t[2 * P + 1, 2], dq_t[2 * P + 1, 3], scratch)
+            query = row0 + mma.M * (warp // DS) + g
+            for P in range(PAIRS):
+                if first_pair + P < NO // 2:
+                    for e in range(2):
+                        for u in range(4):
+                            row = query + 8 * (u // 2)
+                            col = mma.N * (2 * (first_pair + P) + e) + 2 * qd + u % 2
+                            if row < n_q and col < d:
+                                cuda.atomic.add(dq_acc, (bh * n_q + row) * d + col, tau * dq_t[2 * P + e, u])
+
+        return step
+
+    plain_step = make_step(False)
+    masked_step = make_step(True)
+
+    @cuda.jit(**dev.launch_bounds(THREADS, MIN_BLOCKS))
+    def kernel(q, k, v, do, lse, big_d, dq_acc, dk, dv, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
+        Tc = (n_k + BKB - 1) // BKB
+        Tr = (n_q + BQ - 1) // BQ
+        bh = cuda.blockIdx.x // Tc
+        j = cuda.blockIdx.x - bh * Tc
+        tid = cuda.threadIdx.x
+        warp = tid // mma.WARP
+        lane = tid - warp * mma.WARP
+        g = lane // 4
+        qd = lane - 4 * g
+        cr = uint32(tid) // uint32(LANES)
+        cc = uint32(tid) - cr * uint32(LANES)
+        col0 = j * BKB
+        key = col0 + mma.M * warp + g  # this lane's first key; its second is key + 8
+
+        K_s = cuda.shared.array((BKB, SW), uint32, alignment=16)
+        V_s = cuda.shared.array((BKB, SW), uint32, alignment=16)
+        Q_s = cuda.shared.array((BQ, SW), uint32, alignment=16)
+        dO_s = cuda.shared.array((BQ, SW), uint32, alignment=16)
+        dST_s = cuda.shared.array((BKB, QW), uint32, alignment=16)  # dS_ijᵀ, keys × query pairs
+        lse_s = cuda.shared.array(BQ, float32)  # log2 units
+        D_s = cuda.shared.array(BQ, float32)
+        scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
+
+        # the rows each lane names to ldmatrix (kernels/_tc_tiles.py)
+        one_row, one_word = tc.pattern_one_tile(lane)
+        pair_row, pair_word = tc.pattern_pair_of_tiles(lane)
+        ka = mma.shared_address(K_s, mma.M * warp + one_row, one_word)  # A: this warp's keys of K_j, V_j
+        va = mma.shared_address(V_s, mma.M * warp + one_row, one_word)
+        qb = mma.shared_address(Q_s, pair_row, pair_word)  # B untransposed: Q_iᵀ, dO_iᵀ
+        dob = mma.shared_address(dO_s, pair_row, pair_word)
+        qt = mma.shared_address(Q_s, one_row, one_word)  # B transposed: Q_i, dO_i, K_j (rows are k)
+        dot = mma.shared_address(dO_s, one_row, one_word)
+        kt = mma.shared_address(K_s, one_row, one_word)
+        dsa = mma.shared_address(dST_s, pair_row, pair_word)  # A transposed: dS from dSᵀ
+
+        key_buf = cuda.local.array(KEY_BUF, UNIT)
+        q_buf = cuda.local.array(QUERY_BUF, UNIT)
+        do_buf = cuda.local.array(QUERY_BUF, UNIT)
+        s = cuda.local.array((NQ, 4), float32)  # Sᵀ, then (P ∘ Z)ᵀ
+        dp = cuda.local.array((NQ, 4), float32)  # dPᵀ, then dSᵀ
+        dk_acc = cuda.local.array((NO, 4), float32)
+        dv_acc = cuda.local.array((NO, 4), float32)
+        dq_t = cuda.local.array((DQ_TILES, 4), float32)
+
+        # Alg. 4 lines 7-8: K_j, V_j to shared memory, dK_j = dV_j = 0 on chip
+        key_copy.fetch(key_buf, k, bh * n_k + col0, n_k - col0, cr, cc)
+        key_copy.put(K_s, key_buf, cr, cc)
+        key_copy.fetch(key_buf, v, bh * n_k + col0, n_k - col0, cr, cc)
+        key_copy.put(V_s, key_buf, cr, cc)
+        dev.zero_tile(dk_acc)
+        dev.zero_tile(dv_acc)
+
+        # query blocks: those every key of this block and every query see whole run without the
+        # mask test; before them the causal edge's, after them the ragged last one
+        i_start = max(0, col0 - (n_k - n_q)) // BQ if causal else 0  # query i sees key col0 iff i ≥ col0 − (N_k − N_q)
+        full_rows = n_q // BQ
+        whole_from = i_start
+        if causal:  # the block's last key col0 + BKB − 1 is seen from query col0 + BKB − 1 − (N_k − N_q) on
+            whole_from = max(i_start, (max(0, col0 + BKB - 1 - (n_k - n_q)) + BQ - 1) // BQ)
+        whole_from = min(whole_from, Tr)
+        whole_to = max(whole_from, full_rows) if col0 + BKB <= n_k else whole_from  # a ragged key block: all masked
+        edge = whole_from - i_start  # masked blocks before the whole ones; Tr − whole_to after them
+        for i in range(whole_from, whole_to):
+            plain_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
+                       scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
+                       tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+        for m in range(edge + (Tr - whole_to)):
+            i = i_start + m if m < edge else whole_to + (m - edge)
+            masked_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
+                        scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
+                        tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+
+        # Alg. 4 line 24: dK_j = tau Σ dSᵀ Q, dV_j
+        for half_row in range(2):
+            r = key + 8 * half_row
+            if r < n_k:
+                base = (bh * n_k + r) * d
+                for t in range(NO):
+                    for c in range(2):
+                        col = mma.N * t + 2 * qd + c
+                        if col < d:
+                            dk[base + col] = store(tau * dk_acc[t, 2 * half_row + c])
+                            dv[base + col] = store(dv_acc[t, 2 * half_row + c])
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def row_dot_kernel(dtype: str):
+    """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for (bh, N_q, d) arrays of halves -> (bh, N_q) float32."""
+    widen = tc.halves(1, dtype).widen
+
+    @cuda.jit
+    def kernel(do, o, big_d):
+        n_q = o.shape[1]
+        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for idx in range(start, o.shape[0] * n_q, cuda.gridDim.x * cuda.blockDim.x):
+            bh = idx // n_q
+            i = idx - bh * n_q
+            acc = ZERO
+            for e in range(o.shape[2]):
+                acc += widen(do[bh, i, e]) * widen(o[bh, i, e])
+            big_d[bh, i] = acc
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def store_kernel(dtype: str):
+    """dst = src rounded to the 16-bit type, for (bh, N, d) arrays: float32 -> float16, or bfloat16 bits."""
+    store = tc.halves(1, dtype).store
+
+    @cuda.jit
+    def kernel(src, dst):
+        n, d = src.shape[1], src.shape[2]
+        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for idx in range(start, src.shape[0] * n * d, cuda.gridDim.x * cuda.blockDim.x):
+            bh = idx // (n * d)
+            rest = idx - bh * n * d
+            i = rest // d
+            dst[bh, i, rest - i * d] = store(src[bh, i, rest - i * d])
+
+    return kernel
+
+
+def backward(q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout, config):
+    """dQ, dK, dV (in q's dtype) as flash_swapped.backward: float16 and bfloat16 on tensor cores.
+
+    float32 runs flash-swapped's CUDA-core backward, and so does float16 at a head dim whose
+    tensor-core tiles overflow shared memory (queries_per_step(d) is None); bfloat16 has no
+    such fallback and raises there, naming d.
+    """
+    n_bh, n_q, d = q.shape
+    if q.dtype == np.float32 or (q.dtype == np.float16 and queries_per_step(d) is None):
+        return flash_swapped.backward(q, k, v, out, lse, dout, tau=tau, causal=causal, dropout=dropout, config=config)
+    dtype = "float16" if q.dtype == np.float16 else "bfloat16"
+    kernel = backward_kernel(d, bool(causal), dropout.enabled, dtype)
+    n_k = k.shape[1]
+    big_d = cuda.device_array((n_bh, n_q), dtype=np.float32)
+    row_dot_kernel(dtype)[dev.grid_stride_launch(n_bh * n_q)](dout, out, big_d)
+    dq_acc = cuda.device_array((n_bh, n_q, d), dtype=np.float32)
+    dev.fill_kernel[dev.grid_stride_launch(n_bh * n_q * d)](dq_acc, ZERO)
+    dk = cuda.device_array((n_bh, n_k, d), dtype=q.dtype)
+    dv = cuda.device_array((n_bh, n_k, d), dtype=q.dtype)
+    flat = flash_swapped.flat
+    kernel[n_bh * -(-n_k // BKB), THREADS](
+        *(tc.words_view(x) for x in (q, k, v, dout)), flat(lse), flat(big_d), flat(dq_acc), flat(dk), flat(dv),
+        n_q, n_k, np.float32(tau), *dropout.kernel_args()
+    )
+    dq = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
+    store_kernel(dtype)[dev.grid_stride_launch(n_bh * n_q * d)](dq_acc, dq)
+    return dq, dk, dv
 
 
 def forward(q, k, v, *, tau: float, causal: bool, dropout, config):

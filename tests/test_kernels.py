@@ -122,11 +122,12 @@ def round_bfloat16(x) -> np.ndarray:
     return kernels.from_bfloat16(kernels.to_bfloat16(np.asarray(x, dtype=np.float32)))
 
 
-def attention_in_bfloat16(q, k, v, *, causal=False, scale=None, dropout_p=0.0, seed=0):
-    """The reference's forward algebra in bfloat16: float32 arithmetic, every array and intermediate rounded.
+def attention_in_bfloat16(q, k, v, dout=None, *, causal=False, scale=None, dropout_p=0.0, seed=0):
+    """The reference's algebra in bfloat16: float32 arithmetic, every array and intermediate rounded.
 
     numpy cannot compute in bfloat16, so each operation runs in float32 and its result is
-    rounded to bfloat16, as bfloat16 storage between operations would. Returns (out, lse).
+    rounded to bfloat16, as bfloat16 storage between operations would. Returns (out, lse),
+    and with dout also (dq, dk, dv), with D = rowsum(dO ∘ O) as the kernels take it.
     """
     r = round_bfloat16
     shape = check_qkv(q, k, v)
@@ -144,7 +145,14 @@ def attention_in_bfloat16(q, k, v, *, causal=False, scale=None, dropout_p=0.0, s
         p = r(np.where(l > 0, e / np.where(l > 0, l, np.float32(1)), np.float32(0)))
         lse = r(np.where(l[..., 0] > 0, m[..., 0] + np.log(l[..., 0]), -np.inf))
     z = r(np.asarray(dropout_scale_matrix(shape, dropout_p, seed)))
-    return r(r(p * z) @ v), lse
+    out = r(r(p * z) @ v)
+    if dout is None:
+        return out, lse
+    do = r(dout)
+    dv = r(np.swapaxes(r(p * z), -1, -2) @ do)
+    dp = r(r(do @ np.swapaxes(v, -1, -2)) * z)
+    ds = r(p * r(dp - r((do * out).sum(axis=-1, keepdims=True))))
+    return out, lse, r(r(ds @ k) * tau), r(r(np.swapaxes(ds, -1, -2) @ q) * tau), dv
 
 
 def assert_close(name: str, got, ref, lowp, dtype) -> None:
@@ -275,6 +283,35 @@ def test_tensor_core_forward_over_several_key_blocks(case_name):
         lowp = attention_in_dtype(dtype, q, k, v, do, **opts)[:2]
     ref = attention_ref(q, k, v, **opts)
     for name, got, want, low in zip(("out", "lse"), fwd, (ref.out, ref.lse), lowp):
+        assert_close(f"flash-swapped-tc {case_name} {name}", got, want, low, dtype)
+
+
+# The tensor-core backward: 64 keys per block and, at these d, 64 queries per step, so these
+# shapes run query blocks with and without the mask test, ragged key and query blocks, and
+# (causal, N_q = N_k = 130) key blocks whose causal edge passes through different query blocks.
+TENSOR_CORE_BACKWARD_CASES = {
+    "fp16,Nq=70,Nk=150,d=24": (np.float16, Case(1, 1, 70, 150, 24)),
+    "bf16,N=130,causal,dropout,scale<0,d=10": (BFLOAT16, Case(1, 1, 130, 130, 10, causal=True, dropout_p=0.15,
+                                                                  scale=-0.5, seed=7)),
+}
+
+
+@pytest.mark.parametrize("case_name", list(TENSOR_CORE_BACKWARD_CASES))
+def test_tensor_core_backward_matches_float64(case_name):
+    """flash-swapped-tc's gradients against float64, with the error of the reference's algebra in the 16-bit type."""
+    dtype, case = TENSOR_CORE_BACKWARD_CASES[case_name]
+    opts = case.options()
+    q, k, v, do = make_inputs(case, np.float32 if dtype is BFLOAT16 else dtype)
+    extra = dict(dtype=BFLOAT16) if dtype is BFLOAT16 else {}
+    fwd = kernels.attention(q, k, v, impl="flash-swapped-tc", **extra, **opts)
+    grads = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl="flash-swapped-tc", **extra, **opts)
+    if dtype is BFLOAT16:
+        lowp = attention_in_bfloat16(q, k, v, do, **opts)[2:]
+        assert all(np.array_equal(round_bfloat16(g), g) for g in grads), "gradients hold values that are not bfloat16"
+    else:
+        lowp = attention_in_dtype(dtype, q, k, v, do, **opts)[2:]
+    ref = attention_backward_ref(q, k, v, do, **opts)
+    for name, got, want, low in zip(("dq", "dk", "dv"), grads, ref, lowp):
         assert_close(f"flash-swapped-tc {case_name} {name}", got, want, low, dtype)
 
 
