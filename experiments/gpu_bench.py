@@ -110,8 +110,11 @@ class KernelRunner:
         self.cfg = cfg
         rng = np.random.default_rng(seed)
         shape = (cfg.batch_size, cfg.num_heads, cfg.seq_len, cfg.head_dim)
+        bf16 = cfg.dtype == "bfloat16"  # numpy has none: bit patterns, and the API told by name
+        self.options = dict(impl=cfg.impl, causal=cfg.causal, config=cfg.tiles, dtype="bfloat16" if bf16 else None)
         self.q, self.k, self.v, self.dout = (
-            cuda.to_device(rng.standard_normal(shape, dtype=np.float32).astype(cfg.dtype)) for _ in range(4)
+            cuda.to_device(kernels.to_bfloat16(x) if bf16 else x.astype(cfg.dtype))
+            for x in (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
         )
         self.saved = None  # forward outputs that the timed backward calls take as inputs
 
@@ -124,14 +127,10 @@ class KernelRunner:
         }
 
     def _forward(self):
-        cfg = self.cfg
-        return kernels.attention(self.q, self.k, self.v, impl=cfg.impl, causal=cfg.causal, config=cfg.tiles)
+        return kernels.attention(self.q, self.k, self.v, **self.options)
 
     def _backward(self, saved):
-        cfg = self.cfg
-        return kernels.attention_backward(
-            self.q, self.k, self.v, saved.out, saved.lse, self.dout, impl=cfg.impl, causal=cfg.causal, config=cfg.tiles
-        )
+        return kernels.attention_backward(self.q, self.k, self.v, saved.out, saved.lse, self.dout, **self.options)
 
     def setup(self, mode: str) -> tuple:
         """Untimed preparation of one timed call: the backward pass takes forward outputs."""
@@ -484,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--emb-dim", type=int, nargs="+", default=[1024], help="num_heads · head_dim")
     parser.add_argument("--causal", choices=["false", "true", "both"], default="false")
     parser.add_argument("--impl", nargs="+", default=None, help="default: every available impl")
-    parser.add_argument("--dtype", nargs="+", choices=["float32", "float16"], default=["float32"])
+    parser.add_argument("--dtype", nargs="+", choices=["float32", "float16", "bfloat16"], default=["float32"],
+                        help="bfloat16: flash-swapped-tc and torch only (others record the API's refusal)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON files")

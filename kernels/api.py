@@ -49,6 +49,7 @@ IMPLS: dict[str, ModuleType] = {
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 BFLOAT16 = "bfloat16"
 COMPUTE_DTYPES = (None, BFLOAT16)  # attention(dtype=...): None runs the inputs' own dtype
+# modules that take bfloat16 say so, and check_bfloat16(d, backward) says at which head dims
 BFLOAT16_IMPLS = [name for name, module in IMPLS.items() if getattr(module, "BFLOAT16", False)]
 BFLOAT16_INPUTS = (np.dtype(np.float32), bf16.BITS)  # rounded on the host, or bit patterns as they are
 MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
@@ -201,6 +202,7 @@ def attention(
         _check_dtypes({"q": q, "k": k, "v": v})
     else:
         (q, k, v), widen = _as_bfloat16(impl, dtype, {"q": q, "k": k, "v": v})
+        module.check_bfloat16(shape.d, backward=False)
     causal = _check_bool("causal", causal)
     tau = check_scale(scale, shape.d)
     dropout = Dropout.checked(dropout_p, seed)
@@ -252,6 +254,7 @@ def attention_backward(
         _check_dtypes({"q": q, "dout": dout})
     else:
         (q, k, v, out, dout), widen = _as_bfloat16(impl, dtype, {"q": q, "k": k, "v": v, "out": out, "dout": dout})
+        module.check_bfloat16(shape.d, backward=True)
         dtype = np.dtype(q.dtype)
     check_dout(dout, shape)
     _check_forward_outputs(out, lse, shape, dtype)

@@ -639,6 +639,14 @@ def store_kernel(dtype: str):
     return kernel
 
 
+def check_bfloat16(d: int, backward: bool) -> None:
+    """Raise naming d when bfloat16 cannot run at head dim d (float16 and float32 have CUDA-core fallbacks)."""
+    if backward and queries_per_step(d) is None:
+        d_max = max(x for x in range(1, STATIC_SHARED_LIMIT) if queries_per_step(x) is not None)
+        raise ValueError(f"d={d} is outside the allowed range [1, {d_max}] for the bfloat16 backward of "
+                         f"flash-swapped-tc: its tensor-core tiles would not fit in shared memory")
+
+
 def backward(q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout, config):
     """dQ, dK, dV (in q's dtype) as flash_swapped.backward: float16 and bfloat16 on tensor cores.
 

@@ -576,10 +576,15 @@ def test_head_dim_too_large_for_shared_memory_is_rejected(impl, backward):
         (dict(lse=np.zeros((1, 1, 5), np.float32)), ValueError, ["lse", "(1, 1, 4)", "(1, 1, 5)"]),
         (dict(dout=np.zeros((1, 1, 4, 7), np.float32)), ValueError, ["dout", "(1, 1, 4, 8)"]),
         (dict(config=TileConfig(32, 16, 2, 2)), ValueError, ["Br == config.Bc", "Br=32", "Bc=16"]),
+        (dict(dtype="bfloat16"), ValueError, ["dtype='bfloat16'", "flash-swapped-tc", "impl='flash-swapped'"]),
+        (dict(dtype="bfloat16", impl="flash-swapped-tc", dout=np.zeros((1, 1, 4, 8), np.float16)), TypeError,
+         ["dout", "float16", "uint16"]),
+        (dict(dtype="bfloat16", impl="flash-swapped-tc", d=136), ValueError, ["d=136", "[1, 128]", "bfloat16"]),
     ],
 )
 def test_bad_backward_input_is_rejected_naming_the_parameter(change, error, words):
-    q, k, v = _qkv()
+    change = dict(change)  # d is the head dim of the inputs, not an argument
+    q, k, v = _qkv(d=change.pop("d", 8))
     args = dict(out=np.zeros_like(q), lse=np.zeros((1, 1, 4), np.float32), dout=np.zeros_like(q))
     args.update(change)
     with pytest.raises(error) as info:

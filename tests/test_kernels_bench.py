@@ -57,6 +57,19 @@ def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
     assert figure.stat().st_size > 0
 
 
+def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tmp_path):
+    bench = _load("gpu_bench")
+    args = bench.build_parser().parse_args(
+        ["--smoke", "--dtype", "bfloat16", "--impl", "flash-swapped-tc", "flash", "--out", str(tmp_path)]
+    )
+    records = {r["parameters"]["impl"]: r for r in bench.run(args)}
+    assert set(records) == {"flash-swapped-tc", "flash"}
+    tc = records["flash-swapped-tc"]
+    assert "error" not in tc, tc.get("error")
+    assert all(tc[mode]["time(s)"] > 0 for mode in ("forward", "backward", "forward_backward")), tc
+    assert "bfloat16" in records["flash"]["error"] and records["flash"]["forward"]["time(s)"] is None, records["flash"]
+
+
 def test_flop_counts_follow_flashattention_convention():
     bench = _load("gpu_bench")
     cfg = bench.BenchConfig(batch_size=2, seq_len=8, num_heads=3, emb_dim=12, causal=False, impl="flash", dtype="float32")
