@@ -197,7 +197,7 @@ def tile_copy(d: int, dtype: str, rows: int) -> TileCopy:
     ROW_PASSES = -(-rows // ROW_STEP)
     WHOLE_ROW_PASSES = rows % ROW_STEP == 0  # every pass's row lies in the tile: no row test
     WHOLE_PASSES = UNITS % LANES == 0  # every copy pass lies within the padded row: no column test
-    WHOLE_ROWS = HP * 2 == DW  # d is a multiple of 16: no padding words to zero
+    WHOLE_UNITS = WHOLE_PASSES and HP * 2 == DW  # and d is a multiple of 16: every unit read is one of d's
 
     @cuda.jit(device=True, **INLINE)
     def fetch_row(t, buf, src, row_start, n_valid, first, left, cr, cc):
@@ -207,7 +207,7 @@ def tile_copy(d: int, dtype: str, rows: int) -> TileCopy:
             c = cc + LANES * u
             if not PAIRS:
                 buf[UNIT_PASSES * t + u] = word(src, row_start + cr + ROW_STEP * t, c, row_start + n_valid)
-            elif keep and (WHOLE_ROWS or c < HP):
+            elif keep and (WHOLE_UNITS or c < HP):
                 buf[UNIT_PASSES * t + u] = src[first + np.uint64(ROW_STEP * HP * t + LANES * u)]
             else:
                 buf[UNIT_PASSES * t + u] = np.uint64(0)

@@ -286,19 +286,24 @@ def test_tensor_core_forward_over_several_key_blocks(case_name):
         assert_close(f"flash-swapped-tc {case_name} {name}", got, want, low, dtype)
 
 
-# The tensor-core backward: 64 keys per block and, at these d, 64 queries per step, so these
+# The tensor-core backward: 64 keys per block and, at d ≤ 64, 64 queries per step, so these
 # shapes run query blocks with and without the mask test, ragged key and query blocks, and
-# (causal, N_q = N_k = 130) key blocks whose causal edge passes through different query blocks.
+# (causal, N_q = N_k = 130) key blocks whose causal edge passes through different query
+# blocks. At d = 112 a step takes 16 queries, dQ's 7 pairs of column tiles are split over 4
+# warps (the last one's second pair a repeat, not added), and a row's 28 word pairs take two
+# copy passes of 16 lanes, the second partly past the row.
 TENSOR_CORE_BACKWARD_CASES = {
     "fp16,Nq=70,Nk=150,d=24": (np.float16, Case(1, 1, 70, 150, 24)),
     "bf16,N=130,causal,dropout,scale<0,d=10": (BFLOAT16, Case(1, 1, 130, 130, 10, causal=True, dropout_p=0.15,
                                                                   scale=-0.5, seed=7)),
+    "fp16,Nq=20,Nk=70,causal,d=112": (np.float16, Case(1, 1, 20, 70, 112, causal=True)),
 }
 
 
 @pytest.mark.parametrize("case_name", list(TENSOR_CORE_BACKWARD_CASES))
 def test_tensor_core_backward_matches_float64(case_name):
-    """flash-swapped-tc's gradients against float64, with the error of the reference's algebra in the 16-bit type."""
+    """flash-swapped-tc's outputs and gradients against float64, within the error of the reference's algebra in
+    the 16-bit type."""
     dtype, case = TENSOR_CORE_BACKWARD_CASES[case_name]
     opts = case.options()
     q, k, v, do = make_inputs(case, np.float32 if dtype is BFLOAT16 else dtype)
@@ -306,12 +311,14 @@ def test_tensor_core_backward_matches_float64(case_name):
     fwd = kernels.attention(q, k, v, impl="flash-swapped-tc", **extra, **opts)
     grads = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl="flash-swapped-tc", **extra, **opts)
     if dtype is BFLOAT16:
-        lowp = attention_in_bfloat16(q, k, v, do, **opts)[2:]
+        lowp = attention_in_bfloat16(q, k, v, do, **opts)
         assert all(np.array_equal(round_bfloat16(g), g) for g in grads), "gradients hold values that are not bfloat16"
     else:
-        lowp = attention_in_dtype(dtype, q, k, v, do, **opts)[2:]
-    ref = attention_backward_ref(q, k, v, do, **opts)
-    for name, got, want, low in zip(("dq", "dk", "dv"), grads, ref, lowp):
+        lowp = attention_in_dtype(dtype, q, k, v, do, **opts)
+    ref = attention_ref(q, k, v, **opts)
+    ref_grads = attention_backward_ref(q, k, v, do, **opts)
+    for name, got, want, low in zip(("out", "lse", "dq", "dk", "dv"), (*fwd, *grads), (ref.out, ref.lse, *ref_grads),
+                                    lowp):
         assert_close(f"flash-swapped-tc {case_name} {name}", got, want, low, dtype)
 
 
