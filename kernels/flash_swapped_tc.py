@@ -76,6 +76,7 @@ FORWARD_TILES = flash_swapped.FORWARD_TILES
 BACKWARD_TILES = flash_swapped.BACKWARD_TILES
 
 NEG_INF = dev.NEG_INF
+POS_INF = np.float32(np.inf)
 ZERO = dev.ZERO
 ONE = dev.ONE
 LOG2E = flash_swapped.LOG2E
@@ -115,12 +116,13 @@ def mma_per_step(d: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
+def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", negative_scale: bool = False):
     """Tensor-core forward for head dim d: grid (batch·heads · T_r,), block THREADS, T_r = ⌈N_q/64⌉.
 
     q, k, v are flat arrays of uint64 word pairs (four halves each) when d is a multiple of 4, else flat
     arrays of halves (float16 for dtype="float16", uint16 bfloat16 bit patterns for
-    "bfloat16"); out is a flat array of halves, lse a flat float32 array.
+    "bfloat16"); out is a flat array of halves, lse a flat float32 array. negative_scale
+    compiles the kernel for tau < 0, whose row maxima of tau·S come from row minima of Q Kᵀ.
     """
     h = tc.halves(d, dtype)
     pack, mma_16816, store, word = h.pack, h.mma, h.store, h.word
@@ -136,13 +138,25 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
     fetch, put = copy.fetch, copy.put
     BUFFERED, UNIT = copy.buffered, copy.unit
     RED, SCRATCH = tc.RED, tc.SCRATCH  # closure constants: numba sizes shared arrays only from those
+    NEGATIVE = negative_scale
+    FAR = POS_INF if NEGATIVE else NEG_INF  # the score that scales to −inf
     inline = dev.inline_options()
 
     @cuda.jit(device=True, **inline)
-    def tile_probabilities(t, s, state, m_use, bh, row, col, seed_lo, seed_hi, threshold, inv_keep):
-        """Line 14 on S tile t (keys col + 8t, col + 8t + 1 of rows row, row + 8): P̃ in place, ℓ in state[2:]."""
+    def extreme(x, red, tid, slot):
+        """The max of x over this lane's quad, or the min where the scale is negative."""
+        if NEGATIVE:
+            return -tc.quad_max(-x, red, tid, slot)
+        return tc.quad_max(x, red, tid, slot)
+
+    @cuda.jit(device=True, **inline)
+    def tile_probabilities(t, s, state, m_use, scale, bh, row, col, seed_lo, seed_hi, threshold, inv_keep):
+        """Line 14 on S tile t (keys col + 8t, col + 8t + 1 of rows row, row + 8): P̃ in place, ℓ in state[2:].
+
+        s holds Q_i K_jᵀ unscaled: the scale enters with the subtraction, one FFMA per score.
+        """
         for u in range(4):
-            p = mma.exp2(s[t, u] - m_use[u // 2])
+            p = mma.exp2(s[t, u] * scale - m_use[u // 2])
             state[2 + u // 2] += p
             if dropout:
                 p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + 8 * (u // 2),
@@ -184,20 +198,25 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
                         s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3], scratch,
                     )
 
-            # Alg. 2 lines 11-13 on rows row (values 0, 1) and row + 8 (values 2, 3), log2 units
-            m_0 = state[0]
-            m_1 = state[1]
+            # Alg. 2 lines 11-13 on rows row (values 0, 1) and row + 8 (values 2, 3). The row max of
+            # tau·S in log2 units is scale times the max of Q_i K_jᵀ, or its min where scale < 0; a
+            # masked score is the value that scales to −inf
+            e_0 = FAR
+            e_1 = FAR
             for t in range(NS):
-                for u in range(4):
-                    x = s[t, u] * scale
-                    if masked and not dev.visible(row + 8 * (u // 2), col0 + mma.N * t + 2 * qd + u % 2,
-                                                  n_q, n_k, causal):  # line 11
-                        x = NEG_INF
-                    s[t, u] = x
-                m_0 = max(m_0, max(s[t, 0], s[t, 1]))
-                m_1 = max(m_1, max(s[t, 2], s[t, 3]))
-            m_0 = tc.quad_max(m_0, red, tid, 0)
-            m_1 = tc.quad_max(m_1, red, tid, 1)
+                if masked:
+                    for u in range(4):
+                        if not dev.visible(row + 8 * (u // 2), col0 + mma.N * t + 2 * qd + u % 2,
+                                           n_q, n_k, causal):  # line 11
+                            s[t, u] = FAR
+                if NEGATIVE:
+                    e_0 = min(e_0, min(s[t, 0], s[t, 1]))
+                    e_1 = min(e_1, min(s[t, 2], s[t, 3]))
+                else:
+                    e_0 = max(e_0, max(s[t, 0], s[t, 1]))
+                    e_1 = max(e_1, max(s[t, 2], s[t, 3]))
+            m_0 = max(state[0], extreme(e_0, red, tid, 0) * scale)
+            m_1 = max(state[1], extreme(e_1, red, tid, 1) * scale)
             use_0 = dev.safe_max(m_0)
             use_1 = dev.safe_max(m_1)
             alpha_0 = mma.exp2(state[0] - use_0)
@@ -216,7 +235,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
             state[3] = l_1
             m_use[0] = use_0
             m_use[1] = use_1
-            probabilities(s, state, m_use, bh, row, col0 + 2 * qd, seed_lo, seed_hi, threshold, inv_keep)
+            probabilities(s, state, m_use, scale, bh, row, col0 + 2 * qd, seed_lo, seed_hi, threshold, inv_keep)
 
             # Alg. 2 line 15 (unnormalised): O_i += P̃_ij V_j. The C fragments of S tiles 2kc and
             # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: one transposing
@@ -691,7 +710,7 @@ def forward(q, k, v, *, tau: float, causal: bool, dropout, config):
     n_k = k.shape[1]
     out = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float32)
-    kernel = forward_kernel(d, bool(causal), dropout.enabled, dtype)
+    kernel = forward_kernel(d, bool(causal), dropout.enabled, dtype, tau < 0)
     Tr = -(-n_q // BR)
     flat = flash_swapped.flat
     kernel[n_bh * Tr, THREADS](*(tc.words_view(x) for x in (q, k, v)), flat(out), flat(lse), n_q, n_k,
