@@ -167,6 +167,10 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                    dev.GRID_STRIDE_THREADS, 0),
         KernelCase("fill fp32", dev.fill_kernel, (arr(F32, 3), F32), dev.GRID_STRIDE_THREADS, 0),
         KernelCase("cast fp32 -> fp16", dev.cast_kernel, (arr(F32, 3), arr(F16, 3)), dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("D = rowsum(dO o O) bf16 (flash-swapped-tc)", flash_swapped_tc.row_dot_kernel("bfloat16"),
+                   (arr(U16, 3), arr(U16, 3), arr(F32, 2)), dev.GRID_STRIDE_THREADS, 0),
+        KernelCase("round fp32 -> bf16 (flash-swapped-tc dQ)", flash_swapped_tc.store_kernel("bfloat16"),
+                   (arr(F32, 3), arr(U16, 3)), dev.GRID_STRIDE_THREADS, 0),
     ]
     return out
 

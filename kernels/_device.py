@@ -344,18 +344,36 @@ def grid_stride_launch(n_items: int) -> tuple[int, int]:
     return max(1, min(GRID_STRIDE_MAX_BLOCKS, -(-n_items // GRID_STRIDE_THREADS))), GRID_STRIDE_THREADS
 
 
-@cuda.jit
-def row_dot_kernel(do, o, big_d):
-    """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for every row: (bh, N_q, d) x2 -> (bh, N_q)."""
-    n_q = o.shape[1]
-    start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    for idx in range(start, o.shape[0] * n_q, cuda.gridDim.x * cuda.blockDim.x):
-        bh = idx // n_q
-        i = idx - bh * n_q
-        acc = ZERO
-        for e in range(o.shape[2]):
-            acc += np.float32(do[bh, i, e]) * np.float32(o[bh, i, e])
-        big_d[bh, i] = acc
+@cuda.jit(device=True)
+def to_float32(x):
+    return np.float32(x)
+
+
+@cuda.jit(device=True)
+def as_is(x):
+    return x
+
+
+def row_dot_kernel_for(widen):
+    """The row_dot kernel for inputs whose elements widen(x) turns into float32."""
+
+    @cuda.jit
+    def row_dot(do, o, big_d):
+        """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for every row: (bh, N_q, d) x2 -> (bh, N_q)."""
+        n_q = o.shape[1]
+        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for idx in range(start, o.shape[0] * n_q, cuda.gridDim.x * cuda.blockDim.x):
+            bh = idx // n_q
+            i = idx - bh * n_q
+            acc = ZERO
+            for e in range(o.shape[2]):
+                acc += widen(do[bh, i, e]) * widen(o[bh, i, e])
+            big_d[bh, i] = acc
+
+    return row_dot
+
+
+row_dot_kernel = row_dot_kernel_for(to_float32)
 
 
 @cuda.jit
@@ -370,13 +388,21 @@ def fill_kernel(x, value):
         x[bh, i, rest - i * d] = value
 
 
-@cuda.jit
-def cast_kernel(src, dst):
-    """dst[...] = src[...] converted to dst's dtype, for (bh, N, d) arrays."""
-    n, d = src.shape[1], src.shape[2]
-    start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    for idx in range(start, src.shape[0] * n * d, cuda.gridDim.x * cuda.blockDim.x):
-        bh = idx // (n * d)
-        rest = idx - bh * n * d
-        i = rest // d
-        dst[bh, i, rest - i * d] = src[bh, i, rest - i * d]
+def convert_kernel_for(convert):
+    """The cast kernel with convert(x) between reading src and storing into dst's dtype."""
+
+    @cuda.jit
+    def cast(src, dst):
+        """dst[...] = src[...] converted to dst's dtype, for (bh, N, d) arrays."""
+        n, d = src.shape[1], src.shape[2]
+        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        for idx in range(start, src.shape[0] * n * d, cuda.gridDim.x * cuda.blockDim.x):
+            bh = idx // (n * d)
+            rest = idx - bh * n * d
+            i = rest // d
+            dst[bh, i, rest - i * d] = convert(src[bh, i, rest - i * d])
+
+    return cast
+
+
+cast_kernel = convert_kernel_for(as_is)

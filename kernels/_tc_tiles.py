@@ -104,6 +104,8 @@ class Halves(NamedTuple):
     store: object  # float32 -> what an output array of the type holds
     widen: object  # an element of an input array -> float32
     word: object  # (src, row, w, n_valid_rows) -> word w of a row of a flat q/k/v array
+    a_from_c: object  # (c, kc) -> the A fragment of k16 chunk kc from C fragments c[2kc], c[2kc + 1]
+    mma_pair: object  # (acc, t, a0…a3, b0, b1, c0, c1, scratch): acc[t] += A·(b0, b1), acc[t + 1] += A·(c0, c1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,7 +168,28 @@ def halves(d: int, dtype: str) -> Halves:
         hi = half(src, base + np.uint64(1)) if 2 * w + 1 < d else HALF_ZERO
         return join(lo, hi)
 
-    return Halves(pack, mma.mma_16816_bf16 if bf16 else mma.mma_16816, store, widen, word)
+    mma_16816 = mma.mma_16816_bf16 if bf16 else mma.mma_16816
+
+    @cuda.jit(device=True, **INLINE)
+    def a_from_c(c, kc):
+        """The A fragment of k16 chunk kc, rounded to the type, from the float32 C fragments of n8 tiles 2kc, 2kc + 1.
+
+        A C fragment's values 0, 1 (row g) and 2, 3 (row g + 8) at columns 2·quad, 2·quad + 1
+        are where A words 0 and 1 want them for the chunk's first 8 columns, and tile
+        2kc + 1's for words 2 and 3: a product's output feeds the next one in registers.
+        """
+        return (pack(c[2 * kc, 0], c[2 * kc, 1]), pack(c[2 * kc, 2], c[2 * kc, 3]),
+                pack(c[2 * kc + 1, 0], c[2 * kc + 1, 1]), pack(c[2 * kc + 1, 2], c[2 * kc + 1, 3]))
+
+    @cuda.jit(device=True, **INLINE)
+    def mma_pair(acc, t, a0, a1, a2, a3, b0, b1, c0, c1, scratch):
+        """acc[t] += A·B with B = (b0, b1), acc[t + 1] += A·B with B = (c0, c1): the two n8 tiles of one ldmatrix.x4."""
+        acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3] = mma_16816(
+            a0, a1, a2, a3, b0, b1, acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3], scratch)
+        acc[t + 1, 0], acc[t + 1, 1], acc[t + 1, 2], acc[t + 1, 3] = mma_16816(
+            a0, a1, a2, a3, c0, c1, acc[t + 1, 0], acc[t + 1, 1], acc[t + 1, 2], acc[t + 1, 3], scratch)
+
+    return Halves(pack, mma_16816, store, widen, word, a_from_c, mma_pair)
 
 
 def copy_lanes(d: int) -> int:

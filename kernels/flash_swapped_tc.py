@@ -125,7 +125,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
     compiles the kernel for tau < 0, whose row maxima of tau·S come from row minima of Q Kᵀ.
     """
     h = tc.halves(d, dtype)
-    pack, mma_16816, store, word = h.pack, h.mma, h.store, h.word
+    store, word, a_from_c, mma_pair = h.store, h.word, h.a_from_c, h.mma_pair
     DP = padded_head_dim(d)
     SW = tc.row_words(d)
     BC = keys_per_step(d)
@@ -189,14 +189,8 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
                     s[2 * P + 1, u] = ZERO
                 for kc in range(KD):
                     b0, b1, c0, c1 = mma.ldmatrix_x4(K_s, k_lane, 2 * mma.N * P * SW + 8 * kc, scratch)
-                    s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3] = mma_16816(
-                        q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], b0, b1,
-                        s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3], scratch,
-                    )
-                    s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3] = mma_16816(
-                        q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], c0, c1,
-                        s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3], scratch,
-                    )
+                    mma_pair(s, 2 * P, q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], b0, b1, c0, c1,
+                             scratch)
 
             # Alg. 2 lines 11-13 on rows row (values 0, 1) and row + 8 (values 2, 3). The row max of
             # tau·S in log2 units is scale times the max of Q_i K_jᵀ, or its min where scale < 0; a
@@ -241,19 +235,10 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
             # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: one transposing
             # ldmatrix gives B fragments (b0, b1) of O tiles 2T and 2T + 1 for chunk kc
             for kc in range(KP):
-                a0 = pack(s[2 * kc, 0], s[2 * kc, 1])
-                a1 = pack(s[2 * kc, 2], s[2 * kc, 3])
-                a2 = pack(s[2 * kc + 1, 0], s[2 * kc + 1, 1])
-                a3 = pack(s[2 * kc + 1, 2], s[2 * kc + 1, 3])
+                a0, a1, a2, a3 = a_from_c(s, kc)
                 for T in range(NO // 2):
                     b0, b1, c0, c1 = mma.ldmatrix_x4_trans(V_s, v_lane, mma.K * kc * SW + 8 * T, scratch)
-                    o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3] = mma_16816(
-                        a0, a1, a2, a3, b0, b1, o[2 * T, 0], o[2 * T, 1], o[2 * T, 2], o[2 * T, 3], scratch
-                    )
-                    o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3] = mma_16816(
-                        a0, a1, a2, a3, c0, c1,
-                        o[2 * T + 1, 0], o[2 * T + 1, 1], o[2 * T + 1, 2], o[2 * T + 1, 3], scratch,
-                    )
+                    mma_pair(o, 2 * T, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
 
         return step
 
@@ -378,7 +363,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
     halves; lse, big_d (D = rowsum(dO ∘ O)) and dq_acc flat float32.
     """
     h = tc.halves(d, dtype)
-    pack, mma_16816, store = h.pack, h.mma, h.store
+    store, a_from_c, mma_pair = h.store, h.a_from_c, h.mma_pair
     BQ = queries_per_step(d)
     if BQ is None:
         raise ValueError(f"d={d}: the tensor-core backward's tiles need {backward_shared_bytes(d, BQ_CHOICES[-1])} "
@@ -452,46 +437,22 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                 v0, v1, v2, v3 = mma.ldmatrix_x4(V_s, va, 8 * kc, scratch)
                 for P in range(NQ // 2):
                     b0, b1, c0, c1 = mma.ldmatrix_x4(Q_s, qb, 2 * mma.N * P * SW + 8 * kc, scratch)
-                    s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3] = mma_16816(
-                        a0, a1, a2, a3, b0, b1, s[2 * P, 0], s[2 * P, 1], s[2 * P, 2], s[2 * P, 3], scratch)
-                    s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3] = mma_16816(
-                        a0, a1, a2, a3, c0, c1,
-                        s[2 * P + 1, 0], s[2 * P + 1, 1], s[2 * P + 1, 2], s[2 * P + 1, 3], scratch)
+                    mma_pair(s, 2 * P, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
                     b0, b1, c0, c1 = mma.ldmatrix_x4(dO_s, dob, 2 * mma.N * P * SW + 8 * kc, scratch)
-                    dp[2 * P, 0], dp[2 * P, 1], dp[2 * P, 2], dp[2 * P, 3] = mma_16816(
-                        v0, v1, v2, v3, b0, b1, dp[2 * P, 0], dp[2 * P, 1], dp[2 * P, 2], dp[2 * P, 3], scratch)
-                    dp[2 * P + 1, 0], dp[2 * P + 1, 1], dp[2 * P + 1, 2], dp[2 * P + 1, 3] = mma_16816(
-                        v0, v1, v2, v3, c0, c1,
-                        dp[2 * P + 1, 0], dp[2 * P + 1, 1], dp[2 * P + 1, 2], dp[2 * P + 1, 3], scratch)
+                    mma_pair(dp, 2 * P, v0, v1, v2, v3, b0, b1, c0, c1, scratch)
             gradients(s, dp, lse_s, D_s, bh, key, row0 + 0, qd, n_q, n_k, tau * LOG2E, masked,
                       seed_lo, seed_hi, threshold, inv_keep)
 
             # line 16: dV_j += (P∘Z)ᵀ dO_i; line 22: dK_j += dSᵀ Q_i (tau at the end). The C fragments of
             # tiles 2kc, 2kc + 1 are the A fragment of query chunk kc; dO_i's and Q_i's rows are B's k
             for kc in range(KQ):
-                a0 = pack(s[2 * kc, 0], s[2 * kc, 1])
-                a1 = pack(s[2 * kc, 2], s[2 * kc, 3])
-                a2 = pack(s[2 * kc + 1, 0], s[2 * kc + 1, 1])
-                a3 = pack(s[2 * kc + 1, 2], s[2 * kc + 1, 3])
-                e0 = pack(dp[2 * kc, 0], dp[2 * kc, 1])
-                e1 = pack(dp[2 * kc, 2], dp[2 * kc, 3])
-                e2 = pack(dp[2 * kc + 1, 0], dp[2 * kc + 1, 1])
-                e3 = pack(dp[2 * kc + 1, 2], dp[2 * kc + 1, 3])
+                a0, a1, a2, a3 = a_from_c(s, kc)
+                e0, e1, e2, e3 = a_from_c(dp, kc)
                 for T in range(NO // 2):
                     b0, b1, c0, c1 = mma.ldmatrix_x4_trans(dO_s, dot, mma.K * kc * SW + 8 * T, scratch)
-                    dv_acc[2 * T, 0], dv_acc[2 * T, 1], dv_acc[2 * T, 2], dv_acc[2 * T, 3] = mma_16816(
-                        a0, a1, a2, a3, b0, b1,
-                        dv_acc[2 * T, 0], dv_acc[2 * T, 1], dv_acc[2 * T, 2], dv_acc[2 * T, 3], scratch)
-                    dv_acc[2 * T + 1, 0], dv_acc[2 * T + 1, 1], dv_acc[2 * T + 1, 2], dv_acc[2 * T + 1, 3] = (
-                        mma_16816(a0, a1, a2, a3, c0, c1, dv_acc[2 * T + 1, 0], dv_acc[2 * T + 1, 1],
-                                  dv_acc[2 * T + 1, 2], dv_acc[2 * T + 1, 3], scratch))
+                    mma_pair(dv_acc, 2 * T, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
                     b0, b1, c0, c1 = mma.ldmatrix_x4_trans(Q_s, qt, mma.K * kc * SW + 8 * T, scratch)
-                    dk_acc[2 * T, 0], dk_acc[2 * T, 1], dk_acc[2 * T, 2], dk_acc[2 * T, 3] = mma_16816(
-                        e0, e1, e2, e3, b0, b1,
-                        dk_acc[2 * T, 0], dk_acc[2 * T, 1], dk_acc[2 * T, 2], dk_acc[2 * T, 3], scratch)
-                    dk_acc[2 * T + 1, 0], dk_acc[2 * T + 1, 1], dk_acc[2 * T + 1, 2], dk_acc[2 * T + 1, 3] = (
-                        mma_16816(e0, e1, e2, e3, c0, c1, dk_acc[2 * T + 1, 0], dk_acc[2 * T + 1, 1],
-                                  dk_acc[2 * T + 1, 2], dk_acc[2 * T + 1, 3], scratch))
+                    mma_pair(dk_acc, 2 * T, e0, e1, e2, e3, b0, b1, c0, c1, scratch)
                 # dSᵀ to shared memory for dQ: keys key, key + 8 of this warp, query pair 8t + 2qd as one word
                 dST_s[key - key // BKB * BKB, 8 * kc + qd] = e0
                 dST_s[key - key // BKB * BKB + 8, 8 * kc + qd] = e1
@@ -510,12 +471,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                 for P in range(PAIRS):
                     pair = min(first_pair + P, NO // 2 - 1)
                     b0, b1, c0, c1 = mma.ldmatrix_x4_trans(K_s, kt, mma.K * kc * SW + 8 * pair, scratch)
-                    dq_t[2 * P, 0], dq_t[2 * P, 1], dq_t[2 * P, 2], dq_t[2 * P, 3] = mma_16816(
-                        a0, a1, a2, a3, b0, b1, dq_t[2 * P, 0], dq_t[2 * P, 1], dq_t[2 * P, 2], dq_t[2 * P, 3],
-                        scratch)
-                    dq_t[2 * P + 1, 0], dq_t[2 * P + 1, 1], dq_t[2 * P + 1, 2], dq_t[2 * P + 1, 3] = mma_16816(
-                        a0, a1, a2, a3, c0, c1,
-                        dq_t[2 * P + 1, 0], dq_t[2 * P + 1, 1], dq_t[2 * P + 1, 2], dq_t[2 * P + 1, 3], scratch)
+                    mma_pair(dq_t, 2 * P, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
             query = row0 + mma.M * (warp // DS) + g
             for P in range(PAIRS):
                 if first_pair + P < NO // 2:
@@ -623,39 +579,13 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
 @functools.lru_cache(maxsize=None)
 def row_dot_kernel(dtype: str):
     """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for (bh, N_q, d) arrays of halves -> (bh, N_q) float32."""
-    widen = tc.halves(1, dtype).widen
-
-    @cuda.jit
-    def kernel(do, o, big_d):
-        n_q = o.shape[1]
-        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        for idx in range(start, o.shape[0] * n_q, cuda.gridDim.x * cuda.blockDim.x):
-            bh = idx // n_q
-            i = idx - bh * n_q
-            acc = ZERO
-            for e in range(o.shape[2]):
-                acc += widen(do[bh, i, e]) * widen(o[bh, i, e])
-            big_d[bh, i] = acc
-
-    return kernel
+    return dev.row_dot_kernel_for(tc.halves(1, dtype).widen)
 
 
 @functools.lru_cache(maxsize=None)
 def store_kernel(dtype: str):
     """dst = src rounded to the 16-bit type, for (bh, N, d) arrays: float32 -> float16, or bfloat16 bits."""
-    store = tc.halves(1, dtype).store
-
-    @cuda.jit
-    def kernel(src, dst):
-        n, d = src.shape[1], src.shape[2]
-        start = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-        for idx in range(start, src.shape[0] * n * d, cuda.gridDim.x * cuda.blockDim.x):
-            bh = idx // (n * d)
-            rest = idx - bh * n * d
-            i = rest // d
-            dst[bh, i, rest - i * d] = store(src[bh, i, rest - i * d])
-
-    return kernel
+    return dev.convert_kernel_for(tc.halves(1, dtype).store)
 
 
 def check_bfloat16(d: int, backward: bool) -> None:
