@@ -85,6 +85,18 @@ def words_view(x):
 
 
 @cuda.jit(device=True, **INLINE)
+def thread_places(tid, lanes):
+    """(warp, lane, g, qd, cr, cc) of thread tid: its warp and lane; the lane's group g (fragment
+    rows g and g + 8) and its place qd in the group (fragment columns 2·qd, 2·qd + 1); its place
+    (cr, cc) in a copy grid `lanes` wide, unsigned so that tile indices need no wraparound."""
+    warp = tid // mma.WARP
+    lane = tid - warp * mma.WARP
+    g = lane // 4
+    cr = uint32(tid) // uint32(lanes)
+    return warp, lane, g, lane - 4 * g, cr, uint32(tid) - cr * uint32(lanes)
+
+
+@cuda.jit(device=True, **INLINE)
 def pattern_pair_of_tiles(lane):
     """(row, word) that `lane` names to ldmatrix.x4 in the PAIR_OF_TILES pattern."""
     return lane % 8 + 8 * (lane // 16), 4 * (lane // 8 % 2)

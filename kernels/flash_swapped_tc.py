@@ -251,12 +251,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         bh = cuda.blockIdx.x // Tr
         i = cuda.blockIdx.x - bh * Tr
         tid = cuda.threadIdx.x
-        warp = tid // mma.WARP
-        lane = tid - warp * mma.WARP
-        g = lane // 4  # the lane's group: fragment rows g and g + 8
-        qd = lane - 4 * g  # its place in the group: fragment columns 2·qd, 2·qd + 1
-        cr = uint32(tid) // uint32(LANES)  # this thread's place in the copy grid (unsigned: no index wraparound)
-        cc = uint32(tid) - cr * uint32(LANES)
+        warp, lane, g, qd, cr, cc = tc.thread_places(tid, LANES)
         row0 = i * BR
         row = row0 + mma.M * warp + g  # this lane's first query row; its second is row + 8
 
@@ -494,12 +489,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         bh = cuda.blockIdx.x // Tc
         j = cuda.blockIdx.x - bh * Tc
         tid = cuda.threadIdx.x
-        warp = tid // mma.WARP
-        lane = tid - warp * mma.WARP
-        g = lane // 4
-        qd = lane - 4 * g
-        cr = uint32(tid) // uint32(LANES)
-        cc = uint32(tid) - cr * uint32(LANES)
+        warp, lane, g, qd, cr, cc = tc.thread_places(tid, LANES)
         col0 = j * BKB
         key = col0 + mma.M * warp + g  # this lane's first key; its second is key + 8
 
