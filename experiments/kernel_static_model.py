@@ -360,13 +360,18 @@ def cubin(ptx: str) -> bytes:
         nvjitlink.destroy(handle)
 
 
-def nvdisasm() -> str:
+def nvdisasm() -> str | None:
     from cuda.pathfinder import find_nvidia_binary_utility
 
-    path = find_nvidia_binary_utility("nvdisasm")
-    if path is None:
-        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm (the gpu extra)")
-    return path
+    return find_nvidia_binary_utility("nvdisasm")
+
+
+def require_tools() -> None:
+    """Exit with status TOOLCHAIN_MISSING, saying how to get them, without NVVM, nvJitLink or nvdisasm."""
+    resources.require_toolchain()
+    if nvdisasm() is None:
+        print("nvdisasm not found; pip install -e '.[test]' brings it (nvidia-cuda-nvdisasm)", file=sys.stderr)
+        sys.exit(resources.TOOLCHAIN_MISSING)
 
 
 def disassemble(binary: bytes, workdir: Path) -> str:
@@ -557,6 +562,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=EXPERIMENTS / "results" / "kernels_static_model_sm90")
     parser.add_argument("--only", default="", help="analyse only kernels whose name contains this text")
     args = parser.parse_args()
+    require_tools()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in model_cases():

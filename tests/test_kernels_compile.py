@@ -4,8 +4,10 @@ The other kernel tests run under Numba's CUDA simulator, which neither type-chec
 kernel nor lowers it to PTX, so a kernel that cannot compile for a GPU passes them (a
 float16 flash-swapped kernel once did). This test compiles every specialisation that
 experiments/kernel_resources.py reports on (each dtype, d = 64 and 128, causal with
-dropout, the tensor-core float16 and bfloat16 forward) for a stand-in sm_90 device: no
-GPU, only NVVM and nvJitLink, which the test extra brings (numba-cuda[cu13]).
+dropout, the tensor-core float16 and bfloat16 forward and backward) for a stand-in sm_90
+device: no GPU, only NVVM and nvJitLink, which the test extra brings (numba-cuda[cu13]).
+A second test reads the tensor-core kernels' machine code with the static model
+(nvdisasm, also in the test extra) and holds it to the kernels' own MMA counts.
 
 conftest.py has chosen the simulator for this process, so the compiling runs in a
 subprocess with it off.
@@ -13,6 +15,7 @@ subprocess with it off.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +80,20 @@ def test_check_fails_naming_the_kernel_that_does_not_compile():
     assert "FAILED  local array of run-time shape\n" in r.stdout, r.stdout
     summary = "1 of 2 kernel specialisations do not compile for sm_90:\n  local array of run-time shape\n"
     assert r.stdout.endswith(summary), r.stdout
+
+
+def test_the_static_model_reads_every_hmma_of_the_tensor_core_steps(tmp_path):
+    """The model's tensor-core step holds exactly the HMMAs a warp issues by construction, forward and backward.
+
+    The first tensor-core forward left fragment loops rolled, and the model, counting a loop
+    it could not read once, reported 24 HMMAs a step where a warp issues 32: a ceiling
+    nobody could trust. Every loop inside the step must now be read (or unrolled away).
+    """
+    out = tmp_path / "model"
+    r = compile_in_subprocess("kernel_static_model.py", "--only", "d=64 fp16 (", "--out", str(out))
+    assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
+    rows = json.loads(out.with_suffix(".json").read_text())["kernels"]
+    assert sorted(row["kernel"].split()[1] for row in rows) == ["backward", "forward"], [row["kernel"] for row in rows]
+    for row in rows:
+        step = row["step"]
+        assert step["hmma"] == row["hmma_built"] and step["unresolved_loops"] == 0, (row["kernel"], step)

@@ -119,3 +119,33 @@ def test_large_cases_match_float64_torch(impl, case_name):
     eps = float(np.finfo(case.dtype).eps)
     for name, g, r, lo in zip(("out", "lse", "dq", "dk", "dv"), got, ref, lowp):
         assert_close(f"{impl} {case_name} {name}", g, r, lo, eps)
+
+
+BFLOAT16_CASE = Case(1, 2, 4096, 4096, 64, "bfloat16", causal=True, dropout_p=0.1, seed=2**33 + 5)
+
+
+def test_bfloat16_tensor_cores_match_float64_torch():
+    """flash-swapped-tc forward and backward in bfloat16 at N = 4096, against float64 torch.
+
+    The inputs are bfloat16 tensors handed over as float32 numpy arrays (exact), which the
+    API takes with dtype="bfloat16"; the tolerance is that of torch's algebra in bfloat16.
+    """
+    import torch
+
+    case = BFLOAT16_CASE
+    gen = torch.Generator(device="cuda").manual_seed(16)
+    rows, keys = (case.batch, case.heads, case.n_q, case.d), (case.batch, case.heads, case.n_k, case.d)
+    q, k, v, dout = (
+        torch.randn(s, device="cuda", generator=gen, dtype=torch.float32).to(torch.bfloat16)
+        for s in (rows, keys, keys, rows)
+    )
+    host = [x.float().cpu().numpy() for x in (q, k, v, dout)]
+    opts = dict(impl="flash-swapped-tc", dtype="bfloat16", causal=case.causal, dropout_p=case.dropout_p, seed=case.seed)
+    fwd = kernels.attention(*host[:3], **opts)
+    grads = kernels.attention_backward(*host[:3], fwd.out, fwd.lse, host[3], **opts)
+    got = [torch.as_tensor(x, device="cuda") for x in (*fwd, *grads)]
+
+    ref = torch_attention(q, k, v, dout, case, torch.float64)
+    lowp = torch_attention(q, k, v, dout, case, torch.bfloat16)
+    for name, g, r, lo in zip(("out", "lse", "dq", "dk", "dv"), got, ref, lowp):
+        assert_close(f"flash-swapped-tc bfloat16 {name}", g, r, lo, 2.0**-7)
