@@ -62,7 +62,6 @@ from iosim.kernels.config import STATIC_SHARED_LIMIT
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = flash_swapped.ALGORITHM
 
-TC_DTYPES = tc.TC_DTYPES
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
 WARPS = tc.WARPS  # each owning one m16 row tile of Q_i
 THREADS = tc.THREADS
