@@ -1,7 +1,5 @@
 """The worked example of docs/architecture.md: an algorithm written outside iosim, registered and checked."""
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,22 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import random_qkv, relative_error
+from helpers import kv_resident_example, random_qkv, relative_error
 from iosim.cli import build_parser, run
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "kv_resident.py"
-
-
-def load_example() -> iosim.Algorithm:
-    spec = importlib.util.spec_from_file_location("kv_resident", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.KV_RESIDENT
 
 
 @pytest.fixture
 def toy():
-    algo = iosim.register(load_example())
+    algo = iosim.register(kv_resident_example())
     yield algo
     del iosim.ALGORITHMS[algo.name]
 
@@ -33,7 +23,7 @@ def toy():
 @given(n_q=st.sampled_from([1, 17, 113]), n_k=st.sampled_from([1, 64, 239]), d=st.sampled_from([3, 16]),
        causal=st.booleans(), dropout_p=st.sampled_from([0.0, 0.3]), spare=st.integers(0, 5000))
 def test_example_is_exact_and_its_counts_are_predicted(n_q, n_k, d, causal, dropout_p, spare):
-    algo = load_example()
+    algo = kv_resident_example()
     M = 2 * n_k * d + 2 * d + n_k + spare  # K, V and one query row's Q_i, S_i, O_i, and room to spare
     q, k, v = random_qkv(np.random.default_rng(n_q + n_k), 2, 1, n_q, n_k, d)
     opts = dict(causal=causal, dropout_p=dropout_p, seed=9)
@@ -56,4 +46,4 @@ def test_registered_example_runs_from_the_cli(toy):
 def test_example_refuses_an_explicit_mask():
     q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 4, 4, 2)
     with pytest.raises(iosim.InputError, match="supports no explicit mask"):
-        iosim.simulate(load_example(), q, k, v, M=1000, mask=np.ones((4, 4), dtype=bool))
+        iosim.simulate(kv_resident_example(), q, k, v, M=1000, mask=np.ones((4, 4), dtype=bool))

@@ -1,17 +1,12 @@
 """The command line's --pass: the backward pass and a whole training step, counted and run."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from helpers import BACKWARD_NAMES
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "kv_resident.py"
-
+from helpers import BACKWARD_NAMES, kv_resident_example
 
 def parse(*argv):
     return build_parser().parse_args(list(argv))
@@ -20,10 +15,7 @@ def parse(*argv):
 @pytest.fixture
 def no_backward():
     """The architecture example, registered: an algorithm with no backward pass."""
-    spec = importlib.util.spec_from_file_location("kv_resident", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    algo = iosim.register(module.KV_RESIDENT)
+    algo = iosim.register(kv_resident_example())
     yield algo
     del iosim.ALGORITHMS[algo.name]
 

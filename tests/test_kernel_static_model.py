@@ -9,26 +9,11 @@ loops, one an up-counter (4 trips) and one a 64-bit down-counter unrolled twice
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+from helpers import load_experiment
 
-
-def _load(name: str):
-    if str(EXPERIMENTS) not in sys.path:
-        sys.path.insert(0, str(EXPERIMENTS))  # the model imports kernel_resources beside it
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-model = _load("kernel_static_model")
+model = load_experiment("kernel_static_model")
 
 LISTING = """\
 \t.target\tsm_90

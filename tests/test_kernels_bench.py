@@ -5,27 +5,15 @@ Nothing timed is asserted: simulator times are host wall-clock and mean nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
+from helpers import load_experiment
 from iosim import kernels
 from iosim.kernels._device import simulator_enabled
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
-    bench = _load("gpu_bench")
+    bench = load_experiment("gpu_bench")
     args = bench.build_parser().parse_args(["--smoke", "--causal", "both", "--out", str(tmp_path)])
     records = bench.run(args)
 
@@ -52,13 +40,13 @@ def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
     # A second run finds every configuration saved and measures nothing again.
     assert bench.run(bench.build_parser().parse_args(["--smoke", "--causal", "both", "--out", str(tmp_path)])) == []
 
-    plot = _load("plot_gpu_bench")
+    plot = load_experiment("plot_gpu_bench")
     figure = plot.plot(plot.load(tmp_path), tmp_path / "bench.png")
     assert figure.stat().st_size > 0
 
 
 def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tmp_path):
-    bench = _load("gpu_bench")
+    bench = load_experiment("gpu_bench")
     args = bench.build_parser().parse_args(
         ["--smoke", "--dtype", "bfloat16", "--impl", "flash-swapped-tc", "flash", "--out", str(tmp_path)]
     )
@@ -71,7 +59,7 @@ def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tm
 
 
 def test_flop_counts_follow_flashattention_convention():
-    bench = _load("gpu_bench")
+    bench = load_experiment("gpu_bench")
     cfg = bench.BenchConfig(batch_size=2, seq_len=8, num_heads=3, emb_dim=12, causal=False, impl="flash", dtype="float32")
     forward = 4 * 2 * 3 * 8**2 * 4  # two N × N × d matmuls, 2 FLOPs per multiply-add
     assert bench.flops(cfg, "forward") == forward
@@ -82,7 +70,7 @@ def test_flop_counts_follow_flashattention_convention():
 
 
 def test_failed_configuration_writes_seed_002_keys_with_nulls_and_the_error(tmp_path):
-    bench = _load("gpu_bench")
+    bench = load_experiment("gpu_bench")
     # a head dim one past what shared memory allows fails in the host API, before any launch
     impl = next(name for name in kernels.IMPLS if kernels.max_head_dim(name) is not None)
     d = kernels.max_head_dim(impl) + 1

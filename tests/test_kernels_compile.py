@@ -19,15 +19,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-if str(EXPERIMENTS) not in sys.path:
-    sys.path.insert(0, str(EXPERIMENTS))
+from helpers import EXPERIMENTS, load_experiment
 
-import kernel_resources  # noqa: E402  (under the simulator here: only its names are used)
+kernel_resources = load_experiment("kernel_resources")  # under the simulator here: only its names are used
 
 JOBS = 2  # CI's cores: about 70 s there for the 42 kernels, against 110 s in one process
 TIMEOUT_S = 600

@@ -6,27 +6,17 @@ default, so a compare that took the tiling from anywhere but configs.json would 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+from helpers import load_experiment
+
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ncu = _load("ncu_traffic")
+ncu = load_experiment("ncu_traffic")
 
 
 def _rows(kernel_id: int, name: str, grid: int, read: str, write: str, unit: str = "byte") -> list[str]:
