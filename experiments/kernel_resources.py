@@ -393,16 +393,20 @@ def main() -> None:
         rows.append(row)
         print(f"{case.name}: {row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B, "
               f"smem {row['shared_bytes']} B")
+    write_report(args.out, {"versions": versions(), "kernels": rows}, markdown)
+
+
+def write_report(out: Path, fields: dict, to_markdown) -> None:
+    """OUT.json and OUT.md of a report on the kernels for ARCH: `fields` with the architecture, command and commit."""
     report = {
         "arch": ARCH,
         "command": "python " + " ".join(Path(a).as_posix() if i == 0 else a for i, a in enumerate(sys.argv)),
         "git_commit": git_commit(),
-        "versions": versions(),
-        "kernels": rows,
+        **fields,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(to_markdown(report))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ Writes OUT.json and OUT.md with the versions, the git commit and the command.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
@@ -573,18 +572,8 @@ def main() -> None:
             step = row.get("step", {})
             print(f"{case.name}: {step.get('instructions')} instr/step, FMA share {step.get('fma_share', 0):.1%}, "
                   f"{row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B", flush=True)
-    report = {
-        "arch": resources.ARCH,
-        "command": "python " + " ".join(Path(a).as_posix() if i == 0 else a for i, a in enumerate(sys.argv)),
-        "git_commit": resources.git_commit(),
-        "machine": machine(),
-        "versions": versions(),
-        "peak_tflops": PEAK_TFLOPS,
-        "kernels": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(report))
+    resources.write_report(args.out, {"machine": machine(), "versions": versions(), "peak_tflops": PEAK_TFLOPS,
+                                      "kernels": rows}, markdown)
 
 
 if __name__ == "__main__":
