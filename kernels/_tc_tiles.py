@@ -109,24 +109,24 @@ def pattern_one_tile(lane):
 
 
 class Halves(NamedTuple):
-    """Device functions for one head dim and 16-bit type."""
+    """Device functions for one 16-bit type."""
 
     pack: object  # (float32, float32) -> word, each rounded
     mma: object  # mma.sync.m16n8k16 for the type
     store: object  # float32 -> what an output array of the type holds
     widen: object  # an element of an input array -> float32
-    word: object  # (src, row, w, n_valid_rows) -> word w of a row of a flat q/k/v array
+    half: object  # (src, i) -> element i of an input array, as join takes it
+    join: object  # (lo, hi) -> the word of two elements
+    zero: object  # the element join takes for a padding half
     a_from_c: object  # (c, kc) -> the A fragment of k16 chunk kc from C fragments c[2kc], c[2kc + 1]
     mma_pair: object  # (acc, t, a0…a3, b0, b1, c0, c1, scratch): acc[t] += A·(b0, b1), acc[t + 1] += A·(c0, c1)
 
 
 @functools.lru_cache(maxsize=None)
-def halves(d: int, dtype: str) -> Halves:
+def halves(dtype: str) -> Halves:
     if dtype not in TC_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {TC_DTYPES}")
     bf16 = dtype == "bfloat16"
-    PAIRS = paired_words(d)
-    HP = d // 4  # word pairs of a row in HBM (d a multiple of 4)
     pack = mma.pack_bfloat162 if bf16 else mma.pack_half2
 
     if bf16:
@@ -165,21 +165,6 @@ def halves(d: int, dtype: str) -> Halves:
         def widen(x):
             return float32(x)
 
-    @cuda.jit(device=True, **INLINE)
-    def word(src, row, w, n_valid_rows):
-        """Word w (halves 2w, 2w + 1) of row `row` of a flat q/k/v array, 0 past d or past n_valid_rows."""
-        if row >= n_valid_rows:
-            return uint32(0)
-        if PAIRS:
-            if w < 2 * HP:
-                pair = src[np.uint64(row) * np.uint64(HP) + np.uint64(w // 2)]
-                return uint32(pair >> PAIR_SHIFT) if w % 2 else uint32(pair & LOW_WORD)
-            return uint32(0)
-        base = np.uint64(row) * np.uint64(d) + np.uint64(2 * w)
-        lo = half(src, base) if 2 * w < d else HALF_ZERO
-        hi = half(src, base + np.uint64(1)) if 2 * w + 1 < d else HALF_ZERO
-        return join(lo, hi)
-
     mma_16816 = mma.mma_16816_bf16 if bf16 else mma.mma_16816
 
     @cuda.jit(device=True, **INLINE)
@@ -195,13 +180,40 @@ def halves(d: int, dtype: str) -> Halves:
 
     @cuda.jit(device=True, **INLINE)
     def mma_pair(acc, t, a0, a1, a2, a3, b0, b1, c0, c1, scratch):
-        """acc[t] += A·B with B = (b0, b1), acc[t + 1] += A·B with B = (c0, c1): the two n8 tiles of one ldmatrix.x4."""
+        """acc[t] += A·B with B = (b0, b1) and acc[t + 1] += A·B with B = (c0, c1): the two n8 tiles
+        of one ldmatrix.x4."""
         acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3] = mma_16816(
             a0, a1, a2, a3, b0, b1, acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3], scratch)
         acc[t + 1, 0], acc[t + 1, 1], acc[t + 1, 2], acc[t + 1, 3] = mma_16816(
             a0, a1, a2, a3, c0, c1, acc[t + 1, 0], acc[t + 1, 1], acc[t + 1, 2], acc[t + 1, 3], scratch)
 
-    return Halves(pack, mma_16816, store, widen, word, a_from_c, mma_pair)
+    return Halves(pack, mma_16816, store, widen, half, join, HALF_ZERO, a_from_c, mma_pair)
+
+
+@functools.lru_cache(maxsize=None)
+def word_reader(d: int, dtype: str):
+    """word(src, row, w, n_valid_rows): word w (halves 2w, 2w + 1) of row `row` of a flat q/k/v array of
+    head dim d as the kernels take it (words_view), 0 past d or past n_valid_rows."""
+    h = halves(dtype)
+    half, join, HALF_ZERO = h.half, h.join, h.zero
+    PAIRS = paired_words(d)
+    HP = d // 4  # word pairs of a row in HBM (d a multiple of 4)
+
+    @cuda.jit(device=True, **INLINE)
+    def word(src, row, w, n_valid_rows):
+        if row >= n_valid_rows:
+            return uint32(0)
+        if PAIRS:
+            if w < 2 * HP:
+                pair = src[np.uint64(row) * np.uint64(HP) + np.uint64(w // 2)]
+                return uint32(pair >> PAIR_SHIFT) if w % 2 else uint32(pair & LOW_WORD)
+            return uint32(0)
+        base = np.uint64(row) * np.uint64(d) + np.uint64(2 * w)
+        lo = half(src, base) if 2 * w < d else HALF_ZERO
+        hi = half(src, base + np.uint64(1)) if 2 * w + 1 < d else HALF_ZERO
+        return join(lo, hi)
+
+    return word
 
 
 def copy_lanes(d: int) -> int:
@@ -220,7 +232,7 @@ class TileCopy(NamedTuple):
 @functools.lru_cache(maxsize=None)
 def tile_copy(d: int, dtype: str, rows: int) -> TileCopy:
     """fetch and put for a (rows, row_words(d)) shared tile of a flat (…, d) array; see the module docstring."""
-    word = halves(d, dtype).word
+    word = word_reader(d, dtype)
     PAIRS = paired_words(d)
     DW = padded_head_dim(d) // 2  # words of a padded row
     HP = d // 4
@@ -267,7 +279,8 @@ def tile_copy(d: int, dtype: str, rows: int) -> TileCopy:
 
     @cuda.jit(device=True, **INLINE)
     def fetch(buf, src, row_start, n_valid, cr, cc):
-        """This thread's part of rows row_start … row_start + rows − 1 of src, to registers (0 past d, n_valid rows)."""
+        """This thread's part of rows row_start … row_start + rows − 1 of src, to registers (0 past d and
+        past n_valid rows)."""
         first = np.uint64(row_start + cr) * np.uint64(HP) + np.uint64(cc)
         left = int32(min(max(n_valid, 0), rows)) - int32(cr)  # a 32-bit row test per pass, nothing kept across steps
         fetch_rows(buf, src, row_start, n_valid, first, left, cr, cc)

@@ -123,8 +123,9 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
     "bfloat16"); out is a flat array of halves, lse a flat float32 array. negative_scale
     compiles the kernel for tau < 0, whose row maxima of tau·S come from row minima of Q Kᵀ.
     """
-    h = tc.halves(d, dtype)
-    store, word, a_from_c, mma_pair = h.store, h.word, h.a_from_c, h.mma_pair
+    h = tc.halves(dtype)
+    store, a_from_c, mma_pair = h.store, h.a_from_c, h.mma_pair
+    word = tc.word_reader(d, dtype)
     DP = padded_head_dim(d)
     SW = tc.row_words(d)
     BC = keys_per_step(d)
@@ -335,12 +336,17 @@ def queries_per_step(d: int) -> int | None:
     return next((bq for bq in BQ_CHOICES if backward_shared_bytes(d, bq) <= STATIC_SHARED_LIMIT), None)
 
 
+def dq_split(d: int) -> tuple[int, int]:
+    """(warps sharing one 16-query tile of dQ_i, pairs of its n8 column tiles each of them takes)."""
+    sharing = WARPS // (queries_per_step(d) // mma.M)
+    return sharing, -(-(padded_head_dim(d) // (2 * mma.N)) // sharing)
+
+
 def backward_mma_per_step(d: int) -> int:
     """mma.sync a warp issues per query step: Sᵀ, dPᵀ, dV, dK (16 keys each) and its share of dQ."""
     bq, dp = queries_per_step(d), padded_head_dim(d)
     per_product = (bq // mma.N) * (dp // mma.K)  # 16 keys × bq queries × d, as n8 × k16 tiles
-    pairs = -(-(dp // (2 * mma.N)) // (WARPS // (bq // mma.M)))  # n8 tile pairs of dQ per warp
-    return 4 * per_product + (BKB // mma.K) * 2 * pairs
+    return 4 * per_product + (BKB // mma.K) * 2 * dq_split(d)[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,7 +362,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
     q, k, v, do are flat word arrays as the forward's (tc.words_view); dk, dv flat arrays of
     halves; lse, big_d (D = rowsum(dO ∘ O)) and dq_acc flat float32.
     """
-    h = tc.halves(d, dtype)
+    h = tc.halves(dtype)
     store, a_from_c, mma_pair = h.store, h.a_from_c, h.mma_pair
     BQ = queries_per_step(d)
     if BQ is None:
@@ -370,9 +376,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
     KQ = BQ // mma.K  # k16 chunks over queries: dV, dK
     NO = DP // mma.N  # n8 tiles over d: dK, dV, dQ
     KK = BKB // mma.K  # k16 chunks over keys: dQ
-    QT = BQ // mma.M  # 16-query tiles of dQ
-    DS = WARPS // QT  # warps sharing one, each taking PAIRS of its NO / 2 pairs of n8 tiles
-    PAIRS = -(-(NO // 2) // DS)
+    DS, PAIRS = dq_split(d)  # warps sharing a 16-query tile of dQ, each taking PAIRS of its NO / 2 pairs of n8 tiles
     DQ_TILES = 2 * PAIRS
     LANES = tc.copy_lanes(d)
     key_copy = tc.tile_copy(d, dtype, BKB)
@@ -407,8 +411,8 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
 
         @cuda.jit(device=True, **inline)
         def step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf, scratch,
-                 ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key, tau, cr, cc,
-                 warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+                 ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key, key_row, tau, cr,
+                 cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
             row0 = i * BQ
             query_copy.fetch(q_buf, q, bh * n_q + row0, n_q - row0, cr, cc)  # Alg. 4 line 10
             query_copy.fetch(do_buf, do, bh * n_q + row0, n_q - row0, cr, cc)
@@ -434,7 +438,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                     mma_pair(s, 2 * P, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
                     b0, b1, c0, c1 = mma.ldmatrix_x4(dO_s, dob, 2 * mma.N * P * SW + 8 * kc, scratch)
                     mma_pair(dp, 2 * P, v0, v1, v2, v3, b0, b1, c0, c1, scratch)
-            gradients(s, dp, lse_s, D_s, bh, key, row0 + 0, qd, n_q, n_k, tau * LOG2E, masked,
+            gradients(s, dp, lse_s, D_s, bh, key, row0, qd, n_q, n_k, tau * LOG2E, masked,
                       seed_lo, seed_hi, threshold, inv_keep)
 
             # line 16: dV_j += (P∘Z)ᵀ dO_i; line 22: dK_j += dSᵀ Q_i (tau at the end). The C fragments of
@@ -447,11 +451,12 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                     mma_pair(dv_acc, 2 * T, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
                     b0, b1, c0, c1 = mma.ldmatrix_x4_trans(Q_s, qt, mma.K * kc * SW + 8 * T, scratch)
                     mma_pair(dk_acc, 2 * T, e0, e1, e2, e3, b0, b1, c0, c1, scratch)
-                # dSᵀ to shared memory for dQ: keys key, key + 8 of this warp, query pair 8t + 2qd as one word
-                dST_s[key - key // BKB * BKB, 8 * kc + qd] = e0
-                dST_s[key - key // BKB * BKB + 8, 8 * kc + qd] = e1
-                dST_s[key - key // BKB * BKB, 8 * kc + 4 + qd] = e2
-                dST_s[key - key // BKB * BKB + 8, 8 * kc + 4 + qd] = e3
+                # dSᵀ to shared memory for dQ: this lane's keys (tile rows key_row, key_row + 8), query pair 8t + 2qd
+                # as one word
+                dST_s[key_row, 8 * kc + qd] = e0
+                dST_s[key_row + 8, 8 * kc + qd] = e1
+                dST_s[key_row, 8 * kc + 4 + qd] = e2
+                dST_s[key_row + 8, 8 * kc + 4 + qd] = e3
             cuda.syncthreads()
 
             # line 21: dQ_i += tau dS_ij K_j. This warp: query tile warp // DS, n8 tile pairs from
@@ -491,6 +496,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         warp, lane, g, qd, cr, cc = tc.thread_places(tid, LANES)
         col0 = j * BKB
         key = col0 + mma.M * warp + g  # this lane's first key; its second is key + 8
+        key_row = uint32(mma.M * warp + g)  # its row in the block's tiles (unsigned: no index wraparound)
 
         K_s = cuda.shared.array((BKB, SW), uint32, alignment=16)
         V_s = cuda.shared.array((BKB, SW), uint32, alignment=16)
@@ -532,7 +538,8 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
 
         # query blocks: those every key of this block and every query see whole run without the
         # mask test; before them the causal edge's, after them the ragged last one
-        i_start = max(0, col0 - (n_k - n_q)) // BQ if causal else 0  # query i sees key col0 iff i ≥ col0 − (N_k − N_q)
+        # query i sees key col0 iff i ≥ col0 − (N_k − N_q)
+        i_start = max(0, col0 - (n_k - n_q)) // BQ if causal else 0
         full_rows = n_q // BQ
         whole_from = i_start
         if causal:  # the block's last key col0 + BKB − 1 is seen from query col0 + BKB − 1 − (N_k − N_q) on
@@ -543,12 +550,12 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         for i in range(whole_from, whole_to):
             plain_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
                        scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
-                       tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+                       key_row, tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
         for m in range(edge + (Tr - whole_to)):
             i = i_start + m if m < edge else whole_to + (m - edge)
             masked_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
                         scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
-                        tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+                        key_row, tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
 
         # Alg. 4 line 24: dK_j = tau Σ dSᵀ Q, dV_j
         for half_row in range(2):
@@ -568,13 +575,13 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
 @functools.lru_cache(maxsize=None)
 def row_dot_kernel(dtype: str):
     """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for (bh, N_q, d) arrays of halves -> (bh, N_q) float32."""
-    return dev.row_dot_kernel_for(tc.halves(1, dtype).widen)
+    return dev.row_dot_kernel_for(tc.halves(dtype).widen)
 
 
 @functools.lru_cache(maxsize=None)
 def store_kernel(dtype: str):
     """dst = src rounded to the 16-bit type, for (bh, N, d) arrays: float32 -> float16, or bfloat16 bits."""
-    return dev.convert_kernel_for(tc.halves(1, dtype).store)
+    return dev.convert_kernel_for(tc.halves(dtype).store)
 
 
 def check_bfloat16(d: int, backward: bool) -> None:
