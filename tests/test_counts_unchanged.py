@@ -1,0 +1,120 @@
+"""Every count, peak, FLOP figure, tiling and refusal over a wide grid, held to what they were before a restructuring.
+
+The expected file, ``tests/data/counts_grid.json``, was written by this module at the
+commit it names, before the second structure pass (issue 16) moved any code; the test
+recomputes the grid through the public API and compares entry by entry. A change of the
+counts is then a deliberate act: regenerate with
+
+    python tests/test_counts_unchanged.py --write
+
+and say in the commit why the counts changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import iosim
+
+DATA = Path(__file__).parent / "data" / "counts_grid.json"
+
+SHAPES = [  # (N_q, N_k, d): awkward sizes, N_q != N_k both ways, decoding, and counts far past any array
+    (1, 1, 8), (113, 113, 16), (239, 100, 24), (64, 300, 64), (1, 4096, 128), (4096, 4096, 64), (10**6, 10**6, 128),
+]
+SMALL = SHAPES[:4]  # where block masks and explicit masks are cheap
+MEMORIES = ("20k", "100k", "192KiB")
+POLICIES = ("fit", "paper", "optimal")
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+def cases() -> list[dict]:
+    """The grid: every algorithm, pass, policy and M on every shape, causal or not, and the options on small shapes."""
+    out = []
+    for algo, pass_, (n, n_k, d), causal, M, policy in itertools.product(
+            sorted(iosim.ALGORITHMS), PASSES, SHAPES, (False, True), MEMORIES, POLICIES):
+        if policy == "optimal" and (causal and n * n_k > 10**6 or M == "192KiB"):
+            continue  # the causal search is O(M/d) closed forms: keep the grid quick
+        out.append(dict(algorithm=algo, pass_=pass_, N=n, N_k=n_k, d=d, causal=causal, M=M, block_policy=policy))
+    for algo, pass_, (n, n_k, d), causal in itertools.product(sorted(iosim.ALGORITHMS), PASSES, SMALL,
+                                                              (False, True)):
+        base = dict(algorithm=algo, pass_=pass_, N=n, N_k=n_k, d=d, causal=causal, M="20k", block_policy="fit")
+        out += [{**base, "mask": True}, {**base, "dropout_p": 0.1}, {**base, "batch": 2, "heads": 4},
+                {**base, "batch": 2, "heads": 4, "kv_heads": 2}, {**base, "heads": 6, "kv_heads": 1},
+                {**base, "splits": 3}, {**base, "splits": 1}, {**base, "dtype": "float32"},
+                {**base, "tiling": (7, 5)}, {**base, "tiling": (64, 64)}]
+        for s, pattern, seed in (("0.3", "local", 0), ("0.5", "random", 3), ("0.25", "strided", 0)):
+            for policy in ("fit", "optimal"):
+                out.append({**base, "block_policy": policy,
+                            "block_sparsity": dict(sparsity=float(s), pattern=pattern, seed=seed)})
+    return out
+
+
+def _kwargs(case: dict) -> dict:
+    kw = {k: v for k, v in case.items() if k not in ("algorithm", "tiling", "block_sparsity")}
+    if "tiling" in case:
+        kw["tiling"] = iosim.Tiling(*case["tiling"])
+    if "block_sparsity" in case:
+        kw["block_sparsity"] = iosim.BlockSparsity(**case["block_sparsity"])
+    return kw
+
+
+def _tiling(t) -> list | None:
+    return None if t is None else [t.Br, t.Bc, t.splits]
+
+
+def outcome(case: dict) -> dict:
+    """What count and predict give for one case: counts, peak, FLOPs and tilings, or the refusal."""
+    kw = _kwargs(case)
+    try:
+        measured = iosim.count(case["algorithm"], **kw)
+        predicted = iosim.predict(case["algorithm"], **{k: v for k, v in kw.items() if k != "seed"})
+    except (iosim.InputError, iosim.CapacityError) as err:
+        return {"refused": type(err).__name__, "message": str(err)}
+    t = measured.traffic
+    return {
+        "M": measured.M, "tiling": _tiling(measured.tiling), "forward_tiling": _tiling(measured.forward_tiling),
+        "tensors": [[x.name, x.reads, x.writes, x.itemsize] for x in t.tensors], "peak_sram": t.peak_sram,
+        "flops": None if measured.flops is None else [measured.flops.matmul, measured.flops.exp],
+        "predicted_equal": predicted.exact == t, "paper": predicted.paper, "paper_label": predicted.paper_label,
+        "predicted_flops": None if predicted.flops is None else [predicted.flops.matmul, predicted.flops.exp],
+        "predicted_tiling": _tiling(predicted.tiling),
+    }
+
+
+def _key(case: dict) -> str:
+    return json.dumps(case, sort_keys=True)
+
+
+def _grid() -> dict[str, dict]:
+    return {_key(case): outcome(case) for case in cases()}
+
+
+def test_every_count_peak_flop_and_refusal_is_what_it_was():
+    expected = json.loads(DATA.read_text())["grid"]
+    got = _grid()
+    assert set(got) == set(expected), (f"the grid's cases changed: {len(set(got) - set(expected))} new, "
+                                       f"{len(set(expected) - set(got))} gone")
+    changed = [key for key in expected if got[key] != expected[key]]
+    assert not changed, (f"{len(changed)} of {len(expected)} cases changed; the first: {changed[0]}\n"
+                         f"was {expected[changed[0]]}\nnow {got[changed[0]]}")
+    assert sum("refused" in x for x in expected.values()) > 100  # the grid holds refusals as well as counts
+    assert sum("refused" not in x for x in expected.values()) > 2000
+
+
+def write() -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    DATA.parent.mkdir(exist_ok=True)
+    DATA.write_text(json.dumps({"commit": commit, "grid": _grid()}, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_counts_unchanged.py --write")
+    write()
