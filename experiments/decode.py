@@ -24,7 +24,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from iosim.api import run_problem  # noqa: E402
 from iosim.gpus import GPUS, roofline  # noqa: E402
 
 GPU = GPUS["h100"]
@@ -47,8 +46,8 @@ def record(algorithm: str, n_q: int, n_k: int, *, batch=1, kv_heads=HEADS, causa
     cache = 2 * batch * kv_heads * n_k * D  # K and V in HBM, elements
     bound = cache + 2 * batch * HEADS * n_q * D  # the cache read once, Q read once, O written once
     # thread blocks of a kernel that runs one per (head, query block, split), as flash-swapped and split-kv do;
-    # split-kv's heads are K/V heads with their group's queries packed (iosim.api.run_problem)
-    run_pb = run_problem(algorithm, r.problem)
+    # split-kv's heads are K/V heads with their group's queries packed (Algorithm.run_problem)
+    run_pb = iosim.ALGORITHMS[algorithm].run_problem(r.problem)
     units = run_pb.shape.bh * math.ceil(run_pb.shape.n_q / r.tiling.Br) * r.tiling.splits
     busy = min(1.0, units / GPU.sms.value)
     return dict(algorithm=algorithm, N_q=n_q, N_k=n_k, batch=batch, heads=HEADS, kv_heads=kv_heads, d=D,

@@ -7,14 +7,18 @@ and the visited tiles (``iosim.visits``) with the run function, never the simula
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from iosim.counts import Counts, TensorCounts
+from iosim.errors import InputError
 from iosim.flops import Flops
-from iosim.memory import Memory
 from iosim.problem import ELEMENTS, Problem
-from iosim.tiling import Tiling
+from iosim.tiling import Tiling, ceil_div
+
+if TYPE_CHECKING:
+    from iosim.memory import Memory
 
 ROLES = ("input", "output", "intermediate")
 
@@ -64,6 +68,30 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(replace(t, role="input") for t in tensors)
 
 
+# Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
+OPTIONS = ("block_sparsity", "splits")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an algorithm asks of the generic layers beyond Q, K, V and a tiling; the default asks for nothing.
+
+    Declared once, in the algorithm's module. Generic code never reads these fields: it
+    asks the ``Algorithm`` (``accepts``, ``listed_by_default``, ``run_problem``,
+    ``with_splits``, ``step_shares_tiling``), the one place where their rules live.
+    """
+
+    # it skips the zero tiles of the problem's block mask (Problem.block_sparsity, defined on its tiles): its
+    # backward pass must then run on the forward's tiles, so a training step uses one tiling for both passes
+    block_mask: bool = False
+    # it serves each GQA group of query heads from one K/V load: it runs on the problem packed by group
+    # (Problem.packed_by_group: batch·kv_heads heads of G·N_q query rows), so its counts show the saving
+    packs_groups: bool = False
+    # its default number of K/V splits (Tiling.splits) given the problem, the blocks and the GPU's SM count;
+    # None when it does not split K/V
+    splits: Callable[[Problem, Tiling, int], int] | None = None
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One attention algorithm: how it runs on a ``Memory`` and what it moves, in closed form.
@@ -87,15 +115,7 @@ class Algorithm:
     baseline: bool = False  # the algorithm the others are compared with
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
     flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
-    # True when it skips the zero tiles of the problem's block mask (Problem.block_sparsity, defined on its
-    # tiles; other algorithms ignore the mask): its backward pass must then run on the forward's tiles, so a
-    # training step uses the backward's tiling for both passes, which fits the forward's smaller working set
-    block_sparse: bool = False
-    # True when it serves each GQA group of query heads from one K/V load: it runs on the problem packed by
-    # group (Problem.packed_by_group: batch·kv_heads heads of G·N_q query rows), so its counts show the saving
-    packs_groups: bool = False
-    # its default number of K/V splits (Tiling.splits) given the blocks; None when it does not split K/V
-    splits: Callable[[Problem, Tiling], int] | None = None
+    needs: Needs = field(default_factory=Needs)  # what it asks of the generic layers
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)
@@ -106,6 +126,43 @@ class Algorithm:
     def saved_inputs(self) -> tuple[str, ...]:
         """Inputs beside Q, K, V and the mask: for a backward pass, dO and what its forward saved."""
         return tuple(t.name for t in self.tensors if t.role == "input")
+
+    # --- the seam: what the generic layers ask of an algorithm ---------------------------------------------
+    def accepts(self, option: str) -> bool:
+        """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
+        if option not in OPTIONS:
+            raise ValueError(f"option {option!r} is not one of {OPTIONS}")
+        return self.needs.block_mask if option == "block_sparsity" else self.needs.splits is not None
+
+    def listed_by_default(self, given: Collection[str]) -> bool:
+        """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
+        block mask to another algorithm repeats that algorithm without a mask to use."""
+        return not self.needs.block_mask or "block_sparsity" in given
+
+    def run_problem(self, pb: Problem) -> Problem:
+        """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
+        return pb.packed_by_group() if self.needs.packs_groups else pb
+
+    @property
+    def step_shares_tiling(self) -> bool:
+        """A training step runs both passes on one tiling (the backward's, which fits the forward too)."""
+        return self.needs.block_mask
+
+    def with_splits(self, pb: Problem, tiling: Tiling, splits: int | None, default: bool, sms: int) -> Tiling:
+        """``tiling`` with its K/V splits: ``splits`` when given, else (``default``) its own policy's count for a
+        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, 1 to T_c."""
+        T_c = ceil_div(pb.shape.n_k, tiling.Bc)
+        splitting = self.needs.splits is not None
+        allowed = f"1 to {T_c} (the number of K/V blocks of B_c={tiling.Bc})" if splitting else "1"
+        if splits is not None:
+            if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+                raise InputError(f"splits={splits!r} for {self.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
+            tiling = replace(tiling, splits=splits)
+        elif splitting and default:
+            tiling = replace(tiling, splits=self.needs.splits(pb, tiling, sms))
+        if tiling.splits != 1 and (not splitting or tiling.splits > T_c):
+            raise InputError(f"splits={tiling.splits} for {self.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
+        return tiling
 
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:

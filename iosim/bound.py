@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from iosim.algorithm import Algorithm
-from iosim.api import _count_problem, count
+from iosim.api import count, count_problem
 from iosim.errors import BlockSizeError, InputError
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
@@ -85,11 +85,11 @@ def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", po
           algorithms: Iterable[str | Algorithm] | None = None,
           on_point: Callable[[BoundPoint], None] | None = None) -> BoundSweep:
     """Every algorithm's least traffic against the lower bound, on a log grid of M from the smallest working set to N·d."""
-    pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=False, dropout_p=0.0, seed=0, dtype=dtype)
+    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype)
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise InputError(f"points={points!r} must be a whole number >= 1")
-    if algorithms is None:  # the block-sparse ones without a block mask would repeat flash
-        algorithms = [a for a in ALGORITHMS.values() if not a.block_sparse]
+    if algorithms is None:  # those a command lists with no option set: the block-sparse ones would repeat flash
+        algorithms = [a for a in ALGORITHMS.values() if a.listed_by_default(())]
     algos = [get_algorithm(a) for a in algorithms]
     lo, hi = smallest_M(algos, pb), pb.shape.n_q * pb.shape.d
     if hi < lo:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.api import SimResult, pass_of, simulate, simulation_bytes
+from iosim.api import SimResult, backward_of, simulate, simulation_bytes
 from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
@@ -35,7 +35,7 @@ from iosim.rng import check_seed
 from iosim.sparsity import PATTERNS, BlockSparsity, element_mask
 from iosim.sweep import DEFAULT_D, DEFAULT_N, PASSES, RecordWriter, SweepRow, check_output_path, rank_by_traffic, \
     run_sweep, sweep_configs
-from iosim.tiling import POLICIES
+from iosim.policies import POLICIES
 from iosim.units import DTYPE_ITEMSIZE, parse_count
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
@@ -238,13 +238,13 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = None if getattr(args, "sparsity", None) is None else BlockSparsity(
         args.sparsity, args.sparsity_pattern, args.sparsity_seed)
-    if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].block_sparse:
+    if sparsity is not None and args.command == "run" and not ALGORITHMS[args.algo].accepts("block_sparsity"):
         raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.block_sparse]}")
+                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
     algorithms = [args.algo] if args.command == "run" else sweep_algorithms(args)
     if args.pass_ != "fwd":  # refuse an algorithm without a backward pass before anything runs
         for algo in algorithms:
-            pass_of(algo, "bwd")
+            backward_of(ALGORITHMS[algo])
     if args.command == "sweep":
         if args.resume and not (args.json or args.csv):
             raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
@@ -267,10 +267,10 @@ def sweep_algorithms(args: argparse.Namespace) -> list[str]:
     mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
-    sparse = getattr(args, "sparsity", None) is not None
+    given = ("block_sparsity",) if getattr(args, "sparsity", None) is not None else ()
     backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
-            if (sparse or not a.block_sparse) and (a.backward is not None or not backward)]
+            if a.listed_by_default(given) and (a.backward is not None or not backward)]
 
 
 def _run_bound(args: argparse.Namespace, on_point) -> BoundSweep:
@@ -300,7 +300,8 @@ def _run_optimize(args: argparse.Namespace, algorithms: list[str], M: int, on_do
     if args.pass_ != "fwd" and args.kv_heads not in (None, args.heads):
         raise InputError(f"--kv-heads {args.kv_heads} with --pass {args.pass_}: the backward passes take kv_heads "
                          f"== heads={args.heads} (grouped-query attention is forward only)")
-    outcome = OptimizeOutcome(optimize([pass_of(a, args.pass_) for a in algorithms], N=args.N, N_k=args.N_k,
+    passes = [ALGORITHMS[a] if args.pass_ == "fwd" else backward_of(ALGORITHMS[a]) for a in algorithms]
+    outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, on_done=on_done))
     records = outcome.records()
@@ -331,7 +332,7 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSpar
     shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
     need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
     if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
-        need += simulation_bytes(pass_of(args.algo, "bwd"), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
+        need += simulation_bytes(backward_of(ALGORITHMS[args.algo]), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
     free = available_memory()
     if free is not None and need > free:
         raise InputError(
@@ -363,7 +364,7 @@ def _run_one(args: argparse.Namespace, M: int, on_simulated, sparsity: BlockSpar
     if on_simulated:
         on_simulated(result)
     if sparsity is not None:  # the reference masks out every element of a zero tile
-        options["mask"] = element_mask(sparsity, result.tiling, args.N, n_k)
+        options["mask"] = element_mask(sparsity, result.forward_tiling, args.N, n_k)  # both passes' tiling
     err = rel = None
     if not args.no_check and args.pass_ == "fwd":
         err, rel = check_against_reference(result.out, q, k, v, **options)
@@ -406,8 +407,8 @@ def check_against_reference(out: np.ndarray, q, k, v, *, chunk: int = REFERENCE_
 def run_record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
     """What `run --json` saves: the configuration, the tiling, the counts and the check."""
     r, pb = outcome.result, outcome.result.problem
-    first = r.forward_tiling if outcome.pass_ == "fwd+bwd" else r.tiling  # the tiling of the first pass run
-    backward = r.tiling if outcome.pass_ == "fwd+bwd" else None
+    first = r.backward_tiling if outcome.pass_ == "bwd" else r.forward_tiling  # the pass reported first
+    backward = r.backward_tiling if outcome.pass_ == "fwd+bwd" else None
     return {
         "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
         "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
@@ -477,8 +478,8 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         return
     console.print(_setting(rows[0], rows))
     table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False)
-    tile = (lambda r: "—" if r.tiling is None else f"{r.tiling.Br}×{r.tiling.Bc}" + (
-        "" if r.backward_tiling is None else f"/{r.backward_tiling.Br}×{r.backward_tiling.Bc}"))
+    tile = (lambda r: "—" if r.counts is None else "/".join(
+        f"{t.Br}×{t.Bc}" for t in (r.forward_tiling, r.backward_tiling) if t is not None))
     exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
     peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
     if wide:
@@ -491,7 +492,7 @@ def _render_sweep(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: _count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: _eng(r.total)), ("bytes", lambda r: _bytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
-        if any(r.backward_tiling is not None for r in rows):  # two tilings a row: room made for them
+        if any(None not in (r.forward_tiling, r.backward_tiling) for r in rows):  # two tilings a row: room made for them
             columns = [c for c in columns if c[0] != "peak/M"]
     if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
         kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
@@ -542,7 +543,7 @@ def _render_training(console, r: GradResult, pass_: str) -> None:
     """The traffic of a run with --pass bwd or fwd+bwd: each pass's table."""
     if pass_ == "fwd+bwd":
         _render_traffic(console, r, r.forward_traffic, r.forward_tiling, "forward pass")
-    _render_traffic(console, r, r.traffic, r.tiling, "backward pass")
+    _render_traffic(console, r, r.traffic, r.backward_tiling, "backward pass")
 
 
 def _render_traffic(console, r: SimResult | GradResult, t: Counts, tiling, what: str | None) -> None:

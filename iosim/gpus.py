@@ -155,3 +155,6 @@ def resolve_M(M, gpu: str | None, dtype: str, default="100k") -> int:
         raise InputError(f"M={M!r} is {m:,} elements of {dtype}, more than the {preset.name}'s shared memory per SM "
                          f"({smem:,} elements); allowed with gpu={gpu!r}: M <= {smem:,}, or no M to use all of it")
     return m
+
+
+DEFAULT = "h100"  # the preset of a run that names none: split-kv's default splits fill its SMs

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.api import check_grouped_pass, new_memory, numeric_inputs, step_tilings
+from iosim.api import execute, numeric_inputs, plan
 from iosim.counts import Counts
 from iosim.flops import Flops
 from iosim.inputs import check_dout
@@ -27,8 +27,8 @@ class GradResult:
     algorithm: str
     problem: Problem
     M: int
-    tiling: Tiling  # the backward pass's
     forward_tiling: Tiling
+    backward_tiling: Tiling
     traffic: Counts  # the backward pass alone
     forward_traffic: Counts
     dq: np.ndarray  # (batch, heads, N_q, d)
@@ -52,18 +52,14 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
                               dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
-    check_grouped_pass(pb, "bwd")
-
-    forward, backward, M, forward_tiling, tiling = step_tilings(algorithm, pb, M, block_policy)
-    fwd = new_memory(forward, pb, M, data)
-    forward.run(fwd, pb, forward_tiling)
-    forward_traffic = fwd.counts()
-    saved = {name: fwd.tensor(name) for name in backward.saved_inputs() if name != "dO"}
-    bwd = new_memory(backward, pb, M, {**data, **saved, "dO": np.asarray(do)})
-    backward.run(bwd, pb, tiling)
+    request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy)
+    forward, backward = request.forward, request.backward
+    fwd = execute(forward, data)
+    saved = {name: fwd.tensor(name) for name in backward.algorithm.saved_inputs() if name != "dO"}
+    bwd = execute(backward, {**data, **saved, "dO": np.asarray(do)})
     s = pb.shape
     return GradResult(
-        forward.name, pb, M, tiling, forward_tiling, bwd.counts(), forward_traffic,
+        request.name, pb, request.M, forward.tiling, backward.tiling, bwd.counts(), fwd.counts(),
         dq=bwd.tensor("dQ").reshape(s.batch, s.heads, s.n_q, s.d),
         dk=bwd.tensor("dK").reshape(s.batch, s.heads, s.n_k, s.d),
         dv=bwd.tensor("dV").reshape(s.batch, s.heads, s.n_k, s.d), flops=bwd.flops(), forward_flops=fwd.flops(),

@@ -1,27 +1,19 @@
 """Validation of attention inputs shared by the simulator, the reference and the kernels.
 
-Shapes follow the paper's (batch, heads, N, d) layout. Q has N_q rows and K, V have
-N_k rows; N_q may differ from N_k (decoding has N_q = 1).
-
-Causal masking with N_q != N_k is aligned bottom-right, as in FlashAttention-2 and
-PyTorch's ``causal_lower_right``: query i sees key j exactly when j <= i + N_k - N_q.
-The last query row then sees every key, and with N_q > N_k the first N_q - N_k
-query rows see no key at all (fully masked rows, whose output is defined as 0).
-
-A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
-
-Grouped-query attention: K and V may have fewer heads than Q, ``kv_heads`` dividing
-``heads``; query head h reads K/V head h // (heads / kv_heads). MQA is kv_heads = 1.
+Arrays follow the paper's (batch, heads, N, d) layout: q is (batch, heads, N_q, d) and
+k, v are (batch, kv_heads, N_k, d) (``iosim.problem.AttentionShape`` holds the sizes,
+and the causal rule). A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True
+means "attend".
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from iosim.errors import InputError, InputTypeError
+from iosim.problem import AttentionShape
 from iosim.units import parse_count
 
 
@@ -45,53 +37,6 @@ def check_scale(scale, d: int) -> float:
     if not math.isfinite(tau) or tau == 0.0:
         raise InputError(f"scale={scale!r} must be a finite non-zero number")
     return tau
-
-
-def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
-    """Bottom-right aligned causal mask of one tile: (Br, Bc) booleans, True = attend."""
-    i = np.arange(rows.start, rows.stop)[:, None]
-    j = np.arange(cols.start, cols.stop)[None, :]
-    return j <= i + (n_k - n_q)
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """The sizes of one attention problem; each must be an integer >= 1.
-
-    ``kv_heads`` (default: ``heads``) is how many K/V heads the query heads share, a
-    divisor of ``heads``: query head h reads K/V head h // group.
-    """
-
-    batch: int
-    heads: int
-    n_q: int
-    n_k: int
-    d: int
-    kv_heads: int | None = None
-
-    def __post_init__(self):
-        for name in ("batch", "heads", "n_q", "n_k", "d"):
-            check_positive_int(name, getattr(self, name))
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        check_positive_int("kv_heads", self.kv_heads)
-        if self.heads % self.kv_heads:
-            divisors = [g for g in range(1, self.heads + 1) if self.heads % g == 0]
-            raise InputError(f"kv_heads={self.kv_heads} must divide heads={self.heads}; allowed: {divisors}")
-
-    @property
-    def bh(self) -> int:
-        return self.batch * self.heads
-
-    @property
-    def group(self) -> int:
-        """Query heads per K/V head: 1 for multi-head attention, ``heads`` for MQA."""
-        return self.heads // self.kv_heads
-
-    @property
-    def bkv(self) -> int:
-        """batch · kv_heads: how many K/V heads there are."""
-        return self.batch * self.kv_heads
 
 
 def check_qkv(q, k, v) -> AttentionShape:

@@ -24,12 +24,15 @@ is the same in both modes; tests hold the counts equal.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from iosim.counts import Counts, TensorCounts
 from iosim.flops import Flops
-from iosim.visits import Blocks
+
+if TYPE_CHECKING:
+    from iosim.visits import Blocks
 
 
 class CapacityError(MemoryError):

@@ -35,145 +35,20 @@ smaller working set, then the smaller blocks.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from iosim.algorithm import Algorithm
-from iosim.api import _count_problem, count, run_problem
+from iosim.api import count, count_problem
 from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
+from iosim.policies import POLICIES
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
-from iosim.tiling import POLICIES, Tiling
+from iosim.search import Candidate, evaluate, ranked, smallest_working_set
 from iosim.units import parse_size
-from iosim.visits import ceil_div
 
 TOP_DEFAULT = 3  # tilings per algorithm that `iosim optimize` shows
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One tiling the search evaluated, with its exact traffic over all batch·heads."""
-
-    tiling: Tiling
-    traffic: int  # HBM elements
-    traffic_bytes: int
-    working_set: int  # on-chip elements per head with full blocks (<= M)
-    c: float  # traffic·M / (bh·N_q·N_k·d²): the constant in front of N²d²/M
-
-
-def constant(pb: Problem, M: int, traffic: int) -> float:
-    """c in traffic = c·N_q·N_k·d²/M per head (Alg. 1 reaches 12, the swapped loop 8: docs/derivations.md)."""
-    s = pb.shape
-    return traffic * M / (s.bh * s.n_q * s.n_k * s.d * s.d)
-
-
-def smallest_working_set(algo: Algorithm, pb: Problem, M: int) -> int:
-    """The working set of 1 × 1 blocks: no tiling of ``algo`` fits a smaller M."""
-    return algo.working_set(pb, Tiling(1, 1), M)
-
-
-def check_fits(algo: Algorithm, pb: Problem, M: int) -> None:
-    """Raise ``BlockSizeError`` when not even 1 × 1 blocks of ``algo`` fit M."""
-    smallest = smallest_working_set(algo, pb, M)
-    if smallest > M:
-        raise BlockSizeError(
-            f"M={M} is below the smallest working set of {algo.name} at d={pb.shape.d}, N_q={pb.shape.n_q}, "
-            f"N_k={pb.shape.n_k}: {smallest} elements (B_r = B_c = 1); allowed range M >= {smallest}"
-        )
-
-
-def _largest(fits: Callable[[int], bool], hi: int) -> int:
-    """The largest b in [1, hi] with fits(b), for fits true at 1 and monotone; 0 if fits(1) is false."""
-    if not fits(1):
-        return 0
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _staircase(fits: Callable[[int, int], bool], n_outer: int, n_inner: int) -> Iterable[tuple[int, int]]:
-    """(a, largest b that fits with a) for a = 1, 2, … while some b fits; b never grows with a."""
-    b = _largest(lambda b: fits(1, b), n_inner)
-    for a in range(1, n_outer + 1):
-        if not fits(a, b):
-            b = _largest(lambda x: fits(a, x), b - 1) if b > 1 else 0
-        if b == 0:
-            return
-        yield a, b
-
-
-def block_sizes(n: int) -> list[int]:
-    """The least block size giving each block count: ⌈n/T⌉ for T = 1 … n, distinct, ascending (O(√n) of them)."""
-    out, T = [], 1
-    while T <= n:
-        b = ceil_div(n, T)
-        out.append(b)
-        if b == 1:
-            break
-        T = ceil_div(n, b - 1)  # the first block count whose least size is below b
-    return out[::-1]
-
-
-def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
-    """The tilings the search evaluates (see the module docstring), no block longer than its sequence."""
-    check_fits(algo, pb, M)
-    n_q, n_k = pb.shape.n_q, pb.shape.n_k
-
-    def fits(Br: int, Bc: int) -> bool:
-        return algo.working_set(pb, Tiling(Br, Bc), M) <= M
-
-    if not pb.causal:  # traffic depends on T_r and T_c only: the least block of each count will do
-        return _canonical_staircase(fits, n_q, n_k)
-    shapes = set(_staircase(fits, n_q, n_k))  # for each B_r, the largest B_c
-    shapes |= {(Br, Bc) for Bc, Br in _staircase(lambda Bc, Br: fits(Br, Bc), n_k, n_q)}  # and the other way
-    shapes |= {(1, Bc) for Bc in range(1, _largest(lambda Bc: fits(1, Bc), n_k) + 1)}  # the thin tilings
-    shapes |= {(Br, 1) for Br in range(1, _largest(lambda Br: fits(Br, 1), n_q) + 1)}
-    return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
-
-
-def _canonical_staircase(fits: Callable[[int, int], bool], n_q: int, n_k: int) -> list[Tiling]:
-    """For each least block size B_r = ⌈N_q/T_r⌉ that fits, the largest B_c that fits and the least B_c with
-    as few blocks; and the other way round."""
-    shapes = set()
-    for n_a, n_b, fits_ab, swap in ((n_q, n_k, fits, False), (n_k, n_q, lambda a, b: fits(b, a), True)):
-        for a in block_sizes(n_a):
-            b = _largest(lambda x: fits_ab(a, x), n_b)
-            if b == 0:
-                break
-            for b in (b, ceil_div(n_b, ceil_div(n_b, b))):  # the largest, and the least with as few blocks
-                shapes.add((b, a) if swap else (a, b))
-    return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
-
-
-def evaluate(algo: Algorithm, pb: Problem, M: int, tiling: Tiling) -> Candidate:
-    """A tiling's exact traffic from the closed form."""
-    counts: Counts = algo.traffic(pb, tiling, M)
-    return Candidate(tiling, counts.total, counts.total_bytes, algo.working_set(pb, tiling, M),
-                     constant(pb, M, counts.total))
-
-
-def _rank(x: Candidate) -> tuple:
-    return x.traffic, x.traffic_bytes, x.working_set, x.tiling.Br, x.tiling.Bc
-
-
-@functools.lru_cache(maxsize=512)
-def ranked(algo: Algorithm, pb: Problem, M: int) -> tuple[Candidate, ...]:
-    """Every searched tiling of ``algo`` on ``pb`` under M, best first."""
-    if not isinstance(algo, Algorithm):
-        raise InputError(f"algorithm={algo!r} must be an iosim.Algorithm")
-    return tuple(sorted((evaluate(algo, pb, M, t) for t in candidates(algo, pb, M)), key=_rank))
-
-
-def optimal(algo: Algorithm, pb: Problem, M: int) -> Tiling:
-    """Block policy ``optimal``: the searched tiling with the fewest exact HBM accesses that fits M."""
-    return ranked(algo, pb, M)[0].tiling
 
 
 @dataclass(frozen=True)
@@ -203,13 +78,12 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
-    user_pb = _count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=0.0, seed=0, dtype=dtype,
-                             kv_heads=kv_heads)
+    user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | BlockSizeError] = []
     for algo in algos:
-        pb = run_problem(algo, user_pb)  # c is the same on either: bh·N_q is unchanged by packing
+        pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
             searched = ranked(algo, pb, M)
         except BlockSizeError as err:
@@ -226,7 +100,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         policies = {}
         for policy in ("fit", "paper"):
             try:
-                policies[policy] = evaluate(algo, pb, M, POLICIES[policy](algo, pb, M))
+                policies[policy] = evaluate(algo, pb, M, POLICIES[policy].choose(algo, pb, M))
             except BlockSizeError:
                 policies[policy] = None
         result = Optimum(algo.name, user_pb, M, _distinct(searched, top), len(searched), measured, **policies)
@@ -234,7 +108,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         if on_done:
             on_done(result)
     if not any(isinstance(r, Optimum) for r in out):
-        needs = {a.name: smallest_working_set(a, run_problem(a, user_pb), M) for a in algos}
+        needs = {a.name: smallest_working_set(a, a.run_problem(user_pb), M) for a in algos}
         raise BlockSizeError(
             f"M={M} is below the smallest working set of every algorithm asked for ("
             + ", ".join(f"{name}: {need}" for name, need in needs.items())

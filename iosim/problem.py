@@ -1,4 +1,14 @@
-"""One attention problem as the algorithms see it: sizes, options and element sizes."""
+"""One attention problem as the algorithms see it: its sizes, its options and its element sizes.
+
+Q has N_q rows and K, V have N_k rows; N_q may differ from N_k (decoding has N_q = 1).
+Grouped-query attention: K and V may have fewer heads than Q, ``kv_heads`` dividing
+``heads``; query head h reads K/V head h // (heads / kv_heads). MQA is kv_heads = 1.
+
+Causal masking with N_q != N_k is aligned bottom-right, as in FlashAttention-2 and
+PyTorch's ``causal_lower_right``: query i sees key j exactly when j <= i + N_k - N_q.
+The last query row then sees every key, and with N_q > N_k the first N_q - N_k
+query rows see no key at all (fully masked rows, whose output is defined as 0).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +16,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from iosim.errors import InputError, InputTypeError
-from iosim.inputs import AttentionShape
 from iosim.rng import check_dropout_p, check_seed
-from iosim.units import DTYPE_ITEMSIZE, check_dtype
+from iosim.units import DTYPE_ITEMSIZE, check_dtype, parse_count
 
 if TYPE_CHECKING:
     from iosim.sparsity import BlockSparsity
@@ -20,6 +31,53 @@ if TYPE_CHECKING:
 MASK_ITEMSIZE = 1
 STAT_MIN_ITEMSIZE = 4
 ELEMENTS = ("data", "stat", "mask")
+
+
+def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
+    """Bottom-right aligned causal mask of one tile: (Br, Bc) booleans, True = attend."""
+    i = np.arange(rows.start, rows.stop)[:, None]
+    j = np.arange(cols.start, cols.stop)[None, :]
+    return j <= i + (n_k - n_q)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The sizes of one attention problem; each must be an integer >= 1.
+
+    ``kv_heads`` (default: ``heads``) is how many K/V heads the query heads share, a
+    divisor of ``heads``: query head h reads K/V head h // group.
+    """
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    d: int
+    kv_heads: int | None = None
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "n_q", "n_k", "d"):
+            parse_count(name, getattr(self, name))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        parse_count("kv_heads", self.kv_heads)
+        if self.heads % self.kv_heads:
+            divisors = [g for g in range(1, self.heads + 1) if self.heads % g == 0]
+            raise InputError(f"kv_heads={self.kv_heads} must divide heads={self.heads}; allowed: {divisors}")
+
+    @property
+    def bh(self) -> int:
+        return self.batch * self.heads
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head: 1 for multi-head attention, ``heads`` for MQA."""
+        return self.heads // self.kv_heads
+
+    @property
+    def bkv(self) -> int:
+        """batch · kv_heads: how many K/V heads there are."""
+        return self.batch * self.kv_heads
 
 
 @dataclass(frozen=True)
@@ -33,7 +91,8 @@ class Problem:
     dropout_p: float = 0.0
     seed: int = 0
     dtype: str = "float16"
-    block_sparsity: BlockSparsity | None = None  # the block mask of a block-sparse run; others ignore it
+    # the block mask of an algorithm that takes one (checked where it enters the API); others ignore it
+    block_sparsity: BlockSparsity | None = None
     # query heads packed into the query rows (``packed()``): 1, or the GQA group of an algorithm that serves
     # a whole group from one K/V load; row r is then query r mod N_q/packed of the group's head r // (N_q/packed)
     packed: int = 1
@@ -50,10 +109,6 @@ class Problem:
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)
-        from iosim.sparsity import BlockSparsity  # sparsity needs visits, which needs Problem
-
-        if self.block_sparsity is not None and not isinstance(self.block_sparsity, BlockSparsity):
-            raise InputTypeError(f"block_sparsity={self.block_sparsity!r} must be an iosim.BlockSparsity or None")
 
     def packed_by_group(self) -> Problem:
         """The problem as an algorithm that serves each GQA group from one K/V load sees it.

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.errors import InputError
-from iosim.inputs import AttentionShape, check_dout, check_mask, check_qkv, check_scale
+from iosim.inputs import check_dout, check_mask, check_qkv, check_scale
+from iosim.problem import AttentionShape
 from iosim.rng import check_dropout_p, dropout_tile
 
 

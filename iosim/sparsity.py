@@ -29,11 +29,11 @@ import numpy as np
 
 from iosim.errors import InputError, InputTypeError
 from iosim.rng import check_seed
+from iosim.tiling import Tiling, ceil_div
 from iosim.visits import Axis, Blocks, Visits, visits
 
 if TYPE_CHECKING:
     from iosim.problem import Problem
-    from iosim.tiling import Tiling
 
 PATTERNS = ("random", "local", "strided")
 
@@ -45,6 +45,13 @@ def check_sparsity(sparsity) -> float:
     if not 0.0 < float(sparsity) <= 1.0:
         raise InputError(f"sparsity={sparsity!r} is outside the allowed range (0, 1]")
     return float(sparsity)
+
+
+def check_block_sparsity(value) -> BlockSparsity | None:
+    """A run's block mask as it enters the API: a ``BlockSparsity`` or None."""
+    if value is not None and not isinstance(value, BlockSparsity):
+        raise InputTypeError(f"block_sparsity={value!r} must be an iosim.BlockSparsity or None")
+    return value
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ class BlockSparsity:
 
 def element_mask(spec: BlockSparsity, tiling: Tiling, n_q: int, n_k: int) -> np.ndarray:
     """(N_q, N_k) booleans: the elements of the nonzero tiles of ``spec`` on ``tiling``."""
-    blocks = spec.mask(-(-n_q // tiling.Br), -(-n_k // tiling.Bc))
+    blocks = spec.mask(ceil_div(n_q, tiling.Br), ceil_div(n_k, tiling.Bc))
     return np.repeat(np.repeat(blocks, tiling.Br, axis=0), tiling.Bc, axis=1)[:n_q, :n_k]
 
 
@@ -108,7 +115,7 @@ def reduce_element_mask(mask, tiling: Tiling) -> BlockSparsity:
     m = np.asarray(mask)
     if m.dtype != np.bool_ or m.ndim != 2:
         raise InputError(f"element mask must be a 2-D boolean array (N_q, N_k); got {m.dtype} of shape {m.shape}")
-    T_r, T_c = -(-m.shape[0] // tiling.Br), -(-m.shape[1] // tiling.Bc)
+    T_r, T_c = ceil_div(m.shape[0], tiling.Br), ceil_div(m.shape[1], tiling.Bc)
     padded = np.zeros((T_r * tiling.Br, T_c * tiling.Bc), dtype=bool)
     padded[:m.shape[0], :m.shape[1]] = m
     return BlockSparsity.from_array(padded.reshape(T_r, tiling.Br, T_c, tiling.Bc).any(axis=(1, 3)))

@@ -24,7 +24,7 @@ from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
 from iosim.registry import get_algorithm
 from iosim.sparsity import BlockSparsity
-from iosim.tiling import Tiling
+from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_size
 
 DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
@@ -48,19 +48,24 @@ class SweepRow:
     dropout_p: float
     dtype: str
     block_policy: str
-    tiling: Tiling | None
+    forward_tiling: Tiling | None  # None for a row without a forward pass, or one that does not run
     counts: Counts | None  # measured, all batch·heads
     predicted: int | None  # exact closed form, elements
     paper: float  # the paper's asymptotic form, elements
     paper_label: str
     status: str  # "ok", or why the configuration does not run
     pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
-    backward_tiling: Tiling | None = None  # with "fwd+bwd", the backward pass's (``tiling`` is the forward's)
+    backward_tiling: Tiling | None = None  # None for a row without a backward pass
     sparsity: float | None = None  # a block-sparse row's fraction of nonzero tiles; None when dense
     sparsity_pattern: str | None = None
     flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
     roofline: Roofline | None = None  # with a GPU preset: the estimated time
     kv_heads: int | None = None  # K/V heads under grouped-query attention; None when equal to heads
+
+    @property
+    def tiling(self) -> Tiling | None:
+        """The tiling of a one-pass row; None when both passes ran, or when it does not run."""
+        return one_pass(self.forward_tiling, self.backward_tiling)
 
     @property
     def reads(self) -> int | None:
@@ -94,11 +99,13 @@ class SweepRow:
     def record(self) -> dict:
         """The row as one JSON record: the configuration, the tiling, the counts and every tensor's traffic."""
         config = {name: getattr(self, "pass_" if name == "pass" else name) for name in CONFIG_KEYS}
-        tiling = {f.name: getattr(self.tiling, f.name, None) for f in fields(Tiling)}
+        first = self.forward_tiling or self.backward_tiling  # records keep the first pass's under Br, Bc, splits
+        second = self.backward_tiling if self.forward_tiling is not None else None
+        tiling = {f.name: getattr(first, f.name, None) for f in fields(Tiling)}
         counts = self.counts.as_dict() if self.counts is not None else {
             key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
                                   "peak_sram", "tensors")}
-        backward = {f"bwd_{f.name}": getattr(self.backward_tiling, f.name, None) for f in fields(Tiling)}
+        backward = {f"bwd_{f.name}": getattr(second, f.name, None) for f in fields(Tiling)}
         arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None)}
         if self.roofline is not None:
             arithmetic.update(gpu=self.roofline.gpu, roofline_s=self.roofline.seconds, bound=self.roofline.bound,
@@ -128,11 +135,11 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     preset = None if gpu is None else get_gpu(gpu)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits if get_algorithm(algorithm).splits is not None else None)
+                   splits=splits if get_algorithm(algorithm).accepts("splits") else None)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                   dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
                   kv_heads=None if kv_heads in (None, heads) else kv_heads)
-    sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
+    sparse = block_sparsity is not None and get_algorithm(algorithm).accepts("block_sparsity")
     config["sparsity"] = block_sparsity.sparsity if sparse else None
     config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
     try:
@@ -141,13 +148,12 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         if block_policy == "fit":
             raise
         fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})  # M in elements, paper's form
-        return SweepRow(algorithm, M=fit.M, **config, tiling=None, counts=None, predicted=None, paper=fit.paper,
+        return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
-    training = measured.forward_tiling is not None  # fwd+bwd: tiling is the backward's
     counts, flops = measured.traffic, measured.flops
-    return SweepRow(algorithm, M=measured.M, **config, tiling=measured.forward_tiling if training else measured.tiling,
+    return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
-                    status="ok", backward_tiling=measured.tiling if training else None, flops=flops,
+                    status="ok", backward_tiling=measured.backward_tiling, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 
@@ -256,7 +262,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
-        sparse = block_sparsity is not None and get_algorithm(algorithm).block_sparse
+        sparse = block_sparsity is not None and get_algorithm(algorithm).accepts("block_sparsity")
         done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
                                **{"pass": pass_}, sparsity=block_sparsity.sparsity if sparse else None,
                                sparsity_pattern=block_sparsity.pattern if sparse else None,

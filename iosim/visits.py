@@ -24,11 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from iosim.problem import Problem
-from iosim.tiling import Tiling
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+from iosim.tiling import Tiling, ceil_div
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
@@ -226,45 +222,3 @@ class Visits:
 def visits(pb: Problem, tiling: Tiling, skips_hidden: bool) -> Visits:
     """The tiles visited on ``pb`` with ``tiling``; ``skips_hidden`` skips those a causal mask hides."""
     return Visits(Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc), skips_hidden and pb.causal)
-
-
-@dataclass(frozen=True)
-class Splits:
-    """The key blocks of ``k`` dealt, in order, to S splits as evenly as possible (split-KV).
-
-    With T_c = q·S + r, the first r splits take q + 1 blocks and the others q (S ≤ T_c, so
-    each takes at least one). A loop over the splits (``Memory.loop(splits)``) sees it as
-    it sees ``Blocks``: split s covers the key rows ``axis.slice(s)``, and in count-only
-    mode one split stands for every split of its kind, kinds being the number of blocks
-    and whether the split holds the ragged last key block.
-    """
-
-    k: Axis
-    S: int
-    nested = None  # a loop over the splits nests the loop over each split's blocks, which it builds itself
-
-    @property
-    def axis(self) -> Splits:
-        return self
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.S))
-
-    def blocks(self, s: int) -> Blocks:
-        """The key blocks of split s."""
-        q, r = divmod(self.k.T, self.S)
-        first = s * q + min(s, r)
-        return Blocks(self.k, (range(first, first + q + (s < r)),))
-
-    def slice(self, s: int) -> slice:
-        run = self.blocks(s).runs[0]
-        return slice(self.k.slice(run.start).start, self.k.slice(run.stop - 1).stop)
-
-    def classes(self) -> list[tuple[int, int]]:
-        """(representative split, number of splits) for each kind of split."""
-        q, r = divmod(self.k.T, self.S)
-        kinds = [[0, r], [r, self.S - r]]  # q + 1 blocks, then q blocks
-        if self.k.n % self.k.B:  # the last split (one of q blocks, as r < S) holds the ragged last key block
-            kinds[1][1] -= 1
-            kinds.append([self.S - 1, 1])
-        return [(first, n) for first, n in kinds if n]

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.inputs import AttentionShape
+from iosim.problem import AttentionShape
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import shape_rule
+from iosim.policies import shape_rule
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import BACKWARD_NAMES, problem, random_qkv, relative_error
-from iosim.tiling import choose_tiling
+from iosim.policies import choose_tiling
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 
@@ -74,14 +74,14 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
     for name, x, r in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref):
         assert x.shape == r.shape
         err = relative_error(x, r)
-        assert err <= TOL, f"{algorithm} {c} blocks {g.tiling}: {name} relative error {err:.3e} > {TOL}"
+        assert err <= TOL, f"{algorithm} {c} blocks {g.backward_tiling}: {name} relative error {err:.3e} > {TOL}"
     shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], M=M, batch=c["batch"], heads=c["heads"], causal=c["causal"],
                  mask=c["masked"], dropout_p=c["dropout_p"])
     counted = iosim.count(algorithm, pass_="bwd", **shape)
-    assert counted.tiling == g.tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
+    assert counted.tiling == g.backward_tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
     assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
     assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
-    forward = iosim.predict(algorithm, **shape, tiling=g.tiling if iosim.ALGORITHMS[algorithm].block_sparse else None)
+    forward = iosim.predict(algorithm, **shape, tiling=g.backward_tiling if iosim.ALGORITHMS[algorithm].step_shares_tiling else None)
     assert forward.tiling == g.forward_tiling and g.forward_traffic == forward.exact
 
 
@@ -144,9 +144,9 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     backward = iosim.ALGORITHMS[algorithm].backward
     assert g.traffic.peak_sram <= 4000 and g.forward_traffic.peak_sram <= 4000
     forward = iosim.ALGORITHMS[algorithm]
-    assert g.tiling == choose_tiling(backward, g.problem, 4000)
+    assert g.backward_tiling == choose_tiling(backward, g.problem, 4000)
     # a block mask is defined on the tiles, so block-sparse runs both passes on the backward's
-    shared = g.tiling if forward.block_sparse else None
+    shared = g.backward_tiling if forward.step_shares_tiling else None
     assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=shared)
 
 
@@ -178,7 +178,7 @@ def test_a_training_step_is_both_passes_added(algorithm):
     step, pred = iosim.count(algorithm, pass_="fwd+bwd", **shape), iosim.predict(algorithm, pass_="fwd+bwd", **shape)
     fwd = iosim.count(algorithm, tiling=step.forward_tiling, **shape)
     bwd = iosim.count(algorithm, pass_="bwd", **shape)
-    assert step.tiling == bwd.tiling == pred.tiling and step.forward_tiling == pred.forward_tiling
+    assert step.backward_tiling == bwd.tiling == pred.backward_tiling and step.forward_tiling == pred.forward_tiling
     assert step.traffic == pred.exact == iosim.counts.combined(fwd.traffic, bwd.traffic)
     assert step.flops == pred.flops == fwd.flops + bwd.flops
     assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)
@@ -194,4 +194,4 @@ def test_awkward_shapes_causal(algorithm, n_q, n_k):
     ref = iosim.attention_backward_ref(q, k, v, do, causal=True, dropout_p=0.1, seed=4)
     for name, x, r in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref):
         err = relative_error(x, r)
-        assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: {name} error {err:.3e}, blocks {g.tiling}"
+        assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: {name} error {err:.3e}, blocks {g.backward_tiling}"

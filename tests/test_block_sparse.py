@@ -38,7 +38,7 @@ def test_count_equals_exact_prediction(algorithm, pass_, n_q, n_k, d, spare, cau
     shape = dict(N=n_q, N_k=n_k, d=d, M=smallest + spare, causal=causal, mask=mask, block_sparsity=sparsity, batch=2)
     r = iosim.count(algorithm, pass_=pass_, **shape)
     p = iosim.predict(algorithm, pass_=pass_, **shape)
-    assert r.tiling == p.tiling and r.traffic == p.exact and r.flops == p.flops, f"{algorithm} {pass_} {shape}"
+    assert (r.forward_tiling, r.backward_tiling) == (p.forward_tiling, p.backward_tiling) and r.traffic == p.exact and r.flops == p.flops, f"{algorithm} {pass_} {shape}"
     assert r.traffic.peak_sram <= r.M
 
 
@@ -54,7 +54,7 @@ def test_gradients_match_attention_with_the_block_mask_spelled_out(algorithm, n_
     M = 4 * 3 * d + 20 + spare  # a few rows and columns' worth: many tiles
     opts = dict(causal=causal, dropout_p=dropout_p, seed=3)
     g = iosim.gradients(algorithm, q, k, v, do, M=M, block_sparsity=sparsity, **opts)
-    t = g.tiling  # both passes run on it
+    t = g.backward_tiling  # both passes run on it
     blocks = sparsity.mask(-(-n_q // t.Br), -(-n_k // t.Bc))
     keep = element_mask(blocks, t, n_q, n_k)
     out = iosim.simulate(algorithm, q, k, v, M=M, block_sparsity=sparsity, tiling=t, **opts).out

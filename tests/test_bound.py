@@ -53,7 +53,7 @@ def test_bound_command_saves_records_and_plot(tmp_path):
     sweep = run(build_parser().parse_args(["bound", "--N", "512", "--d", "16", "--points", "5", "--causal",
                                            "--json", str(js), "--out", str(png)]))
     records = json.loads(js.read_text())
-    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.block_sparse]  # no block mask: dense ones
+    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]  # no block mask: dense ones
     assert len(records) == 5 * len(dense) and png.stat().st_size > 10_000
     best = [r for r in records if r["best"]]
     assert [r["ratio"] for r in best] == [p.ratio for p in sweep.points]

@@ -26,12 +26,12 @@ def test_sweep_fwd_plus_bwd_adds_the_two_passes(algorithm):
             for p in ("fwd", "bwd", "fwd+bwd")}
     both = rows["fwd+bwd"]
     forward = rows["fwd"].counts
-    if iosim.ALGORITHMS[algorithm].block_sparse:  # both passes on the backward's tiles
-        assert both.tiling == rows["bwd"].tiling
-        forward = iosim.count(algorithm, N=1000, d=48, M="100k", causal=True, tiling=both.tiling).traffic
+    if iosim.ALGORITHMS[algorithm].step_shares_tiling:  # both passes on the backward's tiles
+        assert both.forward_tiling == rows["bwd"].backward_tiling
+        forward = iosim.count(algorithm, N=1000, d=48, M="100k", causal=True, tiling=both.forward_tiling).traffic
     else:
-        assert both.tiling == rows["fwd"].tiling
-    assert both.backward_tiling == rows["bwd"].tiling
+        assert both.forward_tiling == rows["fwd"].forward_tiling
+    assert both.backward_tiling == rows["bwd"].backward_tiling
     assert both.total == forward.total + rows["bwd"].total == both.predicted
     assert both.counts.total_bytes == forward.total_bytes + rows["bwd"].counts.total_bytes
     assert rows["bwd"].total == iosim.predict(algorithm, N=1000, d=48, M="100k", causal=True, pass_="bwd").exact.total
@@ -60,7 +60,7 @@ def test_run_checks_gradients_against_the_reference(pass_, tmp_path):
     if pass_ == "fwd+bwd":
         predicted = iosim.counts.combined(
             iosim.predict("flash-swapped", N=90, N_k=61, d=12, M="6k", causal=True).exact, predicted)
-        assert (record["bwd_Br"], record["bwd_Bc"]) == (out.result.tiling.Br, out.result.tiling.Bc)
+        assert (record["bwd_Br"], record["bwd_Bc"]) == (out.result.backward_tiling.Br, out.result.backward_tiling.Bc)
     assert out.traffic == predicted
 
 

@@ -68,6 +68,13 @@ def _tiling(t) -> list | None:
     return None if t is None else [t.Br, t.Bc, t.splits]
 
 
+def _tilings(result) -> tuple[list | None, list | None]:
+    """The grid's two tiling keys, as written at 815f537: "tiling" is the last pass's (the backward's when it ran),
+    "forward_tiling" the forward's when both passes ran, else None."""
+    two = result.forward_tiling is not None and result.backward_tiling is not None
+    return _tiling(result.backward_tiling or result.forward_tiling), _tiling(result.forward_tiling if two else None)
+
+
 def outcome(case: dict) -> dict:
     """What count and predict give for one case: counts, peak, FLOPs and tilings, or the refusal."""
     kw = _kwargs(case)
@@ -77,13 +84,14 @@ def outcome(case: dict) -> dict:
     except (iosim.InputError, iosim.CapacityError) as err:
         return {"refused": type(err).__name__, "message": str(err)}
     t = measured.traffic
+    last, forward = _tilings(measured)
     return {
-        "M": measured.M, "tiling": _tiling(measured.tiling), "forward_tiling": _tiling(measured.forward_tiling),
+        "M": measured.M, "tiling": last, "forward_tiling": forward,
         "tensors": [[x.name, x.reads, x.writes, x.itemsize] for x in t.tensors], "peak_sram": t.peak_sram,
         "flops": None if measured.flops is None else [measured.flops.matmul, measured.flops.exp],
         "predicted_equal": predicted.exact == t, "paper": predicted.paper, "paper_label": predicted.paper_label,
         "predicted_flops": None if predicted.flops is None else [predicted.flops.matmul, predicted.flops.exp],
-        "predicted_tiling": _tiling(predicted.tiling),
+        "predicted_tiling": _tilings(predicted)[0],
     }
 
 

@@ -12,7 +12,7 @@ from helpers import relative_error
 from iosim.cli import build_parser, main, run
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
-PER_HEAD = [name for name, a in iosim.ALGORITHMS.items() if not a.block_sparse and not a.packs_groups]
+PER_HEAD = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity") and not a.needs.packs_groups]
 
 
 def grouped_qkv(rng, batch, heads, kv_heads, n_q, n_k, d):

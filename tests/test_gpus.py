@@ -66,7 +66,7 @@ def test_sweep_rows_and_records_carry_the_roofline(tmp_path, pass_):
         assert row.roofline.seconds == max(compute, memory)
         assert record["roofline_s"] == row.roofline.seconds and record["bound"] == row.roofline.bound
         assert record["matmul_flops"] == row.flops.matmul and record["gpu"] == "A100"
-        passes = {"fwd": row.tiling, "bwd": row.backward_tiling} if pass_ == "fwd+bwd" else {"fwd": row.tiling}
+        passes = {"fwd": row.forward_tiling, "bwd": row.backward_tiling} if pass_ == "fwd+bwd" else {"fwd": row.tiling}
         shape = dict(N=1024, d=64, M=row.M, batch=4)
         assert row.flops == sum((iosim.predict(row.algorithm, pass_=p, tiling=t, **shape).flops
                                  for p, t in passes.items()), Flops())

@@ -5,7 +5,7 @@ import pytest
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv
-from iosim.api import new_memory
+from iosim.api import Plan, new_memory
 from iosim.memory import Memory
 from iosim.units import parse_size
 
@@ -96,7 +96,7 @@ def test_algorithm_raises_capacity_error_when_blocks_do_not_fit(algorithm):
     tiling = iosim.Tiling(32, 16)
     # the largest M below which 32 × 16 blocks overflow (a working set may grow with M: rows of S in step 2)
     M = next(m for m in range(algo.working_set(pb, tiling, 1000), 0, -1) if algo.working_set(pb, tiling, m) > m)
-    mem = new_memory(algo, pb, M)
+    mem = new_memory(Plan(algo, pb, M, tiling))
     with pytest.raises(iosim.CapacityError, match=f"M={M} elements exceeded"):
         algo.run(mem, pb, tiling)
 

@@ -18,7 +18,8 @@ from numba import cuda
 
 import iosim
 from iosim import kernels
-from iosim.inputs import causal_keep, check_qkv, check_scale
+from iosim.inputs import check_qkv, check_scale
+from iosim.problem import causal_keep
 from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
 from iosim.rng import dropout_tile, philox_word
 from iosim.kernels import MatmulConfig, TileConfig

@@ -12,7 +12,7 @@ from rich.console import Console
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 from iosim.cli import OptimizeOutcome, _render_optimize, build_parser, main, run
-from iosim.inputs import AttentionShape
+from iosim.problem import AttentionShape
 from iosim.optimize import evaluate, optimize, ranked
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import random_qkv, relative_error
-from iosim.inputs import AttentionShape
+from iosim.problem import AttentionShape
 from iosim.optimize import ranked
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS

@@ -8,9 +8,8 @@ from hypothesis import strategies as st
 import iosim
 from helpers import ALGORITHM_NAMES, problem
 from iosim.cli import main
-from iosim.inputs import AttentionShape
 from iosim.memory import Memory
-from iosim.problem import Problem
+from iosim.problem import AttentionShape, Problem
 from iosim.visits import floor_sum, visits
 
 

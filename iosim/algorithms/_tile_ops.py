@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.inputs import causal_keep
 from iosim.memory import Memory, Tile
-from iosim.problem import Problem
+from iosim.problem import Problem, causal_keep
 from iosim.rng import dropout_tile
 
 

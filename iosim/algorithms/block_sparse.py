@@ -9,7 +9,7 @@ finds the column's nonzero tiles, so only the inner steps are skipped. ``block-s
 
 The block mask is the problem's ``block_sparsity``, defined on the run's own tiles; with
 none, every tile is nonzero and the counts are those of ``flash``. A training step runs
-both passes on the same tiles (``block_sparse``): the backward's, which fit both. With a causal mask,
+both passes on the same tiles (``Needs.block_mask``): the backward's, which fit both. With a causal mask,
 tiles it hides entirely are skipped too. On-chip buffers are those of Algorithms 2 and 4.
 
 Deviations: as ``flash`` and ``flash backward`` (see their modules).
@@ -17,7 +17,7 @@ Deviations: as ``flash`` and ``flash backward`` (see their modules).
 
 from __future__ import annotations
 
-from iosim.algorithm import Algorithm
+from iosim.algorithm import Algorithm, Needs
 from iosim.algorithms import flash, flash_backward
 from iosim.counts import Counts
 from iosim.flops import Flops
@@ -74,7 +74,7 @@ def variant(name: str, skips_empty_columns: bool) -> Algorithm:
     return Algorithm(
         name=name, run=run, tensors=flash.TENSORS, outer="Bc", working_set=flash.working_set, traffic=traffic,
         paper_form=paper_form, paper_label="s(12N²d²/M + 16N²d/M) + 3Nd", backward=backward, flops=flops,
-        block_sparse=True,
+        needs=Needs(block_mask=True),
     )
 
 

@@ -25,36 +25,76 @@ no gradients); ``backward`` is None.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms._tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
-from iosim.gpus import GPUS
 from iosim.memory import Memory
 from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Splits, visits
+from iosim.tiling import Tiling, ceil_div
+from iosim.visits import Axis, Blocks, visits
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
 PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"),
             Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
 TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
-SMS = int(GPUS["h100"].sms.value)  # the default policy fills an H100's SMs
 
+def default_splits(pb: Problem, tiling: Tiling, sms: int) -> int:
+    """Splits enough that the work units, batch·kv_heads·T_r·S, fill the GPU's ``sms`` SMs, at most T_c.
 
-def default_splits(pb: Problem, tiling: Tiling) -> int:
-    """Splits enough that the work units, batch·kv_heads·T_r·S, fill an H100's 132 SMs, at most T_c.
-
-    A problem that already has a work unit per SM (batch·kv_heads·T_r ≥ 132, as in prefill
+    A problem that already has a work unit per SM (batch·kv_heads·T_r ≥ sms, as in prefill
     or a large batch) is not split.
     """
-    units = pb.shape.bh * math.ceil(pb.shape.n_q / tiling.Br)
-    return max(1, min(math.ceil(pb.shape.n_k / tiling.Bc), math.ceil(SMS / units)))
+    units = pb.shape.bh * ceil_div(pb.shape.n_q, tiling.Br)
+    return max(1, min(ceil_div(pb.shape.n_k, tiling.Bc), ceil_div(sms, units)))
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The key blocks of ``k`` dealt, in order, to S splits as evenly as possible (split-KV).
+
+    With T_c = q·S + r, the first r splits take q + 1 blocks and the others q (S ≤ T_c, so
+    each takes at least one). A loop over the splits (``Memory.loop(splits)``) sees it as
+    it sees ``Blocks``: split s covers the key rows ``axis.slice(s)``, and in count-only
+    mode one split stands for every split of its kind, kinds being the number of blocks
+    and whether the split holds the ragged last key block.
+    """
+
+    k: Axis
+    S: int
+    nested = None  # a loop over the splits nests the loop over each split's blocks, which it builds itself
+
+    @property
+    def axis(self) -> Splits:
+        return self
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.S))
+
+    def blocks(self, s: int) -> Blocks:
+        """The key blocks of split s."""
+        q, r = divmod(self.k.T, self.S)
+        first = s * q + min(s, r)
+        return Blocks(self.k, (range(first, first + q + (s < r)),))
+
+    def slice(self, s: int) -> slice:
+        run = self.blocks(s).runs[0]
+        return slice(self.k.slice(run.start).start, self.k.slice(run.stop - 1).stop)
+
+    def classes(self) -> list[tuple[int, int]]:
+        """(representative split, number of splits) for each kind of split."""
+        q, r = divmod(self.k.T, self.S)
+        kinds = [[0, r], [r, self.S - r]]  # q + 1 blocks, then q blocks
+        if self.k.n % self.k.B:  # the last split (one of q blocks, as r < S) holds the ragged last key block
+            kinds[1][1] -= 1
+            kinds.append([self.S - 1, 1])
+        return [(first, n) for first, n in kinds if n]
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
@@ -172,6 +212,6 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops, packs_groups=True,
-    splits=default_splits,
+    paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
+    needs=Needs(packs_groups=True, splits=default_splits),
 )
