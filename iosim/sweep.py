@@ -1,7 +1,7 @@
 """Count-only sweeps over (algorithm, N, d), with measured and predicted traffic side by side.
 
-Rows are written to JSON and/or CSV as they finish, so an interrupted sweep keeps its
-work, and ``resume=True`` skips the configurations a file already holds. Each record
+Rows go to a ``iosim.records.RecordWriter`` as they finish, so an interrupted sweep
+keeps its work, and a resumed one skips the configurations its files already hold. Each record
 carries the whole configuration (the problem and its options), the tiling, the
 totals, the exact prediction, the paper's form and every tensor's traffic; the keys
 are listed in README.md ("Saved records").
@@ -9,16 +9,13 @@ are listed in README.md ("Saved records").
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from iosim.api import count, predict
+from iosim.api import PASSES, count, predict
 from iosim.counts import Counts
-from iosim.errors import BlockSizeError, InputError
+from iosim.errors import BlockSizeError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
@@ -27,9 +24,11 @@ from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_size
 
+if TYPE_CHECKING:
+    from iosim.records import RecordWriter
+
 DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
 DEFAULT_D = (64, 128)
-PASSES = ("fwd", "bwd", "fwd+bwd")  # what a row counts: the forward pass, the backward pass, or both
 
 
 @dataclass(frozen=True)
@@ -157,91 +156,10 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                     roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
 
 
-class RecordWriter:
-    """Writes records to JSON and/or CSV as rows finish, so an interrupted sweep keeps its work.
-
-    The JSON file is rewritten atomically after each row and is always a valid list; the
-    CSV file is appended to. With ``resume``, the records already in the files are kept
-    and ``done`` holds their configurations.
-    """
-
-    def __init__(self, json_path: str | None = None, csv_path: str | None = None, resume: bool = False):
-        self.json_path = check_output_path("json", json_path)
-        self.csv_path = check_output_path("csv", csv_path)
-        if self.json_path and self.json_path == self.csv_path:
-            raise InputError(f"json and csv name the same file {json_path!r}; give each its own path")
-        self.records: list[dict] = _read_json(self.json_path) if resume and self.json_path else []
-        old_csv = _read_csv(self.csv_path) if resume and self.csv_path else []
-        self.done = {config_key(r) for r in self.records + old_csv}
-        self._csv_file = self._csv = None
-        if self.csv_path:
-            self._csv_file = self.csv_path.open("a" if old_csv else "w", newline="")
-            if old_csv:  # append under the file's own header
-                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(old_csv[0]))
-
-    def add(self, row: SweepRow) -> None:
-        record = row.record()
-        self.records.append(record)
-        if self._csv_file:
-            if self._csv is None:
-                self._csv = csv.DictWriter(self._csv_file, fieldnames=list(record))
-                self._csv.writeheader()
-            self._csv.writerow({**record, "tensors": json.dumps(record["tensors"])})
-            self._csv_file.flush()
-        if self.json_path:
-            tmp = self.json_path.with_name(self.json_path.name + ".tmp")
-            try:
-                tmp.write_text(json.dumps(self.records, indent=1))
-                os.replace(tmp, self.json_path)
-            except OSError as err:
-                tmp.unlink(missing_ok=True)
-                raise OSError(f"cannot write records to {self.json_path}: {err.strerror or err}") from None
-
-    def close(self) -> None:
-        if self._csv_file:
-            self._csv_file.close()
-
-
 def config_key(config: dict) -> tuple[str, ...]:
     """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
     values = (config.get(name, CONFIG_DEFAULTS.get(name)) for name in CONFIG_KEYS)
     return tuple("" if value is None else str(value) for value in values)  # CSV writes None as ""
-
-
-def check_output_path(what: str, path: str | None) -> Path | None:
-    """A file path that records can be written to, or an InputError naming ``what``."""
-    if path is None:
-        return None
-    if not path.strip():
-        raise InputError(f"{what}={path!r} is an empty path; give a file name")
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{what}={path!r} is a directory; give a file name")
-    if not p.parent.is_dir():
-        raise InputError(f"{what}={path!r}: the directory {str(p.parent)!r} does not exist")
-    return p
-
-
-def _read_json(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    try:
-        records = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records ({err})") from None
-    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
-        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records")
-    return records
-
-
-def _read_csv(path: Path) -> list[dict]:
-    if not path.exists() or path.stat().st_size == 0:
-        return []
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and set(CONFIG_KEYS) - set(rows[0]):
-        raise InputError(f"cannot resume from {str(path)!r}: its columns lack {sorted(set(CONFIG_KEYS) - set(rows[0]))}")
-    return rows
 
 
 def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int]) -> list[tuple[str, int, int]]:
@@ -275,7 +193,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
                         kv_heads=kv_heads, splits=splits)
         rows.append(row)
         if writer:
-            writer.add(row)
+            writer.add(row.record())
         if on_row:
             on_row(row)
     return rows

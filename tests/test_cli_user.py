@@ -12,8 +12,9 @@ from rich.console import Console
 
 import iosim
 from helpers import random_qkv
-from iosim import cli
-from iosim.cli import _render_sweep, build_parser, check_against_reference, main, run
+from iosim.cli import build_parser, main, run, run_cmd, sweep_cmd
+from iosim.cli.render import eng, nbytes
+from iosim.cli.run_cmd import check_against_reference
 from iosim.units import parse_size
 
 
@@ -23,7 +24,7 @@ def parse(*argv):
 
 def render(outcome, width, wide=False):
     console = Console(width=width, file=io.StringIO(), record=True)
-    _render_sweep(console, outcome, wide)
+    sweep_cmd.render(console, outcome, wide)
     return console.export_text()
 
 
@@ -61,14 +62,14 @@ def test_reference_check_memory_grows_with_the_slice_not_with_N_squared():
 
 def test_run_prints_traffic_before_checking(capsys, monkeypatch):
     order = []
-    monkeypatch.setattr(cli, "check_against_reference", lambda *a, **k: order.append("check") or (0.0, 0.0))
-    monkeypatch.setattr(cli, "_render_run", lambda console, result: order.append("traffic"))
+    monkeypatch.setattr(run_cmd, "check_against_reference", lambda *a, **k: order.append("check") or (0.0, 0.0))
+    monkeypatch.setattr(run_cmd, "render_traffic", lambda console, result, pass_: order.append("traffic"))
     assert main(["run", "--N", "50", "--d", "8", "--M", "5k"]) == 0
     assert order == ["traffic", "check"]
 
 
 def test_no_check_skips_the_reference(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "check_against_reference", lambda *a, **k: pytest.fail("the check ran"))
+    monkeypatch.setattr(run_cmd, "check_against_reference", lambda *a, **k: pytest.fail("the check ran"))
     out = run(parse("run", "--N", "50", "--d", "8", "--M", "5k", "--no-check"))
     assert out.max_abs_error is None
     assert main(["run", "--N", "50", "--d", "8", "--M", "5k", "--no-check"]) == 0
@@ -76,7 +77,7 @@ def test_no_check_skips_the_reference(capsys, monkeypatch):
 
 
 def test_run_too_large_for_memory_is_refused_in_one_line(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "available_memory", lambda: 10**9)
+    monkeypatch.setattr(run_cmd, "available_memory", lambda: 10**9)
     # standard holds S and P, 2 · 100000² float64 = 160 GB, besides Q, K, V, O
     assert main(["run", "--algo", "standard", "--N", "100000", "--d", "64"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -92,7 +93,7 @@ def test_sweep_table_fits_without_cutting_anything(width, wide):
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
     for r in out.rows:  # every total, in compact units, is in the table in full
-        assert cli._eng(r.total) in text
+        assert eng(r.total) in text
     assert "1G" in text and "65536" in text
 
 
@@ -108,7 +109,7 @@ def test_sweep_table_fits_80_columns_with_every_option(options):
 @pytest.mark.parametrize("x, text", [(0, "0"), (999, "999"), (1000, "1k"), (999_960, "1M"), (1.79e9, "1.79G"),
                                      (3.8e18, "3.8E"), (3.8e24, "3.80e+24"), (65536, "65.5k")])
 def test_compact_units_never_overflow(x, text):
-    assert cli._eng(x) == text and len(text) <= 8
+    assert eng(x) == text and len(text) <= 8
 
 
 # --- 4, 5. records -------------------------------------------------------------------------
@@ -143,7 +144,7 @@ def test_run_total_row_puts_read_and_write_bytes_in_their_columns(capsys):
     assert main(["run", "--N", "40", "--d", "8", "--M", "5k"]) == 0
     total = next(line for line in capsys.readouterr().out.splitlines() if "total" in line)
     r = iosim.simulate("flash", *random_qkv(np.random.default_rng(0), 1, 1, 40, 40, 8), M=5000)
-    assert cli._bytes(r.traffic.read_bytes) in total and cli._bytes(r.traffic.write_bytes) in total
+    assert nbytes(r.traffic.read_bytes) in total and nbytes(r.traffic.write_bytes) in total
 
 
 # --- 7. output files ----------------------------------------------------------------------

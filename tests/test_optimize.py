@@ -11,7 +11,7 @@ from rich.console import Console
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv, relative_error
-from iosim.cli import OptimizeOutcome, _render_optimize, build_parser, main, run
+from iosim.cli import OptimizeOutcome, build_parser, main, optimize_cmd, run
 from iosim.problem import AttentionShape
 from iosim.optimize import evaluate, optimize, ranked
 from iosim.problem import Problem
@@ -155,7 +155,7 @@ def test_sweep_takes_the_optimal_policy():
 def test_optimize_table_fits_80_columns(pass_):
     args = build_parser().parse_args(["optimize", "--N", "4096", "--d", "64", "--M", "100k", "--pass", pass_])
     console = Console(width=80, file=io.StringIO(), record=True)
-    _render_optimize(console, run(args), pass_)
+    optimize_cmd.render(console, run(args), pass_)
     text = console.export_text()
     assert "…" not in text, text
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -1,0 +1,77 @@
+"""``iosim bound``: the least traffic of any algorithm at its optimal tiling against the IO lower bound."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
+from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
+from iosim.cli.progress import progress_bar
+from iosim.cli.render import compact_table, eng
+from iosim.records import check_distinct, check_output_path, write_records
+from iosim.registry import ALGORITHMS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bound", help="least traffic of any algorithm at its optimal tiling against the IO lower "
+                                     "bound, over M from the smallest working set to N·d")
+    p.add_argument("--N", type=count_arg, required=True, help="query length N_q")
+    p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
+    p.add_argument("--d", type=count_arg, required=True)
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                   help="default: every algorithm but the block-sparse ones")
+    add_problem(p, grouped=False)  # the lower bound is for multi-head attention
+    p.add_argument("--points", type=count_arg, default=POINTS_DEFAULT,
+                   help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
+    p.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")
+    add_outputs(p, "every (M, algorithm)")
+
+
+def records(sweep: BoundSweep) -> list[dict]:
+    """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
+    s, out = sweep.problem.shape, []
+    for p in sweep.points:
+        for name, traffic in p.traffic.items():
+            t = p.tiling[name]
+            out.append(dict(N=s.n_q, N_k=s.n_k, d=s.d, batch=s.batch, heads=s.heads, causal=sweep.problem.causal,
+                            M=p.M, algorithm=name, Br=t and t.Br, Bc=t and t.Bc, traffic=traffic,
+                            lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
+                            best=name == p.best))
+    return out
+
+
+def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> BoundSweep:
+    """Sweep M; ``on_row`` sees each value of M as it is done."""
+    paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
+    check_distinct(paths)
+    sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
+                  dtype=args.dtype, points=args.points, algorithms=algorithms_of(args), on_point=on_row)
+    write_records(args.json, args.csv, records(sweep))
+    if paths["out"]:
+        plot(sweep, paths["out"])
+    return sweep
+
+
+def main(args: argparse.Namespace, console) -> None:
+    with progress_bar(console, "bound", args.points) as step:
+        sweep = run(args, on_row=step)
+    render(console, sweep)
+
+
+def render(console, sweep: BoundSweep) -> None:
+    s = sweep.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}"
+                  f"{', causal' if sweep.problem.causal else ''}: the least traffic of any algorithm at its optimal "
+                  f"tiling (count-only simulation) against the lower bound min(N²d/√M, N²d²/M)")
+    table = compact_table()
+    for name in ("M", "best", "B_r×B_c", "traffic", "bound", "ratio"):
+        table.add_column(name, justify="left" if name == "best" else "right", no_wrap=True)
+    for p in sweep.points:
+        t = p.tiling[p.best]
+        table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", eng(p.traffic[p.best]), eng(p.lower_bound),
+                      f"{p.ratio:.2f}")
+    console.print(table)
+    w = sweep.worst
+    console.print(f"worst ratio to the lower bound: {w.ratio:.2f} at M = {w.M:,} ({w.best}); "
+                  f"M = d² = {s.d * s.d:,}")

@@ -1,0 +1,113 @@
+"""What every command shares: the parser, argument types, the options spelled one way everywhere."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError, version
+
+from iosim.api import backward_of
+from iosim.errors import InputError
+from iosim.gpus import GPUS
+from iosim.policies import POLICIES
+from iosim.registry import ALGORITHMS
+from iosim.rng import check_seed
+from iosim.sparsity import PATTERNS, BlockSparsity
+from iosim.sweep import PASSES
+from iosim.units import DTYPE_ITEMSIZE, parse_count
+
+PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported in one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print the usage block and exit; we want one line
+        raise UsageError(message)
+
+
+def count_arg(text: str) -> int:
+    """A whole number ≥ 1 with an optional suffix (4096, 4Ki, 1e5), for argparse."""
+    try:
+        return parse_count("value", text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
+
+
+def seed_arg(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (ValueError, InputError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [0, 2**64)") from None
+
+
+def package_version() -> str:
+    try:
+        return version("iosim")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def add_problem(p: argparse.ArgumentParser, grouped: bool = True) -> None:
+    """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too)."""
+    p.add_argument("--batch", type=count_arg, default=1)
+    p.add_argument("--heads", type=count_arg, default=1)
+    if grouped:
+        p.add_argument("--kv-heads", type=count_arg, default=None,
+                       help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads; "
+                            "1 is MQA (default: --heads)")
+    p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
+                   help="element size for bytes and for M given in bytes (default float16)")
+
+
+def add_outputs(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--json", metavar="PATH", help=f"save {what} as JSON")
+    p.add_argument("--csv", metavar="PATH", help=f"save {what} as CSV")
+
+
+def add_simulation(p: argparse.ArgumentParser) -> None:
+    """The options of sweep and run: the memory, the problem, the policy, the pass, the block mask, the outputs."""
+    p.add_argument("--M", default=None,
+                   help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
+                        "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
+    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+                   help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
+    add_problem(p)
+    p.add_argument("--splits", type=int, default=None,
+                   help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill an "
+                        "H100's 132 SMs)")
+    p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
+                   help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
+                        "optimal: any block shape, fewest HBM accesses (iosim optimize)")
+    p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
+                   help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
+    p.add_argument("--sparsity", type=float, default=None,
+                   help="block-sparse algorithms: the fraction of nonzero tiles in (0, 1] (default: dense)")
+    p.add_argument("--sparsity-pattern", choices=PATTERNS, default="random",
+                   help="random, local (banded) or strided block mask (default random)")
+    p.add_argument("--sparsity-seed", type=seed_arg, default=0, help="seed of a random block mask")
+    add_outputs(p, "the results")
+
+
+def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
+    return None if args.sparsity is None else BlockSparsity(args.sparsity, args.sparsity_pattern, args.sparsity_seed)
+
+
+def algorithms_of(args: argparse.Namespace) -> list[str]:
+    """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
+    mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
+    if args.algo is not None:
+        return args.algo
+    given = ("block_sparsity",) if getattr(args, "sparsity", None) is not None else ()
+    backward = getattr(args, "pass_", "fwd") != "fwd"
+    return [name for name, a in ALGORITHMS.items()
+            if a.listed_by_default(given) and (a.backward is not None or not backward)]
+
+
+def check_backward(algorithms: list[str], pass_: str) -> None:
+    """Refuse an algorithm without a backward pass before anything runs."""
+    if pass_ != "fwd":
+        for algo in algorithms:
+            backward_of(ALGORITHMS[algo])

@@ -1,0 +1,110 @@
+"""``iosim optimize``: the tilings with the fewest exact HBM accesses that fit M, per algorithm."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from iosim.api import backward_of
+from iosim.cli.common import PASS_TITLES, add_outputs, add_problem, algorithms_of, check_backward, count_arg
+from iosim.cli.progress import progress_bar
+from iosim.cli.render import compact_table, eng, nbytes
+from iosim.errors import InputError
+from iosim.gpus import GPUS, resolve_M
+from iosim.optimize import TOP_DEFAULT, Optimum, optimize
+from iosim.records import check_distinct, check_output_path, write_records
+from iosim.registry import ALGORITHMS
+
+
+@dataclass(frozen=True)
+class OptimizeOutcome:
+    results: list  # per algorithm: an Optimum, or the BlockSizeError of one that cannot fit M
+
+    def records(self) -> list[dict]:
+        """One record per tiling shown: the problem, the rank, the tiling and its traffic, and the policies'."""
+        out = []
+        for r in self.results:
+            if not isinstance(r, Optimum):
+                continue
+            s = r.problem.shape
+            config = dict(algorithm=r.algorithm, N=s.n_q, N_k=s.n_k, d=s.d, M=r.M, batch=s.batch, heads=s.heads,
+                          causal=r.problem.causal, dtype=r.problem.dtype, searched=r.searched)
+            policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
+                        for name in ("fit", "paper") for key in ("traffic", "c")}
+            for rank, x in enumerate(r.best, 1):
+                out.append({**config, "rank": rank, "Br": x.tiling.Br, "Bc": x.tiling.Bc, "traffic": x.traffic,
+                            "traffic_bytes": x.traffic_bytes, "working_set": x.working_set, "c": x.c,
+                            "simulated": r.measured.total if rank == 1 else None, **policies})
+        return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("optimize", help="the tilings with the fewest exact HBM accesses that fit M, per algorithm")
+    p.add_argument("--N", type=count_arg, required=True, help="query length N_q")
+    p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
+    p.add_argument("--d", type=count_arg, required=True)
+    p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
+                                             "with --gpu its shared memory per SM)")
+    p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
+                   help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                   help="default: every algorithm but the block-sparse ones")
+    add_problem(p)
+    p.add_argument("--top", type=count_arg, default=TOP_DEFAULT, help=f"tilings shown per algorithm (default "
+                                                                      f"{TOP_DEFAULT})")
+    add_outputs(p, "the tilings")
+
+
+def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> OptimizeOutcome:
+    """Search every algorithm's tilings; ``on_row`` sees each algorithm's optimum as it is found."""
+    M = resolve_M(args.M, args.gpu, args.dtype)
+    algorithms = algorithms_of(args)
+    check_backward(algorithms, args.pass_)
+    check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
+    if args.pass_ != "fwd" and args.kv_heads not in (None, args.heads):
+        raise InputError(f"--kv-heads {args.kv_heads} with --pass {args.pass_}: the backward passes take kv_heads "
+                         f"== heads={args.heads} (grouped-query attention is forward only)")
+    passes = [ALGORITHMS[a] if args.pass_ == "fwd" else backward_of(ALGORITHMS[a]) for a in algorithms]
+    outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
+                                       d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+                                       causal=args.causal, dtype=args.dtype, top=args.top, on_done=on_row))
+    write_records(args.json, args.csv, outcome.records())
+    return outcome
+
+
+def main(args: argparse.Namespace, console) -> None:
+    with progress_bar(console, "optimize", len(algorithms_of(args))) as step:
+        outcome = run(args, on_row=step)
+    render(console, outcome, args.pass_)
+
+
+def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
+    found = [r for r in outcome.results if isinstance(r, Optimum)]
+    first = found[0]
+    s = first.problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
+                  f"{'causal' if first.problem.causal else 'no mask'}, {PASS_TITLES[pass_]}. The best tilings of each "
+                  f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
+                  f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
+                  f"policies (— where the policy overflows M)")
+    table = compact_table()
+    for name in ("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    for r in found:
+        name = r.algorithm.removesuffix(" backward")  # the pass is in the title
+        policy_c = [f"{p.c:.3g}" if p else "—" for p in (r.fit, r.paper)]
+        for rank, x in enumerate(r.best, 1):
+            table.add_row(name if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", eng(x.traffic),
+                          nbytes(x.traffic_bytes), eng(x.working_set), f"{x.c:.3g}",
+                          *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
+    console.print(table)
+    for r in outcome.results:
+        if not isinstance(r, Optimum):
+            console.print(f"[yellow]{r}[/]")
+    best = min(found, key=lambda r: r.best[0].traffic)
+    x = best.best[0]
+    console.print(f"least traffic: {best.algorithm} with B_r={x.tiling.Br}, B_c={x.tiling.Bc}: {x.traffic:,} elements "
+                  f"(c = {x.c:.2f}), simulated count-only: {best.measured.total:,}; "
+                  f"{sum(r.searched for r in found):,} tilings searched")

@@ -1,0 +1,43 @@
+"""Numbers as a table shows them, and the one table style every command uses (rich is imported here, late)."""
+
+from __future__ import annotations
+
+_PREFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def eng(x: float | None, prefixes: tuple[str, ...] = _PREFIXES) -> str:
+    """x in at most 3 significant digits and a prefix (17.9G), never wider than 6 characters."""
+    if x is None:
+        return "—"
+    if abs(x) < 1000:
+        return str(int(x)) if x == int(x) else f"{x:.3g}"
+    for e, prefix in enumerate(prefixes):
+        text = f"{x / 1000**e:.3g}"  # rounding may carry into the next prefix: 999,960 is 1M, not 1e+03k
+        if abs(float(text)) < 1000:
+            return text + prefix
+    return f"{x:.2e}"
+
+
+def nbytes(x: float | None) -> str:
+    return "—" if x is None else eng(x, ("", "K", "M", "G", "T", "P", "E")) + "B"
+
+
+def seconds(t: float) -> str:
+    """A time in the unit that keeps it between 1 and 1000: 41.7ms, 730µs."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g}{unit}"
+    return f"{t / 1e-9:.3g}ns"
+
+
+def count_text(n: int) -> str:
+    """A sequence length in full up to six digits (65536), compactly beyond (1G)."""
+    return str(n) if n < 10**6 else eng(n)
+
+
+def compact_table(**options):
+    """The compact table of sweep, optimize and bound: a rule under the header, no outer padding."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False, **options)

@@ -1,0 +1,200 @@
+"""``iosim run``: one numeric simulation on random inputs, checked against the float64 reference."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from iosim.api import SimResult, backward_of, simulate, simulation_bytes
+from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg
+from iosim.cli.render import nbytes
+from iosim.counts import Counts, combined
+from iosim.errors import InputError
+from iosim.gpus import resolve_M
+from iosim.gradients import GradResult, gradients
+from iosim.records import check_distinct, check_output_path, write_document
+from iosim.reference import attention_backward_ref, attention_ref
+from iosim.registry import ALGORITHMS, DEFAULT
+from iosim.sparsity import element_mask
+from iosim.tiling import Tiling
+
+REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    result: SimResult | GradResult  # a GradResult with --pass bwd or fwd+bwd
+    max_abs_error: float | None  # against the float64 reference; None with --no-check
+    max_rel_error: float | None  # max |err| / max |reference|
+    pass_: str = "fwd"
+
+    @property
+    def traffic(self) -> Counts:
+        """The traffic of the pass or passes run."""
+        r = self.result
+        return combined(r.forward_traffic, r.traffic) if self.pass_ == "fwd+bwd" else r.traffic
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="one numeric simulation on random inputs, checked against float64")
+    add_simulation(p)
+    p.add_argument("--algo", choices=list(ALGORITHMS), default=DEFAULT)
+    p.add_argument("--N", type=count_arg, default=1000, help="query length N_q")
+    p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
+    p.add_argument("--d", type=count_arg, default=64)
+    p.add_argument("--scale", type=float, default=None, help="softmax scale tau (default 1/sqrt(d))")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability in [0, 1)")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the inputs and of the dropout mask")
+    p.add_argument("--no-check", action="store_true", help="skip the comparison with the float64 reference")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult], None] | None = None
+        ) -> RunOutcome:
+    """Simulate and check; ``on_simulated`` sees the result before the reference check starts."""
+    M = resolve_M(args.M, args.gpu, args.dtype)
+    sparsity = block_sparsity(args)
+    if sparsity is not None and not ALGORITHMS[args.algo].accepts("block_sparsity"):
+        raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
+    check_backward([args.algo], args.pass_)
+    check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
+    n_k = args.N_k or args.N
+    shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
+    need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
+    if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
+        need += simulation_bytes(backward_of(ALGORITHMS[args.algo]), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
+    free = available_memory()
+    if free is not None and need > free:
+        raise InputError(
+            f"a numeric run of {args.algo} at N={args.N}, N_k={n_k}, d={args.d}, batch·heads="
+            f"{args.batch * args.heads} holds {nbytes(need)} in float64, more than the {nbytes(free)} available; "
+            f"use `iosim sweep` (count-only) for its traffic")
+    rng = np.random.default_rng(args.seed)
+    q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
+    kv_heads = args.heads if args.kv_heads is None else args.kv_heads
+    k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
+    options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
+    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity, **options)
+    if args.splits is not None:
+        run_options["splits"] = args.splits
+    if args.pass_ == "fwd":
+        with warnings.catch_warnings():  # an overflow is reported below, in one line
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = simulate(args.algo, q, k, v, **run_options)
+        outputs = (result.out,)
+    else:
+        do = rng.standard_normal(q.shape)
+        with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = gradients(args.algo, q, k, v, do, **run_options)
+        outputs = (result.dq, result.dk, result.dv)
+    if not all(np.isfinite(x).all() for x in outputs):  # the inputs are finite: only the scale can overflow
+        raise InputError(f"--scale {args.scale}: tau·QKᵀ overflows float64 on these inputs, so the output is not "
+                         f"finite; allowed: a scale that keeps |tau·q·k| below 1.8e308")
+    if on_simulated:
+        on_simulated(result)
+    if sparsity is not None:  # the reference masks out every element of a zero tile
+        options["mask"] = element_mask(sparsity, result.forward_tiling, args.N, n_k)  # both passes' tiling
+    err = rel = None
+    if not args.no_check and args.pass_ == "fwd":
+        err, rel = check_against_reference(result.out, q, k, v, **options)
+    elif not args.no_check:
+        refs = attention_backward_ref(q, k, v, do, **options)
+        err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
+        rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
+                  for x, r in zip(outputs, refs))
+    outcome = RunOutcome(result, err, rel, args.pass_)
+    write_document(args.json, args.csv, record(args, outcome),
+                   [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
+                         write_bytes=t.write_bytes) for t in outcome.traffic.tensors])
+    return outcome
+
+
+def check_against_reference(out: np.ndarray, q, k, v, *, chunk: int = REFERENCE_CHUNK, **options
+                            ) -> tuple[float, float]:
+    """(max |out − reference|, that over max |reference|), computed a slice of query rows at a time.
+
+    Each slice holds about ``chunk`` elements of the N_q × N_k matrices, so the check needs
+    memory O(chunk), not O(N_q·N_k).
+    """
+    b, h, n_q, _ = q.shape
+    step = max(1, chunk // (b * h * k.shape[2]))
+    err = ref_max = 0.0
+    for start in range(0, n_q, step):
+        rows = slice(start, min(n_q, start + step))
+        ref = attention_ref(q, k, v, rows=rows, **options).out
+        err = max(err, float(np.max(np.abs(out[:, :, rows] - ref))))
+        ref_max = max(ref_max, float(np.max(np.abs(ref))))
+    return err, err / max(ref_max, np.finfo(float).tiny)
+
+
+def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
+    """What `run --json` saves: the configuration, the tiling, the counts and the check."""
+    r, pb = outcome.result, outcome.result.problem
+    first = r.backward_tiling if outcome.pass_ == "bwd" else r.forward_tiling  # the pass reported first
+    backward = r.backward_tiling if outcome.pass_ == "fwd+bwd" else None
+    return {
+        "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
+        "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
+        "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
+        "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
+        "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
+        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error,
+    }
+
+
+def main(args: argparse.Namespace, console) -> None:
+    outcome = run(args, on_simulated=lambda result: render_traffic(console, result, args.pass_))
+    render_check(console, outcome)
+
+
+def render_traffic(console, r: SimResult | GradResult, pass_: str) -> None:
+    """Each pass's table: the forward's, the backward's, or both."""
+    if pass_ != "bwd":
+        _render_pass(console, r, r.forward_traffic if pass_ == "fwd+bwd" else r.traffic, r.forward_tiling,
+                     "forward pass" if pass_ == "fwd+bwd" else None)
+    if pass_ != "fwd":
+        _render_pass(console, r, r.traffic, r.backward_tiling, "backward pass")
+
+
+def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, what: str | None) -> None:
+    from rich.table import Table
+
+    pb = r.problem
+    table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, "
+                        f"d={pb.shape.d}, batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
+                  header_style="bold")
+    for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
+        table.add_column(col, justify="left" if col == "tensor" else "right", no_wrap=True)
+    for x in t.tensors:
+        table.add_row(x.name, f"{x.reads:,}", f"{x.writes:,}", nbytes(x.read_bytes), nbytes(x.write_bytes))
+    table.add_row("total", f"{t.reads:,}", f"{t.writes:,}", nbytes(t.read_bytes), nbytes(t.write_bytes), style="bold")
+    console.print(table)
+    console.print(f"peak SRAM {t.peak_sram:,} of M = {r.M:,} elements ({t.peak_sram / r.M:.3f}); "
+                  f"{nbytes(t.total_bytes)} moved in all")
+
+
+def render_check(console, outcome: RunOutcome) -> None:
+    if outcome.pass_ == "fwd+bwd":
+        console.print(f"forward + backward: {outcome.traffic.total:,} elements, {nbytes(outcome.traffic.total_bytes)}")
+    if outcome.max_abs_error is None:
+        console.print("not checked against the float64 reference (--no-check)")
+    else:
+        console.print(f"max |error| against float64 reference: {outcome.max_abs_error:.3e} "
+                      f"(relative {outcome.max_rel_error:.3e})")

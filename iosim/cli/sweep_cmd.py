@@ -1,0 +1,142 @@
+"""``iosim sweep``: count-only traffic of every algorithm over a grid of N and d."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from iosim.cli.common import PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg
+from iosim.cli.progress import progress_bar
+from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
+from iosim.errors import InputError
+from iosim.gpus import resolve_M
+from iosim.records import RecordWriter
+from iosim.registry import ALGORITHMS
+from iosim.sweep import CONFIG_KEYS, DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, \
+    sweep_configs
+from iosim.units import DTYPE_ITEMSIZE
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    rows: list[SweepRow]
+    skipped: int  # configurations the --resume file already held
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="count-only traffic of every algorithm over a grid of N and d")
+    add_simulation(p)
+    p.add_argument("--N", type=count_arg, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
+    p.add_argument("--d", type=count_arg, nargs="+", default=list(DEFAULT_D), help="head dimensions")
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                   help="algorithms to count (default: all; the block-sparse ones only with --sparsity)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the records already in the --json/--csv file and skip their configurations")
+    p.add_argument("--wide", action="store_true",
+                   help="every column (reads, writes, exact prediction, paper's form): about 130 columns")
+
+
+def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | None = None) -> SweepOutcome:
+    """Count the grid; ``on_row`` sees each row as it finishes (None for one skipped by --resume)."""
+    M = resolve_M(args.M, args.gpu, args.dtype)
+    sparsity = block_sparsity(args)
+    algorithms = algorithms_of(args)
+    check_backward(algorithms, args.pass_)
+    if args.resume and not (args.json or args.csv):
+        raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
+    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=CONFIG_KEYS) as writer:
+        rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads,
+                         kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
+                         dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
+                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
+    return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows))
+
+
+def main(args: argparse.Namespace, console) -> None:
+    if args.wide and not console.is_terminal:
+        from rich.console import Console
+
+        console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
+    with progress_bar(console, "sweep", len(sweep_configs(algorithms_of(args), args.N, args.d))) as step:
+        outcome = run(args, on_row=step)
+    render(console, outcome, args.wide)
+
+
+def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
+    options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
+               f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
+               f"block policy {first.block_policy}"]
+    sparse = next((r for r in rows if r.sparsity is not None), None)
+    if sparse is not None:
+        options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
+    if first.roofline is not None:
+        options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
+    if first.pass_ != "fwd":
+        options.append(PASS_TITLES[first.pass_])
+    return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
+
+
+def render(console, outcome: SweepOutcome, wide: bool) -> None:
+    rows = outcome.rows
+    if outcome.skipped:
+        console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
+    if not rows:
+        return
+    console.print(_setting(rows[0], rows))
+    table = compact_table()
+    tile = (lambda r: "—" if r.counts is None else "/".join(
+        f"{t.Br}×{t.Bc}" for t in (r.forward_tiling, r.backward_tiling) if t is not None))
+    exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
+    peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
+    if wide:
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
+                   ("B_r×B_c", tile), ("HBM reads", lambda r: eng(r.reads)), ("writes", lambda r: eng(r.writes)),
+                   ("total", lambda r: eng(r.total)), ("bytes", lambda r: nbytes(r.total_bytes)),
+                   ("exact prediction", lambda r: eng(r.predicted)), ("paper's form", lambda r: eng(r.paper)),
+                   ("meas/pred", lambda r: "—" if r.ratio is None else f"{r.ratio:.6f}"), ("peak SRAM/M", peak)]
+    else:
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
+                   ("B_r×B_c", tile), ("HBM total", lambda r: eng(r.total)), ("bytes", lambda r: nbytes(r.total_bytes)),
+                   ("= pred", exact), ("peak/M", peak)]
+        if any(None not in (r.forward_tiling, r.backward_tiling) for r in rows):  # two tilings a row: room made for them
+            columns = [c for c in columns if c[0] != "peak/M"]
+    if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
+        kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
+        columns = kept + [
+            ("HBM bytes", lambda r: nbytes(r.total_bytes)),
+            ("FLOPs", lambda r: "—" if r.flops is None else eng(r.flops.matmul)),
+            ("FLOP/B", lambda r: "—" if r.roofline is None else f"{r.roofline.intensity:.3g}"),
+            ("time", lambda r: "—" if r.roofline is None else seconds(r.roofline.seconds)),
+            ("bound", lambda r: "—" if r.roofline is None else r.roofline.bound),
+        ]
+    for name, _ in columns:
+        table.add_column(name, justify="left" if name in ("algorithm", "bound") else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(*(cell(r) for _, cell in columns))
+    console.print(table)
+    for r in rows:
+        if r.status != "ok":
+            console.print(f"[yellow]{r.algorithm} N={r.N} d={r.d}: {r.status}[/]")
+            break
+    labels = {r.algorithm: r.paper_label for r in rows}
+    console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
+    _render_ranking(console, rows)
+
+
+def _render_ranking(console, rows: list[SweepRow]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    ranking = rank_by_traffic(rows)
+    if not ranking or len({r.algorithm for r in rows}) < 2:
+        return
+    table = Table(box=box.SIMPLE_HEAD, title="least traffic at each (N, d), and each other algorithm's ÷ it",
+                  header_style="bold")
+    for name in ("N", "d", "least", "others ÷ least"):
+        table.add_column(name, justify="left" if name in ("least", "others ÷ least") else "right")
+    for x in ranking:
+        others = ", ".join(f"{a} {ratio:.2f}×" for a, ratio in sorted(x.ratios.items(), key=lambda kv: kv[1])
+                           if a != x.best)
+        table.add_row(count_text(x.N), str(x.d), x.best, others or "—")
+    console.print(table)
