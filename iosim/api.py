@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from iosim.algorithm import Algorithm
+from iosim.algorithms.tile_ops import logsumexp
 from iosim.counts import Counts, combined
 from iosim.errors import InputError, InputTypeError
 from iosim.flops import Flops
@@ -60,10 +61,7 @@ class SimResult:
     @property
     def lse(self) -> np.ndarray | None:
         """log Σ_j exp(S_ij) = m + log ℓ; −inf on rows that see no key."""
-        if self.l is None:
-            return None
-        with np.errstate(divide="ignore"):
-            return np.where(self.l == 0, -np.inf, self.m + np.log(np.where(self.l == 0, 1.0, self.l)))
+        return None if self.l is None else logsumexp(self.l, self.m)
 
 
 @dataclass(frozen=True)

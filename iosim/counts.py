@@ -1,6 +1,6 @@
 """Counts of memory traffic: one type for what the simulator measures and what the closed forms predict.
 
-Counts are keyed by memory level and tensor, so ``measured == predicted`` is a plain
+Counts are keyed by tensor, so ``measured == predicted`` is a plain
 equality of two ``Counts``: every tensor's reads and writes (elements, summed over
 batch·heads), its element size, and the peak SRAM occupancy of one head.
 """
@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class TensorCounts:
-    """Reads and writes of one tensor at one memory level, summed over all batch·heads."""
+    """Reads and writes of one HBM tensor, summed over all batch·heads."""
 
     name: str
     reads: int  # elements
     writes: int  # elements
     itemsize: int  # bytes per element
-    level: str = "HBM"
 
     @property
     def read_bytes(self) -> int:
@@ -60,11 +59,11 @@ class Counts:
     def total_bytes(self) -> int:
         return self.read_bytes + self.write_bytes
 
-    def tensor(self, name: str, level: str = "HBM") -> TensorCounts:
+    def tensor(self, name: str) -> TensorCounts:
         for t in self.tensors:
-            if t.name == name and t.level == level:
+            if t.name == name:
                 return t
-        raise KeyError(f"no tensor {name!r} at level {level}; tensors: {[t.name for t in self.tensors]}")
+        raise KeyError(f"no tensor {name!r}; tensors: {[t.name for t in self.tensors]}")
 
     def as_dict(self) -> dict:
         """Totals, peak and every tensor's reads, writes and bytes, as saved in records."""
@@ -82,13 +81,13 @@ def combined(*passes: Counts) -> Counts:
     the tensors first appear; the peak is the largest pass's, since each pass frees its
     SRAM before the next starts.
     """
-    merged: dict[tuple[str, str], TensorCounts] = {}
+    merged: dict[str, TensorCounts] = {}
     for counts in passes:
         for t in counts.tensors:
-            key = (t.name, t.level)
+            key = t.name
             if key in merged and merged[key].itemsize != t.itemsize:
                 raise ValueError(f"tensor {t.name} has {merged[key].itemsize} bytes per element in one pass and "
                                  f"{t.itemsize} in another")
-            old = merged.get(key, TensorCounts(t.name, 0, 0, t.itemsize, t.level))
-            merged[key] = TensorCounts(t.name, old.reads + t.reads, old.writes + t.writes, t.itemsize, t.level)
+            old = merged.get(key, TensorCounts(t.name, 0, 0, t.itemsize))
+            merged[key] = TensorCounts(t.name, old.reads + t.reads, old.writes + t.writes, t.itemsize)
     return Counts(tuple(merged.values()), max(c.peak_sram for c in passes))

@@ -87,11 +87,11 @@ class Memory:
 
     # --- HBM ---------------------------------------------------------------
     def add_tensor(self, name: str, rows: int, cols: int, itemsize: int, data: np.ndarray | None = None,
-                   fill: float | None = None, heads: int | None = None) -> None:
+                   heads: int | None = None) -> None:
         """Place a (rows, cols)-per-head tensor in HBM without counting traffic.
 
         Inputs arrive in HBM before the algorithm starts; outputs are allocated
-        there. ``data`` must be (heads, rows, cols); ``fill`` creates it instead. Writing
+        there. ``data`` must be (heads, rows, cols); without it the tensor starts as NaN. Writing
         initial values that the algorithm itself prescribes (Alg. 1 line 2) is the
         algorithm's job, through ``store``. ``heads`` (default bh) divides bh: each
         of its heads serves bh/heads consecutive heads of the run (a GQA group), which
@@ -114,7 +114,7 @@ class Memory:
             arr = arr if arr.dtype == np.bool_ else arr.astype(np.float64)
             self._hbm[name] = arr.reshape(heads, rows, cols)
         else:
-            self._hbm[name] = np.full((heads, rows, cols), np.nan if fill is None else fill)
+            self._hbm[name] = np.full((heads, rows, cols), np.nan)
 
     def tensor(self, name: str) -> np.ndarray:
         """The HBM contents of a tensor after a numeric run (no traffic counted)."""

@@ -30,7 +30,7 @@ import numpy as np
 from iosim.errors import InputError, InputTypeError
 from iosim.rng import check_seed
 from iosim.tiling import Tiling, ceil_div
-from iosim.visits import Axis, Blocks, Visits, visits
+from iosim.visits import Axis, Blocks, PairCounts, Visits, visits
 
 if TYPE_CHECKING:
     from iosim.problem import Problem
@@ -129,7 +129,7 @@ def _runs(indices: np.ndarray) -> tuple[range, ...]:
     return tuple(range(int(run[0]), int(run[-1]) + 1) for run in np.split(indices, breaks))
 
 
-class SparseVisits:
+class SparseVisits(PairCounts):
     """The tiles a block-sparse run visits: nonzero in the block mask and, when causal, partly visible.
 
     ``skips_empty_columns``: the outer loop skips a key block whose tiles are all zero
@@ -157,10 +157,6 @@ class SparseVisits:
         """Every query block, each nesting the key blocks of its visited tiles."""
         return Blocks(self.q, (range(self.q.T),), self.keys_seen_by, self._pair_counts)
 
-    def pairs(self) -> list[tuple[int, int, int]]:
-        """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
-        return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
-
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         return dict(self._pairs)
 
@@ -172,9 +168,6 @@ class SparseVisits:
         b_j = np.minimum(self.k.B, self.k.n - j * self.k.B)
         sizes, counts = np.unique(np.stack([b_i, b_j]), axis=1, return_counts=True)
         return {(int(a), int(b)): int(n) for (a, b), n in zip(sizes.T, counts)}
-
-    def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
-        return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
 
 
 MAX_TILES = 10**8  # a block mask is held whole: T_r·T_c booleans

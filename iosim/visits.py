@@ -119,8 +119,22 @@ class Blocks:
         return {inner: n for (outer, inner), n in self.pairs().items() if outer == size}
 
 
+class PairCounts:
+    """What every set of visited tiles derives from its tile counts by (b_i, b_j)."""
+
+    def _pair_counts(self) -> dict[tuple[int, int], int]:
+        raise NotImplementedError
+
+    def pairs(self) -> list[tuple[int, int, int]]:
+        """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
+        return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
+
+    def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
+        return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
+
+
 @dataclass(frozen=True)
-class Visits:
+class Visits(PairCounts):
     """The tiles (query block i, key block j) visited on one problem with one tiling.
 
     ``skips_hidden``: only pairs that a causal mask leaves partly visible are visited.
@@ -169,17 +183,10 @@ class Visits:
         """Every key block, each nesting the query blocks that meet it (a loop with K/V blocks outer)."""
         return Blocks(self.k, (range(self.k.T),), self.queries_seeing, self._transposed_pair_counts)
 
-    def pairs(self) -> list[tuple[int, int, int]]:
-        """(b_i, b_j, count): how many visited tiles have b_i query rows and b_j key rows."""
-        return [(b_i, b_j, n) for (b_i, b_j), n in self._pair_counts().items()]
-
     def blind_query_sizes(self) -> set[int]:
         """Sizes of query blocks that meet no key block at all (causal, N_q > N_k)."""
         seen = {b_i for b_i, _, _ in self.pairs()}
         return set(Blocks(self.q, (range(self.q.T),)).sizes()) - seen
-
-    def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
-        return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
 
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         """Visited tiles by (b_i, b_j), in closed form.

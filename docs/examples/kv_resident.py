@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import iosim
 from iosim.algorithm import OUTPUT, Algorithm, exact_counts
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, safe_divide, scores
+from iosim.algorithms.tile_ops import apply_dropout, exp_diff, safe_divide, scores
 from iosim.counts import Counts
 from iosim.memory import Memory
 from iosim.problem import Problem

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithms._tile_ops import exp_diff, safe_divide
+from iosim.algorithms.tile_ops import exp_diff, safe_divide
 from iosim.flops import Flops
 from iosim.memory import Memory
 from iosim.problem import Problem

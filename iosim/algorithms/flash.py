@@ -22,7 +22,7 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_backward
-from iosim.algorithms._tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
+from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory

@@ -21,7 +21,7 @@ as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV
 from __future__ import annotations
 
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
-from iosim.algorithms._tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
+from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory

@@ -25,7 +25,7 @@ explicit mask is not inspected.
 from __future__ import annotations
 
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
-from iosim.algorithms._tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
+from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory

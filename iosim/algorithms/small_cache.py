@@ -34,7 +34,7 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
-from iosim.algorithms._tile_ops import apply_dropout, load_mask, masked
+from iosim.algorithms.tile_ops import apply_dropout, load_mask, masked
 from iosim.counts import Counts
 from iosim.flops import matmul
 from iosim.memory import Memory

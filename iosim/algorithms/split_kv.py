@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts
-from iosim.algorithms._tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
+from iosim.algorithms.tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory

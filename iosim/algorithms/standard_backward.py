@@ -26,7 +26,7 @@ where it hides a key.
 from __future__ import annotations
 
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Tensor, exact_counts, saved
-from iosim.algorithms._tile_ops import apply_dropout, row_dot, transpose
+from iosim.algorithms.tile_ops import apply_dropout, row_dot, transpose
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
 from iosim.memory import Memory

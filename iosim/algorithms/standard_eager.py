@@ -29,7 +29,7 @@ import numpy as np
 from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
-from iosim.algorithms._tile_ops import apply_dropout, load_mask, transpose, visible
+from iosim.algorithms.tile_ops import apply_dropout, load_mask, transpose, visible
 from iosim.algorithms.standard import paper_form  # Alg. 0's form: the same matrices, unfused
 from iosim.counts import Counts
 from iosim.flops import matmul
@@ -138,7 +138,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     reads = {
         "Q": n_q * d, "K": cols * d, "V": cols * d,  # steps 1 and 6
         "S": area + masked * area + softmax_passes * area,  # steps 2, 3, 4
-        "P": dropout * area + (not dropout) * area,  # step 5, or step 6 without dropout
+        "P": area,  # step 5, or step 6 without dropout
         "P_drop": dropout * area,  # step 6
     }
     writes = {

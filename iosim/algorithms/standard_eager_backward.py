@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Tensor, exact_counts, saved
-from iosim.algorithms._tile_ops import load_mask, row_dot, transpose, visible
+from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
 from iosim.counts import Counts
 from iosim.flops import matmul

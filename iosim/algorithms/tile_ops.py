@@ -1,6 +1,8 @@
-"""On-chip arithmetic shared by the algorithms: masking, safe exponentials, dropout.
+"""On-chip arithmetic: masking, safe exponentials, the online softmax's steps, dropout.
 
-Every function works on (bh, rows, cols) arrays that live in SRAM tiles.
+Shared by iosim's algorithms and public for one written outside iosim
+(docs/examples/kv_resident.py). Every function works on (bh, rows, cols) arrays that
+live in SRAM tiles.
 """
 
 from __future__ import annotations

@@ -1,0 +1,130 @@
+"""The source tree's layout: no import cycle, no lazy import of the package, files and kernels of bounded size."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"iosim": ROOT / "iosim", "iosim.kernels": ROOT / "kernels"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (kernels/ installs as iosim.kernels)."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((package, *parts[:-1])) if parts[-1] == "__init__" else ".".join((package, *parts))
+            found[name] = path
+    return found
+
+
+def runtime_imports(tree: ast.Module):
+    """Imports that run when the module loads: at top level, outside ``if TYPE_CHECKING:``."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            yield from (n for n in node.orelse if isinstance(n, (ast.Import, ast.ImportFrom)))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try)):
+            yield from (n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
+
+
+def targets(node, name: str, known) -> set[str]:
+    """The package modules one import statement loads."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in known}
+    base = node.module or ""
+    if node.level:
+        package = name if (PACKAGES.get(name) or name in PACKAGES) else name.rpartition(".")[0]
+        for _ in range(node.level - 1):
+            package = package.rpartition(".")[0]
+        base = f"{package}.{base}" if base else package
+    found = {f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known}
+    if base in known and len(found) < len(node.names):
+        found.add(base)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text())
+        graph[name] = set().union(*(targets(n, name, known) for n in runtime_imports(tree))) - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_holds_the_modules_it_should():
+    graph = import_graph()
+    assert "iosim.tiling" in graph["iosim.policies"] and "iosim.api" in graph["iosim.optimize"]
+    assert "iosim.kernels._device" in graph["iosim.kernels.flash"] and "iosim.algorithms.flash" in graph["iosim.registry"]
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_no_module_imports_the_package_inside_a_function():
+    # a lazy import of iosim is how a cycle hides; third-party ones (rich, matplotlib) only defer start-up cost
+    lazy = []
+    for name, path in modules().items():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lazy += [f"{name}:{n.lineno}" for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))
+                         and (getattr(n, "level", 0) or (getattr(n, "module", None) or n.names[0].name).split(".")[0] == "iosim")]
+    assert lazy == []
+
+
+@pytest.mark.parametrize("folder, limit", [("iosim", 400)])
+def test_no_file_is_too_long(folder, limit):
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / folder).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > limit}
+    assert long == {}
+
+
+def test_no_kernel_function_takes_more_than_20_parameters():
+    wide = {}
+    for path in (ROOT / "kernels").rglob("*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef) and (n := len(fn.args.args) + len(fn.args.kwonlyargs)) > 20:
+                wide[f"{path.name}:{fn.name}"] = n
+    assert wide == {}
