@@ -29,7 +29,7 @@ from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, 
 from iosim.memory import Memory
 from iosim.policies import choose_tiling
 from iosim.problem import AttentionShape, Problem
-from iosim.registry import get_algorithm
+from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.sparsity import check_block_sparsity
 from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_size
@@ -159,13 +159,18 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     Each pass chooses its own tiling with ``block_policy``, except that an algorithm whose
     passes share one (``Algorithm.step_shares_tiling``) runs both on the backward's, which
     fits the forward too; an explicit ``tiling`` is used for every pass. ``splits`` sets the
-    K/V splits of a one-pass request; ``gpu`` names the preset whose SMs an algorithm's
-    default splits fill (``iosim.gpus.DEFAULT`` when None).
+    K/V splits of every pass (an algorithm that does not split takes only 1); ``gpu`` names
+    the preset whose SMs an algorithm's default splits fill (``iosim.gpus.DEFAULT`` when
+    None). A block mask on an algorithm that has none is refused, like any option that
+    does not apply.
     """
     forward = get_algorithm(algorithm)
     check_pass(pass_)
     M = parse_size(M, pb.dtype)
     sms = int(get_gpu(DEFAULT if gpu is None else gpu).sms.value)
+    if pb.block_sparsity is not None and not forward.accepts("block_sparsity"):
+        raise InputError(f"block_sparsity for {forward.name}: it has no block mask; allowed: block_sparsity=None, "
+                         f"or an algorithm that takes one: {[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
     if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
         raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
                          f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")
@@ -176,11 +181,11 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
     if pass_ == "fwd":
         return Request(forward, pass_, pass_plan(forward, tiling, splits), None)
-    backward = pass_plan(backward_of(forward), tiling, splits if pass_ == "bwd" else None)
+    backward = pass_plan(backward_of(forward), tiling, splits)
     if pass_ == "bwd":
         return Request(forward, pass_, None, backward)
     shared = tiling if tiling is not None else backward.tiling if forward.step_shares_tiling else None
-    return Request(forward, pass_, pass_plan(forward, shared, None), backward)
+    return Request(forward, pass_, pass_plan(forward, shared, splits), backward)
 
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,

@@ -39,20 +39,20 @@ class GradResult:
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-              block_policy="fit", dtype="float16", block_sparsity=None) -> GradResult:
+              block_policy="fit", dtype="float16", block_sparsity=None, splits=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
     float64; the dropout mask of the backward pass is regenerated from ``seed``.
     Rows that see no key get zero gradients. An algorithm whose backward pass must run on
-    the forward's tiles (``Algorithm.block_sparse``, block-sparse) runs both passes on
-    the backward's tiling.
+    the forward's tiles (``Algorithm.step_shares_tiling``, block-sparse) runs both passes
+    on the backward's tiling. ``splits`` is refused unless 1: no backward pass splits K/V.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
-    request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy)
+    request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy, splits=splits)
     forward, backward = request.forward, request.backward
     fwd = execute(forward, data)
     saved = {name: fwd.tensor(name) for name in backward.algorithm.saved_inputs() if name != "dO"}

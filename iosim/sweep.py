@@ -127,18 +127,21 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
     ``iosim.count`` chooses them. ``gpu`` names a preset (``iosim.gpus.GPUS``) whose
-    roofline time the row carries. ``block_sparsity`` is the block mask of the
-    block-sparse algorithms; others ignore it. ``kv_heads`` shares K/V heads among the
-    query heads; ``splits`` sets split-kv's K/V splits and is ignored by the others.
+    roofline time the row carries and whose SMs split-kv's default splits fill.
+    ``block_sparsity`` is the block mask of the block-sparse algorithms and ``splits``
+    split-kv's K/V splits: a sweep covers many algorithms, so each goes only to those it
+    applies to (``ignored_options`` names the others). ``kv_heads`` shares K/V heads
+    among the query heads.
     """
     preset = None if gpu is None else get_gpu(gpu)
+    algo = get_algorithm(algorithm)
+    sparse = block_sparsity is not None and algo.accepts("block_sparsity")
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
-                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits if get_algorithm(algorithm).accepts("splits") else None)
+                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity if sparse else None,
+                   kv_heads=kv_heads, splits=splits if algo.accepts("splits") else None, gpu=gpu)
     config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                   dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
                   kv_heads=None if kv_heads in (None, heads) else kv_heads)
-    sparse = block_sparsity is not None and get_algorithm(algorithm).accepts("block_sparsity")
     config["sparsity"] = block_sparsity.sparsity if sparse else None
     config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
     try:

@@ -73,11 +73,12 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
                         "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
-                   help="hardware preset: sets M and adds GB, GFLOPs, intensity and a roofline time to the sweep")
+                   help="hardware preset: sets M and the SMs split-kv's default splits fill; a sweep adds GB, "
+                        "GFLOPs, intensity and a roofline time")
     add_problem(p)
     p.add_argument("--splits", type=int, default=None,
-                   help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill an "
-                        "H100's 132 SMs)")
+                   help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "
+                        "of the --gpu preset, an H100's 132 without one)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")

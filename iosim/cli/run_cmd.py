@@ -90,13 +90,12 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
-    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity, **options)
-    if args.splits is not None:
-        run_options["splits"] = args.splits
+    run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
+                       splits=args.splits, **options)
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = simulate(args.algo, q, k, v, **run_options)
+            result = simulate(args.algo, q, k, v, gpu=args.gpu, **run_options)
         outputs = (result.out,)
     else:
         do = rng.standard_normal(q.shape)

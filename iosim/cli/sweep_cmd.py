@@ -22,6 +22,23 @@ from iosim.units import DTYPE_ITEMSIZE
 class SweepOutcome:
     rows: list[SweepRow]
     skipped: int  # configurations the --resume file already held
+    notes: tuple[str, ...] = ()  # options that some algorithms of the grid ignore, and algorithms left out
+
+
+def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
+    """What the output must say: a sweep covers many algorithms, and an option applies only to some of them."""
+    out = []
+    for option, flag, value in (("splits", "--splits", args.splits), ("block_sparsity", "--sparsity", args.sparsity)):
+        ignoring = [a for a in algorithms if not ALGORITHMS[a].accepts(option)]
+        if value is not None and ignoring:
+            takers = [a for a in ALGORITHMS if ALGORITHMS[a].accepts(option)]
+            out.append(f"{flag} {value:g} applies to {', '.join(takers)} only; ignored by {', '.join(ignoring)}")
+    if args.algo is None and args.pass_ != "fwd":
+        left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
+            ("block_sparsity",) if args.sparsity is not None else ())]
+        if left:
+            out.append(f"--pass {args.pass_}: {', '.join(left)} have no backward pass and are not counted")
+    return tuple(out)
 
 
 def add_parser(sub) -> None:
@@ -50,7 +67,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                          pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
-    return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows))
+    return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows), notes(args, algorithms))
 
 
 def main(args: argparse.Namespace, console) -> None:
@@ -81,6 +98,8 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
     rows = outcome.rows
     if outcome.skipped:
         console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
+    for note in outcome.notes:
+        console.print(f"[yellow]{note}[/]")
     if not rows:
         return
     console.print(_setting(rows[0], rows))

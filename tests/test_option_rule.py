@@ -1,0 +1,62 @@
+"""One rule for an option that does not apply to an algorithm: the API and `run` refuse it by name; a sweep,
+which covers many algorithms, passes it to those it applies to and says which ignored it."""
+
+import numpy as np
+import pytest
+
+import iosim
+from helpers import random_qkv
+from iosim.cli import build_parser, main, run
+
+
+@pytest.mark.parametrize("call", ["count", "predict"])
+def test_the_api_refuses_a_block_mask_on_a_dense_algorithm(call):
+    mask = iosim.BlockSparsity(0.5, "random", 0)
+    with pytest.raises(iosim.InputError, match=r"block_sparsity for flash: it has no block mask; allowed: "
+                                               r"block_sparsity=None, or an algorithm that takes one: \['block-sparse'"):
+        getattr(iosim, call)("flash", N=64, d=8, M="20k", block_sparsity=mask)
+    assert iosim.count("block-sparse", N=64, d=8, M="20k", block_sparsity=mask).traffic.total > 0
+
+
+def test_splits_reach_every_pass_of_a_training_step():
+    with pytest.raises(iosim.InputError, match="splits=3 for flash backward at N_k=64; allowed: 1"):
+        iosim.count("flash", N=64, d=8, M="20k", pass_="fwd+bwd", splits=3)
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 1, 16, 16, 4)
+    with pytest.raises(iosim.InputError, match="splits=2 for flash backward"):
+        iosim.gradients("flash", q, k, v, q, M=2000, splits=2)
+    assert iosim.count("flash", N=64, d=8, M="20k", pass_="fwd+bwd", splits=1).traffic == \
+        iosim.count("flash", N=64, d=8, M="20k", pass_="fwd+bwd").traffic
+
+
+def test_run_refuses_splits_on_a_backward_pass_in_one_line(capsys):
+    assert main(["run", "--N", "64", "--d", "8", "--pass", "bwd", "--splits", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["iosim: error: splits=2 for flash backward at N_k=64; allowed: 1"]
+
+
+def test_a_sweep_says_which_algorithms_ignored_an_option(capsys):
+    out = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--splits", "2", "--sparsity", "0.5",
+                                         "--pass", "bwd"]))
+    counted = {r.algorithm for r in out.rows}
+    assert "split-kv" not in counted and "block-sparse" in counted
+    splits, sparsity, left = out.notes
+    assert splits.startswith("--splits 2 applies to split-kv only; ignored by standard, flash")
+    assert sparsity.startswith("--sparsity 0.5 applies to block-sparse, block-sparse-skip only; ignored by standard")
+    assert left == "--pass bwd: small-cache, split-kv have no backward pass and are not counted"
+    assert main(["sweep", "--N", "256", "--d", "16", "--splits", "2", "--algo", "flash", "split-kv"]) == 0
+    assert "--splits 2 applies to split-kv only; ignored by flash" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_a_sweep_naming_only_algorithms_that_take_the_option_says_nothing():
+    out = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--splits", "2", "--algo", "split-kv"]))
+    assert out.notes == () and out.rows[0].tiling.splits == 2
+
+
+def test_split_kv_fills_the_sms_of_the_preset_it_is_given():
+    shape = dict(N=1, N_k=65536, d=128, M="100k")
+    h100 = iosim.count("split-kv", **shape).tiling.splits
+    a100 = iosim.count("split-kv", gpu="a100", **shape).tiling.splits
+    assert h100 == iosim.count("split-kv", gpu="h100", **shape).tiling.splits
+    assert a100 != h100, (a100, h100)
+    rows = run(build_parser().parse_args(["sweep", "--N", "1", "--d", "128", "--gpu", "a100", "--algo", "split-kv"]))
+    assert rows.rows[0].tiling.splits == iosim.count("split-kv", gpu="a100", N=1, d=128, M=rows.rows[0].M).tiling.splits
