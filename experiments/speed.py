@@ -9,7 +9,9 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   batch·heads = 8, N = 2048 within 3× of numpy standard attention's backward;
 - every count and prediction at N = 10⁹, causal or not, under 0.5 s;
 - ``optimize`` for one (N, d, M) and every algorithm under 5 s, ``bound`` with 40 values
-  of M under 30 s.
+  of M under 30 s;
+- a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
+  without them (records are written in time linear in the rows).
 
 Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json]
 """
@@ -22,6 +24,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +47,9 @@ BACKWARD_CASE = dict(batch=1, heads=8, N=2048, d=64, M="100k", algorithm="flash-
 RATIO_TARGET = 3.0  # simulator over numpy
 HUGE_COUNT = dict(N=10**9, d=64, M="100k")  # every algorithm, causal and not, counted and predicted
 HUGE_TARGET = 0.5
+RECORDS_GRID = ["sweep", "--N", *map(str, range(256, 256 + 400 * 64, 64)), "--d", "64", "128",
+                "--algo", "standard", "flash", "flash-swapped", "split-kv"]  # 400 N × 2 d × 4 algorithms
+RECORDS_TARGET = 1.2  # with --json and --csv over without
 
 
 def numpy_attention(q, k, v):
@@ -105,6 +111,19 @@ def numeric_ratios(repeats: int) -> list[dict]:
     return out
 
 
+def records_overhead(repeats: int) -> dict:
+    """The 3,200-row sweep with and without saving its records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        saving = [*RECORDS_GRID, "--json", f"{tmp}/rows.json", "--csv", f"{tmp}/rows.csv"]
+        bare_s = best_of(repeats, fresh_process(RECORDS_GRID))
+        saving_s = best_of(repeats, fresh_process(saving))
+    print(f"sweep of 3,200 rows: {bare_s:.2f} s, with --json and --csv {saving_s:.2f} s = {saving_s / bare_s:.2f}x "
+          f"(target <= {RECORDS_TARGET:g}x)")
+    return dict(command="python -m iosim " + " ".join(RECORDS_GRID[:3]) + " ... (400 N) --d 64 128 --algo "
+                        "standard flash flash-swapped split-kv", rows=3200, seconds=bare_s,
+                seconds_with_json_and_csv=saving_s, ratio=saving_s / bare_s, target_ratio=RECORDS_TARGET)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,6 +146,7 @@ def main() -> None:
     result = {
         "commands": commands,
         "numeric": numeric_ratios(args.repeats),
+        "records": records_overhead(args.repeats),
         "huge_count_case": HUGE_COUNT, "huge_count_seconds": huge, "huge_count_target_seconds": HUGE_TARGET,
         "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "numpy": np.__version__,

@@ -7,7 +7,7 @@ batch·heads), its element size, and the peak SRAM occupancy of one head.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ class Counts:
         return {
             "reads": self.reads, "writes": self.writes, "total": self.total, "read_bytes": self.read_bytes,
             "write_bytes": self.write_bytes, "total_bytes": self.total_bytes, "peak_sram": self.peak_sram,
-            "tensors": [{**asdict(t), "read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in self.tensors],
+            "tensors": [{"name": t.name, "reads": t.reads, "writes": t.writes, "itemsize": t.itemsize,
+                         "read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in self.tensors],
         }
 
 

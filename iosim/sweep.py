@@ -60,6 +60,9 @@ class SweepRow:
     flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
     roofline: Roofline | None = None  # with a GPU preset: the estimated time
     kv_heads: int | None = None  # K/V heads under grouped-query attention; None when equal to heads
+    sparsity_seed: int | None = None  # a block-sparse row's mask seed; None when dense
+    requested_splits: int | None = None  # split-kv's --splits as given; None: its default policy, or no splits
+    gpu: str | None = None  # the preset's name: its roofline, and the SMs split-kv's default splits fill
 
     @property
     def tiling(self) -> Tiling | None:
@@ -105,10 +108,10 @@ class SweepRow:
             key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
                                   "peak_sram", "tensors")}
         backward = {f"bwd_{f.name}": getattr(second, f.name, None) for f in fields(Tiling)}
-        arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None)}
-        if self.roofline is not None:
-            arithmetic.update(gpu=self.roofline.gpu, roofline_s=self.roofline.seconds, bound=self.roofline.bound,
-                              intensity=self.roofline.intensity)
+        arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
+                      "roofline_s": getattr(self.roofline, "seconds", None),
+                      "bound": getattr(self.roofline, "bound", None),
+                      "intensity": getattr(self.roofline, "intensity", None)}
         return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
@@ -116,7 +119,8 @@ class SweepRow:
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
-               "block_policy", "pass", "sparsity", "sparsity_pattern", "kv_heads")
+               "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
+               "requested_splits", "gpu")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
@@ -134,16 +138,12 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     among the query heads.
     """
     preset = None if gpu is None else get_gpu(gpu)
-    algo = get_algorithm(algorithm)
-    sparse = block_sparsity is not None and algo.accepts("block_sparsity")
+    config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
+                        dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
+                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
-                   dtype=dtype, block_policy=block_policy, block_sparsity=block_sparsity if sparse else None,
-                   kv_heads=kv_heads, splits=splits if algo.accepts("splits") else None, gpu=gpu)
-    config = dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
-                  dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
-                  kv_heads=None if kv_heads in (None, heads) else kv_heads)
-    config["sparsity"] = block_sparsity.sparsity if sparse else None
-    config["sparsity_pattern"] = block_sparsity.pattern if sparse else None
+                   dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
+                   block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu)
     try:
         measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
     except BlockSizeError as err:
@@ -157,6 +157,23 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
+
+
+def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
+               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
+               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None) -> dict:
+    """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
+    option the algorithm does not take set to None."""
+    algo = get_algorithm(algorithm)
+    sparse = block_sparsity is not None and algo.accepts("block_sparsity")
+    return dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
+                dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
+                kv_heads=None if kv_heads in (None, heads) else kv_heads,
+                sparsity=block_sparsity.sparsity if sparse else None,
+                sparsity_pattern=block_sparsity.pattern if sparse else None,
+                sparsity_seed=block_sparsity.seed if sparse else None,
+                requested_splits=splits if algo.accepts("splits") else None,
+                gpu=None if gpu is None else get_gpu(gpu).name)
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -174,26 +191,26 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
-              splits=None) -> list[SweepRow]:
+              splits=None, kept: list[dict] | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
-    ``on_row`` gets None for a configuration the writer already holds (``--resume``).
+    ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
+    ``kept`` its record.
     """
     rows = []
     options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
-                   block_policy=block_policy)
+                   block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
+                   splits=splits)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
-        sparse = block_sparsity is not None and get_algorithm(algorithm).accepts("block_sparsity")
-        done = config_key(dict(algorithm=algorithm, N=N, N_k=N, d=d, M=parse_size(M, dtype), **options,
-                               **{"pass": pass_}, sparsity=block_sparsity.sparsity if sparse else None,
-                               sparsity_pattern=block_sparsity.pattern if sparse else None,
-                               kv_heads=None if kv_heads in (None, heads) else kv_heads))
+        config = row_config(algorithm, N, d, **options)
+        done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})
         if writer and done in writer.done:
+            if kept is not None:
+                kept.append(writer.done[done])
             if on_row:
                 on_row(None)
             continue
-        row = sweep_row(algorithm, N, d, M, **options, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity,
-                        kv_heads=kv_heads, splits=splits)
+        row = sweep_row(algorithm, N, d, M, **options)
         rows.append(row)
         if writer:
             writer.add(row.record())
@@ -212,14 +229,17 @@ class Ranking:
     ratios: dict[str, float]  # algorithm → its traffic ÷ the least
 
 
-def rank_by_traffic(rows: list[SweepRow]) -> list[Ranking]:
-    """The least traffic at each (N, d) where some algorithm ran, and each algorithm's ratio to it."""
-    groups: dict[tuple[int, int], list[SweepRow]] = {}
-    for r in rows:
-        if r.total is not None:
-            groups.setdefault((r.d, r.N), []).append(r)
+def rank_by_traffic(records: Iterable[dict]) -> list[Ranking]:
+    """The least traffic at each (N, d) where some algorithm ran, and each algorithm's ratio to it.
+
+    ``records`` are rows' records (``SweepRow.record``), or those a resumed file kept.
+    """
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        if r["total"] is not None:
+            groups.setdefault((r["d"], r["N"]), []).append(r)
     out = []
     for (d, N), group in sorted(groups.items()):
-        best = min(group, key=lambda r: r.total)
-        out.append(Ranking(N, d, best.algorithm, {r.algorithm: r.total / best.total for r in group}))
+        best = min(group, key=lambda r: r["total"])
+        out.append(Ranking(N, d, best["algorithm"], {r["algorithm"]: r["total"] / best["total"] for r in group}))
     return out

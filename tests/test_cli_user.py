@@ -161,17 +161,23 @@ def test_output_file_mistakes_are_one_line(capsys, tmp_path, monkeypatch, argv, 
     assert len(err) == 1 and message in err[0], err
 
 
-def test_a_failed_write_leaves_no_tmp_file_and_names_the_users_path(tmp_path, monkeypatch, capsys):
+def test_a_failed_write_keeps_the_finished_rows_for_resume(tmp_path, monkeypatch, capsys):
     path = tmp_path / "rows.json"
 
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", refuse)
-    assert main(["sweep", "--N", "256", "--d", "64", "--json", str(path)]) == 2
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", refuse)
+        assert main(["sweep", "--N", "256", "--d", "64", "--json", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"cannot write records to {path}: No space left on device" in err and ".tmp" not in err
-    assert list(tmp_path.iterdir()) == []
+    journal = tmp_path / "rows.json.partial"
+    assert f"cannot write records to {path}: No space left on device; the " in err and ".tmp" not in err
+    assert f"are kept in {journal}, which --resume reads" in err
+    assert list(tmp_path.iterdir()) == [journal]  # no temporary file, no half-written output
+    again = run(parse("sweep", "--N", "256", "--d", "64", "--json", str(path), "--resume"))
+    assert again.rows == [] and again.skipped == len(json.loads(path.read_text())) > 2
+    assert list(tmp_path.iterdir()) == [path]
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])

@@ -13,16 +13,19 @@ from iosim.errors import InputError
 from iosim.gpus import resolve_M
 from iosim.records import RecordWriter
 from iosim.registry import ALGORITHMS
-from iosim.sweep import CONFIG_KEYS, DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, \
-    sweep_configs
+from iosim.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
 from iosim.units import DTYPE_ITEMSIZE
 
 
 @dataclass(frozen=True)
 class SweepOutcome:
     rows: list[SweepRow]
-    skipped: int  # configurations the --resume file already held
+    kept: list[dict]  # records of the grid's configurations that the --resume files already held
     notes: tuple[str, ...] = ()  # options that some algorithms of the grid ignore, and algorithms left out
+
+    @property
+    def skipped(self) -> int:
+        return len(self.kept)
 
 
 def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
@@ -62,12 +65,13 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     check_backward(algorithms, args.pass_)
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
-    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=CONFIG_KEYS) as writer:
+    kept: list[dict] = []
+    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
         rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads,
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity)
-    return SweepOutcome(rows, len(sweep_configs(algorithms, args.N, args.d)) - len(rows), notes(args, algorithms))
+                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept)
+    return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
 def main(args: argparse.Namespace, console) -> None:
@@ -140,15 +144,16 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
             break
     labels = {r.algorithm: r.paper_label for r in rows}
     console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
-    _render_ranking(console, rows)
+    _render_ranking(console, [dict(algorithm=r.algorithm, N=r.N, d=r.d, total=r.total) for r in rows] + outcome.kept)
 
 
-def _render_ranking(console, rows: list[SweepRow]) -> None:
+def _render_ranking(console, records: list[dict]) -> None:
+    """The summary ranks every configuration of the grid: those counted now and those a resumed file held."""
     from rich import box
     from rich.table import Table
 
-    ranking = rank_by_traffic(rows)
-    if not ranking or len({r.algorithm for r in rows}) < 2:
+    ranking = rank_by_traffic(records)
+    if not ranking or len({r["algorithm"] for r in records}) < 2:
         return
     table = Table(box=box.SIMPLE_HEAD, title="least traffic at each (N, d), and each other algorithm's ÷ it",
                   header_style="bold")

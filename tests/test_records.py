@@ -1,0 +1,137 @@
+"""Records that can be trusted: resume keyed by every option, every output whole, nothing finished lost."""
+
+import csv
+import json
+
+import pytest
+
+from iosim.cli import build_parser, main, run
+from iosim.records import RecordWriter
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+def records(path):
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("first, second", [
+    (["--algo", "split-kv", "--splits", "2"], ["--algo", "split-kv", "--splits", "8"]),
+    (["--algo", "block-sparse", "--sparsity", "0.5", "--sparsity-seed", "1"],
+     ["--algo", "block-sparse", "--sparsity", "0.5", "--sparsity-seed", "2"]),
+    (["--algo", "flash"], ["--algo", "flash", "--gpu", "h100"]),
+    (["--algo", "flash", "--dtype", "float32"], ["--algo", "flash"]),
+])
+def test_resume_recomputes_a_configuration_whose_options_differ(tmp_path, first, second):
+    path = tmp_path / "rows.json"
+    grid = ["sweep", "--N", "4096", "--d", "128", "--json", str(path)]
+    one = run(parse(*grid, *first)).rows[0]
+    two = run(parse(*grid, *second, "--resume"))
+    assert two.skipped == 0 and len(two.rows) == 1
+    saved = records(path)
+    assert len(saved) == 2 and saved[0] == one.record() and saved[1] == two.rows[0].record()
+    again = run(parse(*grid, *second, "--resume"))
+    assert again.skipped == 1 and again.rows == []
+
+
+def test_split_kv_rows_that_differ_in_splits_keep_their_own_traffic(tmp_path):
+    path = tmp_path / "sp.json"
+    grid = ["sweep", "--N", "4096", "--d", "128", "--algo", "split-kv", "--json", str(path)]
+    two = run(parse(*grid, "--splits", "2")).rows[0]
+    eight = run(parse(*grid, "--splits", "8", "--resume")).rows[0]
+    assert two.total != eight.total
+    assert {r["requested_splits"]: r["total"] for r in records(path)} == {2: two.total, 8: eight.total}
+
+
+def test_a_resume_that_adds_an_output_writes_every_record_to_both(tmp_path):
+    js, cs = tmp_path / "rows.json", tmp_path / "rows.csv"
+    run(parse("sweep", "--N", "256", "--d", "64", "--json", str(js)))
+    run(parse("sweep", "--N", "256", "512", "--d", "64", "--json", str(js), "--csv", str(cs), "--resume"))
+    by_json, by_csv = records(js), records(cs)
+    assert len(by_json) == len(by_csv) and sorted(int(r["N"]) for r in by_csv) == sorted(r["N"] for r in by_json)
+    assert {256, 512} == {r["N"] for r in by_json}
+    # the CSV resumes by itself, with its types restored: nothing is counted twice
+    again = run(parse("sweep", "--N", "256", "512", "--d", "64", "--csv", str(cs), "--resume"))
+    assert again.rows == [] and again.skipped == len(by_csv)
+
+
+def test_the_summary_after_a_resume_ranks_every_row_of_the_grid(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    assert main(["sweep", "--N", "256", "--d", "64", "--algo", "flash", "--json", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["sweep", "--N", "256", "--d", "64", "--algo", "flash", "standard", "--json", str(path),
+                 "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "1 configurations were already in the file" in out
+    summary = out[out.index("least traffic at each"):]
+    assert "flash" in summary and "standard" in summary
+
+
+def test_resume_with_a_preset_onto_a_file_without_one_is_no_traceback(tmp_path, capsys):
+    path = tmp_path / "rows.csv"
+    assert main(["sweep", "--N", "256", "--d", "64", "--csv", str(path)]) == 0
+    assert main(["sweep", "--N", "256", "--d", "64", "--csv", str(path), "--resume", "--gpu", "h100"]) == 0
+    rows = records(path)
+    assert {r["gpu"] for r in rows} == {"", "H100"} and len({r["algorithm"] for r in rows}) * 2 == len(rows)
+
+
+def test_outputs_that_name_one_file_two_ways_are_refused(tmp_path, capsys):
+    (tmp_path / "w").mkdir()
+    spelled = f"{tmp_path}/w/../w/x.json"
+    assert main(["sweep", "--N", "256", "--d", "64", "--json", f"{tmp_path}/w/x.json", "--csv", spelled]) == 2
+    assert "json and csv name the same file" in capsys.readouterr().err
+    assert list((tmp_path / "w").iterdir()) == []
+
+
+def test_a_bad_path_leaves_the_good_output_as_it_was(tmp_path, capsys):
+    good = tmp_path / "old.csv"
+    good.write_text("precious\n")
+    for command in (["sweep", "--N", "256", "--d", "64"], ["optimize", "--N", "256", "--d", "64"],
+                    ["run", "--N", "32", "--d", "8"], ["bound", "--N", "256", "--d", "16", "--points", "2"]):
+        assert main([*command, "--json", f"{tmp_path}/no/such/x.json", "--csv", str(good)]) == 2
+        assert good.read_text() == "precious\n", command
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]
+
+
+def test_an_interrupt_keeps_the_rows_that_finished(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text("[]\n")
+    seen = []
+
+    def stop_after_two(row):
+        seen.append(row)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(parse("sweep", "--N", "256", "512", "1024", "--d", "64", "--algo", "flash", "--json", str(path)),
+            on_row=stop_after_two)
+    assert [r["N"] for r in records(path)] == [256, 512]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
+
+
+def test_a_failure_before_any_row_leaves_the_file_as_it_was(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text("[]\n")
+    with pytest.raises(RuntimeError):
+        with RecordWriter(str(path)):
+            raise RuntimeError("a bug before the first record")
+    assert path.read_text() == "[]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
+
+
+def test_a_killed_run_leaves_a_journal_that_resume_reads(tmp_path):
+    path = tmp_path / "rows.json"
+    first = run(parse("sweep", "--N", "256", "--d", "64", "--algo", "flash", "standard", "--json", str(path)))
+    journal = tmp_path / "rows.json.partial"
+    lines = [json.dumps(r.record()) for r in first.rows]
+    path.unlink()
+    journal.write_text(lines[0] + "\n" + lines[1][:40])  # killed while writing the second line
+    again = run(parse("sweep", "--N", "256", "--d", "64", "--algo", "flash", "standard", "--json", str(path),
+                      "--resume"))
+    assert again.skipped == 1 and [r.algorithm for r in again.rows] == ["standard"]
+    assert [r["algorithm"] for r in records(path)] == ["flash", "standard"] and not journal.exists()
