@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from iosim.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.errors import BlockSizeError, InputError
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.search import MAX_BLOCK_SIZES
 from iosim.tiling import Tiling
 
 POINTS_DEFAULT = 40
@@ -96,6 +98,11 @@ def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", po
         raise InputError(f"N·d = {hi} is below the smallest working set of every algorithm ({lo} elements at "
                          f"d={pb.shape.d}, N_k={pb.shape.n_k}): no M from the smallest working set to N·d; allowed: "
                          f"N·d >= {lo}")
+    longest = MAX_BLOCK_SIZES if pb.causal else (MAX_BLOCK_SIZES // 2) ** 2  # sizes a search at M = N·d tries
+    if max(pb.shape.n_q, pb.shape.n_k) > longest:
+        raise InputError(f"N_q={pb.shape.n_q:,}, N_k={pb.shape.n_k:,} are too long for the optimal tiling search "
+                         f"at M up to N·d{' with a causal mask' if pb.causal else ''}; allowed range: N_q, N_k "
+                         f"<= {longest:,}")
     shape = dict(N=N, N_k=N_k, d=d, batch=batch, heads=heads, causal=causal, dtype=dtype)
     out = []
     for M in M_grid(lo, hi, points):
@@ -112,6 +119,16 @@ def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", po
         if on_point:
             on_point(point)
     return BoundSweep(pb, out)
+
+
+def check_plot_path(path: Path) -> None:
+    """Refuse, before any work, a plot path whose suffix matplotlib cannot write."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise InputError(f"out={str(path)!r} has the suffix {path.suffix or '(none)'!r}, which matplotlib cannot "
+                         f"write; allowed: {', '.join('.' + f for f in formats)}")
 
 
 def plot(sweep: BoundSweep, path) -> None:

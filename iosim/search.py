@@ -9,7 +9,8 @@ it holds the best tiling: docs/optimizer.md and ``iosim.optimize``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from iosim.algorithm import Algorithm
@@ -51,6 +52,19 @@ def check_fits(algo: Algorithm, pb: Problem, M: int) -> None:
         )
 
 
+MAX_BLOCK_SIZES = 200_000  # block sizes one search may try per side: about 20 s of closed forms on one core
+
+
+def check_search_size(sizes: int, side: str, pb: Problem, M: int) -> None:
+    """Refuse, by name, a search that would try more than ``MAX_BLOCK_SIZES`` block sizes on one side."""
+    if sizes > MAX_BLOCK_SIZES:
+        s = pb.shape
+        raise InputError(
+            f"the optimal tiling search at N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, M={M:,} would try more than "
+            f"{MAX_BLOCK_SIZES:,} sizes of {side}; allowed: at most {MAX_BLOCK_SIZES:,} (a smaller M, or the fit "
+            f"policy, answers at once)")
+
+
 def largest(fits: Callable[[int], bool], hi: int) -> int:
     """The largest b in [1, hi] with fits(b), for fits true at 1 and monotone; 0 if fits(1) is false."""
     if not fits(1):
@@ -76,16 +90,19 @@ def _staircase(fits: Callable[[int, int], bool], n_outer: int, n_inner: int) -> 
         yield a, b
 
 
-def block_sizes(n: int) -> list[int]:
-    """The least block size giving each block count: ⌈n/T⌉ for T = 1 … n, distinct, ascending (O(√n) of them)."""
-    out, T = [], 1
-    while T <= n:
-        b = ceil_div(n, T)
-        out.append(b)
-        if b == 1:
-            break
-        T = ceil_div(n, b - 1)  # the first block count whose least size is below b
-    return out[::-1]
+def block_sizes(n: int) -> Iterator[int]:
+    """The least block size giving each block count, ascending: ⌈n/T⌉ for T = n, n − 1, … 1, each once.
+
+    Lazy, so a search that stops at the first size that does not fit costs no more than the sizes it
+    tried, at any n (there are O(√n) sizes in all).
+    """
+    b = 1
+    while True:
+        yield b
+        count = (n - 1) // b  # the most blocks that are each longer than b
+        if count == 0:
+            return
+        b = ceil_div(n, count)
 
 
 def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
@@ -97,25 +114,35 @@ def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
         return algo.working_set(pb, Tiling(Br, Bc), M) <= M
 
     if not pb.causal:  # traffic depends on T_r and T_c only: the least block of each count will do
-        return _canonical_staircase(fits, n_q, n_k)
+        return _canonical_staircase(fits, pb, M)
+    thin_q = largest(lambda Br: fits(Br, 1), n_q)
+    thin_k = largest(lambda Bc: fits(1, Bc), n_k)
+    check_search_size(thin_q, "B_r", pb, M)
+    check_search_size(thin_k, "B_c", pb, M)
     shapes = set(_staircase(fits, n_q, n_k))  # for each B_r, the largest B_c
     shapes |= {(Br, Bc) for Bc, Br in _staircase(lambda Bc, Br: fits(Br, Bc), n_k, n_q)}  # and the other way
-    shapes |= {(1, Bc) for Bc in range(1, largest(lambda Bc: fits(1, Bc), n_k) + 1)}  # the thin tilings
-    shapes |= {(Br, 1) for Br in range(1, largest(lambda Br: fits(Br, 1), n_q) + 1)}
+    shapes |= {(1, Bc) for Bc in range(1, thin_k + 1)}  # the thin tilings
+    shapes |= {(Br, 1) for Br in range(1, thin_q + 1)}
     return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
 
-def _canonical_staircase(fits: Callable[[int, int], bool], n_q: int, n_k: int) -> list[Tiling]:
+def _canonical_staircase(fits: Callable[[int, int], bool], pb: Problem, M: int) -> list[Tiling]:
     """For each least block size B_r = ⌈N_q/T_r⌉ that fits, the largest B_c that fits and the least B_c with
     as few blocks; and the other way round."""
     shapes = set()
-    for n_a, n_b, fits_ab, swap in ((n_q, n_k, fits, False), (n_k, n_q, lambda a, b: fits(b, a), True)):
-        for a in block_sizes(n_a):
-            b = largest(lambda x: fits_ab(a, x), n_b)
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    for n_a, n_b, fits_ab, side in ((n_q, n_k, fits, "B_r"), (n_k, n_q, lambda a, b: fits(b, a), "B_c")):
+        # every size up to √n_a is the least of its block count, so the search tries at least this many:
+        check_search_size(min(largest(lambda x: fits_ab(x, 1), n_a), math.isqrt(n_a)), side, pb, M)
+        b = n_b
+        for tried, a in enumerate(block_sizes(n_a), 1):  # the largest b that fits never grows with a
+            check_search_size(tried, side, pb, M)
+            if not fits_ab(a, b):
+                b = largest(lambda x: fits_ab(a, x), b - 1) if b > 1 else 0
             if b == 0:
                 break
-            for b in (b, ceil_div(n_b, ceil_div(n_b, b))):  # the largest, and the least with as few blocks
-                shapes.add((b, a) if swap else (a, b))
+            for b_kept in (b, ceil_div(n_b, ceil_div(n_b, b))):  # the largest, and the least with as few blocks
+                shapes.add((b_kept, a) if side == "B_c" else (a, b_kept))
     return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
 

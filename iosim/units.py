@@ -20,6 +20,8 @@ DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 _POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*(?:([kKmMgGtT])([iI])?)?\s*([bB])?\s*$")
+MAX_COUNT = 2**62  # Python's ranges, over which the tiles are counted, hold at most 2**63 - 1 elements
+_RANGE = "[1, 2**62]"
 _FORMS = "an integer with an optional suffix k, M, G, T (×1000) or Ki, Mi, Gi, Ti (×1024)"
 
 
@@ -28,7 +30,7 @@ def parse_count(name: str, value, *, dtype: str | None = None) -> int:
 
     With ``dtype`` given, a trailing B (bytes) is allowed and converted to elements.
     """
-    if type(value) is int and value >= 1:  # the common case, kept cheap: tiling searches build many Tilings
+    if type(value) is int and 1 <= value <= MAX_COUNT:  # the common case, kept cheap: searches build many Tilings
         return value
     if isinstance(value, (bool, np.bool_)):
         raise InputTypeError(f"{name}={value!r} must be a whole number >= 1, such as 4096 or 4Ki")
@@ -36,7 +38,7 @@ def parse_count(name: str, value, *, dtype: str | None = None) -> int:
         number = Decimal(int(value))
     elif isinstance(value, (float, np.floating)):
         if not np.isfinite(value):
-            raise InputError(f"{name}={value!r} is outside the allowed range [1, inf)")
+            raise InputError(f"{name}={value!r} is outside the allowed range {_RANGE}")
         number = Decimal(float(value))
     elif isinstance(value, str):
         number = _parse_text(name, value, dtype)
@@ -45,8 +47,8 @@ def parse_count(name: str, value, *, dtype: str | None = None) -> int:
                              f"got {type(value).__name__}")
     if number != number.to_integral_value():
         raise InputError(f"{name}={value!r} is {number.normalize():f}, not a whole number")
-    if number < 1:
-        raise InputError(f"{name}={value!r} is outside the allowed range [1, inf)")
+    if not 1 <= number <= MAX_COUNT:
+        raise InputError(f"{name}={value!r} is outside the allowed range {_RANGE} (about 4.6e18)")
     return int(number)
 
 

@@ -113,7 +113,7 @@ def test_problem_validates_itself_when_built_directly(kwargs, message):
 
 
 def test_shape_validates_itself():
-    with pytest.raises(iosim.InputError, match=r"n_k=0 is outside the allowed range \[1, inf\)"):
+    with pytest.raises(iosim.InputError, match=r"n_k=0 is outside the allowed range \[1, 2\*\*62\]"):
         AttentionShape(1, 1, 8, 0, 4)
 
 

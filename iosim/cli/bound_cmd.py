@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, plot
+from iosim.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
 from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
@@ -45,6 +45,8 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
     """Sweep M; ``on_row`` sees each value of M as it is done."""
     paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
     check_distinct(paths)
+    if paths["out"]:
+        check_plot_path(paths["out"])
     sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
                   dtype=args.dtype, points=args.points, algorithms=algorithms_of(args), on_point=on_row)
     write_records(args.json, args.csv, records(sweep))
