@@ -15,6 +15,7 @@ M parsed, each pass's tiling chosen, into a frozen ``Request`` of ``Plan``s that
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,7 +26,7 @@ from iosim.counts import Counts, combined
 from iosim.errors import InputError, InputTypeError
 from iosim.flops import Flops
 from iosim.gpus import DEFAULT, get_gpu
-from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale
+from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
 from iosim.memory import Memory
 from iosim.policies import choose_tiling
 from iosim.problem import AttentionShape, Problem
@@ -229,9 +230,26 @@ def new_memory(p: Plan, data: dict | None = None) -> Memory:
     return mem
 
 
-def execute(p: Plan, data: dict | None = None) -> Memory:
-    """Run one pass on a new memory (count-only without ``data``) and return the memory, counts and HBM in it."""
+Progress = Callable[[int, int], None]  # (work done, total work): FLOPs and exponentials of a numeric run
+
+
+def work(p: Plan) -> int:
+    """The arithmetic of one pass (FLOPs and exponentials), from a count-only run: what a numeric run reports."""
+    f = execute(p).flops()
+    return f.matmul + f.exp
+
+
+def execute(p: Plan, data: dict | None = None, on_progress: Progress | None = None, before: int = 0,
+            total: int = 0) -> Memory:
+    """Run one pass on a new memory (count-only without ``data``) and return the memory, counts and HBM in it.
+
+    ``on_progress`` sees (``before`` + this pass's work so far, ``total``) after each step.
+    """
     mem = new_memory(p, data)
+    if on_progress is not None:
+        if not callable(on_progress):
+            raise InputTypeError(f"on_progress={on_progress!r} must be a function of (done, total) or None")
+        mem.on_compute = lambda f: on_progress(before + f.matmul + f.exp, total)
     p.algorithm.run(mem, p.run_problem, p.tiling)
     return mem
 
@@ -260,11 +278,13 @@ def _tiling(p: Plan | None) -> Tiling | None:
     return None if p is None else p.tiling
 
 
-def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None
-                   ) -> tuple[Problem, dict]:
+def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None,
+                   allow_nonfinite=False) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
     if isinstance(mask, (bool, np.bool_)):
         raise InputTypeError(f"mask={mask!r}: simulate takes a boolean array (True = attend) or None; count and "
                              f"predict take mask=True or False")
@@ -272,15 +292,15 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity))
-    data = {"Q": np.asarray(q), "K": np.asarray(k), "V": np.asarray(v)}
+    data = {"Q": q, "K": k, "V": v}
     if full_mask is not None:
         data["mask"] = full_mask
     return pb, data
 
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None
-             ) -> SimResult:
+             block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
+             allow_nonfinite=False, on_progress: Progress | None = None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
@@ -289,12 +309,15 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     ``gpu`` preset (an H100 when None). Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
-    block-sparse algorithms; the others ignore it.
+    block-sparse algorithms; the others refuse it. Q, K and V must be real and finite
+    unless ``allow_nonfinite`` asks to propagate inf and NaN to the output.
+    ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype, block_sparsity=block_sparsity)
+                              dtype=dtype, block_sparsity=block_sparsity, allow_nonfinite=allow_nonfinite)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
-    mem = execute(p, data)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
+        mem = execute(p, data, on_progress, total=work(p) if on_progress else 0)
     s = pb.shape
     result = SimResult(p.algorithm.name, pb, p.M, p.tiling, None, mem.counts(), flops=mem.flops(),
                        out=mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d))

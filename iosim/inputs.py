@@ -33,6 +33,8 @@ def check_scale(scale, d: int) -> float:
     """The softmax scale tau: 1/sqrt(d) by default, else any finite non-zero float."""
     if scale is None:
         return 1.0 / math.sqrt(d)
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise InputTypeError(f"scale={scale!r} must be a real number; got {type(scale).__name__}")
     tau = float(scale)
     if not math.isfinite(tau) or tau == 0.0:
         raise InputError(f"scale={scale!r} must be a finite non-zero number")
@@ -60,6 +62,20 @@ def check_qkv(q, k, v) -> AttentionShape:
         )
     b, h, n_q, d = q.shape
     return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d), kv_heads=int(k.shape[1]))
+
+
+def check_values(arrays: dict[str, np.ndarray], allow_nonfinite=False) -> None:
+    """Host arrays must be real numeric, and finite unless ``allow_nonfinite`` asks to propagate inf and NaN."""
+    for name, x in arrays.items():
+        if x.dtype.kind not in "biuf":
+            raise InputTypeError(f"{name} has dtype {x.dtype}: it must be real numeric (bool, integer or floating); "
+                                 f"complex, object and string arrays are refused")
+    if check_flag("allow_nonfinite", allow_nonfinite):
+        return
+    for name, x in arrays.items():
+        if x.dtype.kind == "f" and (bad := x.size - int(np.count_nonzero(np.isfinite(x)))):
+            raise InputError(f"{name} contains {bad:,} non-finite value{'s' * (bad > 1)} (inf or NaN); pass "
+                             f"allow_nonfinite=True to propagate them to the output")
 
 
 def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:

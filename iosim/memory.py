@@ -23,7 +23,7 @@ is the same in both modes; tests hold the counts equal.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,6 +84,7 @@ class Memory:
         self._flops = Flops()
         self._weight = 1  # count-only: how many blocks the current one stands for
         self._plan = None  # count-only: (nested blocks, weight, nested sizes) of the enclosing loop
+        self.on_compute: Callable[[Flops], None] | None = None  # sees the arithmetic so far after each step
 
     # --- HBM ---------------------------------------------------------------
     def add_tensor(self, name: str, rows: int, cols: int, itemsize: int, data: np.ndarray | None = None,
@@ -187,6 +188,8 @@ class Memory:
     def compute(self, matmul: int = 0, exp: int = 0) -> None:
         """Count the arithmetic of one step on one head's tiles, for every head (and every block it stands for)."""
         self._flops = self._flops + Flops(matmul, exp).scaled(self.bh * self._weight)
+        if self.on_compute is not None:
+            self.on_compute(self._flops)
 
     def flops(self) -> Flops:
         """The arithmetic counted so far, summed over batch·heads."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.errors import InputError
-from iosim.inputs import check_dout, check_mask, check_qkv, check_scale
+from iosim.inputs import check_dout, check_mask, check_qkv, check_scale, check_values
 from iosim.problem import AttentionShape
 from iosim.rng import check_dropout_p, dropout_tile
 
@@ -67,9 +67,10 @@ def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
     return np.repeat(x, heads // x.shape[1], axis=1)
 
 
-def _probabilities(q, k, v, causal, mask, scale, rows=None):
+def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
+    check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
     k = repeat_kv(k, shape.heads)
     tau = check_scale(scale, shape.d)
     rows = _check_rows(rows, shape.n_q)
@@ -99,28 +100,30 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                  rows: slice | None = None) -> ReferenceOutput:
+                  rows: slice | None = None, allow_nonfinite=False) -> ReferenceOutput:
     """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time.
     """
-    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows)
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q))
     out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)
 
 
-def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0):
+def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
+                           allow_nonfinite=False):
     """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v.
 
     Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
     D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
     """
-    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale)
+    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite)
     if shape.kv_heads != shape.heads:
         raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)
+    check_values({"dout": np.asarray(dout)}, allow_nonfinite)
     z = dropout_scale_matrix(shape, dropout_p, seed)
     q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     do64 = np.asarray(dout, dtype=np.float64)
