@@ -187,7 +187,7 @@ def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int
     return [(algorithm, N, d) for algorithm in algorithms for d in ds for N in Ns]
 
 
-def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, batch=1, heads=1,
+def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, N_k=None, batch=1, heads=1,
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
@@ -195,10 +195,10 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
-    ``kept`` its record.
+    ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row.
     """
     rows = []
-    options = dict(batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
+    options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
                    splits=splits)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):

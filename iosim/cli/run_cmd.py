@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.api import SimResult, backward_of, simulate, simulation_bytes
+from iosim.api import Progress, SimResult, backward_of, simulate, simulation_bytes
 from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg
+from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
@@ -64,9 +65,10 @@ def available_memory() -> int | None:
     return None
 
 
-def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult], None] | None = None
-        ) -> RunOutcome:
-    """Simulate and check; ``on_simulated`` sees the result before the reference check starts."""
+def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult], None] | None = None,
+        on_progress: Progress | None = None) -> RunOutcome:
+    """Simulate and check; ``on_simulated`` sees the result before the reference check starts, ``on_progress``
+    the simulation's work as it goes."""
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = block_sparsity(args)
     if sparsity is not None and not ALGORITHMS[args.algo].accepts("block_sparsity"):
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
-                       splits=args.splits, **options)
+                       splits=args.splits, on_progress=on_progress, **options)
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -159,8 +161,22 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
 
 
 def main(args: argparse.Namespace, console) -> None:
-    outcome = run(args, on_simulated=lambda result: render_traffic(console, result, args.pass_))
+    with PatientBar(console, "numeric run", count_only_hint(args)) as bar:
+        outcome = run(args, on_simulated=lambda result: render_traffic(console, result, args.pass_), on_progress=bar)
     render_check(console, outcome)
+
+
+def count_only_hint(args: argparse.Namespace) -> str:
+    """The sweep command that answers a run's traffic question at once, count-only."""
+    options = [f"--algo {args.algo}", f"--N {args.N}", f"--d {args.d}"]
+    for flag, value in (("--N-k", args.N_k), ("--batch", args.batch if args.batch != 1 else None),
+                        ("--heads", args.heads if args.heads != 1 else None), ("--M", args.M), ("--gpu", args.gpu),
+                        ("--pass", args.pass_ if args.pass_ != "fwd" else None)):
+        if value is not None:
+            options.append(f"{flag} {value}")
+    if args.causal:
+        options.append("--causal")
+    return f"`python -m iosim sweep {' '.join(options)}` gives its traffic at once"
 
 
 def render_traffic(console, r: SimResult | GradResult, pass_: str) -> None:

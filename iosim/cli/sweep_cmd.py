@@ -48,6 +48,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count-only traffic of every algorithm over a grid of N and d")
     add_simulation(p)
     p.add_argument("--N", type=count_arg, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
+    p.add_argument("--N-k", type=count_arg, default=None, help="key/value length of every row (default: its N)")
     p.add_argument("--d", type=count_arg, nargs="+", default=list(DEFAULT_D), help="head dimensions")
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                    help="algorithms to count (default: all; the block-sparse ones only with --sparsity)")
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
-        rows = run_sweep(algorithms, args.N, args.d, M, batch=args.batch, heads=args.heads,
+        rows = run_sweep(algorithms, args.N, args.d, M, N_k=args.N_k, batch=args.batch, heads=args.heads,
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                          pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept)
@@ -87,6 +88,7 @@ def main(args: argparse.Namespace, console) -> None:
 def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
+               *([f"N_k = {first.N_k:,} (N is N_q)"] if any(r.N_k != r.N for r in rows) else []),
                f"block policy {first.block_policy}"]
     sparse = next((r for r in rows if r.sparsity is not None), None)
     if sparse is not None:
