@@ -148,21 +148,27 @@ class Algorithm:
         """A training step runs both passes on one tiling (the backward's, which fits the forward too)."""
         return self.needs.block_mask
 
-    def with_splits(self, pb: Problem, tiling: Tiling, splits: int | None, default: bool, sms: int) -> Tiling:
+    def with_splits(self, pb: Problem, tiling: Tiling, splits: int | None, default: bool, sms: int,
+                    fixed: bool = False) -> Tiling:
         """``tiling`` with its K/V splits: ``splits`` when given, else (``default``) its own policy's count for a
-        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, 1 to T_c."""
-        T_c = ceil_div(pb.shape.n_k, tiling.Bc)
+        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, 1 to T_c of a ``fixed``
+        (user-given) tiling, else 1 to N_k: a policy's K/V blocks are shortened to ⌊N_k/S⌋ where they are fewer
+        than the S splits, as a decode kernel sizes its splits first."""
+        n_k = pb.shape.n_k
         splitting = self.needs.splits is not None
-        allowed = f"1 to {T_c} (the number of K/V blocks of B_c={tiling.Bc})" if splitting else "1"
-        if splits is not None:
-            if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-                raise InputError(f"splits={splits!r} for {self.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
-            tiling = replace(tiling, splits=splits)
-        elif splitting and default:
-            tiling = replace(tiling, splits=self.needs.splits(pb, tiling, sms))
-        if tiling.splits != 1 and (not splitting or tiling.splits > T_c):
-            raise InputError(f"splits={tiling.splits} for {self.name} at N_k={pb.shape.n_k}; allowed: {allowed}")
-        return tiling
+        if splits is None and splitting and default:
+            splits = self.needs.splits(pb, tiling, sms)
+        if splits is None:
+            return tiling
+        T_c = ceil_div(n_k, tiling.Bc)
+        most = (T_c if fixed else n_k) if splitting else 1
+        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= most:
+            what = f" (the number of K/V blocks of B_c={tiling.Bc})" if fixed else " (N_k)"
+            raise InputError(f"splits={splits!r} for {self.name} at N_k={n_k}; allowed: 1"
+                             f"{f' to {most}{what}' if splitting else ''}")
+        if T_c < splits:
+            tiling = replace(tiling, Bc=n_k // splits)  # at least S blocks
+        return replace(tiling, splits=splits)
 
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:

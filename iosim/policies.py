@@ -47,10 +47,25 @@ def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
 
 
 def fit(algo: Algorithm, pb: Problem, M: int) -> Tiling:
-    """The largest outer block B, in the paper's shape, whose whole working set fits M."""
+    """The largest outer block B, in the paper's shape, whose whole working set fits M.
+
+    Where one outer block holds the whole outer sequence and that is shorter than d
+    (decoding: N_q = 1 with the query blocks outer), the paper's shape would make the
+    inner block as short as it (1 × 1); the inner block then grows to the largest that
+    fits, as a decode kernel streams K/V in long blocks past one query block.
+    """
     check_fits(algo, pb, M)
-    n = pb.shape.n_q if algo.outer == "Br" else pb.shape.n_k
-    return shape_rule(algo, pb, largest(lambda B: algo.working_set(pb, shape_rule(algo, pb, B), M) <= M, n))
+    s = pb.shape
+    n_outer, n_inner = (s.n_q, s.n_k) if algo.outer == "Br" else (s.n_k, s.n_q)
+    tiling = shape_rule(algo, pb, largest(lambda B: algo.working_set(pb, shape_rule(algo, pb, B), M) <= M, n_outer))
+    B = tiling.Br if algo.outer == "Br" else tiling.Bc
+    if B < n_outer or n_outer >= s.d:
+        return tiling
+
+    def with_inner(b: int) -> Tiling:
+        return Tiling(B, b) if algo.outer == "Br" else Tiling(b, B)
+
+    return with_inner(largest(lambda b: algo.working_set(pb, with_inner(b), M) <= M, n_inner))
 
 
 @dataclass(frozen=True)
@@ -82,7 +97,7 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
     (``Algorithm.with_splits``).
     """
     if tiling is not None:
-        return algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms)
+        return algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
     if policy not in POLICIES:
         raise InputError(f"block_policy={policy!r} is not one of {list(POLICIES)}")
     chosen = POLICIES[policy]

@@ -46,13 +46,14 @@ TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
 
 def default_splits(pb: Problem, tiling: Tiling, sms: int) -> int:
-    """Splits enough that the work units, batch·kv_heads·T_r·S, fill the GPU's ``sms`` SMs, at most T_c.
+    """Splits enough that the work units, batch·kv_heads·T_r·S, fill the GPU's ``sms`` SMs, at most N_k.
 
     A problem that already has a work unit per SM (batch·kv_heads·T_r ≥ sms, as in prefill
-    or a large batch) is not split.
+    or a large batch) is not split. Where the policy's K/V blocks are fewer than the splits,
+    ``Algorithm.with_splits`` shortens them so that each split has one.
     """
     units = pb.shape.bh * ceil_div(pb.shape.n_q, tiling.Br)
-    return max(1, min(ceil_div(pb.shape.n_k, tiling.Bc), ceil_div(sms, units)))
+    return max(1, min(pb.shape.n_k, ceil_div(sms, units)))
 
 
 @dataclass(frozen=True)
