@@ -68,11 +68,6 @@ def tile_bytes(rows: int, columns: int) -> int:
     return rows * row_words(columns) * WORD_BYTES
 
 
-def simulator_bytes() -> int:
-    """The simulator's scratch in shared memory (none on a GPU)."""
-    return (THREADS * (mma.SCRATCH_WORDS + 2) * WORD_BYTES) if SIM else 0
-
-
 def paired_words(d: int) -> bool:
     """Whether Q, K, V (dO, O) reach a kernel as uint64 pairs of words (d a multiple of 4: a row is whole pairs)."""
     return d % 4 == 0
