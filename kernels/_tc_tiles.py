@@ -79,6 +79,17 @@ def words_view(x):
     return flat.view(np.uint64) if paired_words(tuple(x.shape)[-1]) else flat
 
 
+class Place(NamedTuple):
+    """A thread's places (thread_places) as one bundle for the kernels' step functions."""
+
+    tid: object  # thread index in the block
+    warp: object
+    g: object  # the lane's group: fragment rows g and g + 8
+    qd: object  # its place in the group: fragment columns 2·qd, 2·qd + 1
+    cr: object  # its row in the tile-copy grid (unsigned)
+    cc: object  # its column there
+
+
 @cuda.jit(device=True, **INLINE)
 def thread_places(tid, lanes):
     """(warp, lane, g, qd, cr, cc) of thread tid: its warp and lane; the lane's group g (fragment
