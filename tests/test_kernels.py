@@ -212,6 +212,17 @@ def test_every_impl_names_the_registered_iosim_algorithm_it_implements():
         )
 
 
+def test_every_impl_is_an_implementation_and_those_taking_bfloat16_say_at_which_d():
+    from iosim.kernels.api import Implementation, TakesBfloat16
+
+    for impl, module in kernels.IMPLS.items():
+        assert isinstance(module, Implementation), f"kernels.IMPLS[{impl!r}] lacks part of kernels.api.Implementation"
+        assert isinstance(module.BFLOAT16, bool), f"kernels.IMPLS[{impl!r}].BFLOAT16 = {module.BFLOAT16!r}"
+        if module.BFLOAT16:
+            assert isinstance(module, TakesBfloat16), f"kernels.IMPLS[{impl!r}] takes bfloat16 without check_bfloat16"
+    assert [name for name, m in kernels.IMPLS.items() if m.BFLOAT16] == ["flash-swapped-tc"]
+
+
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("impl", IMPLS)
 def test_float32_matches_float64_and_simulator(impl, case_name):
