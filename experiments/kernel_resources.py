@@ -12,13 +12,17 @@ numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 thre
 
 Writes OUT.json and OUT.md with the versions, the git commit and the command.
 
-    python experiments/kernel_resources.py --check [--jobs N]
+    python experiments/kernel_resources.py --check [--pairwise] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
-each kernel that failed, if any did. tests/test_kernels_compile.py runs it in CI, whose
-other kernel tests run under Numba's CUDA simulator, which neither type-checks a kernel
-nor lowers it to PTX. Without NVVM or nvJitLink either form exits with status 77
-(TOOLCHAIN_MISSING).
+each kernel that failed, if any did. With --pairwise it compiles a covering subset (32 of
+the 52): of each family whose specialisations vary in dtype, head dim and causal+dropout
+(flash-swapped and flash-swapped-tc, forward and backward), half, chosen so that every
+pair of those settings is compiled together at least once; of standard's four matmuls
+each once, the two dtypes alternating; flash and the small kernels all.
+tests/test_kernels_compile.py runs --check --pairwise in CI, whose other kernel tests
+run under Numba's CUDA simulator, which neither type-checks a kernel nor lowers it to
+PTX. Without NVVM or nvJitLink either form exits with status 77 (TOOLCHAIN_MISSING).
 
 Numba compiles device functions for "the current device"; with no GPU present this
 script substitutes a stand-in device of compute capability 9.0 while compiling.
@@ -47,15 +51,18 @@ import numba  # noqa: E402
 import numba.cuda.dispatcher  # noqa: E402
 from numba import cuda, types  # noqa: E402
 
+from iosim.gpus import GPUS  # noqa: E402
 from iosim.kernels import _device as dev  # noqa: E402
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard  # noqa: E402
 
 CC = (9, 0)
 ARCH = "sm_90"
 TOOLCHAIN_MISSING = 77  # exit status without NVVM or nvJitLink: automake's "test skipped"
-# One H100 SM (CUDA C Programming Guide, compute capability 9.0 table)
+H100 = GPUS["h100"]
+# One H100 SM: its shared memory (228 KiB) from iosim.gpus, with its source; the rest, which
+# iosim.gpus does not hold, from the CUDA C Programming Guide's compute capability 9.0 table
 SM_REGISTERS = 65536
-SM_SHARED_BYTES = 228 * 1024
+SM_SHARED_BYTES = int(H100.smem_per_sm.value)
 SHARED_RESERVED_PER_BLOCK = 1024  # sm_90 reserves 1 KiB per block; ptxas counts it in "smem"
 SM_MAX_THREADS = 2048
 SM_MAX_BLOCKS = 32
@@ -82,20 +89,29 @@ class KernelCase:
     predicted_shared: int | None
     layout: object = None  # the thread block's kernels._register_tiles.Layout, where it has one
     mma_per_step: int | None = None  # tensor-core MMAs a warp issues per K/V step, by construction
+    pairwise: bool = True  # in the covering subset that --check --pairwise compiles
+
+
+def in_half_fraction(*levels: int) -> bool:
+    """Whether a specialisation with these 0/1 levels of three two-level settings is in the half that covers
+    every pair: levels summing to an even number, e.g. (0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0)."""
+    return sum(levels) % 2 == 0
 
 
 def cases(d_values=(64, 128)) -> list[KernelCase]:
     out = []
-    for dt, dt_name in ((F32, "fp32"), (F16, "fp16")):
-        for d in d_values:
-            for causal, dropout in ((False, False), (True, True)):
+    for dt_level, (dt, dt_name) in enumerate(((F32, "fp32"), (F16, "fp16"))):
+        for d_level, d in enumerate(d_values):
+            for flags_level, (causal, dropout) in enumerate(((False, False), (True, True))):
                 tag = f"d={d} {dt_name}{' causal+dropout' if causal else ''}"
+                pairwise = in_half_fraction(dt_level, d_level, flags_level)
                 c = _first_fit(flash_swapped, flash_swapped.FORWARD_TILES, d, False)
                 out.append(KernelCase(
                     f"flash-swapped forward {tag} {c}",
                     flash_swapped.forward_kernel(d, c, causal, dropout),
                     (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                     c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
+                    pairwise=pairwise,
                 ))
                 c = _first_fit(flash_swapped, flash_swapped.BACKWARD_TILES, d, True)
                 out.append(KernelCase(
@@ -104,17 +120,21 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     (arr(dt, 1),) * 4 + (arr(F32, 1), arr(F32, 1), arr(F32, 1), arr(dt, 1), arr(dt, 1), I64, I64, F32)
                     + DROPOUT_ARGS,
                     c.threads(True), flash_swapped.shared_bytes(c, d, True), flash_swapped.layout(c, d, True),
+                    pairwise=pairwise,
                 ))
                 if dt is F16:  # and its bfloat16 twin, whose arrays hold uint16 bit patterns
-                    for tc_dt, tc_name, tc_dtype in ((F16, "fp16", "float16"), (U16, "bf16", "bfloat16")):
+                    for tc_level, (tc_dt, tc_name, tc_dtype) in enumerate(
+                        ((F16, "fp16", "float16"), (U16, "bf16", "bfloat16"))
+                    ):
                         qkv = U64 if flash_swapped_tc.paired_words(d) else tc_dt
+                        tc_pairwise = in_half_fraction(tc_level, d_level, flags_level)
                         out.append(KernelCase(
                             f"flash-swapped-tc forward {tag.replace('fp16', tc_name)} "
                             f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.keys_per_step(d)})",
                             flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
                             (arr(qkv, 1),) * 3 + (arr(tc_dt, 1), arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
-                            mma_per_step=flash_swapped_tc.mma_per_step(d),
+                            mma_per_step=flash_swapped_tc.mma_per_step(d), pairwise=tc_pairwise,
                         ))
                         out.append(KernelCase(
                             f"flash-swapped-tc backward {tag.replace('fp16', tc_name)} "
@@ -125,7 +145,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                             + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.backward_shared_bytes(
                                 d, flash_swapped_tc.queries_per_step(d)),
-                            mma_per_step=flash_swapped_tc.backward_mma_per_step(d),
+                            mma_per_step=flash_swapped_tc.backward_mma_per_step(d), pairwise=tc_pairwise,
                         ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)
@@ -143,17 +163,17 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
             c.threads(True), flash.shared_bytes(c, d, True),
         ))
         m = standard.MatmulConfig()
-        for ta, tb, a_t, b_t, c_t, what in (
+        for product, (ta, tb, a_t, b_t, c_t, what) in enumerate((
             (False, True, dt, dt, F32, "S = tau Q K^T"),
             (False, False, F32, dt, dt, "O = P V, dQ = tau dS K"),
             (True, False, F32, dt, dt, "dV = (P Z)^T dO, dK = tau dS^T Q"),
             (False, True, dt, dt, F32, "dP = dO V^T"),
-        ):
+        )):
             out.append(KernelCase(
                 f"standard matmul {what} {dt_name} {m}",
                 standard.matmul_kernel(ta, tb, m),
                 (arr(a_t, 3), arr(b_t, 3), arr(c_t, 3), F32),
-                m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1),
+                m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1), pairwise=(product + dt_level) % 2 == 0,
             ))
     m = standard.MatmulConfig()
     out += [
@@ -257,18 +277,19 @@ def _assemble_case(index: int) -> tuple[str | None, str | None]:
         return None, "".join(traceback.format_exception_only(e)).rstrip()
 
 
-def assemble_all(jobs: int):
-    """Yield (case, nvJitLink's log or None, why it failed or None) for every case, in order."""
+def assemble_all(jobs: int, pairwise: bool = False):
+    """Yield (case, nvJitLink's log or None, why it failed or None) for every case (or every pairwise one), in order."""
     all_cases = cases()
+    chosen = [index for index, case in enumerate(all_cases) if case.pairwise or not pairwise]
     if jobs == 1:
-        for index, case in enumerate(all_cases):
-            yield case, *_assemble_case(index)
+        for index in chosen:
+            yield all_cases[index], *_assemble_case(index)
         return
     # spawn: fresh interpreters, whatever the platform's default, so no compiler state is forked
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
-        futures = [pool.submit(_assemble_case, index) for index in range(len(all_cases))]
-        for case, future in zip(all_cases, futures):
+        futures = [pool.submit(_assemble_case, index) for index in chosen]
+        for case, future in zip((all_cases[index] for index in chosen), futures):
             try:
                 log, error = future.result()
             except BrokenProcessPool as e:
@@ -352,11 +373,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(jobs: int) -> int:
-    """Compile and assemble every case; print each failure with its kernel's name. The exit status."""
+def check(jobs: int, pairwise: bool = False) -> int:
+    """Compile and assemble every case (or the pairwise subset); print each failure with its kernel's name.
+    The exit status."""
     failed = []
     n = 0
-    for n, (case, _, error) in enumerate(assemble_all(jobs), 1):
+    for n, (case, _, error) in enumerate(assemble_all(jobs, pairwise), 1):
         if error is None:
             print(f"ok      {case.name}", flush=True)
         else:
@@ -374,15 +396,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "kernels_resources_sm90")
     parser.add_argument("--check", action="store_true",
                         help="compile and assemble every kernel, write no report; exit 1 naming those that fail")
+    parser.add_argument("--pairwise", action="store_true",
+                        help="with --check: compile the covering subset only (every pair of settings once)")
     parser.add_argument("--jobs", type=int, default=1, help="kernels compiled in parallel processes (default 1)")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be at least 1")
+    if args.pairwise and not args.check:
+        parser.error("--pairwise goes with --check: the report covers every kernel")
     if numba.config.ENABLE_CUDASIM:
         parser.error("NUMBA_ENABLE_CUDASIM=1 selects Numba's CUDA simulator, which compiles nothing; unset it")
     require_toolchain()
     if args.check:
-        sys.exit(check(args.jobs))
+        sys.exit(check(args.jobs, args.pairwise))
     rows = []
     for case, log, error in assemble_all(args.jobs):
         if error is not None:

@@ -45,9 +45,15 @@ if str(EXPERIMENTS) not in sys.path:
 
 import kernel_resources as resources  # noqa: E402
 
-# H100 SXM peaks (NVIDIA H100 datasheet, dense): FP32 67 TFLOP/s on CUDA cores, FP16/BF16
-# with FP32 accumulation 989 TFLOP/s on tensor cores.
-PEAK_TFLOPS = {"FFMA": 67.0, "HMMA": 989.0}
+from iosim.gpus import GPUS  # noqa: E402  (kernel_resources puts the repository on sys.path)
+
+H100 = GPUS["h100"]
+TERA = 1e12
+# H100 SXM dense peaks from iosim.gpus (with their sources there), in whole TFLOP/s as this
+# report has always stated them: FP32 67 on CUDA cores, FP16/BF16 with FP32 accumulation 989
+# on tensor cores (989.4 in iosim.gpus; to the decimal it would move each tensor-core ceiling
+# by 0.04 %, below what a ceiling read from an instruction share can tell).
+PEAK_TFLOPS = {"FFMA": float(round(H100.fp32.value / TERA)), "HMMA": float(round(H100.fp16_tensor.value / TERA))}
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:(@!?U?P[T0-9]+)\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
@@ -445,7 +451,7 @@ def bank_report(lay) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------
 
 # At the tensor-core peak an H100 SM completes one m16n8k16 HMMA (4,096 FLOPs) per clock:
-# 989 TFLOP/s = 132 SMs × 1.83 GHz × 4,096. Its four schedulers issue four instructions per
+# 989.4 TFLOP/s = 132 SMs (H100.sms) × 1.83 GHz × 4,096. Its four schedulers issue four instructions per
 # clock, so HMMAs need only a quarter of the issued instructions to keep the tensor cores busy.
 HMMA_SHARE_AT_PEAK = 0.25
 

@@ -37,7 +37,7 @@ class GPU:
     """One GPU's numbers that the roofline needs. Peak rates are dense (no 2:4 sparsity)."""
 
     name: str
-    smem_per_sm: Spec  # bytes of shared memory one thread block can use on one SM
+    smem_per_sm: Spec  # bytes of shared memory of one SM; one thread block may use 1 KiB less (H100: 227 of 228 KiB)
     hbm_bandwidth: Spec  # bytes per second
     fp16_tensor: Spec  # FLOP/s, tensor cores, float16 inputs with float32 accumulation
     bf16_tensor: Spec | None  # FLOP/s, tensor cores, bfloat16; None where the GPU has none
@@ -78,8 +78,10 @@ GPUS: dict[str, GPU] = {
         "H100",
         Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM"),
         Spec(3.35e12, f"{H100_DATASHEET}: 3.35 TB/s HBM3"),
-        Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
-        Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
+        Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 132 SMs (SXM5)"),
     ),
@@ -87,8 +89,10 @@ GPUS: dict[str, GPU] = {
         "H200",
         Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM (same GH100 SM as H100)"),
         Spec(4.8e12, f"{H200_DATASHEET}: 4.8 TB/s HBM3e"),
-        Spec(989.4e12, f"{H200_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
-        Spec(989.4e12, f"{H200_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity, halved"),
+        Spec(989.4e12, f"{H200_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(989.4e12, f"{H200_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H200_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "the H100 SXM5's GH100 configuration, 132 SMs (the H200 changes the memory only)"),
     ),

@@ -33,7 +33,6 @@ from iosim.kernels import _device as dev
 
 VEC = 4  # floats per 128-bit shared-memory load (LDS.128)
 SHARED_ALIGN = 16  # bytes: shared tiles start where a 128-bit load may read
-BANK_WORDS = 32  # shared memory banks, 4 bytes each
 COPY_LANES = 16  # threads copying one tile row together: 64 contiguous bytes per row (32 lanes per row spill at d = 64)
 INLINE = dev.inline_options()
 FULL_WARP = np.uint32(0xFFFFFFFF)  # every lane takes part in the shuffles: row reductions run warp-uniform

@@ -68,11 +68,6 @@ def tile_bytes(rows: int, columns: int) -> int:
     return rows * row_words(columns) * WORD_BYTES
 
 
-def simulator_bytes() -> int:
-    """The simulator's scratch in shared memory (none on a GPU)."""
-    return (THREADS * (mma.SCRATCH_WORDS + 2) * WORD_BYTES) if SIM else 0
-
-
 def paired_words(d: int) -> bool:
     """Whether Q, K, V (dO, O) reach a kernel as uint64 pairs of words (d a multiple of 4: a row is whole pairs)."""
     return d % 4 == 0
@@ -82,6 +77,17 @@ def words_view(x):
     """A flat device array of halves as the kernels take it: uint64 word pairs when d is a multiple of 4."""
     flat = x.reshape(x.size)
     return flat.view(np.uint64) if paired_words(tuple(x.shape)[-1]) else flat
+
+
+class Place(NamedTuple):
+    """A thread's places (thread_places) as one bundle for the kernels' step functions."""
+
+    tid: object  # thread index in the block
+    warp: object
+    g: object  # the lane's group: fragment rows g and g + 8
+    qd: object  # its place in the group: fragment columns 2·qd, 2·qd + 1
+    cr: object  # its row in the tile-copy grid (unsigned)
+    cc: object  # its column there
 
 
 @cuda.jit(device=True, **INLINE)

@@ -25,8 +25,8 @@ parameter, its value and the allowed range.
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from numba import cuda
@@ -37,9 +37,45 @@ from iosim.kernels import bfloat16 as bf16
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard
 from iosim.kernels.config import Dropout
 
+if TYPE_CHECKING:
+    from iosim.algorithm import Algorithm
+
+
+@runtime_checkable
+class Implementation(Protocol):
+    """What the host API asks of an implementation module (kernels/flash.py, ...): one per IMPLS entry.
+
+    The API checks every input, flattens batch and heads, and hands the module device arrays
+    q (bh, N_q, d), k, v (bh, N_k, d) in one dtype (float32, float16, or uint16 bfloat16 bits
+    where BFLOAT16); the module launches its kernels and returns device arrays.
+    """
+
+    ALGORITHM: Algorithm  # the registered iosim algorithm whose HBM traffic the kernels realise
+    BFLOAT16: bool  # whether the API may hand it bfloat16; if so it is also a TakesBfloat16
+    FORWARD_TILES: Sequence  # tilings the forward prefers, best first; the API takes the first that fits d
+    BACKWARD_TILES: Sequence  # the same for the backward
+
+    def check_config(self, config, d: int, backward: bool) -> None:
+        """Raise ValueError (TypeError for a config of the wrong kind) naming config or d when they cannot run."""
+
+    def forward(self, q, k, v, *, tau: float, causal: bool, dropout: Dropout, config):
+        """(O (bh, N_q, d) in q's dtype, lse (bh, N_q) float32: log Σ_j exp(S_ij), −inf on fully masked rows)."""
+
+    def backward(self, q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout: Dropout, config):
+        """(dQ, dK, dV) in q's dtype, from forward's out and lse for the same inputs and options."""
+
+
+@runtime_checkable
+class TakesBfloat16(Implementation, Protocol):
+    """An Implementation with BFLOAT16 = True: it says at which head dims bfloat16 can run."""
+
+    def check_bfloat16(self, d: int, backward: bool) -> None:
+        """Raise ValueError naming d where bfloat16 cannot run at head dim d."""
+
+
 # The one registry of implementations: the host API, the benchmark and the tests all read it.
-# Each module's ALGORITHM is the registered iosim.Algorithm it implements.
-IMPLS: dict[str, ModuleType] = {
+# Each module is an Implementation; its ALGORITHM is the registered iosim.Algorithm it implements.
+IMPLS: dict[str, Implementation] = {
     "standard": standard,  # Algorithm 0: S and P materialised in HBM
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
     "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
@@ -49,8 +85,8 @@ IMPLS: dict[str, ModuleType] = {
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 BFLOAT16 = "bfloat16"
 COMPUTE_DTYPES = (None, BFLOAT16)  # attention(dtype=...): None runs the inputs' own dtype
-# modules that take bfloat16 say so, and check_bfloat16(d, backward) says at which head dims
-BFLOAT16_IMPLS = [name for name, module in IMPLS.items() if getattr(module, "BFLOAT16", False)]
+# modules that take bfloat16 say so (BFLOAT16), and check_bfloat16(d, backward) says at which head dims
+BFLOAT16_IMPLS = [name for name, module in IMPLS.items() if module.BFLOAT16]
 BFLOAT16_INPUTS = (np.dtype(np.float32), bf16.BITS)  # rounded on the host, or bit patterns as they are
 MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
 
@@ -62,7 +98,7 @@ class KernelOutput(NamedTuple):
     lse: object  # (batch, heads, N_q), float32: log Σ_j exp(S_ij), −inf on fully masked rows
 
 
-def implementation(impl: str) -> ModuleType:
+def implementation(impl: str) -> Implementation:
     """The module registered under `impl`, or ValueError listing the allowed names."""
     try:
         return IMPLS[impl]

@@ -28,10 +28,12 @@ from numba import cuda, float32
 
 from iosim.algorithms import flash as simulated
 from iosim.kernels import _device as dev
+from iosim.kernels import _flash_tiles as tiles
 from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
+BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
@@ -123,8 +125,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
         for j in range(Tc):  # line 6
             col0 = j * Bc
             cuda.syncthreads()
-            dev.load_rows(K_s, k, bh, col0, n_k, d, ONE)  # line 7
-            dev.load_rows(V_s, v, bh, col0, n_k, d, ONE)
+            tiles.load_rows(K_s, k, bh, col0, n_k, d, ONE)  # line 7
+            tiles.load_rows(V_s, v, bh, col0, n_k, d, ONE)
             for i in range(Tr):  # line 8
                 row0 = i * Br
                 last_j = last_block(row0, Br, n_q, n_k, Bc, Tc, causal)
@@ -132,7 +134,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
                     continue  # tile entirely masked (causal): nothing to add
                 cuda.syncthreads()
                 # line 9: Q_i (scaled by tau) to shared memory; O_i, ℓ_i, m_i slices to registers
-                dev.load_rows(Q_s, q, bh, row0, n_q, d, tau)
+                tiles.load_rows(Q_s, q, bh, row0, n_q, d, tau)
                 for a in range(TM):
                     row = row0 + r0 + a
                     if row < n_q:
@@ -147,7 +149,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
                 cuda.syncthreads()
 
                 # line 10: S_ij = tau Q_i K_jᵀ; line 11: MASK; line 12: this thread's share of m̃_ij
-                dev.masked_scores(s, a_reg, b_reg, Q_s, K_s, red_m, r0, tx, TC, d, row0, col0, n_q, n_k, causal)
+                tiles.masked_scores(s, a_reg, b_reg, Q_s, K_s, red_m, r0, tx, TC, d, row0, col0, n_q, n_k, causal)
                 cuda.syncthreads()
 
                 # line 12: P̃_ij = exp(S_ij − m̃_ij), ℓ̃_ij = rowsum(P̃_ij); line 14: dropout into P_s
@@ -168,7 +170,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
                 cuda.syncthreads()
 
                 dev.zero_tile(pv)
-                dev.rows_dot_cols(pv, a_reg, P_s, r0, V_s, tx, TC, Bc)
+                tiles.rows_dot_cols(pv, a_reg, P_s, r0, V_s, tx, TC, Bc)
                 for a in range(TM):
                     row = row0 + r0 + a
                     if row < n_q:
@@ -220,6 +222,7 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         ty = tid // TC
         tx = tid - ty * TC
         r0 = ty * TM
+        draw = dev.DropoutArgs(seed_lo, seed_hi, threshold, inv_keep)
 
         K_s = cuda.shared.array((B, W), float32)
         V_s = cuda.shared.array((B, W), float32)
@@ -246,8 +249,8 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         for j in range(Tc):  # line 6
             col0 = j * B
             cuda.syncthreads()
-            dev.load_rows(K_s, k, bh, col0, n_k, d, ONE)  # line 7
-            dev.load_rows(V_s, v, bh, col0, n_k, d, ONE)
+            tiles.load_rows(K_s, k, bh, col0, n_k, d, ONE)  # line 7
+            tiles.load_rows(V_s, v, bh, col0, n_k, d, ONE)
             dev.zero_tile(dk_acc)  # line 8
             dev.zero_tile(dv_acc)
             i_start = 0
@@ -257,9 +260,9 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                 row0 = i * B
                 cuda.syncthreads()
                 # line 10: Q_i, dO_i, lse_i to shared memory (O_i and dQ_i are read below)
-                dev.load_rows(Q_s, q, bh, row0, n_q, d, ONE)
-                dev.load_rows(dO_s, do, bh, row0, n_q, d, ONE)
-                dev.load_vector(lse_s, lse, bh, row0, n_q, ZERO)
+                tiles.load_rows(Q_s, q, bh, row0, n_q, d, ONE)
+                tiles.load_rows(dO_s, do, bh, row0, n_q, d, ONE)
+                tiles.load_vector(lse_s, lse, bh, row0, n_q, ZERO)
                 cuda.syncthreads()
                 # line 19: D_i = rowsum(dO_i ∘ O_i), one thread per row, O_i straight from HBM
                 for r in range(tid, B, nthreads):
@@ -270,19 +273,19 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                     D_s[r] = acc
                 # line 11: S_ijᵀ = K_j Q_iᵀ; line 17: dP_ijᵀ = V_j dO_iᵀ
                 dev.zero_tile(s)
-                dev.rows_dot_rows(s, a_reg, b_reg, K_s, r0, Q_s, tx, TC, d)
+                tiles.rows_dot_rows(s, a_reg, b_reg, K_s, r0, Q_s, tx, TC, d)
                 dev.zero_tile(dp)
-                dev.rows_dot_rows(dp, a_reg, b_reg, V_s, r0, dO_s, tx, TC, d)
+                tiles.rows_dot_rows(dp, a_reg, b_reg, V_s, r0, dO_s, tx, TC, d)
                 cuda.syncthreads()  # D_s is complete
                 # lines 12-20
-                dev.backward_tile(s, dp, PT_s, dST_s, lse_s, D_s, r0, tx, TC, col0, row0, n_q, n_k, causal, tau,
-                                  dropout, seed_lo, seed_hi, threshold, inv_keep, bh)
+                tiles.backward_tile(s, dp, PT_s, dST_s, lse_s, D_s, r0, tx, TC, col0, row0, n_q, n_k, causal, tau,
+                                    dropout, draw, bh)
                 cuda.syncthreads()
-                dev.rows_dot_cols(dv_acc, a_reg, PT_s, r0, dO_s, tx, TC, B)  # line 16
-                dev.rows_dot_cols(dk_acc, a_reg, dST_s, r0, Q_s, tx, TC, B)  # line 22 (tau at line 24)
+                tiles.rows_dot_cols(dv_acc, a_reg, PT_s, r0, dO_s, tx, TC, B)  # line 16
+                tiles.rows_dot_cols(dk_acc, a_reg, dST_s, r0, Q_s, tx, TC, B)  # line 22 (tau at line 24)
                 # line 21: dQ_i ← dQ_i + tau dS_ij K_j, read-modify-write in HBM (this block owns bh)
                 dev.zero_tile(dq_t)
-                dev.cols_dot_cols(dq_t, a_reg, dST_s, r0, K_s, tx, TC, B)
+                tiles.cols_dot_cols(dq_t, a_reg, dST_s, r0, K_s, tx, TC, B)
                 for a in range(TM):
                     query = row0 + r0 + a
                     if query < n_q:
@@ -291,8 +294,8 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                             if e < d:
                                 dq_acc[bh, query, e] += tau * dq_t[a, f]
             # line 24: write dK_j, dV_j
-            dev.store_rows(dk, dk_acc, bh, col0, n_k, d, tau, r0, tx, TC)
-            dev.store_rows(dv, dv_acc, bh, col0, n_k, d, ONE, r0, tx, TC)
+            tiles.store_rows(dk, dk_acc, bh, col0, n_k, d, tau, r0, tx, TC)
+            tiles.store_rows(dv, dv_acc, bh, col0, n_k, d, ONE, r0, tx, TC)
 
     return kernel
 

@@ -42,6 +42,7 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
+BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

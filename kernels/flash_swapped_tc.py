@@ -48,6 +48,7 @@ lse = m + log ℓ written instead of m and ℓ, log2 units, causal blocks skippe
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32, uint32
@@ -81,6 +82,88 @@ ONE = dev.ONE
 LOG2E = flash_swapped.LOG2E
 padded_head_dim = tc.padded_head_dim
 paired_words = tc.paired_words
+
+# The forward's online-softmax state, one float32 array of 4 per lane: entry M_I + h holds m_i
+# of the lane's row (h = 0) or row + 8 (h = 1), in log2 units; entry L_I + h their ℓ_i, summed
+# over this lane's columns only until the epilogue adds up the quad.
+M_I = 0
+L_I = 2
+STATE = 4
+
+
+class ForwardRegisters(NamedTuple):
+    """What a lane of the forward keeps in registers across K/V steps."""
+
+    q_frag: object  # (KD, 4) uint32: Q_i's A fragments, one per k16 chunk
+    s: object  # (NS, 4) float32: S_ij, then P̃_ij
+    o: object  # (NO, 4) float32: O_i, n8 tile t holding columns 8t … 8t + 7
+    state: object  # (STATE,) float32: m_i at M_I, ℓ_i at L_I
+    m_use: object  # (2,) float32: this step's row maxima as subtracted (0 for a row that saw no key)
+    k_buf: object  # the next K_j on its way to shared memory
+    v_buf: object  # the next V_j
+
+
+class ForwardShared(NamedTuple):
+    """The forward's shared memory and the addresses this lane names to ldmatrix in it (kernels/_tc_tiles.py)."""
+
+    K_s: object  # (B_c, row words) uint32
+    V_s: object
+    red: object  # the simulator's quad reductions
+    scratch: object  # the simulator's fragment exchange
+    k_as_b: object  # K_j's row for Kᵀ's B fragments (PAIR_OF_TILES, untransposed)
+    v_as_b: object  # V_j's row for V's B fragments (ONE_TILE, transposed)
+
+
+class BackwardRegisters(NamedTuple):
+    """What a lane of the backward keeps in registers: this step's fragments, its key block's gradients."""
+
+    s: object  # (NQ, 4) float32: Sᵀ, then (P ∘ Z)ᵀ
+    dp: object  # (NQ, 4) float32: dPᵀ, then dSᵀ
+    dk: object  # (NO, 4) float32: dK_j / tau
+    dv: object  # (NO, 4) float32: dV_j
+    dq: object  # (DQ_TILES, 4) float32: this warp's share of the step's dQ_i
+    q_buf: object  # Q_i on its way to shared memory
+    do_buf: object  # dO_i
+
+
+class BackwardShared(NamedTuple):
+    """The backward's shared memory."""
+
+    K_s: object  # (B_c, row words) uint32
+    V_s: object
+    Q_s: object  # (B_r, row words) uint32
+    dO_s: object
+    dST_s: object  # (B_c, query words) uint32: dS_ijᵀ, keys × query pairs
+    lse_s: object  # (B_r,) float32, log2 units
+    D_s: object  # (B_r,) float32
+    scratch: object  # the simulator's fragment exchange
+
+
+class BackwardOperands(NamedTuple):
+    """The shared addresses this lane names to ldmatrix, one per operand of the backward's products.
+
+    "as a" / "as b": the fragment the load fills; "trans": loaded with ldmatrix.trans (the
+    tile's rows are the operand's k). Patterns from kernels/_tc_tiles.py.
+    """
+
+    k_as_a: object  # K_j, this warp's 16 keys (ONE_TILE): A of Sᵀ = K_j Q_iᵀ
+    v_as_a: object  # V_j, the same keys: A of dPᵀ = V_j dO_iᵀ
+    q_as_b: object  # Q_i (PAIR_OF_TILES): B fragments of Q_iᵀ
+    do_as_b: object  # dO_i: B fragments of dO_iᵀ
+    q_as_b_trans: object  # Q_i (ONE_TILE, transposed): B of dK_j += dSᵀ Q_i
+    do_as_b_trans: object  # dO_i: B of dV_j += (P∘Z)ᵀ dO_i
+    k_as_b_trans: object  # K_j: B of dQ_i += dS K_j
+    ds_as_a_trans: object  # dSᵀ (PAIR_OF_TILES, transposed): A fragments of dS
+
+
+class BackwardInputs(NamedTuple):
+    """The backward's flat HBM arrays that a query step reads, and dQ's float32 buffer it adds to."""
+
+    q: object
+    do: object
+    lse: object
+    big_d: object  # D = rowsum(dO ∘ O)
+    dq_acc: object
 
 
 def keys_per_step(d: int) -> int:
@@ -150,17 +233,17 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         return tc.quad_max(x, red, tid, slot)
 
     @cuda.jit(device=True, **inline)
-    def tile_probabilities(t, s, state, m_use, scale, bh, row, col, seed_lo, seed_hi, threshold, inv_keep):
-        """Line 14 on S tile t (keys col + 8t, col + 8t + 1 of rows row, row + 8): P̃ in place, ℓ in state[2:].
+    def tile_probabilities(t, s, state, m_use, scale, bh, row, col, draw):
+        """Line 14 on S tile t (keys col + 8t, col + 8t + 1 of rows row, row + 8): P̃ in place, ℓ in state[L_I:].
 
         s holds Q_i K_jᵀ unscaled: the scale enters with the subtraction, one FFMA per score.
         """
         for u in range(4):
             p = mma.exp2(s[t, u] * scale - m_use[u // 2])
-            state[2 + u // 2] += p
+            state[L_I + u // 2] += p
             if dropout:
-                p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + 8 * (u // 2),
-                                       col + mma.N * t + u % 2)
+                p *= dev.dropout_scale(draw.seed_lo, draw.seed_hi, draw.threshold, draw.inv_keep, bh,
+                                       row + 8 * (u // 2), col + mma.N * t + u % 2)
             s[t, u] = p
 
     # unrolled by hand: with the dropout draws inside, LLVM keeps the tile loop and S in local memory
@@ -170,8 +253,15 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         """One K/V step, with the mask test (masked) or without it (blocks every row sees whole)."""
 
         @cuda.jit(device=True, **inline)
-        def step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v, bh, n_q,
-                 n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+        def step(j, regs, smem, k, v, bh, n_q, n_k, keys_end, row, scale, place, draw):
+            """Alg. 2 lines 6-15 for key block j: regs (ForwardRegisters) and smem (ForwardShared) in place.
+
+            K_j, V_j arrive in regs' buffers, fetched during the previous step; this step fetches
+            K_{j+1}, V_{j+1} (up to keys_end). place is the lane's tc.Place, draw its dev.DropoutArgs.
+            """
+            q_frag, s, o, state, m_use, k_buf, v_buf = regs
+            K_s, V_s, red, scratch, k_as_b, v_as_b = smem
+            tid, qd, cr, cc = place.tid, place.qd, place.cr, place.cc
             col0 = j * BC
             cuda.syncthreads()  # the previous step's readers of K_s, V_s are done
             put(K_s, k_buf, cr, cc)  # Alg. 1 line 6, fetched during the previous step
@@ -188,7 +278,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
                     s[2 * P, u] = ZERO
                     s[2 * P + 1, u] = ZERO
                 for kc in range(KD):
-                    b0, b1, c0, c1 = mma.ldmatrix_x4(K_s, k_lane, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(K_s, k_as_b, 2 * mma.N * P * SW + 8 * kc, scratch)
                     mma_pair(s, 2 * P, q_frag[kc, 0], q_frag[kc, 1], q_frag[kc, 2], q_frag[kc, 3], b0, b1, c0, c1,
                              scratch)
 
@@ -209,27 +299,27 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
                 else:
                     e_0 = max(e_0, max(s[t, 0], s[t, 1]))
                     e_1 = max(e_1, max(s[t, 2], s[t, 3]))
-            m_0 = max(state[0], extreme(e_0, red, tid, 0) * scale)
-            m_1 = max(state[1], extreme(e_1, red, tid, 1) * scale)
+            m_0 = max(state[M_I], extreme(e_0, red, tid, 0) * scale)
+            m_1 = max(state[M_I + 1], extreme(e_1, red, tid, 1) * scale)
             use_0 = dev.safe_max(m_0)
             use_1 = dev.safe_max(m_1)
-            alpha_0 = mma.exp2(state[0] - use_0)
-            alpha_1 = mma.exp2(state[1] - use_1)
-            state[0] = m_0
-            state[1] = m_1
-            l_0 = state[2] * alpha_0
-            l_1 = state[3] * alpha_1
+            alpha_0 = mma.exp2(state[M_I] - use_0)
+            alpha_1 = mma.exp2(state[M_I + 1] - use_1)
+            state[M_I] = m_0
+            state[M_I + 1] = m_1
+            l_0 = state[L_I] * alpha_0
+            l_1 = state[L_I + 1] * alpha_1
             for t in range(NO):  # line 15's diag(alpha) O_i
                 o[t, 0] *= alpha_0
                 o[t, 1] *= alpha_0
                 o[t, 2] *= alpha_1
                 o[t, 3] *= alpha_1
             # line 14: P̃_ij = 2^(S_ij − m_new) (∘ Z); ℓ_i gains the undropped values
-            state[2] = l_0
-            state[3] = l_1
+            state[L_I] = l_0
+            state[L_I + 1] = l_1
             m_use[0] = use_0
             m_use[1] = use_1
-            probabilities(s, state, m_use, scale, bh, row, col0 + 2 * qd, seed_lo, seed_hi, threshold, inv_keep)
+            probabilities(s, state, m_use, scale, bh, row, col0 + 2 * qd, draw)
 
             # Alg. 2 line 15 (unnormalised): O_i += P̃_ij V_j. The C fragments of S tiles 2kc and
             # 2kc + 1 are the A fragment of key chunk kc. B(k, n) = V_j[k, n]: one transposing
@@ -237,7 +327,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
             for kc in range(KP):
                 a0, a1, a2, a3 = a_from_c(s, kc)
                 for T in range(NO // 2):
-                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(V_s, v_lane, mma.K * kc * SW + 8 * T, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(V_s, v_as_b, mma.K * kc * SW + 8 * T, scratch)
                     mma_pair(o, 2 * T, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
 
         return step
@@ -252,8 +342,10 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         i = cuda.blockIdx.x - bh * Tr
         tid = cuda.threadIdx.x
         warp, lane, g, qd, cr, cc = tc.thread_places(tid, LANES)
+        place = tc.Place(tid, warp, g, qd, cr, cc)
         row0 = i * BR
         row = row0 + mma.M * warp + g  # this lane's first query row; its second is row + 8
+        draw = dev.DropoutArgs(seed_lo, seed_hi, threshold, inv_keep)
 
         K_s = cuda.shared.array((BC, SW), uint32, alignment=16)
         V_s = cuda.shared.array((BC, SW), uint32, alignment=16)
@@ -261,22 +353,23 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
         # the rows this lane names to ldmatrix (kernels/_tc_tiles.py): Kᵀ's B fragments, V's transposed
         k_row, k_word = tc.pattern_pair_of_tiles(lane)
-        k_lane = mma.shared_address(K_s, k_row, k_word)
         v_row, v_word = tc.pattern_one_tile(lane)
-        v_lane = mma.shared_address(V_s, v_row, v_word)
+        smem = ForwardShared(K_s, V_s, red, scratch, mma.shared_address(K_s, k_row, k_word),
+                             mma.shared_address(V_s, v_row, v_word))
 
-        q_frag = cuda.local.array((KD, 4), uint32)  # Q_i's A fragments, one per k16 chunk
-        s = cuda.local.array((NS, 4), float32)  # S_ij, then P̃_ij
-        o = cuda.local.array((NO, 4), float32)  # O_i, n8 tile t holding columns 8t … 8t + 7
-        k_buf = cuda.local.array(BUFFERED, UNIT)  # the next K_j, V_j on their way to shared memory
+        q_frag = cuda.local.array((KD, 4), uint32)
+        s = cuda.local.array((NS, 4), float32)
+        o = cuda.local.array((NO, 4), float32)
+        k_buf = cuda.local.array(BUFFERED, UNIT)
         v_buf = cuda.local.array(BUFFERED, UNIT)
-        state = cuda.local.array(4, float32)  # m (rows row, row + 8; log2 units), then ℓ (this lane's columns)
-        m_use = cuda.local.array(2, float32)  # this step's row maxima as subtracted (0 for a row that saw no key)
+        state = cuda.local.array(STATE, float32)
+        m_use = cuda.local.array(2, float32)
+        regs = ForwardRegisters(q_frag, s, o, state, m_use, k_buf, v_buf)
         dev.zero_tile(o)
-        state[0] = NEG_INF
-        state[1] = NEG_INF
-        state[2] = ZERO
-        state[3] = ZERO
+        state[M_I] = NEG_INF
+        state[M_I + 1] = NEG_INF
+        state[L_I] = ZERO
+        state[L_I + 1] = ZERO
         # Alg. 1 line 8, hoisted: word i of chunk kc holds rows row + 8(i mod 2), words 8kc + qd + 4(i // 2)
         for kc in range(KD):
             for w in range(4):
@@ -295,15 +388,13 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
         fetch(k_buf, k, bh * n_k, keys_end, cr, cc)
         fetch(v_buf, v, bh * n_k, keys_end, cr, cc)
         for j in range(whole):
-            plain_step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v,
-                       bh, n_q, n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            plain_step(j, regs, smem, k, v, bh, n_q, n_k, keys_end, row, scale, place, draw)
         for j in range(whole, Tc):
-            masked_step(j, q_frag, s, o, state, m_use, K_s, V_s, k_lane, v_lane, k_buf, v_buf, red, scratch, k, v,
-                        bh, n_q, n_k, keys_end, row, scale, cr, cc, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            masked_step(j, regs, smem, k, v, bh, n_q, n_k, keys_end, row, scale, place, draw)
 
         # Epilogue: ℓ_i over the quad, O_i = diag(ℓ_i)⁻¹ O_i, lse_i = m_i + log ℓ_i
-        l_0 = tc.quad_sum(state[2], red, tid, 0)
-        l_1 = tc.quad_sum(state[3], red, tid, 1)
+        l_0 = tc.quad_sum(state[L_I], red, tid, 0)
+        l_1 = tc.quad_sum(state[L_I + 1], red, tid, 1)
         for half_row in range(2):
             r = row + 8 * half_row
             l_i = l_0 if half_row == 0 else l_1
@@ -316,7 +407,7 @@ def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", 
                         if col < d:
                             out[base + col] = store(o[t, 2 * half_row + c] * inv_l)
                 if qd == 0:
-                    m_i = state[half_row]
+                    m_i = state[M_I + half_row]
                     lse[bh * n_q + r] = flash_swapped.lse_from_log2(m_i, l_i)
 
     return kernel
@@ -386,8 +477,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
     inline = dev.inline_options()
 
     @cuda.jit(device=True, **inline)
-    def tile_gradients(t, s, dp, lse_s, D_s, bh, key, query0, qd, n_q, n_k, tau2, masked,
-                       seed_lo, seed_hi, threshold, inv_keep):
+    def tile_gradients(t, s, dp, lse_s, D_s, bh, key, query0, qd, n_q, n_k, tau2, masked, draw):
         """Alg. 4 lines 12-20 on n8 tile t of Sᵀ (keys key, key + 8; queries query0 + 8t + 2qd + (0, 1)).
 
         In: s = K_j Q_iᵀ, dp = V_j dO_iᵀ. Out, in place: s = (P ∘ Z)ᵀ, dp = dSᵀ = (P ∘ (dP ∘ Z − D))ᵀ.
@@ -400,7 +490,7 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                 p = ZERO
             z = ONE
             if dropout:  # line 14
-                z = dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, query0 + c, key_u)
+                z = dev.dropout_scale(draw.seed_lo, draw.seed_hi, draw.threshold, draw.inv_keep, bh, query0 + c, key_u)
             s[t, u] = p * z  # line 15
             dp[t, u] = p * (dp[t, u] * z - D_s[c])  # lines 18 and 20
 
@@ -410,9 +500,16 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         """One query step, with the mask test (masked) or without it (blocks every key and query see whole)."""
 
         @cuda.jit(device=True, **inline)
-        def step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf, scratch,
-                 ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key, key_row, tau, cr,
-                 cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep):
+        def step(i, regs, smem, ops, hbm, bh, n_q, n_k, key, key_row, tau, place, draw):
+            """Alg. 4 lines 10-22 for query block i: regs (BackwardRegisters) and smem (BackwardShared) in place.
+
+            ops are the lane's BackwardOperands, hbm the BackwardInputs; key is the lane's first key
+            and key_row its row in the block's tiles; place is its tc.Place, draw its dev.DropoutArgs.
+            """
+            s, dp, dk_acc, dv_acc, dq_t, q_buf, do_buf = regs
+            K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, scratch = smem
+            q, do, lse, big_d, dq_acc = hbm
+            tid, warp, g, qd, cr, cc = place
             row0 = i * BQ
             query_copy.fetch(q_buf, q, bh * n_q + row0, n_q - row0, cr, cc)  # Alg. 4 line 10
             query_copy.fetch(do_buf, do, bh * n_q + row0, n_q - row0, cr, cc)
@@ -431,15 +528,14 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                     s[t, u] = ZERO
                     dp[t, u] = ZERO
             for kc in range(KD):
-                a0, a1, a2, a3 = mma.ldmatrix_x4(K_s, ka, 8 * kc, scratch)
-                v0, v1, v2, v3 = mma.ldmatrix_x4(V_s, va, 8 * kc, scratch)
+                a0, a1, a2, a3 = mma.ldmatrix_x4(K_s, ops.k_as_a, 8 * kc, scratch)
+                v0, v1, v2, v3 = mma.ldmatrix_x4(V_s, ops.v_as_a, 8 * kc, scratch)
                 for P in range(NQ // 2):
-                    b0, b1, c0, c1 = mma.ldmatrix_x4(Q_s, qb, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(Q_s, ops.q_as_b, 2 * mma.N * P * SW + 8 * kc, scratch)
                     mma_pair(s, 2 * P, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
-                    b0, b1, c0, c1 = mma.ldmatrix_x4(dO_s, dob, 2 * mma.N * P * SW + 8 * kc, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4(dO_s, ops.do_as_b, 2 * mma.N * P * SW + 8 * kc, scratch)
                     mma_pair(dp, 2 * P, v0, v1, v2, v3, b0, b1, c0, c1, scratch)
-            gradients(s, dp, lse_s, D_s, bh, key, row0, qd, n_q, n_k, tau * LOG2E, masked,
-                      seed_lo, seed_hi, threshold, inv_keep)
+            gradients(s, dp, lse_s, D_s, bh, key, row0, qd, n_q, n_k, tau * LOG2E, masked, draw)
 
             # line 16: dV_j += (P∘Z)ᵀ dO_i; line 22: dK_j += dSᵀ Q_i (tau at the end). The C fragments of
             # tiles 2kc, 2kc + 1 are the A fragment of query chunk kc; dO_i's and Q_i's rows are B's k
@@ -447,9 +543,9 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                 a0, a1, a2, a3 = a_from_c(s, kc)
                 e0, e1, e2, e3 = a_from_c(dp, kc)
                 for T in range(NO // 2):
-                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(dO_s, dot, mma.K * kc * SW + 8 * T, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(dO_s, ops.do_as_b_trans, mma.K * kc * SW + 8 * T, scratch)
                     mma_pair(dv_acc, 2 * T, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
-                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(Q_s, qt, mma.K * kc * SW + 8 * T, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(Q_s, ops.q_as_b_trans, mma.K * kc * SW + 8 * T, scratch)
                     mma_pair(dk_acc, 2 * T, e0, e1, e2, e3, b0, b1, c0, c1, scratch)
                 # dSᵀ to shared memory for dQ: this lane's keys (tile rows key_row, key_row + 8), query pair 8t + 2qd
                 # as one word
@@ -466,10 +562,11 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
                     dq_t[t, u] = ZERO
             first_pair = (warp % DS) * PAIRS
             for kc in range(KK):
-                a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dST_s, dsa, mma.K * kc * QW + 8 * (warp // DS), scratch)
+                a0, a1, a2, a3 = mma.ldmatrix_x4_trans(dST_s, ops.ds_as_a_trans, mma.K * kc * QW + 8 * (warp // DS),
+                                                       scratch)
                 for P in range(PAIRS):
                     pair = min(first_pair + P, NO // 2 - 1)
-                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(K_s, kt, mma.K * kc * SW + 8 * pair, scratch)
+                    b0, b1, c0, c1 = mma.ldmatrix_x4_trans(K_s, ops.k_as_b_trans, mma.K * kc * SW + 8 * pair, scratch)
                     mma_pair(dq_t, 2 * P, a0, a1, a2, a3, b0, b1, c0, c1, scratch)
             query = row0 + mma.M * (warp // DS) + g
             for P in range(PAIRS):
@@ -494,6 +591,8 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         j = cuda.blockIdx.x - bh * Tc
         tid = cuda.threadIdx.x
         warp, lane, g, qd, cr, cc = tc.thread_places(tid, LANES)
+        place = tc.Place(tid, warp, g, qd, cr, cc)
+        draw = dev.DropoutArgs(seed_lo, seed_hi, threshold, inv_keep)
         col0 = j * BKB
         key = col0 + mma.M * warp + g  # this lane's first key; its second is key + 8
         key_row = uint32(mma.M * warp + g)  # its row in the block's tiles (unsigned: no index wraparound)
@@ -502,31 +601,36 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         V_s = cuda.shared.array((BKB, SW), uint32, alignment=16)
         Q_s = cuda.shared.array((BQ, SW), uint32, alignment=16)
         dO_s = cuda.shared.array((BQ, SW), uint32, alignment=16)
-        dST_s = cuda.shared.array((BKB, QW), uint32, alignment=16)  # dS_ijᵀ, keys × query pairs
-        lse_s = cuda.shared.array(BQ, float32)  # log2 units
+        dST_s = cuda.shared.array((BKB, QW), uint32, alignment=16)
+        lse_s = cuda.shared.array(BQ, float32)
         D_s = cuda.shared.array(BQ, float32)
-        scratch = cuda.shared.array(SCRATCH, uint32)  # the simulator's fragment exchange
+        scratch = cuda.shared.array(SCRATCH, uint32)
+        smem = BackwardShared(K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, scratch)
 
         # the rows each lane names to ldmatrix (kernels/_tc_tiles.py)
         one_row, one_word = tc.pattern_one_tile(lane)
         pair_row, pair_word = tc.pattern_pair_of_tiles(lane)
-        ka = mma.shared_address(K_s, mma.M * warp + one_row, one_word)  # A: this warp's keys of K_j, V_j
-        va = mma.shared_address(V_s, mma.M * warp + one_row, one_word)
-        qb = mma.shared_address(Q_s, pair_row, pair_word)  # B untransposed: Q_iᵀ, dO_iᵀ
-        dob = mma.shared_address(dO_s, pair_row, pair_word)
-        qt = mma.shared_address(Q_s, one_row, one_word)  # B transposed: Q_i, dO_i, K_j (rows are k)
-        dot = mma.shared_address(dO_s, one_row, one_word)
-        kt = mma.shared_address(K_s, one_row, one_word)
-        dsa = mma.shared_address(dST_s, pair_row, pair_word)  # A transposed: dS from dSᵀ
+        ops = BackwardOperands(
+            k_as_a=mma.shared_address(K_s, mma.M * warp + one_row, one_word),
+            v_as_a=mma.shared_address(V_s, mma.M * warp + one_row, one_word),
+            q_as_b=mma.shared_address(Q_s, pair_row, pair_word),
+            do_as_b=mma.shared_address(dO_s, pair_row, pair_word),
+            q_as_b_trans=mma.shared_address(Q_s, one_row, one_word),
+            do_as_b_trans=mma.shared_address(dO_s, one_row, one_word),
+            k_as_b_trans=mma.shared_address(K_s, one_row, one_word),
+            ds_as_a_trans=mma.shared_address(dST_s, pair_row, pair_word),
+        )
+        hbm = BackwardInputs(q, do, lse, big_d, dq_acc)
 
         key_buf = cuda.local.array(KEY_BUF, UNIT)
         q_buf = cuda.local.array(QUERY_BUF, UNIT)
         do_buf = cuda.local.array(QUERY_BUF, UNIT)
-        s = cuda.local.array((NQ, 4), float32)  # Sᵀ, then (P ∘ Z)ᵀ
-        dp = cuda.local.array((NQ, 4), float32)  # dPᵀ, then dSᵀ
+        s = cuda.local.array((NQ, 4), float32)
+        dp = cuda.local.array((NQ, 4), float32)
         dk_acc = cuda.local.array((NO, 4), float32)
         dv_acc = cuda.local.array((NO, 4), float32)
         dq_t = cuda.local.array((DQ_TILES, 4), float32)
+        regs = BackwardRegisters(s, dp, dk_acc, dv_acc, dq_t, q_buf, do_buf)
 
         # Alg. 4 lines 7-8: K_j, V_j to shared memory, dK_j = dV_j = 0 on chip
         key_copy.fetch(key_buf, k, bh * n_k + col0, n_k - col0, cr, cc)
@@ -548,14 +652,10 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
         whole_to = max(whole_from, full_rows) if col0 + BKB <= n_k else whole_from  # a ragged key block: all masked
         edge = whole_from - i_start  # masked blocks before the whole ones; Tr − whole_to after them
         for i in range(whole_from, whole_to):
-            plain_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
-                       scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
-                       key_row, tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            plain_step(i, regs, smem, ops, hbm, bh, n_q, n_k, key, key_row, tau, place, draw)
         for m in range(edge + (Tr - whole_to)):
             i = i_start + m if m < edge else whole_to + (m - edge)
-            masked_step(i, s, dp, dk_acc, dv_acc, dq_t, K_s, V_s, Q_s, dO_s, dST_s, lse_s, D_s, q_buf, do_buf,
-                        scratch, ka, va, qb, dob, qt, dot, kt, dsa, q, do, lse, big_d, dq_acc, bh, n_q, n_k, key,
-                        key_row, tau, cr, cc, warp, g, qd, tid, seed_lo, seed_hi, threshold, inv_keep)
+            masked_step(i, regs, smem, ops, hbm, bh, n_q, n_k, key, key_row, tau, place, draw)
 
         # Alg. 4 line 24: dK_j = tau Σ dSᵀ Q, dV_j
         for half_row in range(2):

@@ -212,6 +212,17 @@ def test_every_impl_names_the_registered_iosim_algorithm_it_implements():
         )
 
 
+def test_every_impl_is_an_implementation_and_those_taking_bfloat16_say_at_which_d():
+    from iosim.kernels.api import Implementation, TakesBfloat16
+
+    for impl, module in kernels.IMPLS.items():
+        assert isinstance(module, Implementation), f"kernels.IMPLS[{impl!r}] lacks part of kernels.api.Implementation"
+        assert isinstance(module.BFLOAT16, bool), f"kernels.IMPLS[{impl!r}].BFLOAT16 = {module.BFLOAT16!r}"
+        if module.BFLOAT16:
+            assert isinstance(module, TakesBfloat16), f"kernels.IMPLS[{impl!r}] takes bfloat16 without check_bfloat16"
+    assert [name for name, m in kernels.IMPLS.items() if m.BFLOAT16] == ["flash-swapped-tc"]
+
+
 @pytest.mark.parametrize("case_name", list(CASES))
 @pytest.mark.parametrize("impl", IMPLS)
 def test_float32_matches_float64_and_simulator(impl, case_name):
@@ -259,13 +270,14 @@ def test_bfloat16_matches_float64(case_name):
 # d, so N_k ≥ 128 runs steps without the mask test before the masked ones, and N_q > 64 gives
 # query blocks whose causal edge lies in different key blocks. d covers the three ways K and V
 # reach shared memory: 64-bit word pairs (d a multiple of 4; of 16, with no padding words), and
-# words joined from halves (d odd, or 2 mod 4).
+# words joined from halves (d odd, or 2 mod 4). One batch·head each: test_float16_inputs_accumulate_in_float32
+# and test_bfloat16_matches_float64 run the tensor-core kernels at batch·heads = 2.
 TENSOR_CORE_CASES = {
     "fp16,Nk=150,d=24": (np.float16, Case(1, 1, 70, 150, 24)),
     "fp16,Nq=130,causal,dropout,scale<0,d=7": (np.float16, Case(1, 1, 130, 140, 7, causal=True, dropout_p=0.1,
                                                                      scale=-0.4, seed=3)),
     "bf16,Nq=100,Nk=200,causal,d=10": (BFLOAT16, Case(1, 1, 100, 200, 10, causal=True)),
-    "bf16,Nk=129,dropout,d=16,bh=2": (BFLOAT16, Case(1, 2, 65, 129, 16, dropout_p=0.2, seed=11)),
+    "bf16,Nk=129,dropout,d=16": (BFLOAT16, Case(1, 1, 65, 129, 16, dropout_p=0.2, seed=11)),
 }
 
 
@@ -288,16 +300,17 @@ def test_tensor_core_forward_over_several_key_blocks(case_name):
 
 
 # The tensor-core backward: 64 keys per block and, at d ≤ 64, 64 queries per step, so these
-# shapes run query blocks with and without the mask test, ragged key and query blocks, and
-# (causal, N_q = N_k = 130) key blocks whose causal edge passes through different query
-# blocks. At d = 112 a step takes 16 queries, dQ's 7 pairs of column tiles are split over 4
-# warps (the last one's second pair a repeat, not added), and a row's 28 word pairs take two
-# copy passes of 16 lanes, the second partly past the row.
+# shapes run query blocks with and without the mask test, ragged key and query blocks (N_k = 100:
+# a whole key block, then a ragged one whose steps are all masked), and (causal, N_q = N_k = 113)
+# key blocks whose causal edge passes through different query blocks. At d = 112 (one key block:
+# the cost is in the d-wide products) a step takes 16 queries, dQ's 7 pairs of column tiles are
+# split over 4 warps (the last one's second pair a repeat, not added), and a row's 28 word pairs
+# take two copy passes of 16 lanes, the second partly past the row.
 TENSOR_CORE_BACKWARD_CASES = {
-    "fp16,Nq=70,Nk=150,d=24": (np.float16, Case(1, 1, 70, 150, 24)),
-    "bf16,N=130,causal,dropout,scale<0,d=10": (BFLOAT16, Case(1, 1, 130, 130, 10, causal=True, dropout_p=0.15,
+    "fp16,Nq=70,Nk=100,d=24": (np.float16, Case(1, 1, 70, 100, 24)),
+    "bf16,N=113,causal,dropout,scale<0,d=10": (BFLOAT16, Case(1, 1, 113, 113, 10, causal=True, dropout_p=0.15,
                                                                   scale=-0.5, seed=7)),
-    "fp16,Nq=20,Nk=70,causal,d=112": (np.float16, Case(1, 1, 20, 70, 112, causal=True)),
+    "fp16,Nq=20,Nk=64,causal,d=112": (np.float16, Case(1, 1, 20, 64, 112, causal=True)),
 }
 
 
