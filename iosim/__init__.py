@@ -9,7 +9,7 @@
 from iosim.algorithm import Algorithm, Tensor
 from iosim.api import PredictResult, SimResult, count, predict, simulate
 from iosim.counts import Counts, TensorCounts
-from iosim.errors import BlockSizeError, InputError, InputTypeError
+from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
 from iosim.reference import attention_backward_ref, attention_ref
@@ -19,6 +19,6 @@ from iosim.tiling import Tiling
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "GradResult",
-    "InputError", "InputTypeError", "PredictResult", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
+    "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
     "count", "gradients", "predict", "register", "simulate",
 ]

@@ -16,3 +16,7 @@ class InputTypeError(InputError, TypeError):
 
 class BlockSizeError(InputError):
     """No tiling of the chosen policy fits the SRAM, or an explicit tiling does not."""
+
+
+class SearchTooLargeError(InputError):
+    """The optimal tiling search would try more block sizes than it allows (``iosim.search.MAX_BLOCK_SIZES``)."""

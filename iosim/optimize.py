@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from iosim.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.counts import Counts
-from iosim.errors import BlockSizeError, InputError
+from iosim.errors import BlockSizeError, InputError, SearchTooLargeError
 from iosim.policies import POLICIES
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
@@ -67,12 +67,13 @@ class Optimum:
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
-             on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | BlockSizeError]:
+             on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
-    algorithm that cannot fit M at all gives its ``BlockSizeError`` in its place; when
-    none fits, that error is raised. ``on_done`` sees each algorithm's result as it ends.
+    algorithm that cannot fit M at all gives its ``BlockSizeError`` in its place, one
+    whose search would be too large its ``SearchTooLargeError``; when none has a result,
+    that error is raised. ``on_done`` sees each algorithm's result as it ends.
     With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
     problem as it runs it, packed by group where it serves a group from one K/V load.
     """
@@ -81,12 +82,12 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
-    out: list[Optimum | BlockSizeError] = []
+    out: list[Optimum | InputError] = []
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
             searched = ranked(algo, pb, M)
-        except BlockSizeError as err:
+        except (BlockSizeError, SearchTooLargeError) as err:
             out.append(err)
             if on_done:
                 on_done(None)
@@ -108,6 +109,9 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         if on_done:
             on_done(result)
     if not any(isinstance(r, Optimum) for r in out):
+        too_large = [r for r in out if isinstance(r, SearchTooLargeError)]
+        if too_large:
+            raise too_large[0]
         needs = {a.name: smallest_working_set(a, a.run_problem(user_pb), M) for a in algos}
         raise BlockSizeError(
             f"M={M} is below the smallest working set of every algorithm asked for ("

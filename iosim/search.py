@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from iosim.algorithm import Algorithm
 from iosim.counts import Counts
-from iosim.errors import BlockSizeError, InputError
+from iosim.errors import BlockSizeError, InputError, SearchTooLargeError
 from iosim.problem import Problem
 from iosim.tiling import Tiling, ceil_div
 
@@ -55,12 +55,12 @@ def check_fits(algo: Algorithm, pb: Problem, M: int) -> None:
 MAX_BLOCK_SIZES = 200_000  # block sizes one search may try per side: about 20 s of closed forms on one core
 
 
-def check_search_size(sizes: int, side: str, pb: Problem, M: int) -> None:
+def check_search_size(sizes: int, side: str, name: str, pb: Problem, M: int) -> None:
     """Refuse, by name, a search that would try more than ``MAX_BLOCK_SIZES`` block sizes on one side."""
     if sizes > MAX_BLOCK_SIZES:
         s = pb.shape
-        raise InputError(
-            f"the optimal tiling search at N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, M={M:,} would try more than "
+        raise SearchTooLargeError(
+            f"the optimal tiling search of {name} at N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, M={M:,} would try more than "
             f"{MAX_BLOCK_SIZES:,} sizes of {side}; allowed: at most {MAX_BLOCK_SIZES:,} (a smaller M, or the fit "
             f"policy, answers at once)")
 
@@ -114,11 +114,11 @@ def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
         return algo.working_set(pb, Tiling(Br, Bc), M) <= M
 
     if not pb.causal:  # traffic depends on T_r and T_c only: the least block of each count will do
-        return _canonical_staircase(fits, pb, M)
+        return _canonical_staircase(fits, algo.name, pb, M)
     thin_q = largest(lambda Br: fits(Br, 1), n_q)
     thin_k = largest(lambda Bc: fits(1, Bc), n_k)
-    check_search_size(thin_q, "B_r", pb, M)
-    check_search_size(thin_k, "B_c", pb, M)
+    check_search_size(thin_q, "B_r", algo.name, pb, M)
+    check_search_size(thin_k, "B_c", algo.name, pb, M)
     shapes = set(_staircase(fits, n_q, n_k))  # for each B_r, the largest B_c
     shapes |= {(Br, Bc) for Bc, Br in _staircase(lambda Bc, Br: fits(Br, Bc), n_k, n_q)}  # and the other way
     shapes |= {(1, Bc) for Bc in range(1, thin_k + 1)}  # the thin tilings
@@ -126,17 +126,17 @@ def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
     return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
 
-def _canonical_staircase(fits: Callable[[int, int], bool], pb: Problem, M: int) -> list[Tiling]:
+def _canonical_staircase(fits: Callable[[int, int], bool], name: str, pb: Problem, M: int) -> list[Tiling]:
     """For each least block size B_r = ⌈N_q/T_r⌉ that fits, the largest B_c that fits and the least B_c with
     as few blocks; and the other way round."""
     shapes = set()
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
     for n_a, n_b, fits_ab, side in ((n_q, n_k, fits, "B_r"), (n_k, n_q, lambda a, b: fits(b, a), "B_c")):
         # every size up to √n_a is the least of its block count, so the search tries at least this many:
-        check_search_size(min(largest(lambda x: fits_ab(x, 1), n_a), math.isqrt(n_a)), side, pb, M)
+        check_search_size(min(largest(lambda x: fits_ab(x, 1), n_a), math.isqrt(n_a)), side, name, pb, M)
         b = n_b
         for tried, a in enumerate(block_sizes(n_a), 1):  # the largest b that fits never grows with a
-            check_search_size(tried, side, pb, M)
+            check_search_size(tried, side, name, pb, M)
             if not fits_ab(a, b):
                 b = largest(lambda x: fits_ab(a, x), b - 1) if b > 1 else 0
             if b == 0:

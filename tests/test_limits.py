@@ -47,3 +47,11 @@ def test_sizes_past_what_a_command_can_do_are_refused_at_once(capsys, tmp_path, 
 def test_optimize_at_the_largest_size_answers():
     [found] = optimize(["flash-swapped"], N=MAX_COUNT, d=64, M=100_000)
     assert found.measured.total == found.best[0].traffic
+
+
+def test_a_search_too_large_takes_its_algorithms_place_and_the_others_answer():
+    results = optimize(["flash-swapped", "small-cache"], N=10**12, d=256, M=10**6, causal=True)
+    assert results[0].measured.total == results[0].best[0].traffic
+    assert isinstance(results[1], iosim.SearchTooLargeError) and "search of small-cache" in str(results[1])
+    with pytest.raises(iosim.SearchTooLargeError, match="search of small-cache"):
+        optimize(["small-cache"], N=10**12, d=256, M=10**6, causal=True)

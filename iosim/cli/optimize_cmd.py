@@ -19,7 +19,7 @@ from iosim.registry import ALGORITHMS
 
 @dataclass(frozen=True)
 class OptimizeOutcome:
-    results: list  # per algorithm: an Optimum, or the BlockSizeError of one that cannot fit M
+    results: list  # per algorithm: an Optimum, or the error (no fit, search too large) in its place
 
     def records(self) -> list[dict]:
         """One record per tiling shown: the problem, the rank, the tiling and its traffic, and the policies'."""
