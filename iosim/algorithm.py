@@ -143,6 +143,15 @@ class Algorithm:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
         return pb.packed_by_group() if self.needs.packs_groups else pb
 
+    def follows_block_mask(self, pb: Problem) -> bool:
+        """Whether its traffic on ``pb`` follows a block mask drawn on each tiling's own tiles.
+
+        Then a change of block size redraws which tiles are visited, so traffic need not
+        fall as a block grows, nor be the same for every block of one block count: the
+        ``optimal`` search (``iosim.search``) evaluates every tiling that fits.
+        """
+        return self.needs.block_mask and pb.block_sparsity is not None
+
     @property
     def step_shares_tiling(self) -> bool:
         """A training step runs both passes on one tiling (the backward's, which fits the forward too)."""
