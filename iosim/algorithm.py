@@ -128,6 +128,11 @@ class Algorithm:
         return tuple(t.name for t in self.tensors if t.role == "input")
 
     # --- the seam: what the generic layers ask of an algorithm ---------------------------------------------
+    @property
+    def is_backward(self) -> bool:
+        """A backward pass: it reads dO and returns the gradients (see ``Algorithm``)."""
+        return DOUT.name in self.saved_inputs()
+
     def accepts(self, option: str) -> bool:
         """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
         if option not in OPTIONS:

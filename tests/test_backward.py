@@ -150,6 +150,32 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=shared)
 
 
+FLASH_BACKWARDS = [name for name in BACKWARD_NAMES if name.startswith(("flash", "block-sparse"))]
+
+
+@pytest.mark.parametrize("algorithm", FLASH_BACKWARDS)
+@pytest.mark.parametrize("N, d, M", [(1024, 64, "100k"), (4096, 96, "192KiB"), (239, 16, "20k"), (113, 7, 2000)])
+def test_paper_blocks_never_fit_a_flash_backward_pass_past_M_over_4d(algorithm, N, d, M):
+    # K_j, V_j, dK_j, dV_j alone take 4·B_c·d >= M at B_c = ⌈M/4d⌉ (Alg. 4 line 7, 5): nothing is left for Q_i, S_ij
+    for pass_ in ("bwd", "fwd+bwd"):
+        with pytest.raises(iosim.BlockSizeError) as refusal:
+            iosim.count(algorithm, N=N, d=d, M=M, pass_=pass_, block_policy="paper")
+        message = str(refusal.value)
+        assert f"{algorithm} backward" in message and "'fit' or 'optimal'" in message, message
+    forward = iosim.predict(algorithm, N=N, d=d, M=M, block_policy="paper")  # the forward's rule fits the forward
+    outer = max(forward.tiling.Br, forward.tiling.Bc)  # B on the outer loop's block, min(B, d) on the other
+    assert outer == min(N, -(-forward.M // (4 * d))), forward.tiling
+    fit = iosim.count(algorithm, N=N, d=d, M=M, pass_="fwd+bwd", block_policy="fit")  # what the message offers
+    assert fit.traffic.peak_sram <= fit.M
+
+
+@pytest.mark.parametrize("algorithm", FLASH_BACKWARDS)
+def test_paper_blocks_fit_a_flash_backward_pass_when_the_sequence_caps_them(algorithm):
+    # N = 64 < M/4d = 313: B_c = N, and 4·64·16 + 4·16·16 + 2·16·64 + 3·16 = 7,216 elements fit M = 10,000
+    r = iosim.count(algorithm, N=64, d=16, M=10_000, pass_="bwd", block_policy="paper")
+    assert r.tiling == iosim.Tiling(16, 64), r.tiling
+
+
 def test_a_pass_the_algorithm_lacks_is_refused():
     toy = iosim.Algorithm(name="toy-no-backward", run=iosim.ALGORITHMS["flash"].run,
                           tensors=iosim.ALGORITHMS["flash"].tensors, outer="Bc",
