@@ -60,7 +60,7 @@ def test_optimal_with_a_block_mask_is_the_best_of_every_tiling(algorithm, pass_,
              if algo.working_set(pb, iosim.Tiling(Br, Bc), M) <= M]
     least = min(every, key=lambda x: x.traffic)
     best = ranked(algo, pb, M)[0]
-    assert best.traffic == least.traffic, f"searched {best.tiling}: {best.traffic}, but {least.tiling} moves {least.traffic}"
+    assert best.traffic == least.traffic, f"searched {best.tiling}: {best.traffic}, {least.tiling}: {least.traffic}"
     assert iosim.count(algorithm, N=n_q, N_k=n_k, d=d, M=M, causal=causal, mask=mask, pass_=pass_,
                        block_sparsity=pb.block_sparsity, block_policy="optimal").traffic.total == best.traffic
 
