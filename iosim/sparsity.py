@@ -183,13 +183,18 @@ class SparseVisits(PairCounts):
         return dict(self._pairs)
 
     def _count_pairs(self) -> dict[tuple[int, int], int]:
-        """Only a ragged last block differs in size: count the visited tiles in the four corners that split makes."""
+        """Only a ragged last block differs in size: the visited tiles of the last row and column of blocks apart."""
+        q, k, nonzero = self.q, self.k, self.nonzero
+        ragged_q, ragged_k = q.full < q.T, k.full < k.T
+        last_row = int(np.count_nonzero(nonzero[-1])) if ragged_q else 0
+        last_col = int(np.count_nonzero(nonzero[:, -1])) if ragged_k else 0
+        corner = int(nonzero[-1, -1]) if ragged_q and ragged_k else 0
+        b_i, b_j = q.size(q.T - 1), k.size(k.T - 1)  # B_r and B_c unless ragged
         out: dict[tuple[int, int], int] = {}
-        for rows, b_i in ((slice(0, self.q.full), self.q.B), (slice(self.q.full, None), self.q.size(self.q.T - 1))):
-            for cols, b_j in ((slice(0, self.k.full), self.k.B), (slice(self.k.full, None), self.k.size(self.k.T - 1))):
-                n = int(np.count_nonzero(self.nonzero[rows, cols]))
-                if n:
-                    out[b_i, b_j] = out.get((b_i, b_j), 0) + n
+        for size, n in (((q.B, k.B), int(np.count_nonzero(nonzero)) - last_row - last_col + corner),
+                        ((b_i, k.B), last_row - corner), ((q.B, b_j), last_col - corner), ((b_i, b_j), corner)):
+            if n:
+                out[size] = out.get(size, 0) + n
         return out
 
 
