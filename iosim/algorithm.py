@@ -128,6 +128,11 @@ class Algorithm:
         return tuple(t.name for t in self.tensors if t.role == "input")
 
     # --- the seam: what the generic layers ask of an algorithm ---------------------------------------------
+    @property
+    def is_backward(self) -> bool:
+        """A backward pass: it reads dO and returns the gradients (see ``Algorithm``)."""
+        return DOUT.name in self.saved_inputs()
+
     def accepts(self, option: str) -> bool:
         """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
         if option not in OPTIONS:
@@ -142,6 +147,15 @@ class Algorithm:
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
         return pb.packed_by_group() if self.needs.packs_groups else pb
+
+    def follows_block_mask(self, pb: Problem) -> bool:
+        """Whether its traffic on ``pb`` follows a block mask drawn on each tiling's own tiles.
+
+        Then a change of block size redraws which tiles are visited, so traffic need not
+        fall as a block grows, nor be the same for every block of one block count: the
+        ``optimal`` search (``iosim.search``) evaluates every tiling that fits.
+        """
+        return self.needs.block_mask and pb.block_sparsity is not None
 
     @property
     def step_shares_tiling(self) -> bool:

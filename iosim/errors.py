@@ -19,4 +19,5 @@ class BlockSizeError(InputError):
 
 
 class SearchTooLargeError(InputError):
-    """The optimal tiling search would try more block sizes than it allows (``iosim.search.MAX_BLOCK_SIZES``)."""
+    """The optimal tiling search would try more than it allows: ``iosim.search.MAX_BLOCK_SIZES`` block sizes a side,
+    or ``MAX_EXHAUSTIVE`` tilings where a block mask makes it try every one."""

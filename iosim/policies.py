@@ -33,15 +33,23 @@ def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
 
     The paper budgets 4·B·d for Q, K, V, O and forgets the S tile and the statistics,
     so for larger d the working set overflows M: a ``BlockSizeError``, never an overflow.
+
+    The rule is the forward pass's. A FlashAttention backward pass (Alg. 4, and
+    FlashAttention-2's) holds K_j, V_j, dK_j and dV_j, 4·B_c·d ≥ M at B_c = ⌈M/4d⌉, before
+    any inner block: ``paper`` refuses it unless a sequence shorter than B caps the blocks
+    (N_k < M/4d), that is at every realistic N. Use ``fit`` or ``optimal`` for such a pass.
     """
     B = ceil_div(M, 4 * pb.shape.d)
     tiling = shape_rule(algo, pb, B)
     need = algo.working_set(pb, tiling, M)
     if need > M:
+        why = ("the rule is Algorithm 1's, for the forward pass, and a backward pass holds its gradients' blocks "
+               "as well; use block policy 'fit' or 'optimal' for pass 'bwd' or 'fwd+bwd'"
+               if algo.is_backward else
+               "the paper's rule leaves no room for the S tile and the statistics; use block policy 'fit'")
         raise BlockSizeError(
             f"block policy 'paper' gives B_r={tiling.Br}, B_c={tiling.Bc} (B = ⌈M/4d⌉ = {B}) for {algo.name} at "
-            f"d={pb.shape.d}, whose working set of {need} elements exceeds M={M}: the paper's rule leaves no room "
-            f"for the S tile and the statistics; use block policy 'fit'"
+            f"d={pb.shape.d}, whose working set of {need} elements exceeds M={M}: {why}"
         )
     return tiling
 

@@ -22,6 +22,7 @@ loop over it unchanged and count-only mode groups it by size the same way.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from iosim.problem import Problem
 
 PATTERNS = ("random", "local", "strided")
+CACHED_TILES = 10**5  # a drawn mask of at most this many tiles is kept (_drawn: at most 256 of them, 25 MB)
 
 
 def check_sparsity(sparsity) -> float:
@@ -80,7 +82,16 @@ class BlockSparsity:
         return cls(sparsity=max(float(m.mean()), 1e-300), blocks=tuple(tuple(bool(x) for x in row) for row in m))
 
     def mask(self, T_r: int, T_c: int) -> np.ndarray:
-        """The (T_r, T_c) block mask of a run with that many query and key blocks."""
+        """The (T_r, T_c) block mask of a run with that many query and key blocks.
+
+        A small drawn mask is drawn once and shared, read-only, by every tiling with as
+        many blocks: the exhaustive search (``iosim.search``) evaluates thousands of them.
+        """
+        if self.blocks is None and T_r * T_c <= CACHED_TILES:
+            return _drawn(self, T_r, T_c)
+        return self._draw(T_r, T_c)
+
+    def _draw(self, T_r: int, T_c: int) -> np.ndarray:
         if self.blocks is not None:
             m = np.array(self.blocks, dtype=bool)
             if m.shape != (T_r, T_c):
@@ -104,6 +115,14 @@ class BlockSparsity:
         return out.reshape(T_r, T_c)
 
 
+@functools.lru_cache(maxsize=256)
+def _drawn(spec: BlockSparsity, T_r: int, T_c: int) -> np.ndarray:
+    """``spec``'s mask on T_r × T_c tiles, drawn once."""
+    mask = spec._draw(T_r, T_c)
+    mask.flags.writeable = False
+    return mask
+
+
 def element_mask(spec: BlockSparsity, tiling: Tiling, n_q: int, n_k: int) -> np.ndarray:
     """(N_q, N_k) booleans: the elements of the nonzero tiles of ``spec`` on ``tiling``."""
     blocks = spec.mask(ceil_div(n_q, tiling.Br), ceil_div(n_k, tiling.Bc))
@@ -125,8 +144,10 @@ def _runs(indices: np.ndarray) -> tuple[range, ...]:
     """Consecutive runs of sorted indices, as ranges."""
     if indices.size == 0:
         return ()
-    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
-    return tuple(range(int(run[0]), int(run[-1]) + 1) for run in np.split(indices, breaks))
+    breaks = np.flatnonzero(indices[1:] != indices[:-1] + 1)  # a run ends at each break and at the last index
+    starts = [int(indices[0])] + indices[breaks + 1].tolist()
+    ends = indices[breaks].tolist() + [int(indices[-1])]
+    return tuple(range(a, b + 1) for a, b in zip(starts, ends))
 
 
 class SparseVisits(PairCounts):
@@ -139,6 +160,8 @@ class SparseVisits(PairCounts):
     def __init__(self, q: Axis, k: Axis, nonzero: np.ndarray, skips_empty_columns: bool):
         self.q, self.k, self.nonzero, self.skips_empty_columns = q, k, nonzero, skips_empty_columns
         self._pairs = self._count_pairs()
+        # the key blocks of the outer loop: those with a visited tile, or all of them
+        self._columns = _runs(np.flatnonzero(nonzero.any(axis=0))) if skips_empty_columns else (range(k.T),)
 
     def queries_seeing(self, j: int) -> Blocks:
         """The query blocks whose tile with key block j is visited."""
@@ -150,8 +173,7 @@ class SparseVisits(PairCounts):
 
     def key_blocks(self) -> Blocks:
         """The key blocks of the outer loop, each nesting the query blocks of its visited tiles."""
-        columns = np.flatnonzero(self.nonzero.any(axis=0)) if self.skips_empty_columns else np.arange(self.k.T)
-        return Blocks(self.k, _runs(columns), self.queries_seeing, self._transposed_pair_counts)
+        return Blocks(self.k, self._columns, self.queries_seeing, self._transposed_pair_counts)
 
     def query_blocks(self) -> Blocks:
         """Every query block, each nesting the key blocks of its visited tiles."""
@@ -161,13 +183,19 @@ class SparseVisits(PairCounts):
         return dict(self._pairs)
 
     def _count_pairs(self) -> dict[tuple[int, int], int]:
-        i, j = np.nonzero(self.nonzero)
-        if i.size == 0:
-            return {}
-        b_i = np.minimum(self.q.B, self.q.n - i * self.q.B)
-        b_j = np.minimum(self.k.B, self.k.n - j * self.k.B)
-        sizes, counts = np.unique(np.stack([b_i, b_j]), axis=1, return_counts=True)
-        return {(int(a), int(b)): int(n) for (a, b), n in zip(sizes.T, counts)}
+        """Only a ragged last block differs in size: the visited tiles of the last row and column of blocks apart."""
+        q, k, nonzero = self.q, self.k, self.nonzero
+        ragged_q, ragged_k = q.full < q.T, k.full < k.T
+        last_row = int(np.count_nonzero(nonzero[-1])) if ragged_q else 0
+        last_col = int(np.count_nonzero(nonzero[:, -1])) if ragged_k else 0
+        corner = int(nonzero[-1, -1]) if ragged_q and ragged_k else 0
+        b_i, b_j = q.size(q.T - 1), k.size(k.T - 1)  # B_r and B_c unless ragged
+        out: dict[tuple[int, int], int] = {}
+        for size, n in (((q.B, k.B), int(np.count_nonzero(nonzero)) - last_row - last_col + corner),
+                        ((b_i, k.B), last_row - corner), ((q.B, b_j), last_col - corner), ((b_i, b_j), corner)):
+            if n:
+                out[size] = out.get(size, 0) + n
+        return out
 
 
 MAX_TILES = 10**8  # a block mask is held whole: T_r·T_c booleans

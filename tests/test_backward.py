@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
@@ -38,7 +38,7 @@ def test_backward_count_equals_exact_prediction(algorithm, c):
         r = iosim.count(algorithm, pass_="bwd", **c)
     except iosim.BlockSizeError:  # M below this shape's smallest backward working set
         assert c["M"] < smallest_M(algorithm, c["N"], c["N_k"], c["d"], c["mask"], passes=("bwd",))
-        return
+        reject()
     pred = iosim.predict(algorithm, pass_="bwd", **c)
     assert pred.tiling == r.tiling
     assert r.traffic == pred.exact, f"{algorithm} {c}: {r.traffic} != {pred.exact}"
@@ -51,8 +51,11 @@ def gradient_cases(draw):
     n_k = draw(st.sampled_from([1, 3, 64, 113, 239]))
     d = draw(st.sampled_from([1, 5, 16, 33]))
     masked = draw(st.booleans())
+    # Numeric mode takes a Python step per tile (about 6 s for 239 × 239 tiles of 1 × 1): the smallest M, whose
+    # blocks are 1 × 1, only up to 113 × 64 tiles; above, M_extra >= (N_q + N_k)·d leaves room for larger blocks.
+    least_extra = 0 if n_q * n_k <= 113 * 64 else (n_q + n_k) * d
     return dict(
-        n_q=n_q, n_k=n_k, d=d, masked=masked, M_extra=draw(st.integers(0, 20 * (n_q + n_k) * d)),
+        n_q=n_q, n_k=n_k, d=d, masked=masked, M_extra=draw(st.integers(least_extra, 20 * (n_q + n_k) * d)),
         batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)), causal=draw(st.booleans()),
         scale=draw(st.sampled_from([None, 0.37, -1.5])), dropout_p=draw(st.sampled_from([0.0, 0.0, 0.25, 0.9])),
         seed=draw(st.integers(0, 2**64 - 1)),
@@ -148,6 +151,32 @@ def test_backward_blocks_are_chosen_for_the_backward_working_set(algorithm):
     # a block mask is defined on the tiles, so block-sparse runs both passes on the backward's
     shared = g.backward_tiling if forward.step_shares_tiling else None
     assert g.forward_tiling == choose_tiling(forward, g.problem, 4000, tiling=shared)
+
+
+FLASH_BACKWARDS = [name for name in BACKWARD_NAMES if name.startswith(("flash", "block-sparse"))]
+
+
+@pytest.mark.parametrize("algorithm", FLASH_BACKWARDS)
+@pytest.mark.parametrize("N, d, M", [(1024, 64, "100k"), (4096, 96, "192KiB"), (239, 16, "20k"), (113, 7, 2000)])
+def test_paper_blocks_never_fit_a_flash_backward_pass_past_M_over_4d(algorithm, N, d, M):
+    # K_j, V_j, dK_j, dV_j alone take 4·B_c·d >= M at B_c = ⌈M/4d⌉ (Alg. 4 lines 5, 7): no room for Q_i, S_ij
+    for pass_ in ("bwd", "fwd+bwd"):
+        with pytest.raises(iosim.BlockSizeError) as refusal:
+            iosim.count(algorithm, N=N, d=d, M=M, pass_=pass_, block_policy="paper")
+        message = str(refusal.value)
+        assert f"{algorithm} backward" in message and "'fit' or 'optimal'" in message, message
+    forward = iosim.predict(algorithm, N=N, d=d, M=M, block_policy="paper")  # the forward's rule fits the forward
+    outer = max(forward.tiling.Br, forward.tiling.Bc)  # B on the outer loop's block, min(B, d) on the other
+    assert outer == min(N, -(-forward.M // (4 * d))), forward.tiling
+    fit = iosim.count(algorithm, N=N, d=d, M=M, pass_="fwd+bwd", block_policy="fit")  # what the message offers
+    assert fit.traffic.peak_sram <= fit.M
+
+
+@pytest.mark.parametrize("algorithm", FLASH_BACKWARDS)
+def test_paper_blocks_fit_a_flash_backward_pass_when_the_sequence_caps_them(algorithm):
+    # N = 64 < M/4d = 313: B_c = N, and 4·64·16 + 4·16·16 + 2·16·64 + 3·16 = 7,216 elements fit M = 10,000
+    r = iosim.count(algorithm, N=64, d=16, M=10_000, pass_="bwd", block_policy="paper")
+    assert r.tiling == iosim.Tiling(16, 64), r.tiling
 
 
 def test_a_pass_the_algorithm_lacks_is_refused():

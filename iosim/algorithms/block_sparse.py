@@ -69,7 +69,7 @@ def variant(name: str, skips_empty_columns: bool) -> Algorithm:
     backward = Algorithm(
         name=f"{name} backward", run=backward_run, tensors=flash_backward.TENSORS, outer="Bc",
         working_set=flash_backward.working_set, traffic=backward_traffic, paper_form=backward_paper_form,
-        paper_label="s(20N²d²/M + 8N²d/M) + 7Nd", flops=backward_flops,
+        paper_label="s(20N²d²/M + 8N²d/M) + 7Nd", flops=backward_flops, needs=Needs(block_mask=True),
     )
     return Algorithm(
         name=name, run=run, tensors=flash.TENSORS, outer="Bc", working_set=flash.working_set, traffic=traffic,
