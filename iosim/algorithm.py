@@ -18,6 +18,7 @@ from iosim.problem import ELEMENTS, Problem
 from iosim.tiling import Tiling, ceil_div
 
 if TYPE_CHECKING:
+    from iosim.l2 import DramForm, Grid
     from iosim.memory import Memory
 
 ROLES = ("input", "output", "intermediate")
@@ -116,6 +117,10 @@ class Algorithm:
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
     flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
     needs: Needs = field(default_factory=Needs)  # what it asks of the generic layers
+    # its GPU kernel's thread blocks and their tile steps (iosim.l2); None when no kernel's grid is declared
+    grid: Callable[[Problem, Tiling], Grid] | None = None
+    # closed form of the L2 model's DRAM bytes given (problem, tiling, L2 bytes, blocks at once); None off its domain
+    dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

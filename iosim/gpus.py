@@ -43,6 +43,8 @@ class GPU:
     bf16_tensor: Spec | None  # FLOP/s, tensor cores, bfloat16; None where the GPU has none
     fp32: Spec  # FLOP/s, CUDA cores (not TF32 tensor cores)
     sms: Spec  # streaming multiprocessors: how many thread blocks run at once, one per SM (split-kv's default)
+    l2: Spec  # bytes of L2 cache, nominal (the datasheet's or whitepaper's figure)
+    l2_effective: Spec  # bytes of L2 that DRAM traffic sees (iosim.l2's default capacity), from a published measurement
 
     def M(self, dtype: str) -> int:
         """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
@@ -61,6 +63,15 @@ A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB), dense"
 H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense"
 H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"
 T4_DATASHEET = "NVIDIA T4 Tensor Core GPU datasheet"
+MB = 10**6
+MiB = 2**20
+# The L2 of A100 and H100 is two partitions; a line that SMs of both halves read is held in both, so the
+# capacity DRAM sees is below the nominal one. RRZE-HPC gpu-benches (github.com/RRZE-HPC/gpu-benches, the
+# gpu-l2-cache benchmark: L2 bandwidth against data volume) shows the L2 plateau ending near 37 MB on an H100
+# PCIe and 28 MB on an A100 80 GB, as quoted in issue 17. FlashAttention-3's scheduler budgets 32 MB of the
+# H100's 50 MB for K and V (Shah et al., 2024), a design margin rather than a measurement: iosim takes the
+# measurement, and experiments/l2_call1.py reports every row's sensitivity over 0.5-1.0x nominal.
+L2_PLATEAU = "RRZE-HPC gpu-benches gpu-l2-cache, end of the L2 bandwidth plateau"
 B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
 
 GPUS: dict[str, GPU] = {
@@ -73,6 +84,8 @@ GPUS: dict[str, GPU] = {
         Spec(312e12, f"{A100_DATASHEET}: BF16 Tensor Core 312 TFLOPS"),
         Spec(19.5e12, f"{A100_DATASHEET}: FP32 19.5 TFLOPS"),
         Spec(108, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
+        Spec(40 * MiB, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 (cudaDeviceProp.l2CacheSize 40 MiB)"),
+        Spec(28 * MB, f"{L2_PLATEAU}: near 28 MB on an A100 80 GB (same 40 MB L2 as the 40 GB SXM4)"),
     ),
     "h100": GPU(
         "H100",
@@ -84,6 +97,9 @@ GPUS: dict[str, GPU] = {
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 132 SMs (SXM5)"),
+        Spec(50 * MiB, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 50 MB L2 (SXM5; cudaDeviceProp.l2CacheSize "
+             "50 MiB)"),
+        Spec(37 * MB, f"{L2_PLATEAU}: near 37 MB on an H100 PCIe, whose L2 is the same 50 MB of the same GH100"),
     ),
     "h200": GPU(
         "H200",
@@ -95,6 +111,8 @@ GPUS: dict[str, GPU] = {
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H200_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "the H100 SXM5's GH100 configuration, 132 SMs (the H200 changes the memory only)"),
+        Spec(50 * MiB, "the H100 SXM5's 50 MiB L2 (the H200 changes the memory only)"),
+        Spec(37 * MB, f"the H100's: {L2_PLATEAU}, near 37 MB on an H100 PCIe (same GH100 L2); not measured on H200"),
     ),
     "t4": GPU(
         "T4",
@@ -104,6 +122,8 @@ GPUS: dict[str, GPU] = {
         None,  # Turing tensor cores have no bfloat16
         Spec(8.1e12, f"{T4_DATASHEET}: single-precision 8.1 TFLOPS"),
         Spec(40, "NVIDIA Turing architecture whitepaper: the T4's TU104 with 40 SMs"),
+        Spec(4 * MiB, "NVIDIA Turing architecture whitepaper: TU104, 4096 KB L2"),
+        Spec(4 * MiB, "no published measurement of the capacity DRAM sees: the nominal 4096 KB"),
     ),
     "b200": GPU(
         "B200",
@@ -113,6 +133,9 @@ GPUS: dict[str, GPU] = {
         Spec(2.25e15, f"{B200_DATASHEET}: BF16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(80e12, f"{B200_DATASHEET}: FP32 80 TFLOPS"),
         Spec(148, "NVIDIA Blackwell B200: 148 SMs over its two dies"),
+        Spec(126 * MiB, "not in NVIDIA's B200 datasheet: 126 MB over its two dies is the figure third-party "
+             "device queries report, unverified here"),
+        Spec(126 * MiB, "no published measurement of the capacity DRAM sees: the nominal 126 MB"),
     ),
 }
 

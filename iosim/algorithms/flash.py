@@ -24,7 +24,9 @@ from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.errors import InputError
 from iosim.flops import Flops, matmul
+from iosim.l2 import READ, READ_WRITE, WRITE, Grid, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -144,8 +146,68 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (12 * n_q * n_k * d * d / M + 16 * n_q * n_k * d / M + 3 * n_q * d)
 
 
+# --- on a GPU: the grid of kernels/flash.py (iosim.l2) ------------------------------------------------------
+
+# Resident blocks per H100 SM of the forward kernel as call 1 ran it (d4169c1, float32), by (d, B_r, B_c).
+# d = 64, 32x32: 3 (153 registers x 128 threads; the sm_90 resource report, git show
+# 8d6aafb:experiments/results/kernels_resources_sm90.md, at c325e6e, whose kernels are d4169c1's). d = 128,
+# 16x16 is not in the report: 64 threads of at most 255 registers take at most 2 x 8,192 of the SM's 65,536,
+# and its 25.7 KB of shared memory fit 8 times, so at least 4; 4 is used (call 1's 256 blocks are resident at
+# once either way).
+CALL1_BLOCKS_PER_SM = {(64, 32, 32): 3, (128, 16, 16): 4}
+GRID_TENSORS = ("Q", "K", "V", "O", "l", "m", "lse", "out")  # out: the float16 output, cast at the last step
+
+
+def grid(pb: Problem, tiling: Tiling) -> Grid:
+    """One thread block per batch·head, as the kernel's ``grid (batch·heads,)``. Its steps: line 3, zeros to
+    O_i, ℓ_i, m_i (and lse_i, out_i) for each query block; then for each K/V block j (K_j, V_j loaded with its
+    first query block) and each query block i that sees it, Q_i read and O_i, ℓ_i, m_i read and rewritten, lse_i
+    (and out_i) written at the last j. O stays float32 in HBM whatever the dtype (the kernel accumulates in it)."""
+    if pb.has_mask or pb.block_sparsity is not None:
+        raise InputError("the flash kernel takes no explicit or block mask; allowed: has_mask=False, no block_sparsity")
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
+    cast = data != acc
+    tiles = Tiles(GRID_TENSORS)
+    last_j = []
+    for i in range(Tr):
+        last_key = min((i + 1) * Br, s.n_q) - 1 + (s.n_k - s.n_q)
+        last_j.append(Tc - 1 if not pb.causal else (min(Tc - 1, last_key // Bc) if last_key >= 0 else -1))
+
+    def steps(bh: int):
+        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
+        for i in range(Tr):  # line 3
+            t, r = bh * Tr + i, rows[i]
+            yield (tiles.access("O", t, r * s.d * acc, WRITE), tiles.access("l", t, r * stat, WRITE),
+                   tiles.access("m", t, r * stat, WRITE), tiles.access("lse", t, r * stat, WRITE)) + (
+                (tiles.access("out", t, r * s.d * data, WRITE),) if cast else ())
+        inner = [(tiles.access("Q", bh * Tr + i, r * s.d * data, READ),  # line 9
+                  tiles.access("O", bh * Tr + i, r * s.d * acc, READ_WRITE),  # lines 9, 15, 16
+                  tiles.access("l", bh * Tr + i, r * stat, READ_WRITE),
+                  tiles.access("m", bh * Tr + i, r * stat, READ_WRITE)) for i, r in enumerate(rows)]
+        final = [(tiles.access("lse", bh * Tr + i, r * stat, WRITE),) + (
+            (tiles.access("out", bh * Tr + i, r * s.d * data, WRITE),) if cast else ()) for i, r in enumerate(rows)]
+        for j in range(Tc):  # line 6
+            bc = min(Bc, s.n_k - j * Bc)
+            kv = (tiles.access("K", kvh * Tc + j, bc * s.d * data, READ),
+                  tiles.access("V", kvh * Tc + j, bc * s.d * data, READ))
+            for i in range(Tr):  # line 8
+                if j > last_j[i]:
+                    continue
+                step = kv + inner[i] if kv else inner[i]
+                yield step + final[i] if j == last_j[i] else step
+                kv = ()
+
+    per_sm = CALL1_BLOCKS_PER_SM.get((s.d, Br, Bc))
+    if per_sm is None:  # as shared memory allows: Q_i, K_j, V_j, P_ij and row partials, float32, +1 KiB reserve
+        per_sm = max(1, (228 * 1024) // (4 * ((Br + 2 * Bc) * s.d + Br * (Bc + 1) + 4 * Br) + 1024))
+    return Grid(s.bh, steps, tiles, per_sm)
+
+
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
-    flops=flops,
+    flops=flops, grid=grid,
 )

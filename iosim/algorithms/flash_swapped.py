@@ -25,7 +25,9 @@ from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.tile_ops import absorb_block, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.errors import InputError
 from iosim.flops import Flops, matmul
+from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, Tiles, sectors
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -105,8 +107,113 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (8 * n_q * n_k * d * d / M + 3 * d * n_q + 2 * n_q)
 
 
+# --- on a GPU: the grid of kernels/flash_swapped.py and its L2 traffic (iosim.l2) ----------------------------
+
+# Resident blocks per H100 SM of the forward kernel as call 1 ran it (d4169c1, float32, full attention), by
+# (d, B_r, B_c): the sm_90 resource report at c325e6e, whose kernels are d4169c1's (git show
+# 8d6aafb:experiments/results/kernels_resources_sm90.md): 128 registers, 44,800 B shared -> 4 (d = 64, 64x32);
+# 159 registers, 37,248 B -> 6 (d = 128, 32x16). Both limited by registers.
+CALL1_BLOCKS_PER_SM = {(64, 64, 32): 4, (128, 32, 16): 6}
+GRID_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
+
+
+def _blocks_per_sm(pb: Problem, tiling: Tiling) -> int:
+    """Call 1's occupancy where the report measured it, else as shared memory allows (228 KiB per H100 SM)."""
+    known = CALL1_BLOCKS_PER_SM.get((pb.shape.d, tiling.Br, tiling.Bc))
+    if known is not None:
+        return known
+    smem = 4 * ((tiling.Br + 2 * tiling.Bc) * pb.shape.d + tiling.Br * (tiling.Bc + 1)) + 1024  # float32 tiles
+    return max(1, (228 * 1024) // smem)
+
+
+def grid(pb: Problem, tiling: Tiling) -> Grid:
+    """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
+    ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
+    it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
+    if pb.has_mask:
+        raise InputError("has_mask=True: the flash-swapped kernel takes no explicit mask; allowed: has_mask=False")
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    tiles = Tiles(GRID_TENSORS)
+    shared: dict[int, list] = {}  # K/V head -> its steps (K_j, V_j), one object per j for every block of the head
+
+    def kv_steps(kvh: int) -> list:
+        if kvh not in shared:
+            shared[kvh] = [tuple(tiles.access(x, kvh * Tc + j, min(Bc, s.n_k - j * Bc) * s.d * data, READ)
+                                 for x in ("K", "V")) for j in range(Tc)]
+        return shared[kvh]
+
+    def steps(b: int):
+        bh, i = divmod(b, Tr)
+        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        rows = min(Br, s.n_q - i * Br)
+        seen = Tc
+        if pb.causal:
+            last_key = i * Br + rows - 1 + (s.n_k - s.n_q)
+            seen = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
+        kv = kv_steps(kvh)
+        q = (tiles.access("Q", b, rows * s.d * data, READ),)
+        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
+        if seen == 0:
+            yield q + out
+            return
+        yield q + kv[0] if seen > 1 else q + kv[0] + out
+        yield from kv[1:seen - 1]
+        if seen > 1:
+            yield kv[seen - 1] + out
+
+    return Grid(s.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
+
+
+def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
+    """Closed form of ``iosim.l2.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
+    reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
+    O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.l2`` has it.
+
+    Blocks run in waves of W = ``concurrent``, in lockstep. Q_i is read once, O_i and lse_i written once.
+    K_j, V_j of a head are read at the first wave that holds one of its query blocks; a head whose blocks
+    cross from wave w into w+1 (the last head of w, the first of w+1) re-reads them at w+1 exactly when they
+    were evicted, i.e. when the distinct bytes touched between its two uses of K_j exceed the capacity:
+    D_j = K_j + V_j + the K/V of steps after j of every head of w + O, lse of w's blocks (j < T_c − 1; only the
+    last block's when j = T_c − 1) + the K/V of steps before j of every head of w+1 + Q of w+1's blocks (j ≥ 1;
+    only the first block's when j = 0).
+    """
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
+    if pb.causal or pb.has_mask or s.kv_heads != s.heads:
+        return None
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    kv = np.array([sectors(min(Bc, s.n_k - j * Bc) * s.d * data) for j in range(Tc)])  # one K_j (= V_j)
+    q_of = [sectors(min(Br, s.n_q - i * Br) * s.d * data) for i in range(Tr)]  # Q_i (= O_i), by i
+    lse_of = [sectors(min(Br, s.n_q - i * Br) * stat) for i in range(Tr)]
+    blocks, W = s.bh * Tr, concurrent
+    if 2 * kv.max() + 2 * q_of[0] + lse_of[0] > capacity:
+        return None  # outside the domain: two blocks of a head in one round may not share K_j, V_j
+    after = np.concatenate((np.cumsum(kv[::-1])[::-1][1:], [0]))  # Σ_{r > j} kv(r)
+    before = np.concatenate(([0], np.cumsum(kv)[:-1]))  # Σ_{r < j} kv(r)
+    kv_reads = s.bh * int(kv.sum())  # once per head at its first wave
+    for w in range(W, blocks, W):  # wave boundaries: block w is the first of the next wave
+        first, last = w // Tr, (w - 1) // Tr  # heads of the first block of w+1 and the last block of w
+        if first != last:
+            continue  # no head crosses this boundary
+        heads_w = last - (w - W) // Tr + 1
+        heads_next = (min(w + W, blocks) - 1) // Tr - first + 1
+        out_w = sum(q_of[b % Tr] + lse_of[b % Tr] for b in range(w - W, w))
+        q_next = sum(q_of[b % Tr] for b in range(w, min(w + W, blocks)))
+        D = 2 * kv + 2 * heads_w * after + 2 * heads_next * before
+        D = D + np.where(np.arange(Tc) < Tc - 1, out_w, q_of[(w - 1) % Tr] + lse_of[(w - 1) % Tr])
+        D = D + np.where(np.arange(Tc) >= 1, q_next, q_of[w % Tr])
+        kv_reads += int(kv[D > capacity].sum())
+    q, lse = s.bh * sum(q_of), s.bh * sum(lse_of)
+    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.l2)
+    fetched = {"O": s.bh * sum(q_of[i] for i, r in enumerate(rows) if r * s.d * data % SECTOR),
+               "lse": s.bh * sum(lse_of[i] for i, r in enumerate(rows) if r * stat % SECTOR)}
+    return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse})
+
+
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops,
+    flops=flops, grid=grid, dram=dram,
 )

@@ -1,0 +1,158 @@
+"""The L2-aware prediction (iosim.l2) beside every forward row of call 1's ncu measurement.
+
+    python experiments/l2_call1.py [--folder experiments/results/gpu/call1/ncu]
+                                   [--out experiments/results/gpu/l2_call1] [--jobs 2]
+
+For each forward configuration that call 1 profiled (flash and flash-swapped, float32,
+full attention: 18 rows), simulates the kernel's grid at the tiles it ran (configs.json)
+against the H100 preset's L2: its effective capacity (``GPUS["h100"].l2_effective``),
+132 SMs × the kernel's blocks per SM (from the sm_90 resource report, in the algorithm's
+module). Nothing here is fitted to the measurements. It writes OUT.json and OUT.md: the
+predicted DRAM reads, DRAM writes during the kernel and dirty bytes left at its end,
+their ratio to ncu's ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``, the same
+predictions at 0.5, 0.75 and 1.0 × the nominal 50 MiB (the sensitivity to the capacity),
+flash-swapped's closed form where it applies, and the time each simulation took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from iosim.gpus import GPUS  # noqa: E402
+from iosim.l2 import dram_traffic, l2_config  # noqa: E402
+from iosim.problem import AttentionShape, Problem  # noqa: E402
+from iosim.registry import ALGORITHMS  # noqa: E402
+from iosim.tiling import Tiling  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ncu_traffic import parse_ncu_csv  # noqa: E402
+
+GPU = "h100"
+FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2: the sensitivity of each row to the capacity
+MISS = 0.10  # a row whose prediction is off by more than this is a miss, explained in docs/gpu.md
+
+
+def predict(row: dict) -> dict:
+    """The L2 model's DRAM bytes for one forward configuration, at the effective and the swept capacities."""
+    algo = ALGORITHMS[row["impl"]]
+    pb = Problem(AttentionShape(row["batch"], row["heads"], row["n_q"], row["n_k"], row["d"]), tau=1.0,
+                 dtype=row["dtype"], causal=row["causal"], dropout_p=row["dropout_p"])
+    tiling = Tiling(row["tiling"]["Br"], row["tiling"]["Bc"])
+    nominal = int(GPUS[GPU].l2.value)
+    out = {}
+    for label, capacity in [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]:
+        start = time.perf_counter()
+        dram = dram_traffic(algo, pb, tiling, GPU, capacity=capacity)
+        out[label] = {"capacity": dram.capacity, "concurrent": dram.concurrent, "seconds": time.perf_counter() - start,
+                      "reads": dram.reads, "writes": dram.writes, "dirty_at_end": dram.dirty_at_end,
+                      "by_tensor": [asdict(t) for t in dram.tensors]}
+    if algo.dram is not None:
+        config = l2_config(algo.grid(pb, tiling), GPU)
+        form = algo.dram(pb, tiling, config.capacity, config.concurrent)
+        out["closed_form"] = None if form is None else {"reads": sum(form.reads.values()),
+                                                        "written": sum(form.written.values())}
+    return out
+
+
+def compare(folder: Path, jobs: int) -> list[dict]:
+    configs = json.loads((folder / "configs.json").read_text())
+    rows = []
+    for measured in parse_ncu_csv(folder / "ncu.csv"):
+        cfg = configs[measured["index"]]
+        if cfg["direction"] == "forward":
+            rows.append({**cfg, "measured": {"read_bytes": measured["read_bytes"], "write_bytes": measured["write_bytes"]}})
+    with ProcessPoolExecutor(jobs) as pool:
+        for row, pred in zip(rows, pool.map(predict, rows)):
+            row["predicted"] = pred
+            eff = pred["effective"]
+            row["dram_read_pred_bytes"], row["dram_write_pred_bytes"] = eff["reads"], eff["writes"]
+            row["read_ratio"] = row["measured"]["read_bytes"] / eff["reads"]
+            row["write_ratio"] = row["measured"]["write_bytes"] / eff["writes"] if eff["writes"] else None
+    return rows
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:,.1f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:#.3g}"
+
+
+def _span(row: dict, way: str) -> str:
+    """Predicted bytes over the swept capacities, MB: min–max (one value when they agree to 0.1 MB)."""
+    values = [row["predicted"][f"{f:g}x"][way] for f in FRACTIONS]
+    lo, hi = _mb(min(values)), _mb(max(values))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| impl | batch·heads | N | d | B_r×B_c | W | read MB meas | read MB pred | meas/pred | read pred 0.5–1.0× "
+            "| write MB meas | write MB pred | meas/pred | dirty at end MB | write pred 0.5–1.0× | sim s |\n"
+            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+            "| ---: |\n")
+    lines = []
+    for r in rows:
+        eff = r["predicted"]["effective"]
+        cells = [r["impl"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+                 f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(eff["concurrent"]),
+                 _mb(r["measured"]["read_bytes"]), _mb(eff["reads"]), _ratio(r["read_ratio"]), _span(r, "reads"),
+                 _mb(r["measured"]["write_bytes"]), _mb(eff["writes"]), _ratio(r["write_ratio"]),
+                 _mb(eff["dirty_at_end"]), _span(r, "writes"), f"{eff['seconds']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def summary(rows: list[dict]) -> dict:
+    def within(way):
+        ratios = [r[f"{way}_ratio"] for r in rows]
+        return sum(1 for x in ratios if x is not None and abs(x - 1) <= MISS)
+    return {"rows": len(rows), "reads_within_10pct": within("read"), "writes_within_10pct": within("write")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--folder", type=Path, default=REPO / "experiments/results/gpu/call1/ncu")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments/results/gpu/l2_call1")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows = compare(args.folder, args.jobs)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    record = {
+        "command": "python experiments/l2_call1.py " + " ".join(sys.argv[1:]),
+        "commit": commit,
+        "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "jobs": args.jobs},
+        "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value), "l2_effective": int(GPUS[GPU].l2_effective.value),
+        "l2_effective_source": GPUS[GPU].l2_effective.source,
+        "summary": summary(rows), "seconds": time.perf_counter() - start, "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_name(args.out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
+    text = (f"# Call 1's forward rows against the L2 model\n\n- command: `{record['command']}`\n"
+            f"- git commit: `{commit}`\n- machine: {record['machine']}\n"
+            f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB ({record['l2_effective_source']}); "
+            f"nominal {record['l2_nominal'] / 2**20:.0f} MiB; sensitivity at {', '.join(f'{f:g}' for f in FRACTIONS)}× "
+            f"nominal\n- measured: {args.folder.relative_to(REPO) if args.folder.is_relative_to(REPO) else args.folder}"
+            f" (ncu dram__bytes_read.sum, dram__bytes_write.sum); MB = 10⁶ B; W = blocks at once; write pred = "
+            f"DRAM writes during the kernel (dirty at end excluded, as ncu excludes it)\n"
+            f"- summary: {record['summary']}; total {record['seconds']:.0f} s\n\n")
+    args.out.with_name(args.out.name + ".md").write_text(text + markdown(rows))
+    print(text + markdown(rows), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The GPU's L2 between SRAM and DRAM, and the thread blocks that share it.
+
+The two-level ``Memory`` counts every load and store as HBM traffic. On a GPU they go
+through an L2 shared by all SMs, and many thread blocks run at once, so a tile one
+block loads may already be there because another loaded it (issue 17, docs/gpu.md).
+This module runs an algorithm's grid of thread blocks, declared in its own module as a
+``Grid``, against such an L2 and reports the DRAM bytes:
+
+- **Schedule.** W = SMs × blocks per SM blocks run at once. They start in grid order,
+  and a new one starts in the slot of one that finishes, in the next round (dynamic
+  dispatch). Each round, every running block makes one tile step, in slot order
+  (round robin).
+- **L2.** Least-recently-used replacement of whole tiles, fully associative; a tile's
+  size is rounded up to 32-byte sectors. Write-back: a written tile is dirty until it
+  is evicted, when it goes to DRAM. A write that covers whole sectors fetches nothing;
+  one that does not (a size that is not a multiple of 32 B) is read first.
+- **Reports**, per tensor, in bytes: DRAM reads (misses of reads), DRAM writes while
+  the kernel runs (evictions of dirty tiles, what ncu counts) and the dirty bytes still
+  in the L2 at the end (written later, outside the kernel).
+
+LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
+exactly when the distinct bytes touched since its last use, itself included, are at most
+the capacity (its stack distance). The closed forms that algorithms give beside the
+simulation (``Algorithm.dram``) use that rule.
+
+Speed: a step that is the very same ``Step`` object as the one just run (the blocks
+of one head reading the same K_j, V_j in one round) changes nothing in an LRU that holds
+it, so it is counted as hits and skipped; a grid shares its step objects to use this.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from iosim.errors import InputError
+from iosim.gpus import get_gpu
+from iosim.units import parse_count
+
+if TYPE_CHECKING:
+    from iosim.algorithm import Algorithm
+    from iosim.problem import Problem
+    from iosim.tiling import Tiling
+
+SECTOR = 32  # bytes: the L2's unit of transfer to DRAM (NVIDIA CUDA C++ best practices guide, "Coalesced access")
+READ, WRITE, READ_WRITE = 1, 2, 3  # what an access does to its tile
+
+# One access: (key, bytes rounded to sectors, READ/WRITE/READ_WRITE); ``Tiles.access`` builds it.
+Access = tuple[int, int, int]
+Step = tuple[Access, ...]  # what one thread block moves in one step of its loop
+
+
+def sectors(nbytes: int) -> int:
+    """Bytes rounded up to whole 32-byte sectors."""
+    return -(-nbytes // SECTOR) * SECTOR
+
+
+class Tiles:
+    """Keys of the tiles of a grid's tensors: tile ``index`` of ``tensor`` is one L2 entry."""
+
+    def __init__(self, tensors: tuple[str, ...]):
+        self.tensors = tensors
+        self._id = {name: k for k, name in enumerate(tensors)}
+
+    def access(self, tensor: str, index: int, nbytes: int, mode: int) -> Access:
+        """An access of ``nbytes`` to tile ``index`` of ``tensor``; a write of part of a sector reads it first."""
+        if mode == WRITE and nbytes % SECTOR:
+            mode = READ_WRITE
+        return index * len(self.tensors) + self._id[tensor], sectors(nbytes), mode
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An algorithm's thread blocks as its kernel launches them.
+
+    ``steps(b)`` yields block b's tile steps in order (blocks are numbered in launch
+    order, the order they start in); ``blocks_per_sm`` is how many of them one SM holds
+    at once, from the kernel's registers and shared memory.
+    """
+
+    blocks: int
+    steps: Callable[[int], Iterator[Step]]
+    tiles: Tiles
+    blocks_per_sm: int
+
+
+@dataclass(frozen=True)
+class DramTensor:
+    """One tensor's DRAM bytes: read (L2 misses), written during the kernel, dirty in the L2 at its end."""
+
+    name: str
+    reads: int
+    writes: int
+    dirty_at_end: int
+
+
+@dataclass(frozen=True)
+class DramCounts:
+    """DRAM bytes of one kernel behind an L2 of ``capacity`` bytes with ``concurrent`` blocks at once."""
+
+    tensors: tuple[DramTensor, ...]
+    capacity: int
+    concurrent: int
+
+    @property
+    def reads(self) -> int:
+        return sum(t.reads for t in self.tensors)
+
+    @property
+    def writes(self) -> int:
+        return sum(t.writes for t in self.tensors)
+
+    @property
+    def dirty_at_end(self) -> int:
+        return sum(t.dirty_at_end for t in self.tensors)
+
+    def tensor(self, name: str) -> DramTensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tensor {name!r}; have {[t.name for t in self.tensors]}")
+
+
+@dataclass(frozen=True)
+class DramForm:
+    """A closed form's DRAM bytes per tensor: ``reads``, and ``written`` = writes during the kernel + dirty at
+    its end (the closed forms do not split the two)."""
+
+    reads: dict[str, int]
+    written: dict[str, int]
+
+
+@dataclass(frozen=True)
+class L2Config:
+    """What the L2 model needs of a GPU: the L2 bytes DRAM sees and the blocks that run at once."""
+
+    capacity: int
+    concurrent: int
+
+
+def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
+              blocks_per_sm: int | None = None) -> L2Config:
+    """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""
+    preset = get_gpu(gpu)
+    cap = int(preset.l2_effective.value) if capacity is None else parse_count("capacity", capacity)
+    per_sm = grid.blocks_per_sm if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
+    return L2Config(cap, int(preset.sms.value) * per_sm)
+
+
+class LRU:
+    """A write-back L2 of whole tiles with least-recently-used replacement; counts DRAM bytes per tensor."""
+
+    def __init__(self, capacity: int, n_tensors: int):
+        if capacity < SECTOR:
+            raise InputError(f"L2 capacity={capacity} bytes; allowed: at least one {SECTOR}-byte sector")
+        self.capacity, self.n = capacity, n_tensors
+        self.resident: OrderedDict[int, int] = OrderedDict()  # key -> bytes, least recent first
+        self.dirty: set[int] = set()
+        self.used = 0
+        self.reads = [0] * n_tensors
+        self.writes = [0] * n_tensors
+
+    def step(self, step: Step) -> None:
+        resident, dirty = self.resident, self.dirty
+        for key, nbytes, mode in step:
+            if key in resident:
+                resident.move_to_end(key)
+            else:
+                if mode & READ:
+                    self.reads[key % self.n] += nbytes
+                if nbytes > self.capacity:  # never fits: goes straight through
+                    if mode & WRITE:
+                        self.writes[key % self.n] += nbytes
+                    continue
+                self.used += nbytes
+                while self.used > self.capacity:
+                    old, size = resident.popitem(last=False)
+                    self.used -= size
+                    if old in dirty:
+                        dirty.discard(old)
+                        self.writes[old % self.n] += size
+                resident[key] = nbytes
+            if mode & WRITE:
+                dirty.add(key)
+
+    def fits(self, step: Step) -> bool:
+        return sum(nbytes for _, nbytes, _ in step) <= self.capacity
+
+    def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
+        left = [0] * self.n
+        for key in self.dirty:
+            left[key % self.n] += self.resident[key]
+        return DramCounts(tuple(DramTensor(name, self.reads[k], self.writes[k], left[k])
+                                for k, name in enumerate(tiles.tensors)), config.capacity, config.concurrent)
+
+
+def simulate(grid: Grid, config: L2Config) -> DramCounts:
+    """Run ``grid`` with ``config.concurrent`` blocks at once against an LRU L2 of ``config.capacity`` bytes."""
+    l2 = LRU(config.capacity, len(grid.tiles.tensors))
+    pending = iter(range(grid.blocks))
+    slots: list[list] = []  # per running block: [its step iterator, its next step]
+    for b in pending:
+        slots.append(_start(grid, b))
+        if len(slots) == config.concurrent:
+            break
+    last, last_fits = None, False
+    while slots:
+        for slot in slots:
+            step = slot[1]
+            if step is None:
+                continue
+            if step is not last or not last_fits:  # the same step again in an LRU that holds it: all hits
+                l2.step(step)
+                last, last_fits = step, l2.fits(step)
+            slot[1] = next(slot[0], None)
+            if slot[1] is None:  # the block is done: the next in grid order takes its slot next round
+                b = next(pending, None)
+                if b is not None:
+                    slot[:] = _start(grid, b)
+        slots = [slot for slot in slots if slot[1] is not None]
+    return l2.counts(grid.tiles, config)
+
+
+def _start(grid: Grid, b: int) -> list:
+    steps = grid.steps(b)
+    return [steps, next(steps, None)]
+
+
+def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
+                 blocks_per_sm: int | None = None) -> DramCounts:
+    """Simulated DRAM bytes of ``algorithm``'s grid on ``gpu``: its effective L2 unless ``capacity`` (bytes) is
+    given, its SMs × the kernel's blocks per SM unless ``blocks_per_sm`` is given."""
+    if algorithm.grid is None:
+        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
+    g = algorithm.grid(pb, tiling)
+    return simulate(g, l2_config(g, gpu, capacity, blocks_per_sm))

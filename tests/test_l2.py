@@ -1,0 +1,153 @@
+"""The L2 model (iosim.l2): the LRU by hand, the schedule, the grids against iosim's counts, the closed form."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import iosim
+from iosim.errors import InputError
+from iosim.gpus import GPUS
+from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
+from iosim.problem import AttentionShape, Problem
+from iosim.registry import ALGORITHMS
+from iosim.tiling import Tiling
+
+FLASH, SWAPPED = ALGORITHMS["flash"], ALGORITHMS["flash-swapped"]
+TILES = Tiles(("A", "B", "C"))
+
+
+def one_block_grid(steps, per_sm=1):
+    return Grid(1, lambda b: iter(steps), TILES, per_sm)
+
+
+def problem(bh=1, n_q=64, n_k=64, d=8, dtype="float32", causal=False):
+    return Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype=dtype, causal=causal)
+
+
+def test_sectors_round_up():
+    assert [sectors(n) for n in (1, 32, 33, 100)] == [32, 32, 64, 128]
+
+
+def test_a_trace_that_fits_reads_each_tile_once_and_leaves_its_writes_dirty():
+    # A: 4 tiles of 64 B read 5 times over; C: 2 tiles of 32 B written each pass; 4·64 + 2·32 = 320 B <= 512
+    steps = [(TILES.access("A", t, 64, READ), TILES.access("C", t % 2, 32, WRITE)) for _ in range(5) for t in range(4)]
+    dram = simulate(one_block_grid(steps), L2Config(capacity=512, concurrent=1))
+    assert dram.tensor("A").reads == 4 * 64, dram  # each tile once
+    assert (dram.tensor("C").reads, dram.tensor("C").writes, dram.tensor("C").dirty_at_end) == (0, 0, 2 * 32), dram
+
+
+def test_a_cyclic_trace_just_over_capacity_misses_every_access():
+    # 5 tiles of 64 B = 320 B in a cycle, capacity 319 B: LRU evicts each tile just before its next use
+    steps = [(TILES.access("A", t, 64, READ),) for _ in range(7) for t in range(5)]
+    dram = simulate(one_block_grid(steps), L2Config(capacity=319, concurrent=1))
+    assert dram.tensor("A").reads == 7 * 5 * 64, dram
+    assert simulate(one_block_grid(steps), L2Config(capacity=320, concurrent=1)).reads == 5 * 64  # fits: once
+
+
+def test_dirty_tiles_go_to_dram_when_evicted_and_partial_writes_fetch_first():
+    # B0 written (dirty), then 3 reads of 64 B push it out of 128 B; C0 is 40 B: not whole sectors, read first
+    steps = [(TILES.access("B", 0, 64, WRITE),)] + [(TILES.access("A", t, 64, READ),) for t in range(3)]
+    steps.append((TILES.access("C", 0, 40, WRITE),))
+    dram = simulate(one_block_grid(steps), L2Config(capacity=128, concurrent=1))
+    assert (dram.tensor("B").writes, dram.tensor("B").dirty_at_end) == (64, 0), dram
+    assert (dram.tensor("C").reads, dram.tensor("C").dirty_at_end) == (64, 64), dram  # 40 B -> 2 sectors
+
+
+def test_blocks_start_in_grid_order_and_a_new_one_takes_a_finished_ones_slot():
+    # 3 blocks, 2 at once: block 0 (1 step) and 1 (3 steps) start at round 0; block 0 ends there, so block 2
+    # takes slot 0 from round 1 and runs before block 1 in each round. The simulator asks a block for its next
+    # step right after running one, so the order steps are asked for is the order they run.
+    order = []
+
+    def steps(b):
+        for k in range((1, 3, 2)[b]):
+            order.append((b, k))
+            yield (TILES.access("A", 10 * b + k, 32, READ),)
+
+    simulate(Grid(3, steps, TILES, 1), L2Config(capacity=1024, concurrent=2))
+    rounds = [(0, 0), (1, 0), (2, 0), (1, 1), (2, 1), (1, 2)]  # rounds 0, 1, 2: two (block, step) each
+    assert order == rounds, order
+
+
+def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them():
+    g = SWAPPED.grid(problem(), Tiling(16, 16))
+    h100 = l2_config(g)
+    assert (h100.capacity, h100.concurrent) == (int(GPUS["h100"].l2_effective.value), 132 * g.blocks_per_sm)
+    assert l2_config(g, "a100", capacity=1000, blocks_per_sm=2) == L2Config(1000, 216)
+    with pytest.raises(InputError, match="blocks_per_sm"):
+        l2_config(g, blocks_per_sm=0)
+    with pytest.raises(InputError, match="declares no GPU grid"):
+        dram_traffic(ALGORITHMS["standard"], problem(), Tiling(16, 16))
+
+
+def test_every_preset_has_an_effective_L2_no_larger_than_its_nominal():
+    for gpu in GPUS.values():
+        assert 0 < gpu.l2_effective.value <= gpu.l2.value, gpu.name
+
+
+@pytest.mark.parametrize("algo", [FLASH, SWAPPED])
+@pytest.mark.parametrize("bh, n_q, n_k, d, Br, Bc, causal", [
+    (1, 113, 239, 8, 16, 32, False), (3, 64, 64, 12, 16, 16, True), (2, 113, 239, 8, 32, 16, True)])
+def test_an_L2_holding_everything_reads_Q_K_V_once_and_writes_nothing_during_the_kernel(algo, bh, n_q, n_k, d, Br,
+                                                                                     Bc, causal):
+    pb = problem(bh, n_q, n_k, d, causal=causal)
+    dram = dram_traffic(algo, pb, Tiling(Br, Bc), capacity=10**9)
+    # Q, K, V once: bh·(N_q + 2·N_k)·d·4 B, every row a whole number of sectors (d·4 a multiple of 32)
+    assert sum(dram.tensor(x).reads for x in "QKV") == bh * (n_q + 2 * n_k) * d * 4, dram
+    # the rest: statistics of a ragged last query block (B_r·4 B not whole sectors), read before written
+    ragged = n_q % Br
+    stats = ("l", "m", "lse") if algo is FLASH else ("lse",)
+    assert dram.reads - sum(dram.tensor(x).reads for x in "QKV") == bh * len(stats) * sectors(ragged * 4) * (
+        ragged % 8 != 0), dram
+    assert dram.writes == 0, dram
+    outputs = {"O", "lse"} | ({"l", "m"} if algo is FLASH else set())
+    assert {t.name for t in dram.tensors if t.dirty_at_end} == outputs, dram
+
+
+@pytest.mark.parametrize("algo", [FLASH, SWAPPED])
+@pytest.mark.parametrize("n_q, n_k, d, Br, Bc", [(128, 64, 8, 16, 16), (96, 160, 16, 32, 16)])
+def test_an_L2_of_one_step_reads_what_the_two_level_count_reads(algo, n_q, n_k, d, Br, Bc):
+    # One block at a time and room for one step only: every tile is evicted before its next use, so DRAM
+    # reads what iosim.count counts (flash: Q, O, ℓ, m re-read per K/V block; flash-swapped: K, V per query
+    # block). Sizes whole sectors: ℓ_i, m_i of B_r = 16 rows are 64 B.
+    pb = problem(1, n_q, n_k, d)
+    tiling = Tiling(Br, Bc)
+    step = 4 * (2 * Bc * d + 2 * Br * d + 3 * Br)
+    dram = simulate(algo.grid(pb, tiling), L2Config(capacity=step, concurrent=1))
+    counted = iosim.count(algo.name, N=n_q, N_k=n_k, d=d, heads=1, dtype="float32", tiling=tiling, M=10**6).traffic
+    for name in ("Q", "K", "V"):
+        assert dram.tensor(name).reads == counted.tensor(name).read_bytes, (name, dram, counted)
+    if algo is FLASH:  # O, ℓ, m read at every step but the first (line 3 wrote zeros: no fetch)
+        assert dram.tensor("O").reads == counted.tensor("O").read_bytes, (dram, counted)
+
+
+@given(bh=st.integers(1, 6), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
+       Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
+       capacity=st.integers(1_000, 60_000))
+def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity):
+    pb, tiling = problem(bh, n_q, n_k, d), Tiling(Br, Bc)
+    form = SWAPPED.dram(pb, tiling, capacity, concurrent)
+    if form is None:  # a step larger than the L2: outside the domain
+        return
+    dram = simulate(SWAPPED.grid(pb, tiling), L2Config(capacity, concurrent))
+    for t in dram.tensors:
+        assert t.reads == form.reads.get(t.name, 0), (t, form)
+        assert t.writes + t.dirty_at_end == form.written.get(t.name, 0), (t, form)
+
+
+def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_is_evicted():
+    # 2 heads of T_r = 8 query blocks, 5 blocks at once: heads cross waves 0|1 and 1|2 (blocks 5, 10 of 16).
+    pb, tiling = problem(2, 128, 256, 8), Tiling(16, 16)
+    kv = 2 * 256 * 8 * 4  # K and V of one head
+    roomy, tight = SWAPPED.dram(pb, tiling, 10**7, 5), SWAPPED.dram(pb, tiling, 2304, 5)
+    assert roomy.reads["K"] + roomy.reads["V"] == 2 * kv  # once per head
+    # head 0 is in waves 0, 1 (blocks 0-4, 5-7), head 1 in waves 1, 2, 3 (8-9, 10-14, 15): at 2,304 B no K_j
+    # survives a wave, so K and V are read 2 + 3 times
+    assert tight.reads["K"] + tight.reads["V"] == 5 * kv
+    dram = simulate(SWAPPED.grid(pb, tiling), L2Config(2304, 5))
+    assert dram.tensor("K").reads == tight.reads["K"], (dram, tight)
+
+
+def test_the_closed_form_is_none_off_its_domain():
+    assert SWAPPED.dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
+    assert SWAPPED.dram(problem(), Tiling(16, 16), 1000, 4) is None  # K_j, V_j and two Q_i over the capacity
