@@ -28,12 +28,10 @@ class TensorCounts:
         return self.writes * self.itemsize
 
 
-@dataclass(frozen=True)
-class Counts:
-    """Every tensor's traffic, in the order the algorithm declares its tensors, and the peak SRAM of one head."""
+class PerTensor:
+    """Counts kept per tensor (``tensors``, each with a ``name``), with their totals over tensors."""
 
-    tensors: tuple[TensorCounts, ...]
-    peak_sram: int  # elements resident at once, per head
+    tensors: tuple
 
     @property
     def reads(self) -> int:
@@ -42,6 +40,20 @@ class Counts:
     @property
     def writes(self) -> int:
         return sum(t.writes for t in self.tensors)
+
+    def tensor(self, name: str):
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tensor {name!r}; tensors: {[t.name for t in self.tensors]}")
+
+
+@dataclass(frozen=True)
+class Counts(PerTensor):
+    """Every tensor's traffic, in the order the algorithm declares its tensors, and the peak SRAM of one head."""
+
+    tensors: tuple[TensorCounts, ...]
+    peak_sram: int  # elements resident at once, per head
 
     @property
     def total(self) -> int:
@@ -58,12 +70,6 @@ class Counts:
     @property
     def total_bytes(self) -> int:
         return self.read_bytes + self.write_bytes
-
-    def tensor(self, name: str) -> TensorCounts:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(f"no tensor {name!r}; tensors: {[t.name for t in self.tensors]}")
 
     def as_dict(self) -> dict:
         """Totals, peak and every tensor's reads, writes and bytes, as saved in records."""

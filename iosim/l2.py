@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from iosim.counts import PerTensor
 from iosim.errors import InputError
 from iosim.gpus import get_gpu
 from iosim.units import parse_count
@@ -97,7 +98,7 @@ class DramTensor:
 
 
 @dataclass(frozen=True)
-class DramCounts:
+class DramCounts(PerTensor):
     """DRAM bytes of one kernel behind an L2 of ``capacity`` bytes with ``concurrent`` blocks at once."""
 
     tensors: tuple[DramTensor, ...]
@@ -105,22 +106,8 @@ class DramCounts:
     concurrent: int
 
     @property
-    def reads(self) -> int:
-        return sum(t.reads for t in self.tensors)
-
-    @property
-    def writes(self) -> int:
-        return sum(t.writes for t in self.tensors)
-
-    @property
     def dirty_at_end(self) -> int:
         return sum(t.dirty_at_end for t in self.tensors)
-
-    def tensor(self, name: str) -> DramTensor:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(f"no tensor {name!r}; have {[t.name for t in self.tensors]}")
 
 
 @dataclass(frozen=True)
