@@ -1,0 +1,49 @@
+"""The DRAM level of a request: the two-level count beside what a GPU's L2 lets through to DRAM.
+
+``dram`` resolves a request as ``count`` does (the algorithm, M, the tiling of the block
+policy on the GPU preset's SMs), counts it on the two-level ``Memory``, and runs the
+algorithm's grid of thread blocks against the preset's L2 (``iosim.l2``). The model,
+its sources and its limits: docs/gpu.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iosim.api import count_problem, measure, plan
+from iosim.counts import Counts
+from iosim.errors import InputError
+from iosim.l2 import DramCounts, dram_traffic
+from iosim.problem import Problem
+from iosim.tiling import Tiling
+from iosim.units import parse_count
+
+
+@dataclass(frozen=True)
+class DramResult:
+    """One forward pass on a GPU preset: the two-level HBM count (elements) and the DRAM bytes behind its L2."""
+
+    algorithm: str
+    problem: Problem
+    M: int
+    tiling: Tiling
+    gpu: str
+    hbm: Counts  # the two-level count, as iosim.count gives it
+    dram: DramCounts  # bytes: reads (L2 misses), writes during the kernel, dirty at its end
+
+
+def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
+         tiling=None, kv_heads=None, gpu="h100", l2_bytes=None, blocks_per_sm=None) -> DramResult:
+    """The DRAM bytes of ``algorithm``'s forward kernel on ``gpu``, beside its two-level count.
+
+    ``l2_bytes`` overrides the preset's effective L2 capacity and ``blocks_per_sm`` the
+    kernel's residency; an algorithm that declares no grid of thread blocks is refused.
+    """
+    if gpu is None:
+        raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
+    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads)
+    request = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, gpu=gpu)
+    p = request.forward
+    capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
+    dram_counts = dram_traffic(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
+    return DramResult(p.algorithm.name, pb, p.M, p.tiling, gpu, measure(request).traffic, dram_counts)

@@ -1,0 +1,46 @@
+"""iosim.dram: the two-level count beside the DRAM bytes behind a GPU preset's L2."""
+
+import pytest
+
+import iosim
+
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "flash-swapped"])
+def test_the_two_level_count_is_counts_own(algorithm):
+    problem = dict(N=300, N_k=200, d=64, M="100k", heads=3, causal=True)
+    r = iosim.dram(algorithm, **problem)
+    assert r.hbm == iosim.count(algorithm, **problem).traffic
+    assert r.tiling == iosim.count(algorithm, **problem).tiling
+
+
+def test_a_problem_the_l2_holds_reads_each_input_once():
+    r = iosim.dram("flash-swapped", N=256, d=64, M="100k", heads=2)  # 4 × 64 KiB of q, k, v, o: far below 37 MB
+    assert r.dram.reads == 3 * 2 * 256 * 64 * 2  # Q, K, V of both heads, float16
+    assert r.dram.writes == 0 and r.dram.dirty_at_end > 0  # the output stays in the L2 until after the kernel
+
+
+def test_an_l2_that_holds_nothing_passes_every_load_through():
+    # one block at a time, an L2 of two sectors: every tile a step reads is a miss, as in the two-level count
+    r = iosim.dram("flash-swapped", N=512, d=64, M="100k", heads=2, l2_bytes=64, blocks_per_sm=1)
+    for name in ("Q", "K", "V"):
+        assert r.dram.tensor(name).reads == r.hbm.tensor(name).read_bytes
+    assert r.dram.tensor("O").writes == r.hbm.tensor("O").write_bytes and r.dram.dirty_at_end == 0
+
+
+def test_the_l2_capacity_takes_units_and_changes_the_answer():
+    big = iosim.dram("flash-swapped", N=4096, d=64, M="100k", heads=64)
+    small = iosim.dram("flash-swapped", N=4096, d=64, M="100k", heads=64, l2_bytes="1M")
+    assert small.dram.reads > big.dram.reads
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(algorithm="standard"), "algorithm 'standard' declares no GPU grid"),
+    (dict(gpu=None), "gpu=None: the DRAM level needs a GPU preset"),
+    (dict(l2_bytes=0), r"l2_bytes=0 is outside the allowed range"),
+    (dict(gpu="z80"), "z80"),
+])
+def test_bad_requests_are_refused_by_name(kwargs, message):
+    request = dict(algorithm="flash", N=64, d=16, M="100k") | kwargs
+    with pytest.raises(iosim.InputError, match=message):
+        iosim.dram(request.pop("algorithm"), **request)
