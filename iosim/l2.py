@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from iosim.counts import PerTensor
 from iosim.errors import InputError
 from iosim.gpus import get_gpu
@@ -112,11 +114,21 @@ class DramCounts(PerTensor):
 
 @dataclass(frozen=True)
 class DramForm:
-    """A closed form's DRAM bytes per tensor: ``reads``, and ``written`` = writes during the kernel + dirty at
-    its end (the closed forms do not split the two)."""
+    """A closed form's DRAM bytes per tensor: ``reads``, ``written`` = writes during the kernel + dirty at its
+    end, and ``dirty_at_end`` where the form splits the two (None where it does not)."""
 
     reads: dict[str, int]
     written: dict[str, int]
+    dirty_at_end: dict[str, int] | None = None
+
+    def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
+        """As ``simulate`` reports them; needs ``dirty_at_end``."""
+        if self.dirty_at_end is None:
+            raise ValueError("this closed form does not split writes from dirty bytes at the end")
+        left = self.dirty_at_end
+        return DramCounts(tuple(DramTensor(name, self.reads.get(name, 0),
+                                           self.written.get(name, 0) - left.get(name, 0), left.get(name, 0))
+                                for name in tiles.tensors), config.capacity, config.concurrent)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,17 @@ class L2Config:
 
     capacity: int
     concurrent: int
+
+
+def lockstep_hits(a: np.ndarray, b: np.ndarray, w: int, capacity: int) -> np.ndarray:
+    """How many p in 0..w−1 have a + b·p <= ``capacity``, elementwise: the hits of an access whose stack
+    distance, for the block at position p of w running in lockstep, is a + b·p."""
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+    slack = capacity - a
+    safe = np.where(b == 0, 1, np.abs(b))
+    up = np.clip(slack // safe + 1, 0, w)  # b > 0: p <= slack / b
+    down = np.clip(w - np.maximum(0, -(slack // safe)), 0, w)  # b < 0: p >= −slack / |b|
+    return np.where(b > 0, up, np.where(b < 0, down, np.where(slack >= 0, w, 0)))
 
 
 def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
@@ -223,3 +246,18 @@ def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "
         raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
     g = algorithm.grid(pb, tiling)
     return simulate(g, l2_config(g, gpu, capacity, blocks_per_sm))
+
+
+def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
+                blocks_per_sm: int | None = None) -> DramCounts:
+    """``dram_traffic``'s DRAM bytes, from the algorithm's closed form (``Algorithm.dram``) where it applies and
+    splits writes from dirty bytes at the end, from the simulation elsewhere. The two are equal where both apply
+    (tests/test_l2.py); the closed form takes milliseconds where the simulation takes minutes."""
+    if algorithm.grid is None:
+        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
+    g = algorithm.grid(pb, tiling)
+    config = l2_config(g, gpu, capacity, blocks_per_sm)
+    form = None if algorithm.dram is None else algorithm.dram(pb, tiling, config.capacity, config.concurrent)
+    if form is None or form.dirty_at_end is None:
+        return simulate(g, config)
+    return form.counts(g.tiles, config)
