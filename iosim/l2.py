@@ -21,7 +21,8 @@ This module runs an algorithm's grid of thread blocks, declared in its own modul
 LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
 exactly when the distinct bytes touched since its last use, itself included, are at most
 the capacity (its stack distance). The closed forms that algorithms give beside the
-simulation (``Algorithm.dram``) use that rule.
+simulation (``Algorithm.dram``) use that rule; ``dram_counts`` takes an algorithm's closed
+form where it applies and the simulation elsewhere.
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks
 of one head reading the same K_j, V_j in one round) changes nothing in an LRU that holds

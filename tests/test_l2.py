@@ -124,16 +124,16 @@ def test_an_L2_of_one_step_reads_what_the_two_level_count_reads(algo, n_q, n_k, 
 
 @given(bh=st.integers(1, 6), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
        Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
-       capacity=st.integers(1_000, 60_000))
-def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity):
-    pb, tiling = problem(bh, n_q, n_k, d), Tiling(Br, Bc)
+       capacity=st.integers(1_000, 60_000), dtype=st.sampled_from(["float32", "float16"]))
+def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype):
+    pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
     form = SWAPPED.dram(pb, tiling, capacity, concurrent)
     if form is None:  # a step larger than the L2: outside the domain
         return
-    dram = simulate(SWAPPED.grid(pb, tiling), L2Config(capacity, concurrent))
-    for t in dram.tensors:
-        assert t.reads == form.reads.get(t.name, 0), (t, form)
-        assert t.writes + t.dirty_at_end == form.written.get(t.name, 0), (t, form)
+    config = L2Config(capacity, concurrent)
+    g = SWAPPED.grid(pb, tiling)
+    dram = simulate(g, config)  # reads, writes during the kernel and dirty bytes at the end, per tensor
+    assert form.counts(g.tiles, config) == dram, (form, dram)
 
 
 def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_is_evicted():
