@@ -174,27 +174,29 @@ class LRU:
         self.writes = [0] * n_tensors
 
     def step(self, step: Step) -> None:
-        resident, dirty = self.resident, self.dirty
+        resident, dirty, reads, writes = self.resident, self.dirty, self.reads, self.writes
+        capacity, n, used = self.capacity, self.n, self.used  # locals: this loop is the simulation's hot spot
         for key, nbytes, mode in step:
             if key in resident:
                 resident.move_to_end(key)
             else:
                 if mode & READ:
-                    self.reads[key % self.n] += nbytes
-                if nbytes > self.capacity:  # never fits: goes straight through
+                    reads[key % n] += nbytes
+                if nbytes > capacity:  # never fits: goes straight through
                     if mode & WRITE:
-                        self.writes[key % self.n] += nbytes
+                        writes[key % n] += nbytes
                     continue
-                self.used += nbytes
-                while self.used > self.capacity:
+                used += nbytes
+                while used > capacity:
                     old, size = resident.popitem(last=False)
-                    self.used -= size
+                    used -= size
                     if old in dirty:
                         dirty.discard(old)
-                        self.writes[old % self.n] += size
+                        writes[old % n] += size
                 resident[key] = nbytes
             if mode & WRITE:
                 dirty.add(key)
+        self.used = used
 
     def fits(self, step: Step) -> bool:
         return sum(nbytes for _, nbytes, _ in step) <= self.capacity
@@ -216,15 +218,20 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
         slots.append(_start(grid, b))
         if len(slots) == config.concurrent:
             break
-    last, last_fits = None, False
+    last, last_fits = None, None  # last_fits: whether ``last`` fits in the L2, None until asked
     while slots:
         for slot in slots:
             step = slot[1]
             if step is None:
                 continue
-            if step is not last or not last_fits:  # the same step again in an LRU that holds it: all hits
+            if step is not last:
                 l2.step(step)
-                last, last_fits = step, l2.fits(step)
+                last, last_fits = step, None
+            else:  # the same step again in an LRU that holds it: all hits
+                if last_fits is None:
+                    last_fits = l2.fits(step)
+                if not last_fits:
+                    l2.step(step)
             slot[1] = next(slot[0], None)
             if slot[1] is None:  # the block is done: the next in grid order takes its slot next round
                 b = next(pending, None)
