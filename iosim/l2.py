@@ -21,8 +21,8 @@ This module runs an algorithm's grid of thread blocks, declared in its own modul
 LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
 exactly when the distinct bytes touched since its last use, itself included, are at most
 the capacity (its stack distance). The closed forms that algorithms give beside the
-simulation (``Algorithm.dram``) use that rule; ``dram_counts`` takes an algorithm's closed
-form where it applies and the simulation elsewhere.
+simulation (``Algorithm.dram``) use that rule; ``iosim.dram`` holds the faster paths to the
+same counts and ``dram_counts``, which picks the fastest that applies.
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks
 of one head reading the same K_j, V_j in one round) changes nothing in an LRU that holds
@@ -35,8 +35,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from iosim.counts import PerTensor
 from iosim.errors import InputError
@@ -88,6 +86,7 @@ class Grid:
     steps: Callable[[int], Iterator[Step]]
     tiles: Tiles
     blocks_per_sm: int
+    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.dram.lockstep)
 
 
 @dataclass(frozen=True)
@@ -138,17 +137,6 @@ class L2Config:
 
     capacity: int
     concurrent: int
-
-
-def lockstep_hits(a: np.ndarray, b: np.ndarray, w: int, capacity: int) -> np.ndarray:
-    """How many p in 0..w−1 have a + b·p <= ``capacity``, elementwise: the hits of an access whose stack
-    distance, for the block at position p of w running in lockstep, is a + b·p."""
-    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
-    slack = capacity - a
-    safe = np.where(b == 0, 1, np.abs(b))
-    up = np.clip(slack // safe + 1, 0, w)  # b > 0: p <= slack / b
-    down = np.clip(w - np.maximum(0, -(slack // safe)), 0, w)  # b < 0: p >= −slack / |b|
-    return np.where(b > 0, up, np.where(b < 0, down, np.where(slack >= 0, w, 0)))
 
 
 def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
@@ -255,17 +243,3 @@ def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "
     g = algorithm.grid(pb, tiling)
     return simulate(g, l2_config(g, gpu, capacity, blocks_per_sm))
 
-
-def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                blocks_per_sm: int | None = None) -> DramCounts:
-    """``dram_traffic``'s DRAM bytes, from the algorithm's closed form (``Algorithm.dram``) where it applies and
-    splits writes from dirty bytes at the end, from the simulation elsewhere. The two are equal where both apply
-    (tests/test_l2.py); the closed form takes milliseconds where the simulation takes minutes."""
-    if algorithm.grid is None:
-        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
-    g = algorithm.grid(pb, tiling)
-    config = l2_config(g, gpu, capacity, blocks_per_sm)
-    form = None if algorithm.dram is None else algorithm.dram(pb, tiling, config.capacity, config.concurrent)
-    if form is None or form.dirty_at_end is None:
-        return simulate(g, config)
-    return form.counts(g.tiles, config)

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
-from iosim.l2 import (READ, WRITE, Grid, L2Config, Tiles, dram_counts, dram_traffic, l2_config, lockstep_hits, sectors,
-                      simulate)
+from iosim.dram import dram_counts, lockstep, lockstep_hits
+from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -210,3 +210,27 @@ def test_dram_counts_equals_the_simulation_whichever_path_it_takes(algo, bh, n_q
     # a tiny GPU: the a100 preset's 108 SMs hold all 5 blocks at once; the capacity override makes them contend
     got = dram_counts(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm)
     assert got == dram_traffic(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm), got
+
+
+@given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),
+       Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
+       capacity=st.integers(100, 60_000), dtype=st.sampled_from(["float32", "float16"]), causal=st.booleans())
+def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype,
+                                                            causal):
+    # flash's blocks, causal or not, make the same steps on their own head's tiles
+    g = FLASH.grid(problem(bh, n_q, n_k, d, dtype, causal), Tiling(Br, Bc))
+    config = L2Config(capacity, concurrent)
+    got = lockstep(g, config)
+    if got is None:  # a tile larger than the L2
+        return
+    assert got == simulate(g, config), got
+
+
+def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
+    assert lockstep(FLASH.grid(problem(), Tiling(16, 16)), L2Config(500, 4)) is None  # O_i of 512 B over 500 B
+    # a tile written, then only read: its dirty copy outlives the access, which the counting does not follow
+    steps = [(TILES.access("A", 0, 64, WRITE),), (TILES.access("A", 0, 64, READ),)]
+    assert lockstep(Grid(2, lambda b: iter(steps), TILES, 1, uniform=True), L2Config(1024, 2)) is None
+    assert FLASH.grid(problem(4), Tiling(16, 16)).uniform
+    assert not FLASH.grid(problem(4, kv_heads=2), Tiling(16, 16)).uniform  # GQA: heads share K_j, V_j
+    assert not SWAPPED.grid(problem(4), Tiling(16, 16)).uniform  # the query blocks of a head share K_j, V_j

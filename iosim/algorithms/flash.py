@@ -24,9 +24,10 @@ from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
+from iosim.dram import lockstep_hits
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, Tiles, lockstep_hits
+from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -203,7 +204,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, Br, Bc))
     if per_sm is None:  # as shared memory allows: Q_i, K_j, V_j, P_ij and row partials, float32, +1 KiB reserve
         per_sm = max(1, (228 * 1024) // (4 * ((Br + 2 * Bc) * s.d + Br * (Bc + 1) + 4 * Br) + 1024))
-    return Grid(s.bh, steps, tiles, per_sm)
+    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
