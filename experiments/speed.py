@@ -11,9 +11,12 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
 - ``optimize`` for one (N, d, M) and every algorithm under 5 s, ``bound`` with 40 values
   of M under 30 s;
 - a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
-  without them (records are written in time linear in the rows).
+  without them (records are written in time linear in the rows);
+- the L2 model's DRAM bytes (``iosim.l2.dram_counts``, the H100 preset) of any forward
+  configuration of call 1 under 2 s (issue 17), in process.
 
-Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json]
+Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json] [--only l2]
+(``--only l2`` measures the L2 cases alone.)
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from pathlib import Path
 import numpy as np
 
 import iosim
+from iosim.dram import dram_counts
+from iosim.l2 import l2_config
+from iosim.problem import AttentionShape, Problem
+from iosim.tiling import Tiling
 
 # (name, iosim command line, target seconds): timed as fresh processes.
 COMMANDS = [
@@ -50,6 +57,13 @@ HUGE_TARGET = 0.5
 RECORDS_GRID = ["sweep", "--N", *map(str, range(256, 256 + 400 * 64, 64)), "--d", "64", "128",
                 "--algo", "standard", "flash", "flash-swapped", "split-kv"]  # 400 N × 2 d × 4 algorithms
 RECORDS_TARGET = 1.2  # with --json and --csv over without
+# Call 1's forward configurations (float32, full attention) at the tiles its kernels ran, by (impl, d):
+# experiments/results/gpu/call1/ncu/configs.json. batch·heads 1 at N up to 16384, 256 (16 × 16) up to 4096.
+L2_TILES = {("flash", 64): (32, 32), ("flash", 128): (16, 16), ("flash-swapped", 64): (64, 32),
+            ("flash-swapped", 128): (32, 16)}
+L2_CASES = [(impl, batch, heads, n, d) for impl in ("flash", "flash-swapped") for d in (64, 128)
+            for batch, heads, ns in ((1, 1, (1024, 4096, 16384)), (16, 16, (1024, 4096))) for n in ns]
+L2_TARGET = 2.0  # seconds per configuration
 
 
 def numpy_attention(q, k, v):
@@ -124,12 +138,46 @@ def records_overhead(repeats: int) -> dict:
                 seconds_with_json_and_csv=saving_s, ratio=saving_s / bare_s, target_ratio=RECORDS_TARGET)
 
 
+def l2_cases(repeats: int) -> list[dict]:
+    """``dram_counts`` of each of call 1's forward configurations on the H100 preset, and which path it took."""
+    out = []
+    for impl, batch, heads, n, d in L2_CASES:
+        algo = iosim.ALGORITHMS[impl]
+        pb = Problem(AttentionShape(batch, heads, n, n, d), tau=1.0, dtype="float32")
+        tiling = Tiling(*L2_TILES[impl, d])
+        seconds = best_of(repeats, lambda: dram_counts(algo, pb, tiling, "h100"))
+        g = algo.grid(pb, tiling)
+        config = l2_config(g, "h100")
+        form = None if algo.dram is None else algo.dram(pb, tiling, config.capacity, config.concurrent)
+        out.append(dict(impl=impl, batch_heads=batch * heads, N=n, d=d, Br=tiling.Br, Bc=tiling.Bc,
+                        path="closed form" if form is not None else "simulation", seconds=seconds,
+                        target_seconds=L2_TARGET))
+    print(f"L2 model, call 1's {len(out)} forward configurations: slowest {max(r['seconds'] for r in out):.3f} s "
+          f"(target < {L2_TARGET:g} s)")
+    return out
+
+
+def machine(load_before) -> dict:
+    return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "numpy": np.__version__, "load_average_before": load_before,
+            "load_average_after": os.getloadavg()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="experiments/results/speed.json")
+    parser.add_argument("--only", choices=("l2",), help="measure only these cases")
     args = parser.parse_args()
     load_before = os.getloadavg()
+    if args.only == "l2":
+        result = {"l2": l2_cases(args.repeats), "machine": machine(load_before), "commit": git_commit(),
+                  "command": "python experiments/speed.py " + " ".join(sys.argv[1:]), "repeats": args.repeats,
+                  "statistic": "best of repeats, wall-clock seconds"}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written to {args.out}")
+        return
 
     commands = []
     for name, command, target in COMMANDS:
@@ -147,10 +195,9 @@ def main() -> None:
         "commands": commands,
         "numeric": numeric_ratios(args.repeats),
         "records": records_overhead(args.repeats),
+        "l2": l2_cases(args.repeats),
         "huge_count_case": HUGE_COUNT, "huge_count_seconds": huge, "huge_count_target_seconds": HUGE_TARGET,
-        "machine": {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "numpy": np.__version__,
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "machine": machine(load_before),
         "commit": git_commit(),
         "command": "python experiments/speed.py " + " ".join(sys.argv[1:]),
         "repeats": args.repeats,

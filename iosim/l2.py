@@ -21,7 +21,8 @@ This module runs an algorithm's grid of thread blocks, declared in its own modul
 LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
 exactly when the distinct bytes touched since its last use, itself included, are at most
 the capacity (its stack distance). The closed forms that algorithms give beside the
-simulation (``Algorithm.dram``) use that rule.
+simulation (``Algorithm.dram``) use that rule; ``iosim.dram`` holds the faster paths to the
+same counts and ``dram_counts``, which picks the fastest that applies.
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks
 of one head reading the same K_j, V_j in one round) changes nothing in an LRU that holds
@@ -85,6 +86,7 @@ class Grid:
     steps: Callable[[int], Iterator[Step]]
     tiles: Tiles
     blocks_per_sm: int
+    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.dram.lockstep)
 
 
 @dataclass(frozen=True)
@@ -112,11 +114,21 @@ class DramCounts(PerTensor):
 
 @dataclass(frozen=True)
 class DramForm:
-    """A closed form's DRAM bytes per tensor: ``reads``, and ``written`` = writes during the kernel + dirty at
-    its end (the closed forms do not split the two)."""
+    """A closed form's DRAM bytes per tensor: ``reads``, ``written`` = writes during the kernel + dirty at its
+    end, and ``dirty_at_end`` where the form splits the two (None where it does not)."""
 
     reads: dict[str, int]
     written: dict[str, int]
+    dirty_at_end: dict[str, int] | None = None
+
+    def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
+        """As ``simulate`` reports them; needs ``dirty_at_end``."""
+        if self.dirty_at_end is None:
+            raise ValueError("this closed form does not split writes from dirty bytes at the end")
+        left = self.dirty_at_end
+        return DramCounts(tuple(DramTensor(name, self.reads.get(name, 0),
+                                           self.written.get(name, 0) - left.get(name, 0), left.get(name, 0))
+                                for name in tiles.tensors), config.capacity, config.concurrent)
 
 
 @dataclass(frozen=True)
@@ -150,27 +162,29 @@ class LRU:
         self.writes = [0] * n_tensors
 
     def step(self, step: Step) -> None:
-        resident, dirty = self.resident, self.dirty
+        resident, dirty, reads, writes = self.resident, self.dirty, self.reads, self.writes
+        capacity, n, used = self.capacity, self.n, self.used  # locals: this loop is the simulation's hot spot
         for key, nbytes, mode in step:
             if key in resident:
                 resident.move_to_end(key)
             else:
                 if mode & READ:
-                    self.reads[key % self.n] += nbytes
-                if nbytes > self.capacity:  # never fits: goes straight through
+                    reads[key % n] += nbytes
+                if nbytes > capacity:  # never fits: goes straight through
                     if mode & WRITE:
-                        self.writes[key % self.n] += nbytes
+                        writes[key % n] += nbytes
                     continue
-                self.used += nbytes
-                while self.used > self.capacity:
+                used += nbytes
+                while used > capacity:
                     old, size = resident.popitem(last=False)
-                    self.used -= size
+                    used -= size
                     if old in dirty:
                         dirty.discard(old)
-                        self.writes[old % self.n] += size
+                        writes[old % n] += size
                 resident[key] = nbytes
             if mode & WRITE:
                 dirty.add(key)
+        self.used = used
 
     def fits(self, step: Step) -> bool:
         return sum(nbytes for _, nbytes, _ in step) <= self.capacity
@@ -192,15 +206,20 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
         slots.append(_start(grid, b))
         if len(slots) == config.concurrent:
             break
-    last, last_fits = None, False
+    last, last_fits = None, None  # last_fits: whether ``last`` fits in the L2, None until asked
     while slots:
         for slot in slots:
             step = slot[1]
             if step is None:
                 continue
-            if step is not last or not last_fits:  # the same step again in an LRU that holds it: all hits
+            if step is not last:
                 l2.step(step)
-                last, last_fits = step, l2.fits(step)
+                last, last_fits = step, None
+            else:  # the same step again in an LRU that holds it: all hits
+                if last_fits is None:
+                    last_fits = l2.fits(step)
+                if not last_fits:
+                    l2.step(step)
             slot[1] = next(slot[0], None)
             if slot[1] is None:  # the block is done: the next in grid order takes its slot next round
                 b = next(pending, None)
@@ -223,3 +242,4 @@ def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "
         raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
     g = algorithm.grid(pb, tiling)
     return simulate(g, l2_config(g, gpu, capacity, blocks_per_sm))
+

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
+from iosim.dram import dram_counts, lockstep, lockstep_hits
 from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
@@ -20,8 +21,8 @@ def one_block_grid(steps, per_sm=1):
     return Grid(1, lambda b: iter(steps), TILES, per_sm)
 
 
-def problem(bh=1, n_q=64, n_k=64, d=8, dtype="float32", causal=False):
-    return Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype=dtype, causal=causal)
+def problem(bh=1, n_q=64, n_k=64, d=8, dtype="float32", causal=False, kv_heads=None):
+    return Problem(AttentionShape(1, bh, n_q, n_k, d, kv_heads=kv_heads), tau=1.0, dtype=dtype, causal=causal)
 
 
 def test_sectors_round_up():
@@ -123,16 +124,16 @@ def test_an_L2_of_one_step_reads_what_the_two_level_count_reads(algo, n_q, n_k, 
 
 @given(bh=st.integers(1, 6), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
        Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
-       capacity=st.integers(1_000, 60_000))
-def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity):
-    pb, tiling = problem(bh, n_q, n_k, d), Tiling(Br, Bc)
+       capacity=st.integers(1_000, 60_000), dtype=st.sampled_from(["float32", "float16"]))
+def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype):
+    pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
     form = SWAPPED.dram(pb, tiling, capacity, concurrent)
     if form is None:  # a step larger than the L2: outside the domain
         return
-    dram = simulate(SWAPPED.grid(pb, tiling), L2Config(capacity, concurrent))
-    for t in dram.tensors:
-        assert t.reads == form.reads.get(t.name, 0), (t, form)
-        assert t.writes + t.dirty_at_end == form.written.get(t.name, 0), (t, form)
+    config = L2Config(capacity, concurrent)
+    g = SWAPPED.grid(pb, tiling)
+    dram = simulate(g, config)  # reads, writes during the kernel and dirty bytes at the end, per tensor
+    assert form.counts(g.tiles, config) == dram, (form, dram)
 
 
 def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_is_evicted():
@@ -151,3 +152,85 @@ def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_i
 def test_the_closed_form_is_none_off_its_domain():
     assert SWAPPED.dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
     assert SWAPPED.dram(problem(), Tiling(16, 16), 1000, 4) is None  # K_j, V_j and two Q_i over the capacity
+
+
+def test_lockstep_hits_counts_the_positions_whose_distance_fits():
+    # a + b·p <= 10 for p in 0..4: b = 3, a = 1 -> p <= 3 (4 hits); b = −3, a = 16 -> p >= 2 (3); b = 0: all or none
+    got = lockstep_hits([1, 16, 10, 11, 20], [3, -3, 0, 0, 5], 5, 10)
+    assert got.tolist() == [4, 3, 5, 0, 0], got
+
+
+@given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),
+       Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
+       capacity=st.integers(100, 60_000), dtype=st.sampled_from(["float32", "float16"]))
+def test_flash_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity,
+                                                                  dtype):
+    # reads, writes during the kernel and dirty bytes at the end, per tensor; float16 adds the cast output
+    pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
+    form = FLASH.dram(pb, tiling, capacity, concurrent)
+    if form is None:  # a tile larger than the L2: outside the domain
+        return
+    config = L2Config(capacity, concurrent)
+    g = FLASH.grid(pb, tiling)
+    dram = simulate(g, config)
+    assert form.counts(g.tiles, config) == dram, (form, dram)
+
+
+def test_flash_closed_form_rereads_Q_O_l_m_per_KV_block_when_the_heads_outgrow_the_L2():
+    # 4 heads at once, T_r = 4 query blocks of 16 rows, T_c = 4, d = 8, float32: a head's Q, O, ℓ, m are
+    # S = 4·(512 + 512 + 64 + 64) = 4,608 B and K_j + V_j 1,024 B, so Q_i's reuse at (j, i) lies 4 heads ×
+    # (S + 1,024 B) = 22,528 B after its use at (j−1, i): every tile moves once at 10 MB, and at 8 KB Q_i and
+    # O_i are read at each of the 4 K/V blocks (O_i: not at line 3, whose zeros are whole sectors).
+    pb, tiling = problem(4, 64, 64, 8), Tiling(16, 16)
+    roomy, tight = FLASH.dram(pb, tiling, 10**7, 4), FLASH.dram(pb, tiling, 8192, 4)
+    q = 4 * 64 * 8 * 4  # Q (= O) of the 4 heads
+    assert (roomy.reads["Q"], roomy.reads.get("O", 0), roomy.written["O"]) == (q, 0, q), roomy
+    assert (tight.reads["Q"], tight.reads["O"]) == (4 * q, 4 * q), tight
+    # O written by line 3 and by each of the 4 steps, evicted in between; at the end, less than the L2 stays
+    assert tight.written["O"] == 5 * q and tight.dirty_at_end["O"] < 8192, tight
+    assert tight.written["lse"] == 2 * 4 * 64 * 4, tight  # line 3 and the last K/V block, evicted in between
+
+
+def test_flash_closed_form_is_none_off_its_domain():
+    assert FLASH.dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
+    assert FLASH.dram(problem(2, kv_heads=1), Tiling(16, 16), 10**6, 4) is None  # GQA: heads share K_j, V_j
+    assert FLASH.dram(problem(), Tiling(16, 16), 500, 4) is None  # O_i of 512 B over the L2
+
+
+@pytest.mark.parametrize("algo", [FLASH, SWAPPED])
+@pytest.mark.parametrize("bh, n_q, n_k, d, Br, Bc, dtype, causal, kv_heads, capacity, blocks_per_sm", [
+    (5, 113, 239, 8, 16, 32, "float32", False, None, 9_000, 1),  # both closed forms apply (flash: waves of 1, 4)
+    (5, 113, 239, 8, 16, 32, "float16", False, None, 30_000, 2),
+    (6, 64, 96, 12, 16, 16, "float32", True, None, 9_000, 1),  # causal: the simulation
+    (4, 96, 64, 8, 32, 16, "float32", False, 2, 9_000, 1),  # GQA: the simulation
+])
+def test_dram_counts_equals_the_simulation_whichever_path_it_takes(algo, bh, n_q, n_k, d, Br, Bc, dtype, causal,
+                                                                   kv_heads, capacity, blocks_per_sm):
+    pb, tiling = problem(bh, n_q, n_k, d, dtype, causal, kv_heads), Tiling(Br, Bc)
+    # a tiny GPU: the a100 preset's 108 SMs hold all 5 blocks at once; the capacity override makes them contend
+    got = dram_counts(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm)
+    assert got == dram_traffic(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm), got
+
+
+@given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),
+       Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
+       capacity=st.integers(100, 60_000), dtype=st.sampled_from(["float32", "float16"]), causal=st.booleans())
+def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype,
+                                                            causal):
+    # flash's blocks, causal or not, make the same steps on their own head's tiles
+    g = FLASH.grid(problem(bh, n_q, n_k, d, dtype, causal), Tiling(Br, Bc))
+    config = L2Config(capacity, concurrent)
+    got = lockstep(g, config)
+    if got is None:  # a tile larger than the L2
+        return
+    assert got == simulate(g, config), got
+
+
+def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
+    assert lockstep(FLASH.grid(problem(), Tiling(16, 16)), L2Config(500, 4)) is None  # O_i of 512 B over 500 B
+    # a tile written, then only read: its dirty copy outlives the access, which the counting does not follow
+    steps = [(TILES.access("A", 0, 64, WRITE),), (TILES.access("A", 0, 64, READ),)]
+    assert lockstep(Grid(2, lambda b: iter(steps), TILES, 1, uniform=True), L2Config(1024, 2)) is None
+    assert FLASH.grid(problem(4), Tiling(16, 16)).uniform
+    assert not FLASH.grid(problem(4, kv_heads=2), Tiling(16, 16)).uniform  # GQA: heads share K_j, V_j
+    assert not SWAPPED.grid(problem(4), Tiling(16, 16)).uniform  # the query blocks of a head share K_j, V_j

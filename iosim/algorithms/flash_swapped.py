@@ -178,6 +178,10 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
     D_j = K_j + V_j + the K/V of steps after j of every head of w + O, lse of w's blocks (j < T_c − 1; only the
     last block's when j = T_c − 1) + the K/V of steps before j of every head of w+1 + Q of w+1's blocks (j ≥ 1;
     only the first block's when j = 0).
+
+    Dirty at the end: O_i and lse_i are written once, at their block's last step, and never touched again; they
+    stay when the bytes touched after them fit with them: the rest of that round (O, lse and K_(T_c−1), V_(T_c−1)
+    of the blocks after it in its wave, and their Q when T_c = 1) and every tile of the later waves.
     """
     s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
     if pb.causal or pb.has_mask or s.kv_heads != s.heads:
@@ -209,7 +213,29 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
     rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.l2)
     fetched = {"O": s.bh * sum(q_of[i] for i, r in enumerate(rows) if r * s.d * data % SECTOR),
                "lse": s.bh * sum(lse_of[i] for i, r in enumerate(rows) if r * stat % SECTOR)}
-    return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse})
+    dirty = _dirty_at_end(np.array(q_of), np.array(lse_of), kv, Tr, blocks, W, capacity)
+    return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse},
+                    dirty_at_end=dirty)
+
+
+def _dirty_at_end(q_of: np.ndarray, lse_of: np.ndarray, kv: np.ndarray, Tr: int, blocks: int, W: int,
+                  capacity: int) -> dict[str, int]:
+    """O_b, lse_b of each block b still in the L2 at the end: those whose stack distance at the end fits."""
+    b = np.arange(blocks)
+    head = np.arange(blocks + 1) // Tr  # head[blocks] = batch·heads: past the last block
+    q_b, lse_b = q_of[b % Tr], lse_of[b % Tr]  # Q_b (= O_b), lse_b
+
+    def suffix(x):  # Σ over blocks >= c, for c in 0..blocks
+        return np.concatenate((np.cumsum(x[::-1])[::-1], [0]))
+
+    last_round = suffix(q_b + lse_b + (len(kv) == 1) * q_b)  # what a block touches after its K, V in its last round
+    whole = suffix(2 * q_b + lse_b)  # Q, O, lse of a block
+    start = np.minimum((b // W + 1) * W, blocks)  # the first block of the next wave
+    later = whole[start] + 2 * int(kv.sum()) * (head[-1] - head[start])  # every tile of the later waves
+    # the heads of the blocks after b in its wave, less one that goes on into the next wave (counted there)
+    heads = np.maximum(0, head[start - 1] - (head[start] == head[start - 1]) - head[b + 1] + 1) * (b + 1 < start)
+    rest = last_round[b + 1] - last_round[start] + 2 * int(kv[-1]) * heads + later
+    return {"O": int(q_b @ (q_b + lse_b + rest <= capacity)), "lse": int(lse_b @ (lse_b + rest <= capacity))}
 
 
 ALGORITHM = Algorithm(
