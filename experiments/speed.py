@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.dram import dram_counts
+from iosim.l2_counts import dram_counts
 from iosim.l2 import l2_config
 from iosim.problem import AttentionShape, Problem
 from iosim.tiling import Tiling

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from iosim.api import count_problem, measure, plan
 from iosim.counts import Counts
 from iosim.errors import InputError
-from iosim.l2 import DramCounts, dram_traffic
+from iosim.l2 import DramCounts
+from iosim.l2_counts import dram_counts
 from iosim.problem import Problem
 from iosim.tiling import Tiling
 from iosim.units import parse_count
@@ -45,5 +46,5 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     request = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, gpu=gpu)
     p = request.forward
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
-    dram_counts = dram_traffic(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
-    return DramResult(p.algorithm.name, pb, p.M, p.tiling, gpu, measure(request).traffic, dram_counts)
+    behind_l2 = dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
+    return DramResult(p.algorithm.name, pb, p.M, p.tiling, gpu, measure(request).traffic, behind_l2)

@@ -21,7 +21,7 @@ This module runs an algorithm's grid of thread blocks, declared in its own modul
 LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
 exactly when the distinct bytes touched since its last use, itself included, are at most
 the capacity (its stack distance). The closed forms that algorithms give beside the
-simulation (``Algorithm.dram``) use that rule; ``iosim.dram`` holds the faster paths to the
+simulation (``Algorithm.dram``) use that rule; ``iosim.l2_counts`` holds the faster paths to the
 same counts and ``dram_counts``, which picks the fastest that applies.
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks
@@ -86,7 +86,7 @@ class Grid:
     steps: Callable[[int], Iterator[Step]]
     tiles: Tiles
     blocks_per_sm: int
-    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.dram.lockstep)
+    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.l2_counts.lockstep)
 
 
 @dataclass(frozen=True)

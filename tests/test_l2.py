@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
-from iosim.dram import dram_counts, lockstep, lockstep_hits
+from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
 from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS

@@ -24,7 +24,7 @@ from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
-from iosim.dram import lockstep_hits
+from iosim.l2_counts import lockstep_hits
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, Tiles
