@@ -1,14 +1,14 @@
 """The L2 model (iosim.l2): the LRU by hand, the schedule, the grids against iosim's counts, the closed form."""
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
-from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
 from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
+from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -122,20 +122,6 @@ def test_an_L2_of_one_step_reads_what_the_two_level_count_reads(algo, n_q, n_k, 
         assert dram.tensor("O").reads == counted.tensor("O").read_bytes, (dram, counted)
 
 
-@given(bh=st.integers(1, 6), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
-       Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
-       capacity=st.integers(1_000, 60_000), dtype=st.sampled_from(["float32", "float16"]))
-def test_the_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype):
-    pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
-    form = SWAPPED.dram(pb, tiling, capacity, concurrent)
-    if form is None:  # a step larger than the L2: outside the domain
-        return
-    config = L2Config(capacity, concurrent)
-    g = SWAPPED.grid(pb, tiling)
-    dram = simulate(g, config)  # reads, writes during the kernel and dirty bytes at the end, per tensor
-    assert form.counts(g.tiles, config) == dram, (form, dram)
-
-
 def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_is_evicted():
     # 2 heads of T_r = 8 query blocks, 5 blocks at once: heads cross waves 0|1 and 1|2 (blocks 5, 10 of 16).
     pb, tiling = problem(2, 128, 256, 8), Tiling(16, 16)
@@ -160,20 +146,19 @@ def test_lockstep_hits_counts_the_positions_whose_distance_fits():
     assert got.tolist() == [4, 3, 5, 0, 0], got
 
 
-@given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),
+@pytest.mark.parametrize("algo", [SWAPPED, FLASH], ids=lambda a: a.name)
+@given(bh=st.integers(1, 9), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
        Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
        capacity=st.integers(100, 60_000), dtype=st.sampled_from(["float32", "float16"]))
-def test_flash_closed_form_equals_the_simulated_L2_on_its_domain(bh, n_q, n_k, d, Br, Bc, concurrent, capacity,
-                                                                  dtype):
-    # reads, writes during the kernel and dirty bytes at the end, per tensor; float16 adds the cast output
+def test_the_closed_form_equals_the_simulated_L2_on_its_domain(algo, bh, n_q, n_k, d, Br, Bc, concurrent, capacity,
+                                                                dtype):
+    # reads, writes during the kernel and dirty bytes at the end, per tensor; float16 adds flash's cast output
     pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
-    form = FLASH.dram(pb, tiling, capacity, concurrent)
-    if form is None:  # a tile larger than the L2: outside the domain
-        return
+    form = algo.dram(pb, tiling, capacity, concurrent)
+    assume(form is not None)  # None: a tile larger than the L2, outside the domain
     config = L2Config(capacity, concurrent)
-    g = FLASH.grid(pb, tiling)
-    dram = simulate(g, config)
-    assert form.counts(g.tiles, config) == dram, (form, dram)
+    g = algo.grid(pb, tiling)
+    assert form.counts(g.tiles, config) == simulate(g, config)
 
 
 def test_flash_closed_form_rereads_Q_O_l_m_per_KV_block_when_the_heads_outgrow_the_L2():
@@ -221,8 +206,7 @@ def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br,
     g = FLASH.grid(problem(bh, n_q, n_k, d, dtype, causal), Tiling(Br, Bc))
     config = L2Config(capacity, concurrent)
     got = lockstep(g, config)
-    if got is None:  # a tile larger than the L2
-        return
+    assume(got is not None)  # None: a tile larger than the L2
     assert got == simulate(g, config), got
 
 
