@@ -3,7 +3,8 @@
 Commands run as fresh processes, start-up included; numeric runs are timed against
 plain numpy float64 attention on the same inputs. The targets, declared as data below:
 
-- the default ``sweep --M 100k`` under 10 s, and ``sweep --pass fwd+bwd`` under 2 s;
+- the default ``sweep --M 100k`` under 10 s, ``sweep --pass fwd+bwd`` under 2 s, and
+  ``sweep --gpu h100`` with the L2 model's DRAM columns under 10 s;
 - numeric ``simulate("flash")`` at batch·heads = 8, N = 4096, d = 64, M = 100k within 3×
   of numpy standard attention, and numeric ``gradients("flash-swapped")`` at
   batch·heads = 8, N = 2048 within 3× of numpy standard attention's backward;
@@ -43,6 +44,7 @@ from iosim.tiling import Tiling
 COMMANDS = [
     ("sweep --M 100k (the default)", ["sweep", "--M", "100k"], 10.0),
     ("sweep --pass fwd+bwd", ["sweep", "--pass", "fwd+bwd"], 2.0),
+    ("sweep --gpu h100 (with the DRAM columns)", ["sweep", "--gpu", "h100"], 10.0),
     ("optimize N=4096 d=64 M=100k", ["optimize", "--N", "4096", "--d", "64", "--M", "100k"], 5.0),
     ("optimize N=4096 d=64 M=100k causal", ["optimize", "--N", "4096", "--d", "64", "--M", "100k", "--causal"], 5.0),
     ("optimize N=65536 d=128 M=192KiB", ["optimize", "--N", "65536", "--d", "128", "--M", "192KiB"], 5.0),

@@ -19,6 +19,8 @@ from iosim.errors import BlockSizeError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
+from iosim.l2 import DramCounts
+from iosim.l2_counts import dram_counts
 from iosim.registry import get_algorithm
 from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling, one_pass
@@ -63,6 +65,7 @@ class SweepRow:
     sparsity_seed: int | None = None  # a block-sparse row's mask seed; None when dense
     requested_splits: int | None = None  # split-kv's --splits as given; None: its default policy, or no splits
     gpu: str | None = None  # the preset's name: its roofline, and the SMs split-kv's default splits fill
+    dram: DramCounts | None = None  # with a preset, a forward pass whose kernel grid is declared: bytes behind L2
 
     @property
     def tiling(self) -> Tiling | None:
@@ -84,6 +87,12 @@ class SweepRow:
     @property
     def total_bytes(self) -> int | None:
         return None if self.counts is None else self.counts.total_bytes
+
+    @property
+    def dram_bytes(self) -> int | None:
+        """Bytes the L2 model moves to and from DRAM: reads, writes during the kernel and the dirty bytes written
+        back after it; None without one."""
+        return None if self.dram is None else self.dram.reads + self.dram.writes + self.dram.dirty_at_end
 
     @property
     def ratio(self) -> float | None:
@@ -111,7 +120,10 @@ class SweepRow:
         arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
                       "roofline_s": getattr(self.roofline, "seconds", None),
                       "bound": getattr(self.roofline, "bound", None),
-                      "intensity": getattr(self.roofline, "intensity", None)}
+                      "intensity": getattr(self.roofline, "intensity", None),
+                      "dram_read_bytes": getattr(self.dram, "reads", None),
+                      "dram_write_bytes": getattr(self.dram, "writes", None),
+                      "dram_dirty_bytes": getattr(self.dram, "dirty_at_end", None)}
         return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
@@ -135,7 +147,9 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     ``block_sparsity`` is the block mask of the block-sparse algorithms and ``splits``
     split-kv's K/V splits: a sweep covers many algorithms, so each goes only to those it
     applies to (``ignored_options`` names the others). ``kv_heads`` shares K/V heads
-    among the query heads.
+    among the query heads. With ``gpu``, a forward row of an algorithm whose kernel grid
+    is declared (``Algorithm.grid``) also carries its DRAM bytes behind the preset's L2
+    (``iosim.l2``), and its roofline time uses them instead of the two-level bytes.
     """
     preset = None if gpu is None else get_gpu(gpu)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
@@ -153,10 +167,15 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     counts, flops = measured.traffic, measured.flops
+    dram = None
+    algo = get_algorithm(algorithm)
+    if preset is not None and pass_ == "fwd" and algo.grid is not None and not mask and config["sparsity"] is None:
+        dram = dram_counts(algo, algo.run_problem(measured.problem), measured.forward_tiling, gpu)
+    moved = counts.total_bytes if dram is None else dram.reads + dram.writes + dram.dirty_at_end
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,
-                    roofline=None if preset is None else roofline(preset, dtype, counts.total_bytes, flops))
+                    roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram)
 
 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,

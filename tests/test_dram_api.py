@@ -3,6 +3,7 @@
 import pytest
 
 import iosim
+from iosim.cli import build_parser, run
 
 
 
@@ -44,3 +45,14 @@ def test_bad_requests_are_refused_by_name(kwargs, message):
     request = dict(algorithm="flash", N=64, d=16, M="100k") | kwargs
     with pytest.raises(iosim.InputError, match=message):
         iosim.dram(request.pop("algorithm"), **request)
+
+
+def test_a_sweep_on_a_gpu_carries_the_dram_bytes_of_iosim_dram():
+    args = build_parser().parse_args(["sweep", "--gpu", "h100", "--N", "1024", "4096", "--d", "64", "--causal",
+                                      "--algo", "flash", "flash-swapped", "standard"])
+    for r in run(args).rows:
+        if r.algorithm == "standard":  # no kernel grid declared: the two-level bytes stand
+            assert r.dram is None and r.roofline.intensity == r.flops.matmul / r.total_bytes
+            continue
+        assert r.dram == iosim.dram(r.algorithm, N=r.N, d=r.d, M=r.M, causal=True, gpu="h100").dram
+        assert r.roofline.intensity == r.flops.matmul / r.dram_bytes

@@ -24,13 +24,13 @@ def test_decoding_gets_one_query_block_and_the_longest_kv_block_that_fits(name, 
 
 
 @pytest.mark.parametrize("n_q, n_k, heads, kv_heads", [(1, 4096, 32, 8), (1, 239, 1, 1), (4, 32_768, 8, 1),
-                                                       (1, 100, 1, 1), (1, 4096, 256, 256)])
+                                                       (1, 100, 1, 1), (1, 4096, 256, 256), (256, 256, 1, 1)])
 def test_split_kv_fills_the_sms_with_splits_of_whole_blocks(n_q, n_k, heads, kv_heads):
     shape = dict(N=n_q, N_k=n_k, d=128, M=100_000, heads=heads, kv_heads=kv_heads)
     one = iosim.count("split-kv", splits=1, **shape).tiling
     t = iosim.count("split-kv", **shape).tiling
     wanted = -(-132 // (kv_heads * -(-n_q * heads // kv_heads // t.Br)))  # an H100's SMs over the work units
-    assert t.splits == max(1, min(n_k, wanted))
+    assert t.splits == max(1, min(-(-n_k // min(one.Bc, 128)), wanted))  # no split shorter than min(B_c, d) keys
     assert t.Br == one.Br and t.Bc == min(one.Bc, n_k // t.splits) and -(-n_k // t.Bc) >= t.splits
     assert iosim.count("split-kv", **shape).traffic == iosim.predict("split-kv", **shape).exact
 

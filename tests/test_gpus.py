@@ -62,8 +62,11 @@ def test_sweep_rows_and_records_carry_the_roofline(tmp_path, pass_):
                      "--json", str(path))).rows
     for row, record in zip(rows, json.loads(path.read_text())):
         compute = row.flops.matmul / 312e12
-        memory = row.counts.total_bytes / 1555e9
-        assert row.roofline.seconds == max(compute, memory)
+        moved = row.counts.total_bytes if row.dram is None else row.dram.reads + row.dram.writes + row.dram.dirty_at_end
+        assert (row.dram is not None) == (pass_ == "fwd" and row.algorithm in ("flash", "flash-swapped"))
+        assert row.roofline.seconds == max(compute, moved / 1555e9)
+        assert (record["dram_read_bytes"], record["dram_write_bytes"], record["dram_dirty_bytes"]) == (
+            (None, None, None) if row.dram is None else (row.dram.reads, row.dram.writes, row.dram.dirty_at_end))
         assert record["roofline_s"] == row.roofline.seconds and record["bound"] == row.roofline.bound
         assert record["matmul_flops"] == row.flops.matmul and record["gpu"] == "A100"
         passes = {"fwd": row.forward_tiling, "bwd": row.backward_tiling} if pass_ == "fwd+bwd" else {"fwd": row.tiling}

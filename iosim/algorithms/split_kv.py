@@ -46,14 +46,17 @@ TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
 
 def default_splits(pb: Problem, tiling: Tiling, sms: int) -> int:
-    """Splits enough that the work units, batch·kv_heads·T_r·S, fill the GPU's ``sms`` SMs, at most N_k.
+    """Splits enough that the work units, batch·kv_heads·T_r·S, fill the GPU's ``sms`` SMs, each split at least
+    one K/V block of min(B_c, d) keys.
 
     A problem that already has a work unit per SM (batch·kv_heads·T_r ≥ sms, as in prefill
     or a large batch) is not split. Where the policy's K/V blocks are fewer than the splits,
-    ``Algorithm.with_splits`` shortens them so that each split has one.
+    ``Algorithm.with_splits`` shortens them so that each split has one; no shorter than
+    min(B_c, d), as a decode kernel's K/V block (64 to 256 keys) is about a head dimension.
     """
     units = pb.shape.bh * ceil_div(pb.shape.n_q, tiling.Br)
-    return max(1, min(pb.shape.n_k, ceil_div(sms, units)))
+    most = ceil_div(pb.shape.n_k, min(tiling.Bc, pb.shape.d))
+    return max(1, min(most, ceil_div(sms, units)))
 
 
 @dataclass(frozen=True)

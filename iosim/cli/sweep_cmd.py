@@ -94,7 +94,9 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     if sparse is not None:
         options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
     if first.roofline is not None:
-        options.append(f"{first.roofline.gpu} preset (roofline time: a lower bound)")
+        options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
+                       f"is declared (iosim.l2), and the roofline time, a lower bound, from them (else from HBM "
+                       f"bytes)")
     if first.pass_ != "fwd":
         options.append(PASS_TITLES[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
@@ -129,9 +131,10 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
     if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
         kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
         columns = kept + [
-            ("HBM bytes", lambda r: nbytes(r.total_bytes)),
+            ("HBM B", lambda r: nbytes(r.total_bytes)),
+            ("DRAM B", lambda r: "—" if r.dram is None else nbytes(r.dram_bytes)),
             ("FLOPs", lambda r: "—" if r.flops is None else eng(r.flops.matmul)),
-            ("FLOP/B", lambda r: "—" if r.roofline is None else f"{r.roofline.intensity:.3g}"),
+            ("FLOP/B", lambda r: "—" if r.roofline is None else eng(r.roofline.intensity)),
             ("time", lambda r: "—" if r.roofline is None else seconds(r.roofline.seconds)),
             ("bound", lambda r: "—" if r.roofline is None else r.roofline.bound),
         ]
