@@ -1,9 +1,11 @@
 """iosim.dram: the two-level count beside the DRAM bytes behind a GPU preset's L2."""
 
+import json
+
 import pytest
 
 import iosim
-from iosim.cli import build_parser, run
+from iosim.cli import build_parser, main, run
 
 
 
@@ -56,3 +58,19 @@ def test_a_sweep_on_a_gpu_carries_the_dram_bytes_of_iosim_dram():
             continue
         assert r.dram == iosim.dram(r.algorithm, N=r.N, d=r.d, M=r.M, causal=True, gpu="h100").dram
         assert r.roofline.intensity == r.flops.matmul / r.dram_bytes
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "flash-swapped", "standard"])
+def test_run_on_a_gpu_reports_and_saves_the_dram_bytes(tmp_path, capsys, algorithm):
+    path = tmp_path / "r.json"
+    assert main(["run", "--algo", algorithm, "--N", "200", "--d", "16", "--heads", "2", "--gpu", "h100",
+                 "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    out = capsys.readouterr().out
+    if algorithm == "standard":
+        assert record["dram_read_bytes"] is None and "DRAM behind" not in out
+        return
+    expected = iosim.dram(algorithm, N=200, d=16, heads=2, M=record["M"], gpu="h100").dram
+    assert (record["dram_read_bytes"], record["dram_write_bytes"], record["dram_dirty_bytes"]) == (
+        expected.reads, expected.writes, expected.dirty_at_end)
+    assert "DRAM behind the h100 preset's L2" in out

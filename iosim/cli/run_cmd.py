@@ -18,6 +18,8 @@ from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.gpus import resolve_M
 from iosim.gradients import GradResult, gradients
+from iosim.l2 import DramCounts
+from iosim.l2_counts import dram_counts
 from iosim.records import check_distinct, check_output_path, write_document
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
@@ -33,6 +35,8 @@ class RunOutcome:
     max_abs_error: float | None  # against the float64 reference; None with --no-check
     max_rel_error: float | None  # max |err| / max |reference|
     pass_: str = "fwd"
+    dram: DramCounts | None = None  # with --gpu, a forward pass whose kernel grid is declared: bytes behind L2
+    gpu: str | None = None  # the preset of --gpu
 
     @property
     def traffic(self) -> Counts:
@@ -120,7 +124,11 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
         rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
                   for x, r in zip(outputs, refs))
-    outcome = RunOutcome(result, err, rel, args.pass_)
+    algo = ALGORITHMS[args.algo]
+    dram = None
+    if args.gpu is not None and args.pass_ == "fwd" and algo.grid is not None and sparsity is None:
+        dram = dram_counts(algo, algo.run_problem(result.problem), result.forward_tiling, args.gpu)
+    outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu)
     write_document(args.json, args.csv, record(args, outcome),
                    [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
                          write_bytes=t.write_bytes) for t in outcome.traffic.tensors])
@@ -156,7 +164,10 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
         "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
         "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
-        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error,
+        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
+        "dram_read_bytes": getattr(outcome.dram, "reads", None),
+        "dram_write_bytes": getattr(outcome.dram, "writes", None),
+        "dram_dirty_bytes": getattr(outcome.dram, "dirty_at_end", None),
     }
 
 
@@ -208,6 +219,10 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
 def render_check(console, outcome: RunOutcome) -> None:
     if outcome.pass_ == "fwd+bwd":
         console.print(f"forward + backward: {outcome.traffic.total:,} elements, {nbytes(outcome.traffic.total_bytes)}")
+    if outcome.dram is not None:
+        d = outcome.dram
+        console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.l2): {nbytes(d.reads)} read, "
+                      f"{nbytes(d.writes)} written during the kernel, {nbytes(d.dirty_at_end)} dirty at its end")
     if outcome.max_abs_error is None:
         console.print("not checked against the float64 reference (--no-check)")
     else:
