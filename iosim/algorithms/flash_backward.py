@@ -161,7 +161,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     if pb.has_mask or pb.block_sparsity is not None:
         raise InputError("the flash kernel takes no explicit or block mask; allowed: has_mask=False, no block_sparsity")
     if tiling.Br != tiling.Bc:
-        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the flash backward kernel's tile is square; allowed: Br == Bc")
+        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the flash backward kernel's tile is square; "
+                         "allowed: Br == Bc")
     s, B = pb.shape, tiling.Br
     Tr, Tc = -(-s.n_q // B), -(-s.n_k // B)
     data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
