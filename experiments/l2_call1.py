@@ -1,17 +1,22 @@
-"""The L2-aware prediction (iosim.l2) beside every forward row of call 1's ncu measurement.
+"""The L2-aware prediction (iosim.l2) beside every row of call 1's ncu measurement, forward and backward.
 
     python experiments/l2_call1.py [--folder experiments/results/gpu/call1/ncu]
                                    [--out experiments/results/gpu/l2_call1] [--jobs 2]
 
-For each forward configuration that call 1 profiled (flash and flash-swapped, float32,
-full attention: 18 rows), simulates the kernel's grid at the tiles it ran (configs.json)
-against the H100 preset's L2: its effective capacity (``GPUS["h100"].l2_effective``),
-132 SMs × the kernel's blocks per SM (from the sm_90 resource report, in the algorithm's
-module). Nothing here is fitted to the measurements. It writes OUT.json and OUT.md: the
-predicted DRAM reads, DRAM writes during the kernel and dirty bytes left at its end,
-their ratio to ncu's ``dram__bytes_read.sum`` and ``dram__bytes_write.sum``, the same
-predictions at 0.5, 0.75 and 1.0 × the nominal 50 MiB (the sensitivity to the capacity),
-flash-swapped's closed form where it applies, and the time each simulation took.
+For each configuration that call 1 profiled (flash and flash-swapped, float32, full
+attention: 20 forward and 16 backward rows), simulates the grid of every kernel the pass
+launched at the tiles it ran (configs.json) against the H100 preset's L2: its effective
+capacity (``GPUS["h100"].l2_effective``), 132 SMs × the kernel's blocks per SM (from the
+sm_90 resource report, in the algorithm's module). A pass of several kernels
+(``Algorithm.launches``: flash-swapped's backward runs row_dot, fill, then its main
+kernel) is simulated kernel by kernel, each from a cold L2, since ncu's
+``--cache-control all`` flushes the caches before every kernel it profiles, and summed as
+ncu_traffic.py sums the kernels of a row. Nothing here is fitted to the measurements. It
+writes OUT.json and OUT.md: the predicted DRAM reads, DRAM writes during the kernel(s) and
+dirty bytes left at the end, their ratio to ncu's ``dram__bytes_read.sum`` and
+``dram__bytes_write.sum`` (per kernel too, in the JSON), the same predictions at 0.5, 0.75
+and 1.0 × the nominal 50 MiB (the sensitivity to the capacity), flash-swapped's closed form
+where it applies, and the time each simulation took.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import dram_traffic, l2_config  # noqa: E402
+from iosim.l2 import l2_config, simulate  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.registry import ALGORITHMS  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
@@ -44,9 +49,17 @@ FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2: the sensitivity of each row t
 MISS = 0.10  # a row whose prediction is off by more than this is a miss, explained in docs/gpu.md
 
 
+def simulate_pass(algo, pb: Problem, tiling: Tiling, capacity: int | None) -> list:
+    """DRAM bytes of each kernel the pass launches, in order, each from a cold L2."""
+    grids = algo.launches(pb, tiling) if algo.launches is not None else (algo.grid(pb, tiling),)
+    return [simulate(g, l2_config(g, GPU, capacity)) for g in grids]
+
+
 def predict(row: dict) -> dict:
-    """The L2 model's DRAM bytes for one forward configuration, at the effective and the swept capacities."""
+    """The L2 model's DRAM bytes for one configuration, at the effective and the swept capacities."""
     algo = ALGORITHMS[row["impl"]]
+    if row["direction"] == "backward":
+        algo = algo.backward
     pb = Problem(AttentionShape(row["batch"], row["heads"], row["n_q"], row["n_k"], row["d"]), tau=1.0,
                  dtype=row["dtype"], causal=row["causal"], dropout_p=row["dropout_p"])
     tiling = Tiling(row["tiling"]["Br"], row["tiling"]["Bc"])
@@ -54,10 +67,20 @@ def predict(row: dict) -> dict:
     out = {}
     for label, capacity in [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]:
         start = time.perf_counter()
-        dram = dram_traffic(algo, pb, tiling, GPU, capacity=capacity)
-        out[label] = {"capacity": dram.capacity, "concurrent": dram.concurrent, "seconds": time.perf_counter() - start,
-                      "reads": dram.reads, "writes": dram.writes, "dirty_at_end": dram.dirty_at_end,
-                      "by_tensor": [asdict(t) for t in dram.tensors]}
+        kernels = simulate_pass(algo, pb, tiling, capacity)
+        by_tensor: dict[str, dict] = {}
+        for dram in kernels:
+            for t in dram.tensors:
+                acc = by_tensor.setdefault(t.name, {"name": t.name, "reads": 0, "writes": 0, "dirty_at_end": 0})
+                for key in ("reads", "writes", "dirty_at_end"):
+                    acc[key] += getattr(t, key)
+        out[label] = {"capacity": kernels[-1].capacity, "concurrent": kernels[-1].concurrent,
+                      "seconds": time.perf_counter() - start,
+                      "reads": sum(k.reads for k in kernels), "writes": sum(k.writes for k in kernels),
+                      "dirty_at_end": sum(k.dirty_at_end for k in kernels),
+                      "per_kernel": [{"reads": k.reads, "writes": k.writes, "dirty_at_end": k.dirty_at_end,
+                                      "concurrent": k.concurrent} for k in kernels],
+                      "by_tensor": list(by_tensor.values())}
     if algo.dram is not None:
         config = l2_config(algo.grid(pb, tiling), GPU)
         form = algo.dram(pb, tiling, config.capacity, config.concurrent)
@@ -71,8 +94,8 @@ def compare(folder: Path, jobs: int) -> list[dict]:
     rows = []
     for measured in parse_ncu_csv(folder / "ncu.csv"):
         cfg = configs[measured["index"]]
-        if cfg["direction"] == "forward":
-            rows.append({**cfg, "measured": {"read_bytes": measured["read_bytes"], "write_bytes": measured["write_bytes"]}})
+        rows.append({**cfg, "measured": {"read_bytes": measured["read_bytes"], "write_bytes": measured["write_bytes"],
+                                         "kernels": measured["kernels"], "per_kernel": measured.get("per_kernel", [])}})
     with ProcessPoolExecutor(jobs) as pool:
         for row, pred in zip(rows, pool.map(predict, rows)):
             row["predicted"] = pred
@@ -103,23 +126,39 @@ def markdown(rows: list[dict]) -> str:
             "| write MB meas | write MB pred | meas/pred | dirty at end MB | write pred 0.5–1.0× | sim s |\n"
             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
             "| ---: |\n")
-    lines = []
-    for r in rows:
-        eff = r["predicted"]["effective"]
-        cells = [r["impl"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
-                 f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(eff["concurrent"]),
-                 _mb(r["measured"]["read_bytes"]), _mb(eff["reads"]), _ratio(r["read_ratio"]), _span(r, "reads"),
-                 _mb(r["measured"]["write_bytes"]), _mb(eff["writes"]), _ratio(r["write_ratio"]),
-                 _mb(eff["dirty_at_end"]), _span(r, "writes"), f"{eff['seconds']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+    text = ""
+    for direction in ("forward", "backward"):
+        lines = []
+        for r in (r for r in rows if r["direction"] == direction):
+            eff = r["predicted"]["effective"]
+            cells = [r["impl"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+                     f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(eff["concurrent"]),
+                     _mb(r["measured"]["read_bytes"]), _mb(eff["reads"]), _ratio(r["read_ratio"]), _span(r, "reads"),
+                     _mb(r["measured"]["write_bytes"]), _mb(eff["writes"]), _ratio(r["write_ratio"]),
+                     _mb(eff["dirty_at_end"]), _span(r, "writes"), f"{eff['seconds']:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        text += f"\n## {direction.capitalize()} rows (W: the last kernel's)\n\n" + head + "\n".join(lines) + "\n"
+    text += ("\n## Kernel by kernel, where a pass launches several\n\n| impl | dir | batch·heads | N | d | kernel "
+             "| read MB meas | read MB pred | meas/pred | write MB meas | write MB pred | meas/pred |\n"
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+    for r in (r for r in rows if len(r["measured"]["per_kernel"]) > 1):
+        pred = r["predicted"]["effective"]["per_kernel"]
+        for name, meas, p in zip(r["measured"]["kernels"], r["measured"]["per_kernel"], pred):
+            cells = [r["impl"], r["direction"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+                     name.split("[")[0], _mb(meas["read_bytes"]), _mb(p["reads"]),
+                     _ratio(meas["read_bytes"] / p["reads"] if p["reads"] else None), _mb(meas["write_bytes"]),
+                     _mb(p["writes"]), _ratio(meas["write_bytes"] / p["writes"] if p["writes"] else None)]
+            text += "| " + " | ".join(cells) + " |\n"
+    return text
 
 
 def summary(rows: list[dict]) -> dict:
-    def within(way):
-        ratios = [r[f"{way}_ratio"] for r in rows]
+    def within(way, direction):
+        ratios = [r[f"{way}_ratio"] for r in rows if r["direction"] == direction]
         return sum(1 for x in ratios if x is not None and abs(x - 1) <= MISS)
-    return {"rows": len(rows), "reads_within_10pct": within("read"), "writes_within_10pct": within("write")}
+    return {direction: {"rows": sum(r["direction"] == direction for r in rows),
+                        "reads_within_10pct": within("read", direction),
+                        "writes_within_10pct": within("write", direction)} for direction in ("forward", "backward")}
 
 
 def main() -> None:
@@ -142,7 +181,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_name(args.out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
-    text = (f"# Call 1's forward rows against the L2 model\n\n- command: `{record['command']}`\n"
+    text = (f"# Call 1's rows against the L2 model\n\n- command: `{record['command']}`\n"
             f"- git commit: `{commit}`\n- machine: {record['machine']}\n"
             f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB ({record['l2_effective_source']}); "
             f"nominal {record['l2_nominal'] / 2**20:.0f} MiB; sensitivity at {', '.join(f'{f:g}' for f in FRACTIONS)}× "

@@ -179,6 +179,8 @@ def parse_ncu_csv(path: Path) -> list[dict]:
         if current is None:
             raise ValueError(f"{path}: kernel {entry['name']!r} (ID {kernel_id}) was profiled before any marker")
         current["kernels"].append(entry["name"].split("(")[0][:120])
+        current.setdefault("per_kernel", []).append(
+            {"read_bytes": entry["metrics"][METRICS[0]], "write_bytes": entry["metrics"][METRICS[1]]})
         current["read_bytes"] += entry["metrics"][METRICS[0]]
         current["write_bytes"] += entry["metrics"][METRICS[1]]
     return configs

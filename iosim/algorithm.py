@@ -121,6 +121,9 @@ class Algorithm:
     grid: Callable[[Problem, Tiling], Grid] | None = None
     # closed form of the L2 model's DRAM bytes given (problem, tiling, L2 bytes, blocks at once); None off its domain
     dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
+    # every kernel the pass launches, in launch order, where that is more than ``grid``'s one (a pre-pass before
+    # it): each runs from a cold L2, as ncu --cache-control all measures it; None when ``grid`` is the only one
+    launches: Callable[[Problem, Tiling], tuple[Grid, ...]] | None = None
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

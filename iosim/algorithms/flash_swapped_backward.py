@@ -27,7 +27,9 @@ from __future__ import annotations
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
+from iosim.errors import InputError
 from iosim.flops import Flops, matmul
+from iosim.l2 import READ, READ_WRITE, WRITE, Grid, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -139,7 +141,103 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (16 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d + 4 * n_q)
 
 
+# --- on a GPU: the backward kernels of kernels/flash_swapped.py (iosim.l2) ------------------------------------
+
+# The host's backward at d4169c1 (call 1) launches three kernels, in order: row_dot_kernel (D = rowsum(dO ∘ O)),
+# fill_kernel (dq_acc = 0, float32) and the main kernel; a fourth, cast_kernel, converts dQ for float16 only.
+# Resident blocks per H100 SM, from the sm_90 resource report of d4169c1's kernels (git show
+# 8d6aafb:experiments/results/kernels_resources_sm90.md, at c325e6e): the main kernel 5 at both of call 1's
+# tilings (d = 64, 32x32: 200 registers x 64 threads; d = 128, 16x16: 188), limited by registers; fill fp32 5
+# (48 registers x 256 threads); row_dot 5 (the report lists its float16 build, 48 registers x 256 threads; the
+# float32 build is taken to be the same).
+CALL1_BLOCKS_PER_SM = {(64, 32): 5, (128, 16): 5}
+GRID_STRIDE_BLOCKS_PER_SM = 5
+GRID_STRIDE_THREADS, GRID_STRIDE_MAX_BLOCKS = 256, 8192  # kernels/_device.py's grid_stride_launch at d4169c1
+GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV")  # dQ: the float32 accumulator dq_acc
+TILES = Tiles(GRID_TENSORS)
+
+
+def _grid_stride(items: int, chunk_steps) -> Grid:
+    """A grid-stride kernel over ``items``: min(8192, ⌈items/256⌉) blocks of 256 threads; block b takes chunks
+    b, b + G, b + 2G, ... of 256 consecutive items, one step each (``chunk_steps(c, first, n)``)."""
+    G = max(1, min(GRID_STRIDE_MAX_BLOCKS, -(-items // GRID_STRIDE_THREADS)))
+    chunks = -(-items // GRID_STRIDE_THREADS)
+
+    def steps(b: int):
+        for c in range(b, chunks, G):
+            first = c * GRID_STRIDE_THREADS
+            yield chunk_steps(c, min(GRID_STRIDE_THREADS, items - first))
+
+    return Grid(G, steps, TILES, GRID_STRIDE_BLOCKS_PER_SM)
+
+
+def row_dot_grid(pb: Problem) -> Grid:
+    """row_dot_kernel: one thread per query row of every batch·head (rows flattened), D_i = rowsum(dO_i ∘ O_i)."""
+    s, data, stat = pb.shape, pb.itemsize("data"), 4  # D is float32 whatever the dtype
+    return _grid_stride(s.bh * s.n_q, lambda c, n: (
+        TILES.access("dO", c, n * s.d * data, READ), TILES.access("O", c, n * s.d * data, READ),
+        TILES.access("D", c, n * stat, WRITE)))
+
+
+def fill_grid(pb: Problem) -> Grid:
+    """fill_kernel: one thread per element of the float32 dq_acc (bh, N_q, d), each set to zero."""
+    s = pb.shape
+    return _grid_stride(s.bh * s.n_q * s.d, lambda c, n: (TILES.access("dQ", c, n * 4, WRITE),))
+
+
+def grid(pb: Problem, tiling: Tiling) -> Grid:
+    """The main kernel: one thread block per (key block j, batch·head), j fastest: block bh·T_c + j, as the
+    kernel's ``grid (batch·heads · T_c,)``; tile B × B with B = B_r = B_c. Block (bh, j) loads K_j, V_j (lines
+    7-8), then for each query block i that sees K_j (from the kernel's i_start under a causal mask) reads Q_i,
+    dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the L2), and
+    writes dK_j, dV_j after the last (line 24)."""
+    if pb.has_mask or pb.block_sparsity is not None:
+        raise InputError("the flash-swapped kernel takes no explicit or block mask; allowed: has_mask=False")
+    if tiling.Br != tiling.Bc:
+        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the backward kernel's tile is square; allowed: Br == Bc")
+    s, B = pb.shape, tiling.Br
+    Tr, Tc = -(-s.n_q // B), -(-s.n_k // B)
+    data, stat, acc = pb.itemsize("data"), 4, 4  # lse, D and dq_acc are float32
+    rows = [min(B, s.n_q - i * B) for i in range(Tr)]
+    shared: dict[int, list] = {}  # batch·head -> its steps over i, one object per i for all its blocks
+
+    def inner(bh: int) -> list:
+        if bh not in shared:
+            shared[bh] = [tuple(TILES.access(x, bh * Tr + i, r * s.d * data, READ) for x in ("Q", "dO")) + tuple(
+                TILES.access(x, bh * Tr + i, r * stat, READ) for x in ("lse", "D")) + (
+                TILES.access("dQ", bh * Tr + i, r * s.d * acc, READ_WRITE),) for i, r in enumerate(rows)]
+        return shared[bh]
+
+    def steps(b: int):
+        bh, j = divmod(b, Tc)
+        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        bc = min(B, s.n_k - j * B)
+        kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
+        out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
+        seen = inner(bh)[max(0, j * B - (s.n_k - s.n_q)) // B if pb.causal else 0:]
+        if not seen:
+            yield kv + out
+            return
+        yield kv + seen[0] if len(seen) > 1 else kv + seen[0] + out
+        yield from seen[1:-1]
+        if len(seen) > 1:
+            yield seen[-1] + out
+
+    per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
+    if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32, +1 KiB reserve
+        per_sm = max(1, (228 * 1024) // (4 * (4 * B * s.d + 2 * B * (B + 1) + 2 * B) + 1024))
+    return Grid(s.bh * Tc, steps, TILES, per_sm)
+
+
+def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+    """The kernels of one backward, in launch order (float32: no cast of dQ after them)."""
+    if pb.dtype != "float32":
+        raise InputError(f"dtype={pb.dtype!r}: the cast_kernel that float16 adds is not modelled; allowed: float32")
+    return row_dot_grid(pb), fill_grid(pb), grid(pb, tiling)
+
+
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
+    grid=grid, launches=launches,
 )
