@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import l2_config, simulate  # noqa: E402
+from iosim.l2 import kernels, l2_config, simulate  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.registry import ALGORITHMS  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
@@ -51,8 +51,7 @@ MISS = 0.10  # a row whose prediction is off by more than this is a miss, explai
 
 def simulate_pass(algo, pb: Problem, tiling: Tiling, capacity: int | None) -> list:
     """DRAM bytes of each kernel the pass launches, in order, each from a cold L2."""
-    grids = algo.launches(pb, tiling) if algo.launches is not None else (algo.grid(pb, tiling),)
-    return [simulate(g, l2_config(g, GPU, capacity)) for g in grids]
+    return [simulate(g, l2_config(g, GPU, capacity)) for g in kernels(algo, pb, tiling)]
 
 
 def predict(row: dict) -> dict:

@@ -234,12 +234,30 @@ def _start(grid: Grid, b: int) -> list:
     return [steps, next(steps, None)]
 
 
-def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                 blocks_per_sm: int | None = None) -> DramCounts:
-    """Simulated DRAM bytes of ``algorithm``'s grid on ``gpu``: its effective L2 unless ``capacity`` (bytes) is
-    given, its SMs × the kernel's blocks per SM unless ``blocks_per_sm`` is given."""
+def kernels(algorithm: Algorithm, pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+    """The grids of every kernel a pass launches, in order (``Algorithm.launches``, else its one ``grid``)."""
     if algorithm.grid is None:
         raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
-    g = algorithm.grid(pb, tiling)
-    return simulate(g, l2_config(g, gpu, capacity, blocks_per_sm))
+    return algorithm.launches(pb, tiling) if algorithm.launches is not None else (algorithm.grid(pb, tiling),)
 
+
+def in_sequence(parts: list[DramCounts]) -> DramCounts:
+    """Kernels run one after another, each from a cold L2 (as ncu measures them): per tensor sums; the blocks at
+    once are the most of any kernel."""
+    names = list(dict.fromkeys(t.name for p in parts for t in p.tensors))
+    total = {name: [0, 0, 0] for name in names}
+    for p in parts:
+        for t in p.tensors:
+            total[t.name] = [a + b for a, b in zip(total[t.name], (t.reads, t.writes, t.dirty_at_end))]
+    return DramCounts(tuple(DramTensor(name, *total[name]) for name in names), parts[0].capacity,
+                      max(p.concurrent for p in parts))
+
+
+def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
+                 blocks_per_sm: int | None = None) -> DramCounts:
+    """Simulated DRAM bytes of ``algorithm``'s kernels on ``gpu``: its effective L2 unless ``capacity`` (bytes) is
+    given, its SMs × each kernel's blocks per SM unless ``blocks_per_sm`` is given; a pass of several kernels
+    runs each from a cold L2 (``in_sequence``)."""
+    grids = kernels(algorithm, pb, tiling)
+    parts = [simulate(g, l2_config(g, gpu, capacity, blocks_per_sm)) for g in grids]
+    return parts[0] if len(parts) == 1 else in_sequence(parts)

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iosim.errors import InputError
-from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, l2_config, simulate
+from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, dram_traffic, kernels, l2_config, simulate
 
 if TYPE_CHECKING:
     from iosim.algorithm import Algorithm
@@ -143,8 +142,8 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
     """``iosim.l2.dram_traffic``'s DRAM bytes, from the algorithm's closed form (``Algorithm.dram``) where it
     applies, else from ``lockstep`` where the grid is uniform, else from the simulation. All are equal where
     they apply (tests/test_l2.py); the closed form takes milliseconds where the simulation takes minutes."""
-    if algorithm.grid is None:
-        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
+    if len(kernels(algorithm, pb, tiling)) > 1:  # no faster path covers a pass of several kernels yet
+        return dram_traffic(algorithm, pb, tiling, gpu, capacity, blocks_per_sm)
     g = algorithm.grid(pb, tiling)
     config = l2_config(g, gpu, capacity, blocks_per_sm)
     form = None if algorithm.dram is None else algorithm.dram(pb, tiling, config.capacity, config.concurrent)

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.errors import InputError
-from iosim.l2 import SECTOR, L2Config, sectors, simulate
+from iosim.l2 import SECTOR, L2Config, dram_traffic, in_sequence, kernels, l2_config, sectors, simulate
+from iosim.l2_counts import dram_counts
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -144,3 +145,13 @@ def test_the_swapped_backward_grid_is_key_block_fastest_and_its_tile_square():
 def test_the_swapped_backward_launches_refuse_float16_whose_cast_kernel_is_not_modelled():
     with pytest.raises(InputError, match="cast_kernel"):
         SWAPPED_BW.launches(Problem(AttentionShape(1, 1, 64, 64, 8), tau=1.0, dtype="float16"), Tiling(16, 16))
+
+
+def test_a_pass_of_several_kernels_is_their_sum_each_from_a_cold_l2():
+    algo = ALGORITHMS["flash-swapped"].backward
+    pb, tiling = Problem(AttentionShape(1, 3, 200, 150, 16), tau=1.0, dtype="float32"), Tiling(32, 32)
+    parts = [simulate(g, l2_config(g, "h100", 20_000)) for g in kernels(algo, pb, tiling)]
+    assert len(parts) == 3
+    total = dram_traffic(algo, pb, tiling, "h100", 20_000)
+    assert total == in_sequence(parts) == dram_counts(algo, pb, tiling, "h100", 20_000)
+    assert total.reads == sum(p.reads for p in parts) and total.dirty_at_end == sum(p.dirty_at_end for p in parts)
