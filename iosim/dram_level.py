@@ -13,38 +13,50 @@ from dataclasses import dataclass
 from iosim.api import count_problem, measure, plan
 from iosim.counts import Counts
 from iosim.errors import InputError
-from iosim.l2 import DramCounts
+from iosim.l2 import DramCounts, in_sequence
 from iosim.l2_counts import dram_counts
 from iosim.problem import Problem
-from iosim.tiling import Tiling
+from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_count
 
 
 @dataclass(frozen=True)
 class DramResult:
-    """One forward pass on a GPU preset: the two-level HBM count (elements) and the DRAM bytes behind its L2."""
+    """A request on a GPU preset: the two-level HBM count (elements) and the DRAM bytes behind its L2."""
 
     algorithm: str
     problem: Problem
     M: int
-    tiling: Tiling
+    forward_tiling: Tiling | None  # None without a forward pass
+    backward_tiling: Tiling | None  # None without a backward pass
     gpu: str
     hbm: Counts  # the two-level count, as iosim.count gives it
-    dram: DramCounts  # bytes: reads (L2 misses), writes during the kernel, dirty at its end
+    dram: DramCounts  # bytes: reads (L2 misses), writes during the kernels, dirty at their end
+
+    @property
+    def tiling(self) -> Tiling | None:
+        """The tiling of a one-pass request; None when both passes ran."""
+        return one_pass(self.forward_tiling, self.backward_tiling)
 
 
 def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
-         tiling=None, kv_heads=None, gpu="h100", l2_bytes=None, blocks_per_sm=None) -> DramResult:
-    """The DRAM bytes of ``algorithm``'s forward kernel on ``gpu``, beside its two-level count.
+         tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None) -> DramResult:
+    """The DRAM bytes of ``algorithm``'s kernels on ``gpu``, beside its two-level count.
 
-    ``l2_bytes`` overrides the preset's effective L2 capacity and ``blocks_per_sm`` the
-    kernel's residency; an algorithm that declares no grid of thread blocks is refused.
+    Each pass's kernels run from a cold L2 (``iosim.l2.in_sequence``), as ncu measures
+    them. ``l2_bytes`` overrides the preset's effective L2 capacity and ``blocks_per_sm``
+    the kernels' residency; a pass whose algorithm declares no grid of thread blocks is
+    refused. The forward passes of flash and flash-swapped have closed forms
+    (milliseconds); a backward pass is simulated, which takes seconds to minutes at
+    batch·heads in the hundreds and N in the thousands.
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads)
-    request = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, gpu=gpu)
-    p = request.forward
+    request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
-    behind_l2 = dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
-    return DramResult(p.algorithm.name, pb, p.M, p.tiling, gpu, measure(request).traffic, behind_l2)
+    parts = [dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm) for p in request.plans]
+    behind_l2 = parts[0] if len(parts) == 1 else in_sequence(parts)
+    forward, backward = (None if p is None else p.tiling for p in (request.forward, request.backward))
+    return DramResult(request.name, pb, request.plans[0].M, forward, backward, gpu, measure(request).traffic,
+                      behind_l2)

@@ -6,6 +6,7 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
+from iosim.l2 import in_sequence
 
 
 
@@ -74,3 +75,13 @@ def test_run_on_a_gpu_reports_and_saves_the_dram_bytes(tmp_path, capsys, algorit
     assert (record["dram_read_bytes"], record["dram_write_bytes"], record["dram_dirty_bytes"]) == (
         expected.reads, expected.writes, expected.dirty_at_end)
     assert "DRAM behind the h100 preset's L2" in out
+
+
+def test_a_training_step_is_its_passes_in_sequence_each_from_a_cold_l2():
+    problem = dict(N=150, d=16, M="100k", heads=3, causal=True, dtype="float32", tiling=iosim.Tiling(32, 32))
+    forward = iosim.dram("flash-swapped", **problem)
+    backward = iosim.dram("flash-swapped", pass_="bwd", **problem)
+    step = iosim.dram("flash-swapped", pass_="fwd+bwd", **problem)
+    assert step.dram == in_sequence([forward.dram, backward.dram])
+    assert step.hbm == iosim.count("flash-swapped", pass_="fwd+bwd", **problem).traffic
+    assert step.tiling is None and (step.forward_tiling, step.backward_tiling) == (forward.tiling, backward.tiling)
