@@ -1,0 +1,83 @@
+"""Does alternating the K/V scan direction pay on an H100? The L2 model's prediction (issue 17, item 5).
+
+The "sawtooth" order (arXiv 2601.16032, FlashAttention on GB10) scans K/V forward on even
+query blocks of a head and backward on odd ones, so that a block starts on the K_j, V_j its
+predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
+script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and the same grid
+with odd query blocks reversed through ``iosim.l2.simulate`` at shapes where K and V of one
+head reach past the H100's effective L2, and reports the DRAM bytes of both. Nothing here
+is measured on a GPU.
+
+Usage: python experiments/sawtooth.py [--out experiments/results/sawtooth.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from iosim.gpus import GPUS
+from iosim.l2 import Grid, l2_config, simulate
+from iosim.problem import AttentionShape, Problem
+from iosim.registry import ALGORITHMS
+from iosim.tiling import Tiling
+
+GPU = "h100"
+# (batch·heads, N, d): K and V of one head in float16 are 4·N·d bytes: 33.6 MB at N = 65,536, d = 128 (just under
+# the 37 MB effective L2), 67 MB at 131,072, 134 MB at 262,144; one head, and as many heads as fill the SMs
+CASES = [(1, 65_536, 128), (1, 131_072, 128), (1, 262_144, 128), (4, 131_072, 128), (1, 262_144, 64)]
+TILING = Tiling(64, 64)  # a float16 tile of the size FlashAttention-2 uses at d = 128
+
+
+def sawtooth(grid: Grid, Tr: int) -> Grid:
+    """``grid`` with the K/V steps of every odd query block in reverse: Q_i still first, O_i and lse_i last."""
+
+    def steps(b: int):
+        plain = list(grid.steps(b))
+        if b % Tr % 2 == 0 or len(plain) < 2:
+            yield from plain
+            return
+        kv = [plain[0][1:], *plain[1:-1], plain[-1][:2]]  # the first step is Q_i + (K_j, V_j), the last adds O_i, lse_i
+        kv.reverse()
+        yield plain[0][:1] + kv[0]
+        yield from kv[1:-1]
+        yield kv[-1] + plain[-1][2:]
+
+    return replace(grid, steps=steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("experiments/results/sawtooth.json"))
+    args = parser.parse_args()
+    algo, rows = ALGORITHMS["flash-swapped"], []
+    for bh, n, d in CASES:
+        pb = Problem(AttentionShape(1, bh, n, n, d), tau=1.0, dtype="float16")
+        g = algo.grid(pb, TILING)
+        config = l2_config(g, GPU)
+        Tr = -(-n // TILING.Br)
+        start = time.perf_counter()
+        plain, saw = simulate(g, config), simulate(sawtooth(g, Tr), config)
+        row = dict(batch_heads=bh, N=n, d=d, Br=TILING.Br, Bc=TILING.Bc, concurrent=config.concurrent,
+                   l2_bytes=config.capacity, kv_bytes_per_head=4 * n * d,
+                   kv_read_plain=plain.tensor("K").reads + plain.tensor("V").reads,
+                   kv_read_sawtooth=saw.tensor("K").reads + saw.tensor("V").reads,
+                   dram_read_plain=plain.reads, dram_read_sawtooth=saw.reads, seconds=time.perf_counter() - start)
+        rows.append(row)
+        print(f"bh={bh} N={n} d={d}: K/V read {row['kv_read_plain'] / 1e6:,.1f} MB in order, "
+              f"{row['kv_read_sawtooth'] / 1e6:,.1f} MB sawtooth ({row['kv_read_sawtooth'] / row['kv_read_plain']:.3f}x), "
+              f"K/V of a head {row['kv_bytes_per_head'] / 1e6:,.1f} MB, {row['seconds']:.1f} s", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    args.out.write_text(json.dumps(dict(command="python experiments/sawtooth.py", commit=commit, gpu=GPU,
+                                        l2_effective=GPUS[GPU].l2_effective.value, machine=platform.machine(),
+                                        rows=rows), indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
