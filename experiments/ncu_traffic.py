@@ -48,6 +48,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 import iosim  # noqa: E402
 from iosim import kernels  # noqa: E402
+from iosim.kernels import bfloat16 as bf16  # noqa: E402
+from iosim.kernels import flash_swapped_tc  # noqa: E402
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")
@@ -63,13 +65,20 @@ class LaunchConfig:
     n_q: int
     n_k: int
     d: int
-    dtype: str  # "float32" or "float16"
+    dtype: str  # "float32", "float16" or "bfloat16" (flash-swapped-tc)
     causal: bool = False
     dropout_p: float = 0.0
 
     def tiling(self):
         """The tiling the host API launches with for this d and direction."""
         return kernels.resolve_config(self.impl, self.d, self.direction == "backward")
+
+    def tile(self) -> dict:
+        """The B_r × B_c the kernel runs: the host API's tiling, except flash-swapped-tc's 16-bit forward,
+        which ignores it and runs B_r = 64 rows (4 warps × m16) by keys_per_step(d) keys."""
+        if self.impl == "flash-swapped-tc" and self.direction == "forward" and self.dtype != "float32":
+            return {"Br": flash_swapped_tc.BR, "Bc": flash_swapped_tc.keys_per_step(self.d)}
+        return asdict(self.tiling())
 
 
 def fused_impls() -> list[str]:
@@ -103,7 +112,39 @@ def sanitize_grid() -> list[LaunchConfig]:
     return configs
 
 
-GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid}
+# Call 3 (issue 17, item 4): the configurations experiments/predict_next_call.py predicts, forward.
+CALL3_KERNELS = (("flash-swapped", "float32"), ("flash-swapped", "float16"),
+                 ("flash-swapped-tc", "float16"), ("flash-swapped-tc", "bfloat16"))
+CALL3_BH = (1, 16, 256, 1024)  # as batch × heads: 1×1, 1×16, 16×16, 64×16
+CALL3_N = (1024, 4096, 16384, 65536)  # 65536: K and V of one head (≥ 16.8 MB) pass half the effective L2
+# Elements of one (batch·heads, N, d) tensor at most: 2²⁷ (512 MiB in float32), so that the host's random
+# inputs take seconds and Q, K, V, O fit the device; this drops batch·heads 256 at N ≥ 16384 and 1024 at
+# N ≥ 4096 (about 10¹⁶ FLOPs of CUDA-core forward each, minutes under ncu).
+CALL3_MAX_ELEMENTS = 2**27
+
+
+def call3_grid() -> list[LaunchConfig]:
+    """Forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), full and causal."""
+    configs = []
+    for impl, dtype in CALL3_KERNELS:
+        for d in (64, 128):
+            for causal in (False, True):
+                for bh in CALL3_BH:
+                    for n in CALL3_N:
+                        if bh * n * d <= CALL3_MAX_ELEMENTS:
+                            batch, heads = max(1, bh // 16), min(bh, 16)
+                            configs.append(LaunchConfig(impl, "forward", batch, heads, n, n, d, dtype, causal=causal))
+    return configs
+
+
+GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
+         "call3-swapped": lambda: [c for c in call3_grid() if c.impl == "flash-swapped"],
+         "call3-tc": lambda: [c for c in call3_grid() if c.impl == "flash-swapped-tc"]}
+
+
+def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the dtype the host API takes: bfloat16 as uint16 bit patterns (kernels.bfloat16)."""
+    return bf16.to_bfloat16(x) if dtype == "bfloat16" else x.astype(dtype)
 
 
 def launch(configs: list[LaunchConfig]) -> None:
@@ -117,10 +158,11 @@ def launch(configs: list[LaunchConfig]) -> None:
     rng = np.random.default_rng(0)
     for index, cfg in enumerate(configs):
         rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.heads, cfg.n_k, cfg.d)
-        q, k, v, dout = (
-            cuda.to_device(rng.standard_normal(s, dtype=np.float32).astype(cfg.dtype)) for s in (rows, keys, keys, rows)
-        )
+        q, k, v, dout = (cuda.to_device(_inputs(rng.standard_normal(s, dtype=np.float32), cfg.dtype))
+                         for s in (rows, keys, keys, rows))
         opts = dict(impl=cfg.impl, causal=cfg.causal, dropout_p=cfg.dropout_p, seed=index)
+        if cfg.dtype == "bfloat16":
+            opts["dtype"] = "bfloat16"  # the inputs are bit patterns (uint16): the results come back as them
         saved = kernels.attention(q, k, v, **opts) if cfg.direction == "backward" else None
         cuda.synchronize()
         cuda.profile_start()
@@ -146,7 +188,7 @@ def profile(grid: str, out: Path, ncu: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     configs = GRIDS[grid]()
     (out / "configs.json").write_text(json.dumps(
-        [{**asdict(c), "tiling": asdict(c.tiling())} for c in configs], indent=2) + "\n")
+        [{**asdict(c), "tiling": c.tile()} for c in configs], indent=2) + "\n")
     command = ncu_command(ncu, grid, out / "ncu.csv")
     (out / "command.txt").write_text(" ".join(command) + "\n")
     subprocess.run(command, check=True, cwd=REPO)

@@ -1,0 +1,233 @@
+"""The L2 model's DRAM bytes for every configuration the next GPU call profiles, committed before it runs.
+
+    python experiments/predict_next_call.py [--grid call3] [--jobs 2]
+                                            [--out experiments/results/gpu/predictions-<short commit>]
+
+Issue 17, item 4: predictions first, measurements second. For each configuration of
+``ncu_traffic.py``'s grid (call 3: the forward of flash-swapped, float32 and float16, and of
+flash-swapped-tc, float16 and bfloat16; batch·heads 1 to 1024, N 1024 to 65536, d 64 and 128,
+causal and not), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
+sm_90 resource report, cited per row) and the predicted DRAM reads, writes during the kernel and
+dirty bytes left at its end, at the effective L2 and at 0.5, 0.75 and 1.0 × the nominal 50 MiB,
+beside the two-level count (``Algorithm.traffic``: every load and store is HBM traffic).
+
+The grids. flash-swapped's kernel is the grid ``iosim.algorithms.flash_swapped.grid`` declares
+(block bh·T_r + i, Q_i read, K_j and V_j per step, O_i in the input dtype and lse_i float32 written
+once, a causal query block stopping at its last visible key block), so its rows go through
+``iosim.l2_counts.dram_counts`` (the closed form for full attention, the simulation for causal)
+with the blocks per SM given explicitly: the grid's own default is call 1's kernels' occupancy.
+flash-swapped-tc's 16-bit forward has the same blocks, tiles and writes but fetches K_(j+1),
+V_(j+1) into registers during step j (kernels/flash_swapped_tc.py): each block's K/V accesses come
+one step earlier, so its rows are simulated on ``tc_forward_grid`` below; the declared grid's
+closed form at the same tiles is recorded beside it where it applies (full attention).
+
+Nothing here is fitted to a measurement. ``l2_call1.py``'s capacity and schedule are used
+unchanged. Rows of equal bytes (float16 and bfloat16 of one kernel) are computed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from iosim.algorithms import flash_swapped  # noqa: E402
+from iosim.gpus import GPUS  # noqa: E402
+from iosim.l2 import READ, WRITE, Grid, Tiles, l2_config, simulate  # noqa: E402
+from iosim.l2_counts import dram_counts  # noqa: E402
+from iosim.problem import AttentionShape, Problem  # noqa: E402
+from iosim.tiling import Tiling  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
+
+GPU = "h100"
+FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2, as l2_call1.py
+REPORT = "experiments/results/kernels_resources_sm90.md"
+# Resident blocks per H100 SM of the current forward kernels, by (impl, dtype, d): the report above
+# (commit ecb846a; the kernel commits since are refactors: 2abe7c7, 25c39d7, a42bc67, 9b56a74, 30f4a3b),
+# column "blocks/SM (limit)", all limited by registers. Causal rows use the "causal+dropout" row of the
+# same kernel (no causal-only variant is compiled there); it gives the same count in every case.
+BLOCKS_PER_SM = {
+    ("flash-swapped", "float32", 64): 2,  # 255 registers × 128 threads, 64×32
+    ("flash-swapped", "float32", 128): 4,  # 245 (255 causal) registers × 64 threads, 32×16
+    ("flash-swapped", "float16", 64): 2,  # 255 × 128, 64×32
+    ("flash-swapped", "float16", 128): 4,  # 245 (255 causal) × 64, 32×16
+    ("flash-swapped-tc", "float16", 64): 2,  # 203 (255 causal) × 128, 64×64
+    ("flash-swapped-tc", "bfloat16", 64): 2,
+    ("flash-swapped-tc", "float16", 128): 2,  # 230 (255 causal) × 128, 64×32
+    ("flash-swapped-tc", "bfloat16", 128): 2,
+}
+
+
+def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
+    """flash-swapped-tc's 16-bit forward: block bh·T_r + i as flash_swapped.grid, K/V one step early.
+
+    Step 0 reads Q_i, K_0, V_0 (the fetch before the loop) and K_1, V_1 (fetched during step 0); step r
+    reads K_(r+1), V_(r+1) while there is one (``keys_end`` stops the fetch at the last key block the
+    query block sees); the last step writes O_i (input dtype) and lse_i (float32). A query block that
+    sees no key reads Q_i and writes O_i, lse_i.
+    """
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    tiles = Tiles(flash_swapped.GRID_TENSORS)
+    shared: dict[int, list] = {}  # head -> (K_j, V_j) per j, one object for every block of the head
+
+    def kv_steps(h: int) -> list:
+        if h not in shared:
+            shared[h] = [tuple(tiles.access(x, h * Tc + j, min(Bc, s.n_k - j * Bc) * s.d * data, READ)
+                               for x in ("K", "V")) for j in range(Tc)]
+        return shared[h]
+
+    def steps(b: int):
+        bh, i = divmod(b, Tr)
+        rows = min(Br, s.n_q - i * Br)
+        seen = Tc
+        if pb.causal:
+            last_key = i * Br + rows - 1 + (s.n_k - s.n_q)
+            seen = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
+        kv = kv_steps(bh)
+        q = (tiles.access("Q", b, rows * s.d * data, READ),)
+        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
+        if seen <= 1:
+            yield q + (kv[0] if seen else ()) + out
+            return
+        yield q + kv[0] + kv[1]
+        yield from kv[2:seen]  # step r fetches K_(r+1), V_(r+1)
+        yield out  # the last step computes on K_(seen−1), V_(seen−1), fetched the step before
+
+    return Grid(s.bh * Tr, steps, tiles, blocks_per_sm)
+
+
+def problem(cfg: LaunchConfig) -> Problem:
+    return Problem(AttentionShape(cfg.batch, cfg.heads, cfg.n_q, cfg.n_k, cfg.d), tau=1.0, dtype=cfg.dtype,
+                   causal=cfg.causal, dropout_p=cfg.dropout_p)
+
+
+def _counts(dram) -> dict:
+    return {"reads": dram.reads, "writes": dram.writes, "dirty_at_end": dram.dirty_at_end,
+            "capacity": dram.capacity, "concurrent": dram.concurrent,
+            "by_tensor": [asdict(t) for t in dram.tensors]}
+
+
+def predict(cfg: LaunchConfig) -> dict:
+    """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
+    pb, tile = problem(cfg), cfg.tile()
+    tiling = Tiling(tile["Br"], tile["Bc"])
+    per_sm = BLOCKS_PER_SM[(cfg.impl, cfg.dtype, cfg.d)]
+    tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
+    nominal = int(GPUS[GPU].l2.value)
+    out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
+                 "method": "simulation" if tc or cfg.causal else "closed form (flash_swapped.dram)"}
+    for label, capacity in [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]:
+        start = time.perf_counter()
+        if tc:
+            g = tc_forward_grid(pb, tiling, per_sm)
+            dram = simulate(g, l2_config(g, GPU, capacity))
+        else:
+            dram = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, capacity, blocks_per_sm=per_sm)
+        out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
+    if tc and not cfg.causal:  # the declared grid at the same tiles: what the one-step-early fetch changes
+        declared = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, blocks_per_sm=per_sm)
+        out["declared_grid_effective"] = {k: v for k, v in _counts(declared).items() if k != "by_tensor"}
+    return out
+
+
+def two_level(cfg: LaunchConfig) -> dict:
+    """The two-level count at the kernel's tiles: ``Algorithm.traffic`` with M the peak those tiles need."""
+    pb, tile = problem(cfg), cfg.tile()
+    counts = flash_swapped.ALGORITHM.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
+    return {"read_bytes": counts.read_bytes, "write_bytes": counts.write_bytes, "peak_sram": counts.peak_sram,
+            "by_tensor": {t.name: {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in counts.tensors}}
+
+
+def _key(cfg: LaunchConfig) -> tuple:
+    """Configurations with equal bytes: float16 and bfloat16 of one kernel are the same grid."""
+    width = "16-bit" if cfg.dtype in ("float16", "bfloat16") else cfg.dtype
+    return cfg.impl, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.causal, width
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO).stdout.strip()
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:,.1f}"
+
+
+def markdown(record: dict) -> str:
+    text = (f"# Predicted DRAM bytes for {record['grid']} (before the GPU run)\n\n"
+            f"- command: `{record['command']}`\n- git commit: `{record['commit']}`; kernels as of "
+            f"`{record['kernels_commit']}`\n- machine: {record['machine']}\n"
+            f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB; nominal "
+            f"{record['l2_nominal'] / 2**20:.0f} MiB; blocks per SM from `{REPORT}` (commit ecb846a)\n"
+            f"- measure with: `{record['measure_with']}`; join on impl, dtype, batch, heads, N, d, causal\n"
+            f"- MB = 10⁶ B; read/write = DRAM bytes during the kernel (what ncu counts); dirty = written but still "
+            f"in the L2 at the end; 0.5–1.0× = reads at those fractions of the nominal L2; 2-level = every "
+            f"load and store\n- {len(record['rows'])} rows, total {record['seconds']:.0f} s\n\n"
+            "| # | impl | dtype | b·h | N | d | causal | B_r×B_c | blk/SM | read MB | write MB | dirty MB "
+            "| read 0.5 / 0.75 / 1.0× MB | 2-level read MB | 2-level write MB | method |\n"
+            "| ---: | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: "
+            "| --- |\n")
+    for r in record["rows"]:
+        p, eff = r["predicted"], r["predicted"]["effective"]
+        sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) for f in FRACTIONS)
+        cells = [str(r["index"]), r["impl"], r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+                 "yes" if r["causal"] else "no", f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(r["blocks_per_sm"]),
+                 _mb(eff["reads"]), _mb(eff["writes"]), _mb(eff["dirty_at_end"]), sweep,
+                 _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]
+        text += "| " + " | ".join(cells) + " |\n"
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--grid", default="call3", choices=sorted(g for g in GRIDS if g.startswith("call")))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write OUT.json and OUT.md (default experiments/results/gpu/predictions-<short commit>)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    configs = GRIDS[args.grid]()
+    unique = list({_key(c): c for c in configs}.values())
+    unique.sort(key=lambda c: -c.batch * c.heads * c.n_q * c.n_k)  # the longest first, for the pool
+    with ProcessPoolExecutor(args.jobs) as pool:
+        predicted = dict(zip((_key(c) for c in unique), pool.map(predict, unique)))
+    rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": BLOCKS_PER_SM[(cfg.impl, cfg.dtype, cfg.d)],
+             "blocks_per_sm_source": f"{REPORT} (ecb846a), {cfg.impl} forward d={cfg.d} "
+                                     f"{ {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}[cfg.dtype]}"
+                                     f"{' causal+dropout' if cfg.causal else ''}",
+             "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]
+    commit = _git("rev-parse", "HEAD")
+    record = {
+        "command": "python experiments/predict_next_call.py " + " ".join(sys.argv[1:]),
+        "commit": commit, "kernels_commit": _git("log", "-1", "--format=%H", "--", "kernels/"),
+        "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "jobs": args.jobs},
+        "grid": args.grid,
+        "measure_with": f"NCU=ncu python experiments/ncu_traffic.py profile --grid {args.grid} --out DIR "
+                        f"(experiments/results/gpu/call3.sh)",
+        "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value), "l2_effective": int(GPUS[GPU].l2_effective.value),
+        "l2_effective_source": GPUS[GPU].l2_effective.source, "fractions_of_nominal": list(FRACTIONS),
+        "seconds": time.perf_counter() - start, "rows": rows,
+    }
+    out = args.out or REPO / f"experiments/results/gpu/predictions-{commit[:7]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
+    out.with_name(out.name + ".md").write_text(markdown(record))
+    print(markdown(record), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
+# experiments/results/gpu/predictions-2502058.json predicted before this run (issue 17, item 4):
+# the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows.
+# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc]
+# The two halves (96 and 80 rows) can run as two device commands if one exceeds the 10-minute limit;
+# each row carries its full configuration, so the halves join the predictions on impl, dtype, batch,
+# heads, N, d, causal (configs.json beside ncu.csv), not on the index.
+# Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
+# The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: the caller puts a
+# numpy 2.4.6 wheel first on PYTHONPATH (docs/gpu.md says how).
+set -o pipefail
+GRID=${1:-call3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+R=${OUT:?}/$GRID
+mkdir -p "$R"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+{
+  date -u; echo "commit $(cat COMMIT 2>/dev/null || git rev-parse HEAD)"; echo "grid $GRID"; nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  python3 experiments/results/gpu/versions.py
+  "$NCU" --version
+} > "$R/env.txt" 2>&1
+cat "$R/env.txt"
+
+# ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum --cache-control all (ncu_traffic.ncu_command)
+timeout 560 env NCU="$NCU" python3 experiments/ncu_traffic.py profile --grid "$GRID" --out "$R/ncu" > "$R/ncu.log" 2>&1
+echo "ncu rc=$?" | tee -a "$R/steps.txt"
+
+tail -n 5 "$R/ncu.log"
+tar czf "$OUT/$GRID.tgz" -C "$OUT" "$GRID" && rm -rf "$R"
