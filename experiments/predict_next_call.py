@@ -47,6 +47,7 @@ from iosim.l2 import READ, WRITE, Grid, Tiles, l2_config, simulate  # noqa: E402
 from iosim.l2_counts import dram_counts  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
+from iosim.visits import visits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
@@ -78,26 +79,18 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     query block sees); the last step writes O_i (input dtype) and lse_i (float32). A query block that
     sees no key reads Q_i and writes O_i, lse_i.
     """
-    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
     tiles = Tiles(flash_swapped.GRID_TENSORS)
-    shared: dict[int, list] = {}  # head -> (K_j, V_j) per j, one object for every block of the head
-
-    def kv_steps(h: int) -> list:
-        if h not in shared:
-            shared[h] = [tuple(tiles.access(x, h * Tc + j, min(Bc, s.n_k - j * Bc) * s.d * data, READ)
-                               for x in ("K", "V")) for j in range(Tc)]
-        return shared[h]
+    kv_steps = flash_swapped.kv_step_cache(tiles, pb, tiling)
+    met = visits(pb, tiling, skips_hidden=True)
 
     def steps(b: int):
         bh, i = divmod(b, Tr)
         rows = min(Br, s.n_q - i * Br)
-        seen = Tc
-        if pb.causal:
-            last_key = i * Br + rows - 1 + (s.n_k - s.n_q)
-            seen = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
-        kv = kv_steps(bh)
+        seen = met.keys_met(i)
+        kv = kv_steps(s.kv_head(bh))
         q = (tiles.access("Q", b, rows * s.d * data, READ),)
         out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen <= 1:

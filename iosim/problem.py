@@ -79,6 +79,10 @@ class AttentionShape:
         """batch · kv_heads: how many K/V heads there are."""
         return self.batch * self.kv_heads
 
+    def kv_head(self, bh: int) -> int:
+        """The K/V head (of the batch·kv_heads) that batch·head ``bh`` reads: its query head h reads h // group."""
+        return (bh // self.heads) * self.kv_heads + (bh % self.heads) // self.group
+
 
 @dataclass(frozen=True)
 class Problem:

@@ -161,19 +161,26 @@ class Visits(PairCounts):
         last_key = last_row + self.offset
         return 0 if last_key < 0 else min(self.k.T, last_key // self.k.B + 1)
 
+    def keys_met(self, i: int) -> int:
+        """How many key blocks, from the first, query block i meets."""
+        return self._keys_seen(self.q.slice(i).stop - 1)
+
     def keys_seen_by(self, i: int) -> Blocks:
         """The key blocks query block i meets."""
-        return Blocks(self.k, (range(self._keys_seen(self.q.slice(i).stop - 1)),))
+        return Blocks(self.k, (range(self.keys_met(i)),))
 
-    def queries_seeing(self, j: int) -> Blocks:
-        """The query blocks that meet key block j.
+    def first_query(self, j: int) -> int:
+        """The first query block that meets key block j; every later one meets it too.
 
         Row r sees the block's first key j·B_c when r ≥ j·B_c − (N_k − N_q), so with a causal
-        skip the query blocks from ⌊max(0, j·B_c − (N_k − N_q)) / B_r⌋ on meet it. The last
-        query row sees every key, so every key block is met.
+        skip the query blocks from ⌊max(0, j·B_c − (N_k − N_q)) / B_r⌋ on meet it.
         """
-        first = max(0, j * self.k.B - self.offset) // self.q.B if self.skips_hidden else 0
-        return Blocks(self.q, (range(first, self.q.T),))
+        return max(0, j * self.k.B - self.offset) // self.q.B if self.skips_hidden else 0
+
+    def queries_seeing(self, j: int) -> Blocks:
+        """The query blocks that meet key block j (``first_query`` on). The last query row sees
+        every key, so every key block is met."""
+        return Blocks(self.q, (range(self.first_query(j), self.q.T),))
 
     def query_blocks(self) -> Blocks:
         """Every query block, each nesting the key blocks it meets (a loop with Q blocks outer)."""

@@ -171,13 +171,11 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
     cast = data != acc
     tiles = Tiles(GRID_TENSORS)
-    last_j = []
-    for i in range(Tr):
-        last_key = min((i + 1) * Br, s.n_q) - 1 + (s.n_k - s.n_q)
-        last_j.append(Tc - 1 if not pb.causal else (min(Tc - 1, last_key // Bc) if last_key >= 0 else -1))
+    met = visits(pb, tiling, skips_hidden=True)
+    last_j = [met.keys_met(i) - 1 for i in range(Tr)]  # −1: a query block that meets no key
 
     def steps(bh: int):
-        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        kvh = s.kv_head(bh)
         rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
         for i in range(Tr):  # line 3
             t, r = bh * Tr + i, rows[i]

@@ -169,9 +169,10 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     tiles = Tiles(GRID_TENSORS)
     rows = [min(B, s.n_q - i * B) for i in range(Tr)]
     cols = [min(B, s.n_k - j * B) for j in range(Tc)]
+    met = visits(pb, tiling, skips_hidden=True)
 
     def steps(bh: int):
-        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        kvh = s.kv_head(bh)
         for i in range(Tr):  # line 5
             yield (tiles.access("dQ", bh * Tr + i, rows[i] * s.d * acc, WRITE),)
         inner = [tuple(tiles.access(x, bh * Tr + i, r * s.d * data, READ) for x in ("Q", "dO", "O")) + (
@@ -180,8 +181,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         for j in range(Tc):  # line 6
             kv = tuple(tiles.access(x, kvh * Tc + j, cols[j] * s.d * data, READ) for x in ("K", "V"))  # line 7
             out = tuple(tiles.access(x, bh * Tc + j, cols[j] * s.d * data, WRITE) for x in ("dK", "dV"))  # line 24
-            i_start = max(0, j * B - (s.n_k - s.n_q)) // B if pb.causal else 0
-            seen = inner[i_start:]
+            seen = inner[met.first_query(j):]  # the kernel's i_start
             if not seen:
                 yield kv + out
                 continue

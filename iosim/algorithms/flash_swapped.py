@@ -19,6 +19,8 @@ O = 0, ℓ = 0, m = −inf.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
@@ -126,17 +128,12 @@ def _blocks_per_sm(pb: Problem, tiling: Tiling) -> int:
     return max(1, (228 * 1024) // smem)
 
 
-def grid(pb: Problem, tiling: Tiling) -> Grid:
-    """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
-    ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
-    it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
-    if pb.has_mask:
-        raise InputError("has_mask=True: the flash-swapped kernel takes no explicit mask; allowed: has_mask=False")
-    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
-    data, stat = pb.itemsize("data"), pb.itemsize("stat")
-    tiles = Tiles(GRID_TENSORS)
-    shared: dict[int, list] = {}  # K/V head -> its steps (K_j, V_j), one object per j for every block of the head
+def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], list]:
+    """The steps (K_j, V_j) of each K/V head, built once: one object per j for every block of the head, so that
+    ``iosim.l2`` sees a repeated step and skips it."""
+    s, Bc = pb.shape, tiling.Bc
+    Tc, data = -(-s.n_k // Bc), pb.itemsize("data")
+    shared: dict[int, list] = {}  # K/V head -> its steps
 
     def kv_steps(kvh: int) -> list:
         if kvh not in shared:
@@ -144,15 +141,27 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
                                  for x in ("K", "V")) for j in range(Tc)]
         return shared[kvh]
 
+    return kv_steps
+
+
+def grid(pb: Problem, tiling: Tiling) -> Grid:
+    """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
+    ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
+    it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
+    if pb.has_mask:
+        raise InputError("has_mask=True: the flash-swapped kernel takes no explicit mask; allowed: has_mask=False")
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    tiles = Tiles(GRID_TENSORS)
+    kv_steps = kv_step_cache(tiles, pb, tiling)
+    met = visits(pb, tiling, skips_hidden=True)
+
     def steps(b: int):
         bh, i = divmod(b, Tr)
-        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
         rows = min(Br, s.n_q - i * Br)
-        seen = Tc
-        if pb.causal:
-            last_key = i * Br + rows - 1 + (s.n_k - s.n_q)
-            seen = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
-        kv = kv_steps(kvh)
+        seen = met.keys_met(i)
+        kv = kv_steps(s.kv_head(bh))
         q = (tiles.access("Q", b, rows * s.d * data, READ),)
         out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen == 0:

@@ -199,6 +199,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     Tr, Tc = -(-s.n_q // B), -(-s.n_k // B)
     data, stat, acc = pb.itemsize("data"), 4, 4  # lse, D and dq_acc are float32
     rows = [min(B, s.n_q - i * B) for i in range(Tr)]
+    met = visits(pb, tiling, skips_hidden=True)
     shared: dict[int, list] = {}  # batch·head -> its steps over i, one object per i for all its blocks
 
     def inner(bh: int) -> list:
@@ -210,11 +211,11 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
     def steps(b: int):
         bh, j = divmod(b, Tc)
-        kvh = (bh // s.heads) * s.kv_heads + (bh % s.heads) // s.group
+        kvh = s.kv_head(bh)
         bc = min(B, s.n_k - j * B)
         kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
         out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
-        seen = inner(bh)[max(0, j * B - (s.n_k - s.n_q)) // B if pb.causal else 0:]
+        seen = inner(bh)[met.first_query(j):]  # the kernel's i_start
         if not seen:
             yield kv + out
             return
