@@ -55,8 +55,8 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads)
     request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
-    parts = [dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm) for p in request.plans]
-    behind_l2 = parts[0] if len(parts) == 1 else in_sequence(parts)
+    behind_l2 = in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
+                             for p in request.plans])
     forward, backward = (None if p is None else p.tiling for p in (request.forward, request.backward))
     return DramResult(request.name, pb, request.plans[0].M, forward, backward, gpu, measure(request).traffic,
                       behind_l2)

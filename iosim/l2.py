@@ -115,16 +115,14 @@ class DramCounts(PerTensor):
 @dataclass(frozen=True)
 class DramForm:
     """A closed form's DRAM bytes per tensor: ``reads``, ``written`` = writes during the kernel + dirty at its
-    end, and ``dirty_at_end`` where the form splits the two (None where it does not)."""
+    end, and ``dirty_at_end``, the part of ``written`` still in the L2 at the end."""
 
     reads: dict[str, int]
     written: dict[str, int]
-    dirty_at_end: dict[str, int] | None = None
+    dirty_at_end: dict[str, int]
 
     def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
-        """As ``simulate`` reports them; needs ``dirty_at_end``."""
-        if self.dirty_at_end is None:
-            raise ValueError("this closed form does not split writes from dirty bytes at the end")
+        """As ``simulate`` reports them."""
         left = self.dirty_at_end
         return DramCounts(tuple(DramTensor(name, self.reads.get(name, 0),
                                            self.written.get(name, 0) - left.get(name, 0), left.get(name, 0))
@@ -259,5 +257,4 @@ def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "
     given, its SMs × each kernel's blocks per SM unless ``blocks_per_sm`` is given; a pass of several kernels
     runs each from a cold L2 (``in_sequence``)."""
     grids = kernels(algorithm, pb, tiling)
-    parts = [simulate(g, l2_config(g, gpu, capacity, blocks_per_sm)) for g in grids]
-    return parts[0] if len(parts) == 1 else in_sequence(parts)
+    return in_sequence([simulate(g, l2_config(g, gpu, capacity, blocks_per_sm)) for g in grids])

@@ -142,12 +142,13 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
     """``iosim.l2.dram_traffic``'s DRAM bytes, from the algorithm's closed form (``Algorithm.dram``) where it
     applies, else from ``lockstep`` where the grid is uniform, else from the simulation. All are equal where
     they apply (tests/test_l2.py); the closed form takes milliseconds where the simulation takes minutes."""
-    if len(kernels(algorithm, pb, tiling)) > 1:  # no faster path covers a pass of several kernels yet
+    grids = kernels(algorithm, pb, tiling)
+    if len(grids) > 1:  # no faster path covers a pass of several kernels yet
         return dram_traffic(algorithm, pb, tiling, gpu, capacity, blocks_per_sm)
-    g = algorithm.grid(pb, tiling)
+    g = grids[0]
     config = l2_config(g, gpu, capacity, blocks_per_sm)
     form = None if algorithm.dram is None else algorithm.dram(pb, tiling, config.capacity, config.concurrent)
-    if form is not None and form.dirty_at_end is not None:
+    if form is not None:
         return form.counts(g.tiles, config)
     counts = lockstep(g, config) if g.uniform else None
     return simulate(g, config) if counts is None else counts
