@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from iosim.algorithm import Algorithm
 from iosim.api import count_problem, measure, plan
 from iosim.counts import Counts
 from iosim.errors import InputError
@@ -18,6 +19,14 @@ from iosim.l2_counts import dram_counts
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_count
+
+
+def forward_dram(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str | None) -> DramCounts | None:
+    """The DRAM bytes behind ``gpu``'s L2 of one forward pass already planned on ``pb`` with ``tiling``; None where
+    the model has nothing to say: no preset, an algorithm without a kernel grid, or a mask no kernel takes."""
+    if gpu is None or algorithm.grid is None or pb.has_mask or pb.block_sparsity is not None:
+        return None
+    return dram_counts(algorithm, algorithm.run_problem(pb), tiling, gpu)
 
 
 @dataclass(frozen=True)

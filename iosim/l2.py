@@ -111,6 +111,17 @@ class DramCounts(PerTensor):
     def dirty_at_end(self) -> int:
         return sum(t.dirty_at_end for t in self.tensors)
 
+    @property
+    def moved(self) -> int:
+        """Every byte the kernel makes cross the DRAM bus: reads, writes, and the dirty bytes written back after."""
+        return self.reads + self.writes + self.dirty_at_end
+
+
+def dram_record(dram: DramCounts | None) -> dict:
+    """A record's DRAM keys: read, written during the kernel and dirty bytes; null where the model does not apply."""
+    return {"dram_read_bytes": getattr(dram, "reads", None), "dram_write_bytes": getattr(dram, "writes", None),
+            "dram_dirty_bytes": getattr(dram, "dirty_at_end", None)}
+
 
 @dataclass(frozen=True)
 class DramForm:

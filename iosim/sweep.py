@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from iosim.api import PASSES, count, predict
 from iosim.counts import Counts
+from iosim.dram_level import forward_dram
 from iosim.errors import BlockSizeError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
-from iosim.l2 import DramCounts
-from iosim.l2_counts import dram_counts
+from iosim.l2 import DramCounts, dram_record
 from iosim.registry import get_algorithm
 from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling, one_pass
@@ -92,7 +92,7 @@ class SweepRow:
     def dram_bytes(self) -> int | None:
         """Bytes the L2 model moves to and from DRAM: reads, writes during the kernel and the dirty bytes written
         back after it; None without one."""
-        return None if self.dram is None else self.dram.reads + self.dram.writes + self.dram.dirty_at_end
+        return None if self.dram is None else self.dram.moved
 
     @property
     def ratio(self) -> float | None:
@@ -120,10 +120,7 @@ class SweepRow:
         arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
                       "roofline_s": getattr(self.roofline, "seconds", None),
                       "bound": getattr(self.roofline, "bound", None),
-                      "intensity": getattr(self.roofline, "intensity", None),
-                      "dram_read_bytes": getattr(self.dram, "reads", None),
-                      "dram_write_bytes": getattr(self.dram, "writes", None),
-                      "dram_dirty_bytes": getattr(self.dram, "dirty_at_end", None)}
+                      "intensity": getattr(self.roofline, "intensity", None), **dram_record(self.dram)}
         return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
@@ -167,11 +164,9 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     counts, flops = measured.traffic, measured.flops
-    dram = None
-    algo = get_algorithm(algorithm)
-    if preset is not None and pass_ == "fwd" and algo.grid is not None and not mask and config["sparsity"] is None:
-        dram = dram_counts(algo, algo.run_problem(measured.problem), measured.forward_tiling, gpu)
-    moved = counts.total_bytes if dram is None else dram.reads + dram.writes + dram.dirty_at_end
+    dram = None if pass_ != "fwd" else forward_dram(get_algorithm(algorithm), measured.problem,
+                                                    measured.forward_tiling, gpu)
+    moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,

@@ -15,11 +15,11 @@ from iosim.cli.common import add_simulation, block_sparsity, check_backward, cou
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.counts import Counts, combined
+from iosim.dram_level import forward_dram
 from iosim.errors import InputError
 from iosim.gpus import resolve_M
 from iosim.gradients import GradResult, gradients
-from iosim.l2 import DramCounts
-from iosim.l2_counts import dram_counts
+from iosim.l2 import DramCounts, dram_record
 from iosim.records import check_distinct, check_output_path, write_document
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
@@ -124,10 +124,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
         rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
                   for x, r in zip(outputs, refs))
-    algo = ALGORITHMS[args.algo]
-    dram = None
-    if args.gpu is not None and args.pass_ == "fwd" and algo.grid is not None and sparsity is None:
-        dram = dram_counts(algo, algo.run_problem(result.problem), result.forward_tiling, args.gpu)
+    dram = None if args.pass_ != "fwd" else forward_dram(ALGORITHMS[args.algo], result.problem,
+                                                         result.forward_tiling, args.gpu)
     outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu)
     write_document(args.json, args.csv, record(args, outcome),
                    [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
@@ -165,9 +163,7 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
         "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
-        "dram_read_bytes": getattr(outcome.dram, "reads", None),
-        "dram_write_bytes": getattr(outcome.dram, "writes", None),
-        "dram_dirty_bytes": getattr(outcome.dram, "dirty_at_end", None),
+        **dram_record(outcome.dram),
     }
 
 
