@@ -54,6 +54,21 @@ Access = tuple[int, int, int]
 Step = tuple[Access, ...]  # what one thread block moves in one step of its loop
 
 
+# Occupancy of a kernel that iosim.kernels does not implement (or whose resources were not measured), on an H100:
+# its shared memory per SM (iosim.gpus) over the block's, with the 1 KiB per block the driver reserves ("NVIDIA
+# Hopper tuning guide": 228 KB per SM, 227 KB at most per block), and at most 32 resident blocks per SM (CUDA C++
+# programming guide, "Features and technical specifications", compute capability 9.0).
+SMEM_RESERVED_PER_BLOCK = 1024
+MAX_BLOCKS_PER_SM = 32
+
+
+def blocks_by_shared_memory(block_bytes: int) -> int:
+    """How many thread blocks of ``block_bytes`` of shared memory one H100 SM holds, at least 1: the occupancy
+    taken where registers are not known, so an upper bound on it."""
+    per_sm = int(get_gpu("h100").smem_per_sm.value)
+    return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (block_bytes + SMEM_RESERVED_PER_BLOCK)))
+
+
 def sectors(nbytes: int) -> int:
     """Bytes rounded up to whole 32-byte sectors."""
     return -(-nbytes // SECTOR) * SECTOR

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, dram_traffic, kernels, l2_config, simulate
+from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, in_sequence, kernels, l2_config, simulate
 
 if TYPE_CHECKING:
     from iosim.algorithm import Algorithm
@@ -139,16 +139,17 @@ def lockstep(grid: Grid, config: L2Config) -> DramCounts | None:
 
 def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
                 blocks_per_sm: int | None = None) -> DramCounts:
-    """``iosim.l2.dram_traffic``'s DRAM bytes, from the algorithm's closed form (``Algorithm.dram``) where it
-    applies, else from ``lockstep`` where the grid is uniform, else from the simulation. All are equal where
-    they apply (tests/test_l2.py); the closed form takes milliseconds where the simulation takes minutes."""
+    """``iosim.l2.dram_traffic``'s DRAM bytes, kernel by kernel: from the algorithm's closed form
+    (``Algorithm.dram``, for a pass of one kernel) where it applies, else from ``lockstep`` where the kernel's
+    grid is uniform, else from the simulation. All are equal where they apply (tests/test_l2.py); the closed
+    form takes milliseconds where the simulation takes minutes."""
     grids = kernels(algorithm, pb, tiling)
-    if len(grids) > 1:  # no faster path covers a pass of several kernels yet
-        return dram_traffic(algorithm, pb, tiling, gpu, capacity, blocks_per_sm)
-    g = grids[0]
-    config = l2_config(g, gpu, capacity, blocks_per_sm)
-    form = None if algorithm.dram is None else algorithm.dram(pb, tiling, config.capacity, config.concurrent)
-    if form is not None:
-        return form.counts(g.tiles, config)
-    counts = lockstep(g, config) if g.uniform else None
-    return simulate(g, config) if counts is None else counts
+    parts = []
+    for g in grids:
+        config = l2_config(g, gpu, capacity, blocks_per_sm)
+        form = None
+        if len(grids) == 1 and algorithm.dram is not None:
+            form = algorithm.dram(pb, tiling, config.capacity, config.concurrent)
+        counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
+        parts.append(simulate(g, config) if counts is None else counts)
+    return in_sequence(parts)

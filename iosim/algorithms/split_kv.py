@@ -31,9 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts
+from iosim.algorithms.flash_swapped import kv_step_cache
 from iosim.algorithms.tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
 from iosim.counts import Counts
+from iosim.errors import InputError
 from iosim.flops import Flops, matmul
+from iosim.l2 import READ, WRITE, Grid, Tiles, blocks_by_shared_memory
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling, ceil_div
@@ -214,8 +217,74 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (2 * pb.shape.n_k * pb.shape.d + 2 * pb.shape.n_q * pb.shape.d)
 
 
+# --- on a GPU: Flash-Decoding's two kernels as flash-attn launches them (iosim.l2) ---------------------------
+
+# The kernels write lse = m + log ℓ instead of ℓ and m, as flash_fwd_splitkv_kernel and its combine do.
+GRID_TENSORS = ("Q", "K", "V", "O_split", "lse_split", "O", "lse")
+TILES = Tiles(GRID_TENSORS)
+
+
+def _per_sm(pb: Problem, tiling: Tiling) -> int:
+    """Blocks per SM as the split's tiles in shared memory allow (iosim.kernels has no split-KV kernel)."""
+    return blocks_by_shared_memory(working_set(pb, tiling, 0) * pb.itemsize("data"))
+
+
+def grid(pb: Problem, tiling: Tiling) -> Grid:
+    """The split kernel on the packed problem: one thread block per (query block i, split s, K/V head), i fastest,
+    then s: block (kvh·S + s)·T_r + i, as flash-attn's ``grid(num_m_block, num_splits, b·h)``. Block (i, s) loads
+    Q_i, then K_j, V_j at each of its split's blocks, and writes its partial O_split, lse_split after the last (O
+    and lse themselves with one split)."""
+    if pb.has_mask:
+        raise InputError("has_mask=True: the split-KV grid takes no explicit mask; allowed: has_mask=False")
+    s, Br, S = pb.shape, tiling.Br, tiling.splits
+    Tr = ceil_div(s.n_q, Br)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    chunks = Splits(Axis(s.n_k, tiling.Bc), S)
+    kv_steps = kv_step_cache(TILES, pb, tiling)
+    o, lse = ("O_split", "lse_split") if S > 1 else ("O", "lse")
+
+    def steps(b: int):
+        kvh_split, i = divmod(b, Tr)
+        kvh, split = divmod(kvh_split, S)
+        rows = min(Br, s.n_q - i * Br)
+        run = chunks.blocks(split).runs[0]
+        kv = kv_steps(kvh)[run.start:run.stop]
+        q = (TILES.access("Q", kvh * Tr + i, rows * s.d * data, READ),)
+        out = (TILES.access(o, b, rows * s.d * data, WRITE), TILES.access(lse, b, rows * stat, WRITE))
+        yield q + kv[0] + (out if len(kv) == 1 else ())
+        yield from kv[1:-1]
+        if len(kv) > 1:
+            yield kv[-1] + out
+
+    # uniform with one query block and one split: the splits of a head share its Q_i, as query blocks share K_j
+    return Grid(s.bh * S * Tr, steps, TILES, _per_sm(pb, tiling), uniform=Tr == 1 and S == 1)
+
+
+def combine_grid(pb: Problem, tiling: Tiling) -> Grid:
+    """The combine kernel: one thread block per (query block i, K/V head), i fastest; block i reads the S partials
+    O_split, lse_split of its rows, one split a step, and writes O and lse after the last."""
+    s, Br, S = pb.shape, tiling.Br, tiling.splits
+    Tr = ceil_div(s.n_q, Br)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+
+    def steps(b: int):
+        kvh, i = divmod(b, Tr)
+        rows = min(Br, s.n_q - i * Br)
+        parts = [(TILES.access("O_split", (kvh * S + split) * Tr + i, rows * s.d * data, READ),
+                  TILES.access("lse_split", (kvh * S + split) * Tr + i, rows * stat, READ)) for split in range(S)]
+        parts[-1] += (TILES.access("O", b, rows * s.d * data, WRITE), TILES.access("lse", b, rows * stat, WRITE))
+        yield from parts
+
+    return Grid(s.bh * Tr, steps, TILES, _per_sm(pb, tiling), uniform=s.n_q % Br == 0)
+
+
+def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+    """The split kernel, then the combine where there is more than one split."""
+    return (grid(pb, tiling), combine_grid(pb, tiling)) if tiling.splits > 1 else (grid(pb, tiling),)
+
+
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
-    needs=Needs(packs_groups=True, splits=default_splits),
+    needs=Needs(packs_groups=True, splits=default_splits), grid=grid, launches=launches,
 )
