@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from iosim.errors import InputError, InputTypeError
 from iosim.flops import Flops
 from iosim.gpus import DEFAULT, get_gpu
 from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
+from iosim.l2 import DramCounts
+from iosim.l2_counts import covers, passes_dram
 from iosim.memory import Memory
 from iosim.policies import choose_tiling
 from iosim.problem import AttentionShape, Problem
@@ -54,10 +57,25 @@ class SimResult:
     l: np.ndarray | None = None  # (batch, heads, N_q): softmax normalizer ℓ
     m: np.ndarray | None = None  # (batch, heads, N_q): row max m
     flops: Flops | None = None  # the arithmetic the run counted
+    gpu: str | None = None  # the preset behind ``dram``; None: no DRAM level
+    plans: tuple[Plan, ...] = field(default=(), repr=False, compare=False)  # the passes run, for ``dram``
 
     @property
     def tiling(self) -> Tiling | None:
         return one_pass(self.forward_tiling, self.backward_tiling)
+
+    @cached_property
+    def dram(self) -> DramCounts | None:
+        """The DRAM bytes behind the ``gpu`` preset's L2 (iosim.l2), worked out when first asked: ``reads``,
+        ``writes`` during the kernels and ``dirty_at_end``, per tensor. None without a ``gpu``, and where the L2
+        model does not cover the run: an algorithm with no kernel grid, a mask, or a tiling its kernel does not
+        launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
+        if self.gpu is None or not self.plans or not covers(self.plans):
+            return None
+        try:
+            return passes_dram(self.plans, self.gpu)
+        except InputError:  # the kernel refuses this tiling or dtype: the model has nothing to say
+            return None
 
     @property
     def lse(self) -> np.ndarray | None:
@@ -254,14 +272,15 @@ def execute(p: Plan, data: dict | None = None, on_progress: Progress | None = No
     return mem
 
 
-def measure(request: Request) -> SimResult:
-    """Count a request's passes (count-only): their traffic and arithmetic added."""
+def measure(request: Request, gpu: str | None = None) -> SimResult:
+    """Count a request's passes (count-only): their traffic and arithmetic added; ``gpu`` the preset of its
+    ``dram``."""
     mems = [execute(p) for p in request.plans]
     flops = mems[0].flops()
     for mem in mems[1:]:
         flops = flops + mem.flops()
     return SimResult(request.name, request.problem, request.M, _tiling(request.forward), _tiling(request.backward),
-                     combined(*(mem.counts() for mem in mems)), flops=flops)
+                     combined(*(mem.counts() for mem in mems)), flops=flops, gpu=gpu, plans=request.plans)
 
 
 def closed_form(request: Request) -> PredictResult:
@@ -306,7 +325,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
     attention). ``splits`` sets the K/V splits of an algorithm that splits K/V
     (``split-kv``), whose default policy chooses them otherwise, to fill the SMs of the
-    ``gpu`` preset (an H100 when None). Computation is in float64; ``dtype`` sets the bytes per element of the traffic
+    ``gpu`` preset (an H100 when None; when given, it is behind the result's ``dram``).
+    Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
     block-sparse algorithms; the others refuse it. Q, K and V must be real and finite
@@ -320,7 +340,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
         mem = execute(p, data, on_progress, total=work(p) if on_progress else 0)
     s = pb.shape
     result = SimResult(p.algorithm.name, pb, p.M, p.tiling, None, mem.counts(), flops=mem.flops(),
-                       out=mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d))
+                       out=mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d), gpu=gpu, plans=(p,))
     if {"l", "m"} <= set(p.algorithm.outputs()):
         result = replace(result, l=mem.tensor("l").reshape(s.batch, s.heads, s.n_q),
                          m=mem.tensor("m").reshape(s.batch, s.heads, s.n_q))
@@ -338,12 +358,13 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
     ``pass_="bwd"`` counts the backward pass alone; ``pass_="fwd+bwd"`` both, their
     traffic and arithmetic added (the peak is the larger pass's). ``gpu`` names the
-    preset whose SMs split-kv's default splits fill.
+    preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
+    the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
-                        gpu=gpu))
+                        gpu=gpu), gpu)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,

@@ -10,23 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iosim.algorithm import Algorithm
 from iosim.api import count_problem, measure, plan
 from iosim.counts import Counts
 from iosim.errors import InputError
-from iosim.l2 import DramCounts, in_sequence
-from iosim.l2_counts import dram_counts
+from iosim.l2 import DramCounts
+from iosim.l2_counts import passes_dram
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
 from iosim.units import parse_count
-
-
-def forward_dram(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str | None) -> DramCounts | None:
-    """The DRAM bytes behind ``gpu``'s L2 of one forward pass already planned on ``pb`` with ``tiling``; None where
-    the model has nothing to say: no preset, an algorithm without a kernel grid, or a mask no kernel takes."""
-    if gpu is None or algorithm.grid is None or pb.has_mask or pb.block_sparsity is not None:
-        return None
-    return dram_counts(algorithm, algorithm.run_problem(pb), tiling, gpu)
 
 
 @dataclass(frozen=True)
@@ -64,8 +55,7 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads)
     request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
-    behind_l2 = in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
-                             for p in request.plans])
+    behind_l2 = passes_dram(request.plans, gpu, capacity, blocks_per_sm)
     forward, backward = (None if p is None else p.tiling for p in (request.forward, request.backward))
     return DramResult(request.name, pb, request.plans[0].M, forward, backward, gpu, measure(request).traffic,
                       behind_l2)

@@ -3,7 +3,8 @@
 - An algorithm's closed form (``Algorithm.dram``): milliseconds, on its domain (full attention, no GQA).
 - ``lockstep``: a grid whose blocks make the same steps on tiles of their own (``Grid.uniform``: flash,
   causal or not, without GQA) counted from one block's steps: about 30 times faster than the simulation.
-- ``dram_counts`` takes the first of these that applies, and the simulation elsewhere.
+- ``dram_counts`` takes the first of these that applies, and the simulation elsewhere; ``passes_dram`` runs
+  the passes of a request one after another.
 
 Both rest on the stack-distance rule of ``iosim.l2`` and on blocks that run in lockstep: when the blocks of a
 wave have equal steps, an access by the block at position p of w has stack distance a + b·p, and
@@ -20,6 +21,7 @@ from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, in_seq
 
 if TYPE_CHECKING:
     from iosim.algorithm import Algorithm
+    from iosim.api import Plan
     from iosim.problem import Problem
     from iosim.tiling import Tiling
 
@@ -153,3 +155,17 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
         counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
         parts.append(simulate(g, config) if counts is None else counts)
     return in_sequence(parts)
+
+
+def covers(plans: tuple[Plan, ...]) -> bool:
+    """Whether every pass has a kernel grid the L2 model runs: one declared, and no explicit or block mask
+    (no kernel of iosim.kernels takes either)."""
+    return all(p.algorithm.grid is not None and not p.problem.has_mask and p.problem.block_sparsity is None
+               for p in plans)
+
+
+def passes_dram(plans: tuple[Plan, ...], gpu: str, capacity: int | None = None,
+                blocks_per_sm: int | None = None) -> DramCounts:
+    """The DRAM bytes of a request's passes run one after another, each from a cold L2 (``in_sequence``)."""
+    return in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
+                        for p in plans])

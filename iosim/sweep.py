@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from iosim.api import PASSES, count, predict
+from iosim.api import count, predict
 from iosim.counts import Counts
-from iosim.dram_level import forward_dram
 from iosim.errors import BlockSizeError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
@@ -164,8 +163,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     counts, flops = measured.traffic, measured.flops
-    dram = None if pass_ != "fwd" else forward_dram(get_algorithm(algorithm), measured.problem,
-                                                    measured.forward_tiling, gpu)
+    dram = measured.dram if pass_ == "fwd" else None  # a backward pass is simulated: too slow for a sweep
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 import iosim
@@ -85,3 +86,33 @@ def test_a_training_step_is_its_passes_in_sequence_each_from_a_cold_l2():
     assert step.dram == in_sequence([forward.dram, backward.dram])
     assert step.hbm == iosim.count("flash-swapped", pass_="fwd+bwd", **problem).traffic
     assert step.tiling is None and (step.forward_tiling, step.backward_tiling) == (forward.tiling, backward.tiling)
+
+
+@pytest.mark.parametrize("algorithm, pass_", [("flash", "fwd"), ("flash-swapped", "fwd"), ("split-kv", "fwd"),
+                                              ("flash", "fwd+bwd")])
+def test_count_on_a_gpu_carries_the_dram_bytes_of_iosim_dram(algorithm, pass_):
+    problem = dict(N=200, N_k=300, d=64, M="100k", heads=3, dtype="float32", pass_=pass_)
+    if pass_ != "fwd":  # the backward kernels' tile is square
+        problem["tiling"] = iosim.Tiling(32, 32)
+    counted = iosim.count(algorithm, gpu="a100", **problem)
+    assert counted.dram == iosim.dram(algorithm, gpu="a100", **problem).dram
+    assert counted.dram.reads > 0 and {"reads", "writes", "dirty_at_end"} <= set(dir(counted.dram))
+    assert iosim.count(algorithm, **problem).dram is None  # no preset named: no DRAM level
+
+
+def test_count_on_a_gpu_has_no_dram_level_where_the_model_does_not_cover_the_run():
+    shape = dict(N=128, d=64, M="100k", gpu="h100")
+    assert iosim.count("standard", **shape).dram is None  # no kernel grid declared
+    assert iosim.count("flash", mask=True, **shape).dram is None  # no kernel takes an explicit mask
+    # the backward kernels launch square tiles only; iosim.dram says so by name
+    bwd = iosim.count("flash", pass_="bwd", tiling=iosim.Tiling(16, 32), **shape)
+    assert bwd.dram is None
+    with pytest.raises(iosim.InputError, match="Br == Bc"):
+        iosim.dram("flash", pass_="bwd", tiling=iosim.Tiling(16, 32), **shape)
+
+
+def test_simulate_on_a_gpu_carries_the_dram_bytes_of_its_forward_pass():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 113, 16)) for _ in range(3))
+    r = iosim.simulate("flash-swapped", q, k, v, M="100k", gpu="h100")
+    assert r.dram == iosim.count("flash-swapped", N=113, d=16, heads=2, M="100k", gpu="h100").dram

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 from importlib.metadata import PackageNotFoundError, version
 
-from iosim.api import backward_of
+from iosim.api import PASSES, backward_of
 from iosim.errors import InputError
 from iosim.gpus import GPUS
 from iosim.policies import POLICIES
 from iosim.registry import ALGORITHMS
 from iosim.rng import check_seed
 from iosim.sparsity import PATTERNS, BlockSparsity
-from iosim.sweep import PASSES
 from iosim.units import DTYPE_ITEMSIZE, parse_count
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}

@@ -15,7 +15,6 @@ from iosim.cli.common import add_simulation, block_sparsity, check_backward, cou
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.counts import Counts, combined
-from iosim.dram_level import forward_dram
 from iosim.errors import InputError
 from iosim.gpus import resolve_M
 from iosim.gradients import GradResult, gradients
@@ -124,8 +123,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
         rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
                   for x, r in zip(outputs, refs))
-    dram = None if args.pass_ != "fwd" else forward_dram(ALGORITHMS[args.algo], result.problem,
-                                                         result.forward_tiling, args.gpu)
+    dram = result.dram if args.pass_ == "fwd" else None
     outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu)
     write_document(args.json, args.csv, record(args, outcome),
                    [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
