@@ -30,7 +30,11 @@ of microseconds) and a binary search of working sets; with one at most
 loops.
 
 Ranking: fewest HBM elements (the paper's unit), then fewest bytes, then the
-smaller working set, then the smaller blocks.
+smaller working set, then the smaller blocks. With ``objective="dram"`` and a GPU preset,
+the ``DRAM_CANDIDATES`` tilings of least HBM traffic are run against the preset's L2
+(``iosim.l2_counts.dram_counts``: the kernel's grid, its blocks at once, LRU) and ranked by
+the DRAM bytes they move (reads, writes and the dirty bytes written back after), then as
+above: the L2 model has no closed form over tilings, so this ranks a shortlist.
 """
 
 from __future__ import annotations
@@ -41,14 +45,20 @@ from dataclasses import dataclass
 from iosim.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.counts import Counts
-from iosim.errors import BlockSizeError, InputError, SearchTooLargeError
+from iosim.errors import BlockSizeError, InputError
+from iosim.l2 import DramCounts
+from iosim.l2_counts import dram_counts
 from iosim.policies import POLICIES
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
-from iosim.search import Candidate, evaluate, ranked, smallest_working_set
+from iosim.search import Candidate, evaluate, rank_key, ranked, smallest_working_set
 from iosim.units import parse_size
 
 TOP_DEFAULT = 3  # tilings per algorithm that `iosim optimize` shows
+OBJECTIVES = ("hbm", "dram")  # what the search minimizes: the two-level count, or the DRAM bytes behind an L2
+# Tilings of least HBM traffic that objective "dram" runs against the L2 model: a forward pass's closed form
+# takes milliseconds, a simulated one (causal, GQA) 1 to 2 s at batch·heads 256, N 4096 (2-core container)
+DRAM_CANDIDATES = 16
 
 
 @dataclass(frozen=True)
@@ -63,10 +73,12 @@ class Optimum:
     measured: Counts  # a count-only simulation of the winner: equal to its closed form
     fit: Candidate | None  # the 'fit' policy's tiling (None where it does not fit M)
     paper: Candidate | None  # the 'paper' policy's tiling (None where it overflows M)
+    dram: tuple[DramCounts, ...] | None = None  # objective "dram": the DRAM bytes of each of ``best``
 
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
+             objective: str = "hbm", gpu: str | None = None,
              on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
@@ -76,9 +88,15 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     that error is raised. ``on_done`` sees each algorithm's result as it ends.
     With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
     problem as it runs it, packed by group where it serves a group from one K/V load.
+    ``objective="dram"`` ranks by the DRAM bytes behind ``gpu``'s L2 instead (forward passes
+    of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place).
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective={objective!r}; allowed: {list(OBJECTIVES)}")
+    if objective == "dram" and gpu is None:
+        raise InputError("objective='dram' needs a GPU preset, such as gpu='h100': its L2 sets the DRAM bytes")
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
@@ -86,8 +104,10 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
-            searched = ranked(algo, pb, M)
-        except (BlockSizeError, SearchTooLargeError) as err:
+            searched, dram = ranked(algo, pb, M), None
+            if objective == "dram":
+                searched, dram = by_dram(algo, pb, searched, gpu)
+        except InputError as err:  # no fit, a search too large, or no kernel grid
             out.append(err)
             if on_done:
                 on_done(None)
@@ -104,14 +124,16 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
                 policies[policy] = evaluate(algo, pb, M, POLICIES[policy].choose(algo, pb, M))
             except BlockSizeError:
                 policies[policy] = None
-        result = Optimum(algo.name, user_pb, M, _distinct(searched, top), len(searched), measured, **policies)
+        best = _distinct(searched, top, None if dram is None else [x.moved for x in dram])
+        shown = None if dram is None else tuple(dram[searched.index(x)] for x in best)
+        result = Optimum(algo.name, user_pb, M, best, len(searched), measured, **policies, dram=shown)
         out.append(result)
         if on_done:
             on_done(result)
     if not any(isinstance(r, Optimum) for r in out):
-        too_large = [r for r in out if isinstance(r, SearchTooLargeError)]
-        if too_large:
-            raise too_large[0]
+        other = [r for r in out if not isinstance(r, BlockSizeError)]  # a search too large, no kernel grid
+        if other:
+            raise other[0]
         needs = {a.name: smallest_working_set(a, a.run_problem(user_pb), M) for a in algos}
         raise BlockSizeError(
             f"M={M} is below the smallest working set of every algorithm asked for ("
@@ -121,12 +143,30 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     return out
 
 
-def _distinct(ranked_: tuple[Candidate, ...], top: int) -> tuple[Candidate, ...]:
-    """The first tiling of each of the ``top`` least traffic totals: ties differ only in idle SRAM."""
+def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: str
+            ) -> tuple[tuple[Candidate, ...], list[DramCounts]]:
+    """The ``DRAM_CANDIDATES`` tilings of least HBM traffic, ranked by the DRAM bytes they move behind ``gpu``'s
+    L2, then as the HBM search ranks them; beside each, its DRAM counts."""
+    if algo.grid is None or algo.is_backward:
+        raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes that declare a GPU kernel grid: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.grid is not None]}")
+    if pb.has_mask:
+        raise InputError("mask=True: no kernel of the L2 model takes an explicit mask; allowed: mask=False")
+    scored = sorted(((dram_counts(algo, pb, x.tiling, gpu), x) for x in searched[:DRAM_CANDIDATES]),
+                    key=lambda s: (s[0].moved, rank_key(s[1])))
+    return tuple(x for _, x in scored), [dram for dram, _ in scored]
+
+
+def _distinct(ranked_: tuple[Candidate, ...], top: int, score: list[int] | None = None) -> tuple[Candidate, ...]:
+    """The first tiling of each of the ``top`` least scores (the traffic unless ``score`` gives one per tiling):
+    ties differ only in idle SRAM."""
+    score = [x.traffic for x in ranked_] if score is None else score
     out: list[Candidate] = []
-    for x in ranked_:
-        if not out or x.traffic != out[-1].traffic:
+    last = None
+    for x, value in zip(ranked_, score):
+        if not out or value != last:
             out.append(x)
+            last = value
             if len(out) == top:
                 break
     return tuple(out)

@@ -181,7 +181,8 @@ def evaluate(algo: Algorithm, pb: Problem, M: int, tiling: Tiling) -> Candidate:
                      constant(pb, M, counts.total))
 
 
-def _rank(x: Candidate) -> tuple:
+def rank_key(x: Candidate) -> tuple:
+    """The search's order: fewest HBM elements, then bytes, then the smaller working set, then smaller blocks."""
     return x.traffic, x.traffic_bytes, x.working_set, x.tiling.Br, x.tiling.Bc
 
 
@@ -190,7 +191,7 @@ def ranked(algo: Algorithm, pb: Problem, M: int) -> tuple[Candidate, ...]:
     """Every searched tiling of ``algo`` on ``pb`` under M, best first."""
     if not isinstance(algo, Algorithm):
         raise InputError(f"algorithm={algo!r} must be an iosim.Algorithm")
-    return tuple(sorted((evaluate(algo, pb, M, t) for t in candidates(algo, pb, M)), key=_rank))
+    return tuple(sorted((evaluate(algo, pb, M, t) for t in candidates(algo, pb, M)), key=rank_key))
 
 
 def optimal(algo: Algorithm, pb: Problem, M: int) -> Tiling:

@@ -12,7 +12,8 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.errors import InputError
 from iosim.gpus import GPUS, resolve_M
-from iosim.optimize import TOP_DEFAULT, Optimum, optimize
+from iosim.l2 import dram_record
+from iosim.optimize import DRAM_CANDIDATES, OBJECTIVES, TOP_DEFAULT, Optimum, optimize
 from iosim.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
 
@@ -33,9 +34,10 @@ class OptimizeOutcome:
             policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
                         for name in ("fit", "paper") for key in ("traffic", "c")}
             for rank, x in enumerate(r.best, 1):
+                dram = dram_record(None if r.dram is None else r.dram[rank - 1])
                 out.append({**config, "rank": rank, "Br": x.tiling.Br, "Bc": x.tiling.Bc, "traffic": x.traffic,
                             "traffic_bytes": x.traffic_bytes, "working_set": x.working_set, "c": x.c,
-                            "simulated": r.measured.total if rank == 1 else None, **policies})
+                            "simulated": r.measured.total if rank == 1 else None, **policies, **dram})
         return out
 
 
@@ -47,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    p.add_argument("--objective", choices=OBJECTIVES, default="hbm",
+                   help=f"what to minimize: hbm, the two-level count (default), or dram, the DRAM bytes behind "
+                        f"--gpu's L2, over the {DRAM_CANDIDATES} tilings of least HBM traffic (forward passes)")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                    help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
@@ -67,9 +72,14 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
         raise InputError(f"--kv-heads {args.kv_heads} with --pass {args.pass_}: the backward passes take kv_heads "
                          f"== heads={args.heads} (grouped-query attention is forward only)")
     passes = [ALGORITHMS[a] if args.pass_ == "fwd" else backward_of(ALGORITHMS[a]) for a in algorithms]
+    if args.objective == "dram" and (args.gpu is None or args.pass_ != "fwd"):
+        raise InputError(f"--objective dram{'' if args.gpu else ' without --gpu'}"
+                         f"{'' if args.pass_ == 'fwd' else f' with --pass {args.pass_}'}: the DRAM bytes are those "
+                         f"behind a GPU preset's L2, for forward passes; allowed: --gpu NAME --pass fwd")
     outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
-                                       causal=args.causal, dtype=args.dtype, top=args.top, on_done=on_row))
+                                       causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
+                                       gpu=args.gpu, on_done=on_row))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
@@ -81,6 +91,8 @@ def main(args: argparse.Namespace, console) -> None:
 
 
 def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
+    if any(isinstance(r, Optimum) and r.dram is not None for r in outcome.results):
+        return render_dram(console, outcome)
     found = [r for r in outcome.results if isinstance(r, Optimum)]
     first = found[0]
     s = first.problem.shape
@@ -108,3 +120,28 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     console.print(f"least traffic: {best.algorithm} with B_r={x.tiling.Br}, B_c={x.tiling.Bc}: {x.traffic:,} elements "
                   f"(c = {x.c:.2f}), simulated count-only: {best.measured.total:,}; "
                   f"{sum(r.searched for r in found):,} tilings searched")
+
+
+def render_dram(console, outcome: OptimizeOutcome) -> None:
+    """The tilings ranked by DRAM bytes: each with its two-level bytes beside the DRAM reads, writes and total."""
+    found = [r for r in outcome.results if isinstance(r, Optimum)]
+    s = found[0].problem.shape
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={found[0].M:,} elements, "
+                  f"{'causal' if found[0].problem.causal else 'no mask'}, forward. Of the {DRAM_CANDIDATES} tilings "
+                  f"of least HBM traffic, those moving the fewest DRAM bytes behind the L2 (reads, writes during "
+                  f"the kernel and dirty bytes written back after; L2 model: docs/gpu.md)")
+    table = compact_table()
+    for name in ("algorithm", "B_r×B_c", "HBM bytes", "DRAM read", "DRAM write", "DRAM moved", "blocks"):
+        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    for r in found:
+        for rank, (x, dram) in enumerate(zip(r.best, r.dram), 1):
+            table.add_row(r.algorithm if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", nbytes(x.traffic_bytes),
+                          nbytes(dram.reads), nbytes(dram.writes + dram.dirty_at_end), nbytes(dram.moved),
+                          f"{dram.concurrent:,}", end_section=rank == len(r.best))
+    console.print(table)
+    for r in outcome.results:
+        if not isinstance(r, Optimum):
+            console.print(f"[yellow]{r}[/]")
+    best = min(found, key=lambda r: r.dram[0].moved)
+    console.print(f"fewest DRAM bytes: {best.algorithm} with B_r={best.best[0].tiling.Br}, "
+                  f"B_c={best.best[0].tiling.Bc}: {nbytes(best.dram[0].moved)} moved")
