@@ -3,7 +3,8 @@
 Three steps, each a subcommand:
 
     python experiments/ncu_traffic.py profile --grid traffic --out DIR   # on a GPU: runs ncu
-    python experiments/ncu_traffic.py compare DIR [--out PREFIX]         # anywhere: ratios
+    python experiments/ncu_traffic.py compare DIR [--out PREFIX] [--predictions FILE]
+                                                                         # anywhere: ratios
     python experiments/ncu_traffic.py launch --grid sanitize             # the program ncu or
                                                                          # compute-sanitizer runs
 
@@ -27,6 +28,14 @@ simulated for reads and writes, and measured / compulsory, where compulsory is e
 simulated tensor moved once (Q, K, V read, O, ℓ, m written): the traffic left when a cache
 holds everything. iosim counts the forward pass only, so backward rows carry the
 measurement alone.
+
+`--predictions FILE` joins the L2 model's DRAM bytes (experiments/predict_next_call.py's
+predictions-<commit>.json, committed before the run it predicts; for call 1,
+experiments/l2_call1.py's l2_call1.json, made after that run but not fitted to it) to every row they share impl, direction, dtype, batch, heads,
+N_q, N_k, d, causal and dropout with: keys `dram_read_pred_bytes` and
+`dram_write_pred_bytes` (DRAM writes during the kernels, what ncu counts), the ratios
+measured / predicted `dram_read_ratio` and `dram_write_ratio`, and the file and commit
+they came from. A row without a prediction is listed, not dropped.
 """
 
 from __future__ import annotations
@@ -254,7 +263,25 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
     }
 
 
-def compare(folder: Path, prefix: Path | None = None) -> list[dict]:
+JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p")
+
+
+def join_predictions(rows: list[dict], path: Path) -> None:
+    """Put the L2 model's predicted DRAM bytes (a file written before the measurement) beside each row."""
+    document = json.loads(path.read_text())
+    predicted = {tuple(r[k] for k in JOIN): r["predicted"]["effective"] for r in document["rows"]}
+    for row in rows:
+        pred = predicted.get(tuple(row[k] for k in JOIN))
+        if pred is None:
+            continue
+        m = row["measured"]
+        row.update(dram_read_pred_bytes=pred["reads"], dram_write_pred_bytes=pred["writes"],
+                   dram_read_ratio=m["read_bytes"] / pred["reads"],
+                   dram_write_ratio=m["write_bytes"] / pred["writes"] if pred["writes"] else None,
+                   predictions=dict(file=str(path), commit=document.get("commit")))
+
+
+def compare(folder: Path, prefix: Path | None = None, predictions: Path | None = None) -> list[dict]:
     """Measured against simulated bytes per profiled configuration; writes PREFIX.json and PREFIX.md."""
     configs = json.loads((folder / "configs.json").read_text())
     rows = []
@@ -269,12 +296,17 @@ def compare(folder: Path, prefix: Path | None = None) -> list[dict]:
                 row[f"{way}_ratio"] = measured[f"{way}_bytes"] / sim[f"{way}_bytes"]
                 row[f"{way}_over_compulsory"] = measured[f"{way}_bytes"] / sim["compulsory"][f"{way}_bytes"]
         rows.append(row)
+    if predictions is not None:
+        join_predictions(rows, predictions)
     prefix = folder / "traffic" if prefix is None else prefix
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_name(prefix.name + ".json").write_text(json.dumps(rows, indent=2) + "\n")
     source = (f"DRAM bytes measured by ncu ({folder / 'ncu.csv'}) against `iosim.count` at the kernel's B_r, B_c "
               f"and dtype; M = the SRAM those tiles need, in elements. MB = 10⁶ bytes; once = each simulated tensor moved once "
-              f"(Q, K, V read; O, ℓ, m written).\n\n")
+              f"(Q, K, V read; O, ℓ, m written)."
+              + (f" L2: the DRAM bytes the L2 model predicts in {predictions} (commit "
+                 f"{json.loads(predictions.read_text()).get('commit')}; reads, and writes during the kernels)."
+                 if predictions is not None else "") + "\n\n")
     prefix.with_name(prefix.name + ".md").write_text(source + markdown(rows))
     return rows
 
@@ -289,10 +321,13 @@ def _ratio(x: float) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    l2 = any("dram_read_pred_bytes" in r for r in rows)
     head = (
         "| impl | dir | batch·heads | N | d | B_r×B_c | M | DRAM read MB | sim read MB | read meas/sim "
-        "| read meas/once | DRAM write MB | sim write MB | write meas/sim | write meas/once |\n"
-        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| read meas/once | DRAM write MB | sim write MB | write meas/sim | write meas/once |"
+        + (" L2 read MB | read meas/L2 | L2 write MB | write meas/L2 |" if l2 else "") + "\n"
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        + (" ---: | ---: | ---: | ---: |" if l2 else "") + "\n"
     )
     lines = []
     for r in rows:
@@ -306,6 +341,12 @@ def markdown(rows: list[dict]) -> str:
                 cells += [_mb(sim[f"{way}_bytes"]), _ratio(r[f"{way}_ratio"]), _ratio(r[f"{way}_over_compulsory"])]
             else:
                 cells += ["–", "–", "–"]
+        if l2 and "dram_read_pred_bytes" in r:
+            write = r["dram_write_ratio"]
+            cells += [_mb(r["dram_read_pred_bytes"]), _ratio(r["dram_read_ratio"]), _mb(r["dram_write_pred_bytes"]),
+                      "–" if write is None else _ratio(write)]
+        elif l2:
+            cells += ["–"] * 4
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -323,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_compare.add_argument("folder", type=Path, help="a folder `profile` wrote: configs.json and ncu.csv")
     p_compare.add_argument("--out", type=Path, default=None,
                            help="write OUT.json and OUT.md (default: FOLDER/traffic.json and FOLDER/traffic.md)")
+    p_compare.add_argument("--predictions", type=Path, default=None,
+                           help="the L2 model's predictions made before the run (predictions-<commit>.json)")
     return parser
 
 
@@ -331,7 +374,7 @@ def run(args: argparse.Namespace):
         return launch(GRIDS[args.grid]())
     if args.step == "profile":
         return profile(args.grid, args.out, args.ncu)
-    return compare(args.folder, args.out)
+    return compare(args.folder, args.out, args.predictions)
 
 
 def main() -> None:

@@ -98,3 +98,23 @@ def test_a_csv_that_cannot_be_attributed_in_bytes_is_rejected(tmp_path, lines, w
     folder = _folder(tmp_path, lines)
     with pytest.raises(ValueError, match=words):
         ncu.compare(folder)
+
+
+def test_compare_joins_the_predictions_made_before_the_run_on_every_key(tmp_path):
+    folder = _folder(tmp_path, [*_marker(0, 0), *_rows(1, "kernel[v29,x]", 8, "30,000", "1,000"),
+                                *_marker(2, 1), *_rows(3, "kernel[v33,x]", 8, "500", "0")])
+    keys = {k: CONFIGS[0][k] for k in ncu.JOIN}
+    predicted = {"commit": "abc1234", "rows": [
+        {**keys, "predicted": {"effective": {"reads": 24_000, "writes": 2_000}}},
+        {**keys, "causal": True, "predicted": {"effective": {"reads": 1, "writes": 1}}},  # another key: not joined
+    ]}
+    path = tmp_path / "predictions-abc1234.json"
+    path.write_text(json.dumps(predicted))
+    fwd, bwd = ncu.compare(folder, tmp_path / "cmp", predictions=path)
+    assert (fwd["dram_read_pred_bytes"], fwd["dram_write_pred_bytes"]) == (24_000, 2_000)
+    assert fwd["dram_read_ratio"] == pytest.approx(30_000 / 24_000) and fwd["dram_write_ratio"] == pytest.approx(0.5)
+    assert fwd["predictions"] == {"file": str(path), "commit": "abc1234"}
+    assert "dram_read_pred_bytes" not in bwd  # no prediction for the backward row: listed without one
+    source, _, head, _, first, second = (tmp_path / "cmp.md").read_text().splitlines()
+    assert "abc1234" in source and head.endswith("L2 read MB | read meas/L2 | L2 write MB | write meas/L2 |")
+    assert first.endswith("| 0.0 | 1.25 | 0.0 | 0.500 |") and second.endswith("| – | – | – | – |")
