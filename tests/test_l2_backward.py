@@ -1,6 +1,8 @@
 """The L2 model (iosim.l2) of the backward passes: flash's one kernel, flash-swapped's three, by hand and against
 iosim's two-level count at the same tiling."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -142,9 +144,15 @@ def test_the_swapped_backward_grid_is_key_block_fastest_and_its_tile_square():
         FLASH_BW.grid(pb, Tiling(16, 32))
 
 
-def test_the_swapped_backward_launches_refuse_float16_whose_cast_kernel_is_not_modelled():
-    with pytest.raises(InputError, match="cast_kernel"):
-        SWAPPED_BW.launches(Problem(AttentionShape(1, 1, 64, 64, 8), tau=1.0, dtype="float16"), Tiling(16, 16))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_swapped_backward_in_a_narrow_dtype_ends_with_the_cast_of_dQ(dtype):
+    pb = Problem(AttentionShape(1, 3, 100, 64, 8), tau=1.0, dtype=dtype)
+    grids = SWAPPED_BW.launches(pb, Tiling(16, 16))
+    assert len(grids) == 4 and len(SWAPPED_BW.launches(replace(pb, dtype="float32"), Tiling(16, 16))) == 3
+    cast = simulate(grids[-1], l2_config(grids[-1], "h100", 10**8))
+    # from a cold L2: dq_acc read once in float32 (3·100·8·4 = 9600 B, 300 sectors), dQ written once in 2 bytes
+    assert cast.tensor("dQ").reads == 3 * 100 * 8 * 4 and cast.reads == cast.tensor("dQ").reads, cast
+    assert cast.tensor("dQ_cast").dirty_at_end == 3 * 100 * 8 * 2 and cast.writes == 0, cast
 
 
 def test_a_pass_of_several_kernels_is_their_sum_each_from_a_cold_l2():

@@ -153,7 +153,8 @@ def paper_form(pb: Problem, M: int) -> float:
 CALL1_BLOCKS_PER_SM = {(64, 32): 5, (128, 16): 5}
 GRID_STRIDE_BLOCKS_PER_SM = 5
 GRID_STRIDE_THREADS, GRID_STRIDE_MAX_BLOCKS = 256, 8192  # kernels/_device.py's grid_stride_launch at d4169c1
-GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV")  # dQ: the float32 accumulator dq_acc
+# dQ: the float32 accumulator dq_acc; dQ_cast: dQ in the problem's dtype, which cast_kernel writes from it
+GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV", "dQ_cast")
 TILES = Tiles(GRID_TENSORS)
 
 
@@ -177,6 +178,13 @@ def row_dot_grid(pb: Problem) -> Grid:
     return _grid_stride(s.bh * s.n_q, lambda c, n: (
         TILES.access("dO", c, n * s.d * data, READ), TILES.access("O", c, n * s.d * data, READ),
         TILES.access("D", c, n * stat, WRITE)))
+
+
+def cast_grid(pb: Problem) -> Grid:
+    """cast_kernel: one thread per element of dq_acc, read in float32 and written to dQ in the problem's dtype."""
+    s, data = pb.shape, pb.itemsize("data")
+    return _grid_stride(s.bh * s.n_q * s.d, lambda c, n: (TILES.access("dQ", c, n * 4, READ),
+                                                          TILES.access("dQ_cast", c, n * data, WRITE)))
 
 
 def fill_grid(pb: Problem) -> Grid:
@@ -231,10 +239,10 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
 
 def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-    """The kernels of one backward, in launch order (float32: no cast of dQ after them)."""
-    if pb.dtype != "float32":
-        raise InputError(f"dtype={pb.dtype!r}: the cast_kernel that float16 adds is not modelled; allowed: float32")
-    return row_dot_grid(pb), fill_grid(pb), grid(pb, tiling)
+    """The kernels of one backward, in launch order: row_dot, fill, the main kernel, and in a dtype narrower than
+    float32 the cast of dQ (kernels/flash_swapped.py's ``backward``)."""
+    kernels = (row_dot_grid(pb), fill_grid(pb), grid(pb, tiling))
+    return kernels if pb.dtype == "float32" else kernels + (cast_grid(pb),)
 
 
 ALGORITHM = Algorithm(
