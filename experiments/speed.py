@@ -13,8 +13,8 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   of M under 30 s;
 - a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
   without them (records are written in time linear in the rows);
-- the L2 model's DRAM bytes (``iosim.l2.dram_counts``, the H100 preset) of any forward
-  configuration of call 1 under 2 s (issue 17), in process.
+- the L2 model's DRAM bytes (``iosim.l2_counts.dram_counts``, the H100 preset) of any
+  configuration of call 1, forward or backward, under 2 s (issue 17), in process.
 
 Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json] [--only l2]
 (``--only l2`` measures the L2 cases alone.)
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 import iosim
+from iosim.l2 import kernels, l2_config
 from iosim.l2_counts import dram_counts
-from iosim.l2 import l2_config
 from iosim.problem import AttentionShape, Problem
 from iosim.tiling import Tiling
 
@@ -61,10 +61,14 @@ RECORDS_GRID = ["sweep", "--N", *map(str, range(256, 256 + 400 * 64, 64)), "--d"
 RECORDS_TARGET = 1.2  # with --json and --csv over without
 # Call 1's forward configurations (float32, full attention) at the tiles its kernels ran, by (impl, d):
 # experiments/results/gpu/call1/ncu/configs.json. batch·heads 1 at N up to 16384, 256 (16 × 16) up to 4096.
-L2_TILES = {("flash", 64): (32, 32), ("flash", 128): (16, 16), ("flash-swapped", 64): (64, 32),
-            ("flash-swapped", 128): (32, 16)}
-L2_CASES = [(impl, batch, heads, n, d) for impl in ("flash", "flash-swapped") for d in (64, 128)
-            for batch, heads, ns in ((1, 1, (1024, 4096, 16384)), (16, 16, (1024, 4096))) for n in ns]
+# Its backward configurations: the same shapes up to N = 4096, square tiles (32 × 32 at d = 64, 16 × 16 at 128).
+L2_TILES = {("flash", "forward", 64): (32, 32), ("flash", "forward", 128): (16, 16),
+            ("flash-swapped", "forward", 64): (64, 32), ("flash-swapped", "forward", 128): (32, 16),
+            **{(impl, "backward", d): (B, B) for impl in ("flash", "flash-swapped") for d, B in ((64, 32), (128, 16))}}
+L2_CASES = [(impl, direction, batch, heads, n, d) for impl in ("flash", "flash-swapped") for direction in
+            ("forward", "backward") for d in (64, 128)
+            for batch, heads, ns in ((1, 1, (1024, 4096, 16384)), (16, 16, (1024, 4096))) for n in ns
+            if direction == "forward" or n <= 4096]
 L2_TARGET = 2.0  # seconds per configuration
 
 
@@ -140,22 +144,35 @@ def records_overhead(repeats: int) -> dict:
                 seconds_with_json_and_csv=saving_s, ratio=saving_s / bare_s, target_ratio=RECORDS_TARGET)
 
 
-def l2_cases(repeats: int) -> list[dict]:
-    """``dram_counts`` of each of call 1's forward configurations on the H100 preset, and which path it took."""
-    out = []
-    for impl, batch, heads, n, d in L2_CASES:
-        algo = iosim.ALGORITHMS[impl]
-        pb = Problem(AttentionShape(batch, heads, n, n, d), tau=1.0, dtype="float32")
-        tiling = Tiling(*L2_TILES[impl, d])
-        seconds = best_of(repeats, lambda: dram_counts(algo, pb, tiling, "h100"))
-        g = algo.grid(pb, tiling)
+def l2_path(algo, pb: Problem, tiling: Tiling) -> str:
+    """Which of ``dram_counts``'s paths each kernel of the pass takes."""
+    grids = kernels(algo, pb, tiling)
+    paths = []
+    for g in grids:
         config = l2_config(g, "h100")
-        form = None if algo.dram is None else algo.dram(pb, tiling, config.capacity, config.concurrent)
-        out.append(dict(impl=impl, batch_heads=batch * heads, N=n, d=d, Br=tiling.Br, Bc=tiling.Bc,
-                        path="closed form" if form is not None else "simulation", seconds=seconds,
-                        target_seconds=L2_TARGET))
-    print(f"L2 model, call 1's {len(out)} forward configurations: slowest {max(r['seconds'] for r in out):.3f} s "
-          f"(target < {L2_TARGET:g} s)")
+        form = None if algo.dram is None or len(grids) > 1 else algo.dram(pb, tiling, config.capacity,
+                                                                           config.concurrent)
+        paths.append("closed form" if form is not None else "lockstep" if g.uniform else "simulation")
+    return ", ".join(paths)
+
+
+def l2_cases(repeats: int) -> list[dict]:
+    """``dram_counts`` of each of call 1's configurations on the H100 preset, and which path each kernel took."""
+    out = []
+    for impl, direction, batch, heads, n, d in L2_CASES:
+        algo = iosim.ALGORITHMS[impl]
+        algo = algo if direction == "forward" else algo.backward
+        pb = Problem(AttentionShape(batch, heads, n, n, d), tau=1.0, dtype="float32")
+        tiling = Tiling(*L2_TILES[impl, direction, d])
+        seconds = best_of(repeats, lambda: dram_counts(algo, pb, tiling, "h100"))
+        out.append(dict(impl=impl, direction=direction, batch_heads=batch * heads, N=n, d=d, Br=tiling.Br,
+                        Bc=tiling.Bc, path=l2_path(algo, pb, tiling), seconds=seconds, target_seconds=L2_TARGET))
+    for direction in ("forward", "backward"):
+        rows = [r for r in out if r["direction"] == direction]
+        slowest = max(rows, key=lambda r: r["seconds"])
+        print(f"L2 model, call 1's {len(rows)} {direction} configurations: slowest {slowest['seconds']:.3f} s "
+              f"({slowest['impl']}, {slowest['batch_heads']} × {slowest['N']} × {slowest['d']}; "
+              f"target < {L2_TARGET:g} s)")
     return out
 
 

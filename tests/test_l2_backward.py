@@ -4,13 +4,13 @@ iosim's two-level count at the same tiling."""
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import iosim
 from iosim.errors import InputError
 from iosim.l2 import SECTOR, L2Config, dram_traffic, in_sequence, kernels, l2_config, sectors, simulate
-from iosim.l2_counts import dram_counts
+from iosim.l2_counts import dram_counts, lockstep
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -163,3 +163,18 @@ def test_a_pass_of_several_kernels_is_their_sum_each_from_a_cold_l2():
     total = dram_traffic(algo, pb, tiling, "h100", 20_000)
     assert total == in_sequence(parts) == dram_counts(algo, pb, tiling, "h100", 20_000)
     assert total.reads == sum(p.reads for p in parts) and total.dirty_at_end == sum(p.dirty_at_end for p in parts)
+
+
+@given(bh=st.integers(1, 9), n_q=st.integers(1, 130), n_k=st.integers(1, 130), d=st.sampled_from([8, 12, 16]),
+       B=st.sampled_from([8, 16, 32]), causal=st.booleans(), dtype=st.sampled_from(["float32", "float16"]),
+       concurrent=st.integers(1, 12), capacity=st.integers(100, 60_000))
+def test_lockstep_equals_the_simulation_on_the_flash_backward_grid(bh, n_q, n_k, d, B, causal, dtype, concurrent,
+                                                                  capacity):
+    # one block per head on its own head's tiles: uniform, so dram_counts takes lockstep (tens of times faster)
+    g = FLASH_BW.grid(Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype=dtype, causal=causal),
+                      Tiling(B, B))
+    assert g.uniform
+    config = L2Config(capacity, concurrent)
+    got = lockstep(g, config)
+    assume(got is not None)  # None: a tile larger than the L2
+    assert got == simulate(g, config), got
