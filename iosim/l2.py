@@ -54,19 +54,25 @@ Access = tuple[int, int, int]
 Step = tuple[Access, ...]  # what one thread block moves in one step of its loop
 
 
-# Occupancy of a kernel that iosim.kernels does not implement (or whose resources were not measured), on an H100:
-# its shared memory per SM (iosim.gpus) over the block's, with the 1 KiB per block the driver reserves ("NVIDIA
-# Hopper tuning guide": 228 KB per SM, 227 KB at most per block), and at most 32 resident blocks per SM (CUDA C++
-# programming guide, "Features and technical specifications", compute capability 9.0).
+# Occupancy of a kernel that iosim.kernels does not implement (or whose resources were not measured): the
+# preset's shared memory per SM (iosim.gpus) over the block's, with the 1 KiB per block the driver reserves
+# ("NVIDIA Hopper tuning guide": 228 KB per SM, 227 KB at most per block; the Ampere guide: 164 KB and 1 KB),
+# and at most 32 resident blocks per SM (CUDA C++ programming guide, "Features and technical specifications",
+# compute capabilities 8.0 and 9.0).
 SMEM_RESERVED_PER_BLOCK = 1024
 MAX_BLOCKS_PER_SM = 32
 
 
-def blocks_by_shared_memory(block_bytes: int) -> int:
-    """How many thread blocks of ``block_bytes`` of shared memory one H100 SM holds, at least 1: the occupancy
-    taken where registers are not known, so an upper bound on it."""
-    per_sm = int(get_gpu("h100").smem_per_sm.value)
-    return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (block_bytes + SMEM_RESERVED_PER_BLOCK)))
+@dataclass(frozen=True)
+class SharedMemoryBound:
+    """The occupancy of a kernel known only by its shared memory per block: as many blocks as one SM of the GPU
+    holds, an upper bound (registers may allow fewer)."""
+
+    block_bytes: int
+
+    def on(self, gpu: str) -> int:
+        per_sm = int(get_gpu(gpu).smem_per_sm.value)
+        return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (self.block_bytes + SMEM_RESERVED_PER_BLOCK)))
 
 
 def sectors(nbytes: int) -> int:
@@ -94,14 +100,19 @@ class Grid:
 
     ``steps(b)`` yields block b's tile steps in order (blocks are numbered in launch
     order, the order they start in); ``blocks_per_sm`` is how many of them one SM holds
-    at once, from the kernel's registers and shared memory.
+    at once: measured from the kernel's registers and shared memory, or bounded by its
+    shared memory on each GPU (``per_sm``).
     """
 
     blocks: int
     steps: Callable[[int], Iterator[Step]]
     tiles: Tiles
-    blocks_per_sm: int
+    blocks_per_sm: int | SharedMemoryBound
     uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.l2_counts.lockstep)
+
+    def per_sm(self, gpu: str) -> int:
+        """Blocks one SM of ``gpu`` holds at once."""
+        return self.blocks_per_sm if isinstance(self.blocks_per_sm, int) else self.blocks_per_sm.on(gpu)
 
 
 @dataclass(frozen=True)
@@ -168,7 +179,7 @@ def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
     """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""
     preset = get_gpu(gpu)
     cap = int(preset.l2_effective.value) if capacity is None else parse_count("capacity", capacity)
-    per_sm = grid.blocks_per_sm if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
+    per_sm = grid.per_sm(gpu) if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
     return L2Config(cap, int(preset.sms.value) * per_sm)
 
 

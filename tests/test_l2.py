@@ -73,7 +73,13 @@ def test_blocks_start_in_grid_order_and_a_new_one_takes_a_finished_ones_slot():
 def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them():
     g = SWAPPED.grid(problem(), Tiling(16, 16))
     h100 = l2_config(g)
-    assert (h100.capacity, h100.concurrent) == (int(GPUS["h100"].l2_effective.value), 132 * g.blocks_per_sm)
+    assert (h100.capacity, h100.concurrent) == (int(GPUS["h100"].l2_effective.value), 132 * g.per_sm("h100"))
+    assert g.per_sm("h100") == g.per_sm("a100") == 32  # 3,648 B blocks: the 32-block limit binds on both
+    # no measured occupancy for these tiles: as many blocks as each preset's shared memory holds
+    big = SWAPPED.grid(problem(d=64), Tiling(64, 64))
+    block = 4 * ((64 + 2 * 64) * 64 + 64 * 65) + 1024  # float32 Q_i, K_j, V_j, S_ij and the driver's 1 KiB: 66,816 B
+    assert (big.per_sm("h100"), big.per_sm("a100")) == (228 * 1024 // block, 164 * 1024 // block) == (3, 2)
+    assert l2_config(big, "a100").concurrent == 108 * 2
     assert l2_config(g, "a100", capacity=1000, blocks_per_sm=2) == L2Config(1000, 216)
     with pytest.raises(InputError, match="blocks_per_sm"):
         l2_config(g, blocks_per_sm=0)

@@ -27,7 +27,7 @@ from iosim.counts import Counts
 from iosim.l2_counts import lockstep_hits
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, Tiles, blocks_by_shared_memory
+from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -201,7 +201,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, Br, Bc))
     if per_sm is None:  # as shared memory allows: Q_i, K_j, V_j, P_ij and row partials, float32
-        per_sm = blocks_by_shared_memory(4 * ((Br + 2 * Bc) * s.d + Br * (Bc + 1) + 4 * Br))
+        per_sm = SharedMemoryBound(4 * ((Br + 2 * Bc) * s.d + Br * (Bc + 1) + 4 * Br))
     return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
 
 

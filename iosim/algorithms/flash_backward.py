@@ -25,7 +25,7 @@ from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, WRITE, Grid, Tiles, blocks_by_shared_memory
+from iosim.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -190,7 +190,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
     if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
-        per_sm = blocks_by_shared_memory(4 * (4 * B * s.d + 2 * B * (B + 1) + 2 * B))
+        per_sm = SharedMemoryBound(4 * (4 * B * s.d + 2 * B * (B + 1) + 2 * B))
     return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
 
 

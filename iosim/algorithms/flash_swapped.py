@@ -29,7 +29,7 @@ from iosim.algorithms.tile_ops import absorb_block, load_mask, safe_divide, scor
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, Tiles, blocks_by_shared_memory, sectors
+from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles, sectors
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -119,12 +119,12 @@ CALL1_BLOCKS_PER_SM = {(64, 64, 32): 4, (128, 32, 16): 6}
 GRID_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
 
 
-def _blocks_per_sm(pb: Problem, tiling: Tiling) -> int:
+def _blocks_per_sm(pb: Problem, tiling: Tiling) -> int | SharedMemoryBound:
     """Call 1's occupancy where the report measured it, else as shared memory allows (float32 tiles)."""
     known = CALL1_BLOCKS_PER_SM.get((pb.shape.d, tiling.Br, tiling.Bc))
     if known is not None:
         return known
-    return blocks_by_shared_memory(4 * ((tiling.Br + 2 * tiling.Bc) * pb.shape.d + tiling.Br * (tiling.Bc + 1)))
+    return SharedMemoryBound(4 * ((tiling.Br + 2 * tiling.Bc) * pb.shape.d + tiling.Br * (tiling.Bc + 1)))
 
 
 def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], list]:

@@ -36,7 +36,7 @@ from iosim.algorithms.tile_ops import absorb_block, exp_diff, load_mask, logsume
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, WRITE, Grid, Tiles, blocks_by_shared_memory
+from iosim.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling, ceil_div
@@ -224,9 +224,9 @@ GRID_TENSORS = ("Q", "K", "V", "O_split", "lse_split", "O", "lse")
 TILES = Tiles(GRID_TENSORS)
 
 
-def _per_sm(pb: Problem, tiling: Tiling) -> int:
+def _per_sm(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
     """Blocks per SM as the split's tiles in shared memory allow (iosim.kernels has no split-KV kernel)."""
-    return blocks_by_shared_memory(working_set(pb, tiling, 0) * pb.itemsize("data"))
+    return SharedMemoryBound(working_set(pb, tiling, 0) * pb.itemsize("data"))
 
 
 def grid(pb: Problem, tiling: Tiling) -> Grid:
