@@ -13,8 +13,9 @@ is given.
 
 Deviations: the RNG state R is the seed itself (``iosim.rng``), so line 1 reads
 nothing. Line 2's block sizes are the block policy's, as in the forward pass. With
-a causal mask, an inner step whose tile is entirely hidden is skipped (it would add
-zero to dQ_i, dK_j and dV_j); an explicit mask is not inspected. Line 5 is followed
+a band (causal, or a sliding window), an inner step whose tile is entirely hidden is
+skipped (it would add zero to dQ_i, dK_j and dV_j), and so is a key block no query
+sees (line 5 left its dK_j, dV_j zero); an explicit mask is not inspected. Line 5 is followed
 as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV.
 """
 
@@ -181,7 +182,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         for j in range(Tc):  # line 6
             kv = tuple(tiles.access(x, kvh * Tc + j, cols[j] * s.d * data, READ) for x in ("K", "V"))  # line 7
             out = tuple(tiles.access(x, bh * Tc + j, cols[j] * s.d * data, WRITE) for x in ("dK", "dV"))  # line 24
-            seen = inner[met.first_query(j):]  # the kernel's i_start
+            run = met.query_run(j)
+            seen = inner[run.start:run.stop]  # from the kernel's i_start
             if not seen:
                 yield kv + out
                 continue

@@ -97,7 +97,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
     for i, rows in mem.loop(tiles.query_blocks()):  # 5 and 6: dS = τ·MASK'(dS), one pass each
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
-            if pb.causal or pb.has_mask:
+            if pb.hides_keys:
                 dS_ij, mask_ij = mem.load("dS", rows, cols, tile="dS_ij"), load_mask(mem, pb, rows, cols)
                 if mem.numeric:
                     dS_ij.data = np.where(visible(pb, rows, cols, mask_ij), dS_ij.data, 0.0)
@@ -184,7 +184,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     rows = sum(b_i * n for b_i, _, n in pairs)  # T_c·N_q
     cols = sum(b_j * n for _, b_j, n in pairs)  # T_r·N_k
     sp = 1 if softmax_backward_rows(M, n_q, n_k) >= 1 else 2  # reads of P and dP in step 4
-    dropout, masked = pb.dropout_p > 0, pb.causal or pb.has_mask
+    dropout, masked = pb.dropout_p > 0, pb.hides_keys
     reads = {
         "dO": n_q * d + rows * d, "V": cols * d,  # steps 1 and 2
         "P_drop": dropout * area, "P": (not dropout) * area + sp * area,  # steps 2 and 4
