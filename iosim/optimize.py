@@ -67,7 +67,7 @@ class Optimum:
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
-             on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
+             on_done: Callable[[Optimum | None], None] | None = None, window=None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
@@ -76,25 +76,31 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     that error is raised. ``on_done`` sees each algorithm's result as it ends.
     With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
     problem as it runs it, packed by group where it serves a group from one K/V load.
+    ``window=(left, right)`` is a sliding window; an algorithm that takes none gives its
+    ``InputError`` in its place.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
-    user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads)
+    user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
+                            window=window)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | InputError] = []
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
+            if pb.window is not None and not algo.accepts("window"):
+                raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {algo.name}: it takes no "
+                                 f"sliding window")
             searched = ranked(algo, pb, M)
-        except (BlockSizeError, SearchTooLargeError) as err:
+        except (BlockSizeError, SearchTooLargeError, InputError) as err:
             out.append(err)
             if on_done:
                 on_done(None)
             continue
         winner = searched[0].tiling
         measured = count(algo, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
-                         dtype=dtype, kv_heads=kv_heads, tiling=winner).traffic
+                         dtype=dtype, kv_heads=kv_heads, tiling=winner, window=window).traffic
         if measured != algo.traffic(pb, winner, M):
             raise RuntimeError(f"{algo.name} with {winner}: the simulator measured {measured}, the closed form says "
                                f"{algo.traffic(pb, winner, M)}")

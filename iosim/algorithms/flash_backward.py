@@ -21,7 +21,7 @@ as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
 from iosim.counts import Counts
 from iosim.errors import InputError
@@ -199,4 +199,5 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 ALGORITHM = Algorithm(
     name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops, grid=grid,
+    needs=Needs(window=True),
 )

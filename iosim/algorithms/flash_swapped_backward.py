@@ -25,7 +25,7 @@ loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
 from iosim.errors import InputError
@@ -249,5 +249,5 @@ def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
-    grid=grid, launches=launches,
+    grid=grid, launches=launches, needs=Needs(window=True),
 )

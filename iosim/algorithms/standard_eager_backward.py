@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
 from iosim.counts import Counts
@@ -206,4 +206,5 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 ALGORITHM = Algorithm(
     name="standard-eager backward", run=run, tensors=TENSORS, outer="Br", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="Θ(Nd + N²)", flops=flops,
+    needs=Needs(window=True),
 )
