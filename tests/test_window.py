@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
+from helpers import load_experiment
 from iosim.api import count_problem
 from iosim.counts import combined
 from iosim.problem import Band
@@ -223,3 +224,11 @@ def test_forward_matches_torch_sdpa_with_the_band_as_an_explicit_mask(n_q, n_k, 
         *(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(keep)).numpy()
     out = iosim.simulate("flash-swapped", q, k, v, M="2k", window=window).out
     assert np.abs(out[:, :, seen] - want[:, :, seen]).max() < 1e-12
+
+
+def test_the_window_figure_s_counts_grow_with_the_window_up_to_causal():
+    rows = load_experiment("window").records()
+    for algorithm in ("flash", "flash-swapped"):
+        mine = {r["window"]: r["hbm_elements"] for r in rows if r["algorithm"] == algorithm}
+        windowed = [mine[w] for w in sorted(w for w in mine if isinstance(w, int))]
+        assert windowed == sorted(windowed) and windowed[-1] == mine["causal"] < mine[None], mine
