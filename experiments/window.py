@@ -74,7 +74,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     for r in rows:
-        print(f"{r['algorithm']:14} window {str(r['window']):>7}  {r['Br']}x{r['Bc']}  {r['hbm_bytes'] / 1e6:9.1f} MB")
+        print(f"{r['algorithm']:14} window {r['window']!s:>7}  {r['Br']}x{r['Bc']}  {r['hbm_bytes'] / 1e6:9.1f} MB")
 
 
 if __name__ == "__main__":
