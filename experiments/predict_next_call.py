@@ -89,8 +89,9 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     def steps(b: int):
         bh, i = divmod(b, Tr)
         rows = min(Br, s.n_q - i * Br)
-        seen = met.keys_met(i)
-        kv = kv_steps(s.kv_head(bh))
+        run = met.key_run(i)
+        kv = kv_steps(s.kv_head(bh))[run.start:run.stop]
+        seen = len(kv)
         q = (tiles.access("Q", b, rows * s.d * data, READ),)
         out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen <= 1:

@@ -13,13 +13,14 @@ from iosim.dram_level import DramResult, dram
 from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
+from iosim.problem import Band
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "DramResult",
+    "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "DramResult",
     "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult", "Tensor",
     "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "count", "dram", "gradients", "predict",
     "register", "simulate",

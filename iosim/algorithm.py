@@ -70,7 +70,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits")
+OPTIONS = ("block_sparsity", "splits", "window")
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class Needs:
     # it serves each GQA group of query heads from one K/V load: it runs on the problem packed by group
     # (Problem.packed_by_group: batch·kv_heads heads of G·N_q query rows), so its counts show the saving
     packs_groups: bool = False
+    # it takes a sliding window (Problem.window): it skips the tiles outside the band, or masks S with it
+    window: bool = False
     # its default number of K/V splits (Tiling.splits) given the problem, the blocks and the GPU's SM count;
     # None when it does not split K/V
     splits: Callable[[Problem, Tiling, int], int] | None = None
@@ -145,12 +147,14 @@ class Algorithm:
         """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
         if option not in OPTIONS:
             raise ValueError(f"option {option!r} is not one of {OPTIONS}")
-        return self.needs.block_mask if option == "block_sparsity" else self.needs.splits is not None
+        return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
+                "window": self.needs.window}[option]
 
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
-        block mask to another algorithm repeats that algorithm without a mask to use."""
-        return not self.needs.block_mask or "block_sparsity" in given
+        block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
+        is left out when a window is set."""
+        return (not self.needs.block_mask or "block_sparsity" in given) and ("window" not in given or self.needs.window)
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""

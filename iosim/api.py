@@ -32,7 +32,7 @@ from iosim.l2 import DramCounts
 from iosim.l2_counts import covers, passes_dram
 from iosim.memory import Memory
 from iosim.policies import choose_tiling
-from iosim.problem import AttentionShape, Problem
+from iosim.problem import AttentionShape, Problem, check_window
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.sparsity import check_block_sparsity
 from iosim.tiling import Tiling, one_pass
@@ -190,6 +190,10 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     if pb.block_sparsity is not None and not forward.accepts("block_sparsity"):
         raise InputError(f"block_sparsity for {forward.name}: it has no block mask; allowed: block_sparsity=None, "
                          f"or an algorithm that takes one: {[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
+    if pb.window is not None and not forward.accepts("window"):
+        raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {forward.name}: it takes no sliding window; "
+                         f"allowed: window=None, or an algorithm that takes one: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('window')]}")
     if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
         raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
                          f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")
@@ -208,7 +212,7 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
-                  dtype="float16", block_sparsity=None, kv_heads=None) -> Problem:
+                  dtype="float16", block_sparsity=None, kv_heads=None, window=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data."""
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
@@ -219,7 +223,8 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
                              f"explicit mask is read); simulate takes the boolean mask array")
     return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
-                   dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=check_block_sparsity(block_sparsity))
+                   dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=check_block_sparsity(block_sparsity),
+                   window=check_window(window))
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -297,7 +302,7 @@ def _tiling(p: Plan | None) -> Tiling | None:
     return None if p is None else p.tiling
 
 
-def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None,
+def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
                    allow_nonfinite=False) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
@@ -310,7 +315,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
     full_mask = check_mask(mask, shape)
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
-                 block_sparsity=check_block_sparsity(block_sparsity))
+                 block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window))
     data = {"Q": q, "K": k, "V": v}
     if full_mask is not None:
         data["mask"] = full_mask
@@ -319,7 +324,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
-             allow_nonfinite=False, on_progress: Progress | None = None) -> SimResult:
+             window=None, allow_nonfinite=False, on_progress: Progress | None = None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
@@ -329,12 +334,15 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
-    block-sparse algorithms; the others refuse it. Q, K and V must be real and finite
+    block-sparse algorithms; the others refuse it. ``window=(left, right)`` is a sliding
+    window as flash-attn's ``window_size`` (−1: unbounded on that side; ``iosim.Band``),
+    bottom-right aligned; with ``causal=True`` its right side is 0. Q, K and V must be real and finite
     unless ``allow_nonfinite`` asks to propagate inf and NaN to the output.
     ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype, block_sparsity=block_sparsity, allow_nonfinite=allow_nonfinite)
+                              dtype=dtype, block_sparsity=block_sparsity, window=window,
+                              allow_nonfinite=allow_nonfinite)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
         mem = execute(p, data, on_progress, total=work(p) if on_progress else 0)
@@ -352,7 +360,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-          kv_heads=None, splits=None, gpu=None) -> SimResult:
+          kv_heads=None, splits=None, gpu=None, window=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -360,22 +368,23 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
     traffic and arithmetic added (the peak is the larger pass's). ``gpu`` names the
     preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
     the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
+    ``window=(left, right)`` is a sliding window, as ``simulate`` takes it.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
-                       dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads)
+                       dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-            kv_heads=None, splits=None, gpu=None) -> PredictResult:
+            kv_heads=None, splits=None, gpu=None, window=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
     adds them (the paper's forms added too).
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
-                       block_sparsity=block_sparsity, kv_heads=kv_heads)
+                       block_sparsity=block_sparsity, kv_heads=kv_heads, window=window)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

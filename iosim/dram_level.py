@@ -40,7 +40,8 @@ class DramResult:
 
 
 def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
-         tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None) -> DramResult:
+         tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None,
+         window=None) -> DramResult:
     """The DRAM bytes of ``algorithm``'s kernels on ``gpu``, beside its two-level count.
 
     Each pass's kernels run from a cold L2 (``iosim.l2.in_sequence``), as ncu measures
@@ -48,11 +49,13 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     the kernels' residency; a pass whose algorithm declares no grid of thread blocks is
     refused. The forward passes of flash and flash-swapped have closed forms
     (milliseconds); a backward pass is simulated, which takes seconds to minutes at
-    batch·heads in the hundreds and N in the thousands.
+    batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count``
+    takes it, and a sliding window (other than causal's (−1, 0)) is refused: no kernel of
+    iosim takes one.
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
-    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads)
+    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window)
     request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
     behind_l2 = passes_dram(request.plans, gpu, capacity, blocks_per_sm)

@@ -39,8 +39,8 @@ class GradResult:
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-              block_policy="fit", dtype="float16", block_sparsity=None, splits=None, allow_nonfinite=False,
-              on_progress: Progress | None = None) -> GradResult:
+              block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
+              allow_nonfinite=False, on_progress: Progress | None = None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
@@ -48,11 +48,13 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     Rows that see no key get zero gradients. An algorithm whose backward pass must run on
     the forward's tiles (``Algorithm.step_shares_tiling``, block-sparse) runs both passes
     on the backward's tiling. ``splits`` is refused unless 1: no backward pass splits K/V.
+    ``window=(left, right)`` is a sliding window, as ``iosim.simulate`` takes it.
     Q, K, V and dO must be real and finite unless ``allow_nonfinite`` asks to propagate inf and NaN.
     ``on_progress(done, total)`` sees the work of both passes (FLOPs and exponentials) after each step.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
-                              dtype=dtype, block_sparsity=block_sparsity, allow_nonfinite=allow_nonfinite)
+                              dtype=dtype, block_sparsity=block_sparsity, window=window,
+                              allow_nonfinite=allow_nonfinite)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, pb.shape, "do")
     do = np.asarray(do)

@@ -273,6 +273,9 @@ def kernels(algorithm: Algorithm, pb: Problem, tiling: Tiling) -> tuple[Grid, ..
     """The grids of every kernel a pass launches, in order (``Algorithm.launches``, else its one ``grid``)."""
     if algorithm.grid is None:
         raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
+    if pb.band.sliding:
+        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
+                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
     return algorithm.launches(pb, tiling) if algorithm.launches is not None else (algorithm.grid(pb, tiling),)
 
 

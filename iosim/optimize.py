@@ -78,7 +78,7 @@ class Optimum:
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
-             objective: str = "hbm", gpu: str | None = None,
+             objective: str = "hbm", gpu: str | None = None, window=None,
              on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
@@ -90,6 +90,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     problem as it runs it, packed by group where it serves a group from one K/V load.
     ``objective="dram"`` ranks by the DRAM bytes behind ``gpu``'s L2 instead (forward passes
     of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place).
+    ``window=(left, right)`` is a sliding window; an algorithm that takes none gives its
+    ``InputError`` in its place.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
@@ -97,24 +99,28 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         raise InputError(f"objective={objective!r}; allowed: {list(OBJECTIVES)}")
     if objective == "dram" and gpu is None:
         raise InputError("objective='dram' needs a GPU preset, such as gpu='h100': its L2 sets the DRAM bytes")
-    user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads)
+    user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
+                            window=window)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | InputError] = []
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
+            if pb.window is not None and not algo.accepts("window"):
+                raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {algo.name}: it takes no "
+                                 f"sliding window")
             searched, dram = ranked(algo, pb, M), None
             if objective == "dram":
                 searched, dram = by_dram(algo, pb, searched, gpu)
-        except InputError as err:  # no fit, a search too large, or no kernel grid
+        except InputError as err:  # no fit, a search too large, no window, or no kernel grid
             out.append(err)
             if on_done:
                 on_done(None)
             continue
         winner = searched[0].tiling
         measured = count(algo, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
-                         dtype=dtype, kv_heads=kv_heads, tiling=winner).traffic
+                         dtype=dtype, kv_heads=kv_heads, tiling=winner, window=window).traffic
         if measured != algo.traffic(pb, winner, M):
             raise RuntimeError(f"{algo.name} with {winner}: the simulator measured {measured}, the closed form says "
                                f"{algo.traffic(pb, winner, M)}")

@@ -4,10 +4,14 @@ Q has N_q rows and K, V have N_k rows; N_q may differ from N_k (decoding has N_q
 Grouped-query attention: K and V may have fewer heads than Q, ``kv_heads`` dividing
 ``heads``; query head h reads K/V head h // (heads / kv_heads). MQA is kv_heads = 1.
 
-Causal masking with N_q != N_k is aligned bottom-right, as in FlashAttention-2 and
-PyTorch's ``causal_lower_right``: query i sees key j exactly when j <= i + N_k - N_q.
-The last query row then sees every key, and with N_q > N_k the first N_q - N_k
-query rows see no key at all (fully masked rows, whose output is defined as 0).
+Which keys a query sees is one concept, the ``Band``: a sliding window (left, right) as
+flash-attn's ``window_size`` (−1: unbounded on that side), aligned bottom-right as in
+FlashAttention-2 and PyTorch's ``causal_lower_right``: query i sees key j exactly when
+i + off − left ≤ j ≤ i + off + right, off = N_k − N_q. Causal masking is the band
+(−1, 0): j ≤ i + N_k − N_q. The last query row then sees every key, and with N_q > N_k
+the first N_q − N_k query rows see no key at all (fully masked rows, whose output is
+defined as 0). A window with ``causal=True`` has its right side clipped to 0, as
+flash-attn does.
 """
 
 from __future__ import annotations
@@ -33,11 +37,84 @@ STAT_MIN_ITEMSIZE = 4
 ELEMENTS = ("data", "stat", "mask")
 
 
+UNBOUNDED = -1  # a side of a window that hides nothing, as flash-attn's window_size spells it
+
+
+@dataclass(frozen=True)
+class Band:
+    """The keys each query sees: query i sees key j exactly when i + off − left ≤ j ≤ i + off + right.
+
+    off = N_k − N_q (bottom-right aligned); a side of −1 (``UNBOUNDED``) has no bound. Full
+    attention is (−1, −1), causal (−1, 0), a sliding window of W keys back (W, 0).
+    """
+
+    left: int = UNBOUNDED
+    right: int = UNBOUNDED
+
+    def __post_init__(self):
+        for side in ("left", "right"):
+            value = getattr(self, side)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < UNBOUNDED:
+                raise InputError(f"window {side}={value!r} must be an integer >= -1 (-1: unbounded on that side)")
+            object.__setattr__(self, side, int(value))
+
+    @property
+    def full(self) -> bool:
+        """Whether it hides nothing: unbounded on both sides."""
+        return self.left == UNBOUNDED and self.right == UNBOUNDED
+
+    @property
+    def sliding(self) -> bool:
+        """Whether it is a window proper: neither full attention nor causal (−1, 0)."""
+        return self.left != UNBOUNDED or self.right not in (UNBOUNDED, 0)
+
+    def keys(self, first_row: int, last_row: int, n_q: int, n_k: int) -> tuple[int, int]:
+        """The keys (first, last) that the query rows first_row … last_row see together, clipped to [0, N_k);
+        first > last when they see none. Each row sees a run of keys one further on than the row before,
+        so together they see one run."""
+        off = n_k - n_q
+        first = 0 if self.left == UNBOUNDED else max(0, first_row + off - self.left)
+        last = n_k - 1 if self.right == UNBOUNDED else min(n_k - 1, last_row + off + self.right)
+        return first, last
+
+    def queries(self, first_col: int, last_col: int, n_q: int, n_k: int) -> tuple[int, int]:
+        """The query rows (first, last) that see some key of first_col … last_col, clipped to [0, N_q)."""
+        return Band(self.right, self.left).keys(first_col, last_col, n_k, n_q)  # c sees r in the mirrored band
+
+    def keep(self, n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
+        """The band of one tile: (rows, cols) booleans, True = attend."""
+        i = np.arange(rows.start, rows.stop)[:, None] + (n_k - n_q)
+        j = np.arange(cols.start, cols.stop)[None, :]
+        keep = np.ones((i.shape[0], j.shape[1]), dtype=bool)
+        if self.right != UNBOUNDED:
+            keep &= j <= i + self.right
+        if self.left != UNBOUNDED:
+            keep &= j >= i - self.left
+        return keep
+
+
+CAUSAL = Band(UNBOUNDED, 0)
+FULL = Band()
+
+
+def check_window(window) -> Band | None:
+    """A window (left, right) as flash-attn's ``window_size``, or None; -1 is unbounded on that side."""
+    if window is None or isinstance(window, Band):
+        return window
+    if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
+        raise InputTypeError(f"window={window!r} must be a pair (left, right) of integers >= -1, or None")
+    return Band(*window)
+
+
+def band_of(causal: bool, window: Band | None) -> Band:
+    """The band of a problem: its window, or full; causal clips the right side to 0, as flash-attn does."""
+    band = FULL if window is None else window
+    return Band(band.left, 0) if causal else band
+
+
 def causal_keep(n_q: int, n_k: int, rows: slice, cols: slice) -> np.ndarray:
     """Bottom-right aligned causal mask of one tile: (Br, Bc) booleans, True = attend."""
-    i = np.arange(rows.start, rows.stop)[:, None]
-    j = np.arange(cols.start, cols.stop)[None, :]
-    return j <= i + (n_k - n_q)
+    return CAUSAL.keep(n_q, n_k, rows, cols)
 
 
 @dataclass(frozen=True)
@@ -97,6 +174,8 @@ class Problem:
     dtype: str = "float16"
     # the block mask of an algorithm that takes one (checked where it enters the API); others ignore it
     block_sparsity: BlockSparsity | None = None
+    # the sliding window (``Band``) as the caller gave it, None without one; ``band`` combines it with causal
+    window: Band | None = None
     # query heads packed into the query rows (``packed()``): 1, or the GQA group of an algorithm that serves
     # a whole group from one K/V load; row r is then query r mod N_q/packed of the group's head r // (N_q/packed)
     packed: int = 1
@@ -110,6 +189,8 @@ class Problem:
         for name in ("causal", "has_mask"):
             if not isinstance(getattr(self, name), bool):
                 raise InputTypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.window is not None and not isinstance(self.window, Band):
+            raise InputTypeError(f"window={self.window!r} must be an iosim.Band or None")
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)
@@ -126,6 +207,16 @@ class Problem:
             raise ValueError("the problem is packed already")
         shape = AttentionShape(s.batch, s.kv_heads, s.group * s.n_q, s.n_k, s.d, kv_heads=s.kv_heads)
         return replace(self, shape=shape, packed=s.group)
+
+    @property
+    def band(self) -> Band:
+        """The keys each query sees: the window, clipped to causal when causal; full attention without either."""
+        return band_of(self.causal, self.window)
+
+    @property
+    def hides_keys(self) -> bool:
+        """Whether a band or an explicit mask hides some scores: what an algorithm that masks S must apply."""
+        return not self.band.full or self.has_mask
 
     @property
     def queries(self) -> int:

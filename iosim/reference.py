@@ -6,8 +6,10 @@ propagates to every output that depends on it, as plain arithmetic does.
 
 MASK is spelled out here rather than taken from the simulator's helpers, so that a
 mistake in those cannot be repeated in the yardstick: causal attention is aligned
-bottom-right (query i sees key j exactly when j ≤ i + N_k − N_q), and an explicit
-boolean mask broadcasts to (batch, heads, N_q, N_k) with True meaning "attend".
+bottom-right (query i sees key j exactly when j ≤ i + N_k − N_q), a sliding window
+(left, right) likewise (i + N_k − N_q − left ≤ j ≤ i + N_k − N_q + right, −1 unbounded;
+with causal, right is 0, as flash-attn has it), and an explicit boolean mask broadcasts
+to (batch, heads, N_q, N_k) with True meaning "attend".
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from iosim.errors import InputError
 from iosim.inputs import check_dout, check_mask, check_qkv, check_scale, check_values
-from iosim.problem import AttentionShape
+from iosim.problem import AttentionShape, check_window
 from iosim.rng import check_dropout_p, dropout_tile
 
 
@@ -39,12 +41,27 @@ def _causal_visibility(n_q: int, n_k: int, rows: slice) -> np.ndarray:
     return np.arange(n_k)[None, :] < seen[:, None]  # (rows, N_k)
 
 
-def _keep_matrix(shape: AttentionShape, causal: bool, mask, rows: slice) -> np.ndarray:
+def _window_visibility(n_q: int, n_k: int, rows: slice, left: int, right: int) -> np.ndarray:
+    """(rows, N_k) booleans: query i sees key j exactly when the distance j − (i + N_k − N_q) lies in
+    [−left, right], a side of −1 having no bound."""
+    distance = np.arange(n_k)[None, :] - (np.arange(rows.start, rows.stop)[:, None] + (n_k - n_q))  # (rows, N_k)
+    keep = np.ones(distance.shape, dtype=bool)
+    if left != -1:
+        keep &= distance >= -left
+    if right != -1:
+        keep &= distance <= right
+    return keep
+
+
+def _keep_matrix(shape: AttentionShape, causal: bool, mask, rows: slice, window=None) -> np.ndarray:
     """Visibility of every (query, key) pair of the query rows ``rows``: (batch, heads, rows, N_k) booleans."""
     full = (shape.batch, shape.heads, shape.n_q, shape.n_k)
     keep = np.ones((shape.batch, shape.heads, rows.stop - rows.start, shape.n_k), dtype=bool)
     if causal:
         keep &= _causal_visibility(shape.n_q, shape.n_k, rows)
+    band = check_window(window)
+    if band is not None:
+        keep &= _window_visibility(shape.n_q, shape.n_k, rows, band.left, band.right)
     if mask is not None:
         check_mask(mask, shape)  # raises on a non-boolean mask or one that does not broadcast
         keep &= np.broadcast_to(np.asarray(mask), full)[:, :, rows]  # True = attend
@@ -67,7 +84,7 @@ def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
     return np.repeat(x, heads // x.shape[1], axis=1)
 
 
-def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False):
+def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
     check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
@@ -76,7 +93,7 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
     rows = _check_rows(rows, shape.n_q)
     q64, k64 = np.asarray(q[:, :, rows], dtype=np.float64), np.asarray(k, dtype=np.float64)
     s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, rows, N_k)
-    keep = _keep_matrix(shape, causal, mask, rows)
+    keep = _keep_matrix(shape, causal, mask, rows, window)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m_safe = np.where(np.isneginf(m), 0.0, m)
@@ -100,26 +117,26 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                  rows: slice | None = None, allow_nonfinite=False) -> ReferenceOutput:
+                  rows: slice | None = None, allow_nonfinite=False, window=None) -> ReferenceOutput:
     """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
-    sequence goes through it a slice at a time.
+    sequence goes through it a slice at a time. ``window=(left, right)``: a sliding window.
     """
-    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite)
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q))
     out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)
 
 
 def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                           allow_nonfinite=False):
+                           allow_nonfinite=False, window=None):
     """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v.
 
     Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
     D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
     """
-    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite)
+    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite, window=window)
     if shape.kv_heads != shape.heads:
         raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)

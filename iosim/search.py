@@ -126,7 +126,7 @@ def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
 
     if algo.follows_block_mask(pb):  # traffic is neither monotone in a block nor set by the block counts
         return _every_tiling(algo, pb, M, fits)
-    if not pb.causal:  # traffic depends on T_r and T_c only: the least block of each count will do
+    if pb.band.full:  # traffic depends on T_r and T_c only: the least block of each count will do
         return _canonical_staircase(fits, algo.name, pb, M)
     thin_q = largest(lambda Br: fits(Br, 1), n_q)
     thin_k = largest(lambda Bc: fits(1, Bc), n_k)

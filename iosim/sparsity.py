@@ -202,7 +202,7 @@ MAX_TILES = 10**8  # a block mask is held whole: T_r·T_c booleans
 
 
 def sparse_visits(pb: Problem, tiling: Tiling, skips_empty_columns: bool) -> SparseVisits | Visits:
-    """The tiles of a block-sparse run on ``pb`` with ``tiling``: its block mask's, causal-hidden ones skipped.
+    """The tiles of a block-sparse run on ``pb`` with ``tiling``: its block mask's, those its band hides skipped.
 
     Without a block mask every tile is nonzero: the dense tiles (``iosim.visits``), in
     time independent of N. A block mask costs time and memory O(T_r·T_c).
@@ -215,7 +215,10 @@ def sparse_visits(pb: Problem, tiling: Tiling, skips_empty_columns: bool) -> Spa
                          f"is above the {MAX_TILES:.0e} tiles it may hold; allowed: larger blocks (a larger M) or "
                          f"shorter sequences")
     nonzero = pb.block_sparsity.mask(q.T, k.T)
-    if pb.causal:  # tile (i, j) is partly visible when block j's first key is seen by block i's last row
-        last_row = np.minimum(np.arange(1, q.T + 1) * q.B, q.n) - 1
-        nonzero = nonzero & (np.arange(k.T)[None, :] * k.B <= last_row[:, None] + (k.n - q.n))
+    dense = visits(pb, tiling, skips_hidden=True)
+    if dense.band is not None:  # a band (causal, or a window): tile (i, j) is visited when j is in i's run
+        runs = [dense.key_run(i) for i in range(q.T)]
+        first, stop = np.array([r.start for r in runs]), np.array([r.stop for r in runs])
+        j = np.arange(k.T)[None, :]
+        nonzero = nonzero & (j >= first[:, None]) & (j < stop[:, None])
     return SparseVisits(q, k, nonzero, skips_empty_columns)

@@ -20,6 +20,7 @@ from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
 from iosim.l2 import DramCounts, dram_record
+from iosim.problem import check_window
 from iosim.registry import get_algorithm
 from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling, one_pass
@@ -65,6 +66,8 @@ class SweepRow:
     requested_splits: int | None = None  # split-kv's --splits as given; None: its default policy, or no splits
     gpu: str | None = None  # the preset's name: its roofline, and the SMs split-kv's default splits fill
     dram: DramCounts | None = None  # with a preset, a forward pass whose kernel grid is declared: bytes behind L2
+    window_left: int | None = None  # the sliding window (left, right) as given; None without one
+    window_right: int | None = None
 
     @property
     def tiling(self) -> Tiling | None:
@@ -128,13 +131,13 @@ class SweepRow:
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
-               "requested_splits", "gpu")  # every option that changes a row: what --resume tells rows apart by
+               "requested_splits", "gpu", "window_left", "window_right")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
-              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None) -> SweepRow:
+              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -146,12 +149,14 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     among the query heads. With ``gpu``, a forward row of an algorithm whose kernel grid
     is declared (``Algorithm.grid``) also carries its DRAM bytes behind the preset's L2
     (``iosim.l2``), and its roofline time uses them instead of the two-level bytes.
+    ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
     """
     preset = None if gpu is None else get_gpu(gpu)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
-                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits)
+                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
+                   window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
                    block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu)
     try:
@@ -173,11 +178,12 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
-               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None) -> dict:
+               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None."""
     algo = get_algorithm(algorithm)
     sparse = block_sparsity is not None and algo.accepts("block_sparsity")
+    band = check_window(window)
     return dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
                 dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
                 kv_heads=None if kv_heads in (None, heads) else kv_heads,
@@ -185,7 +191,8 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 sparsity_pattern=block_sparsity.pattern if sparse else None,
                 sparsity_seed=block_sparsity.seed if sparse else None,
                 requested_splits=splits if algo.accepts("splits") else None,
-                gpu=None if gpu is None else get_gpu(gpu).name)
+                gpu=None if gpu is None else get_gpu(gpu).name,
+                window_left=None if band is None else band.left, window_right=None if band is None else band.right)
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -203,7 +210,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
-              splits=None, kept: list[dict] | None = None) -> list[SweepRow]:
+              splits=None, kept: list[dict] | None = None, window=None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
@@ -212,7 +219,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     rows = []
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits)
+                   splits=splits, window=window)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})

@@ -10,12 +10,13 @@ disagree about which tiles are visited.
 Count-only mode needs only how many visited blocks and tiles have each size, since
 a block's traffic depends on its size alone. ``Visits.pairs`` gives the visited
 tiles by size in closed form, in time independent of N (a causal mask's visited
-tiles are sums of floor functions, summed by ``floor_sum``), and ``Blocks.classes``
+tiles, and a sliding window's, are sums of floor functions, summed by ``floor_sum``), and ``Blocks.classes``
 the blocks of a loop by size; ``iosim.memory.Memory.loop`` derives its grouping from
 them.
 
-Causal masking is bottom-right aligned (``iosim.inputs``): query r sees key c
-exactly when c ≤ r + N_k − N_q.
+Which keys a query sees is the problem's band (``iosim.problem.Band``), bottom-right
+aligned: query r sees key c exactly when r + off − left ≤ c ≤ r + off + right, with
+off = N_k − N_q; causal is the band (−1, 0).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from iosim.problem import Problem
+from iosim.problem import UNBOUNDED, Band, Problem
 from iosim.tiling import Tiling, ceil_div
 
 
@@ -133,106 +134,142 @@ class PairCounts:
         return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
 
 
+def clamped_floor_sum(start: int, stop: int, a: int, c: int, m: int, lo: int, hi: int) -> tuple[int, int]:
+    """(Σ_{i=start}^{stop−1} clamp(⌊(a·i + c)/m⌋, lo, hi), how many terms are hi) for a, m ≥ 1 and 0 ≤ lo ≤ hi.
+
+    The floor is nondecreasing in i: it is below lo up to the first i with a·i + c ≥ lo·m,
+    and at least hi from the first i with a·i + c ≥ hi·m; in between, a floor sum.
+    """
+    if stop <= start:
+        return 0, 0
+    at_lo = min(stop, max(start, ceil_div(lo * m - c, a)))  # the first i whose floor is at least lo
+    at_hi = min(stop, max(at_lo, ceil_div(hi * m - c, a)))  # the first i whose floor is at least hi
+    inside = floor_sum(at_hi - at_lo, m, a, a * at_lo + c)  # a·at_lo + c ≥ lo·m ≥ 0
+    return lo * (at_lo - start) + inside + hi * (stop - at_hi), stop - at_hi
+
+
 @dataclass(frozen=True)
 class Visits(PairCounts):
     """The tiles (query block i, key block j) visited on one problem with one tiling.
 
-    ``skips_hidden``: only pairs that a causal mask leaves partly visible are visited.
-    An explicit mask is not inspected: its tiles are all visited.
+    ``band``: only pairs where some query of block i sees some key of block j within the
+    band (``iosim.problem.Band``: a sliding window, or causal) are visited; None visits
+    every pair. An explicit mask is not inspected: its tiles are all visited.
+
+    A query block's rows see one run of keys (each row's run is one key further on than
+    the row before's), so block i meets one run of key blocks lo_i … hi_i, and key block
+    j one run of query blocks; both boundaries are nondecreasing in the block.
     """
 
     q: Axis  # query rows in blocks of B_r
     k: Axis  # key rows in blocks of B_c
-    skips_hidden: bool
+    band: Band | None
 
     @property
     def offset(self) -> int:
-        """N_k − N_q: query r sees key c exactly when c ≤ r + offset (causal)."""
+        """N_k − N_q: query r sees key c exactly when r + offset − left ≤ c ≤ r + offset + right."""
         return self.k.n - self.q.n
 
-    def _keys_seen(self, last_row: int) -> int:
-        """How many key blocks, from the first, a query block ending at ``last_row`` meets.
+    def key_run(self, i: int) -> range:
+        """The key blocks query block i meets, lo_i … hi_i (empty when it sees no key)."""
+        rows = self.q.slice(i)
+        if self.band is None:
+            return range(self.k.T)
+        first, last = self.band.keys(rows.start, rows.stop - 1, self.q.n, self.k.n)
+        return range(first // self.k.B, last // self.k.B + 1) if first <= last else range(0)
 
-        Its last row sees keys up to L = last_row + N_k − N_q, so with a causal skip it
-        meets the key blocks j ≤ ⌊L / B_c⌋: min(T_c, ⌊L / B_c⌋ + 1) of them, none when L < 0.
-        """
-        if not self.skips_hidden:
-            return self.k.T
-        last_key = last_row + self.offset
-        return 0 if last_key < 0 else min(self.k.T, last_key // self.k.B + 1)
-
-    def keys_met(self, i: int) -> int:
-        """How many key blocks, from the first, query block i meets."""
-        return self._keys_seen(self.q.slice(i).stop - 1)
+    def query_run(self, j: int) -> range:
+        """The query blocks that meet key block j (empty when no query sees its keys)."""
+        cols = self.k.slice(j)
+        if self.band is None:
+            return range(self.q.T)
+        first, last = self.band.queries(cols.start, cols.stop - 1, self.q.n, self.k.n)
+        return range(first // self.q.B, last // self.q.B + 1) if first <= last else range(0)
 
     def keys_seen_by(self, i: int) -> Blocks:
         """The key blocks query block i meets."""
-        return Blocks(self.k, (range(self.keys_met(i)),))
-
-    def first_query(self, j: int) -> int:
-        """The first query block that meets key block j; every later one meets it too.
-
-        Row r sees the block's first key j·B_c when r ≥ j·B_c − (N_k − N_q), so with a causal
-        skip the query blocks from ⌊max(0, j·B_c − (N_k − N_q)) / B_r⌋ on meet it.
-        """
-        return max(0, j * self.k.B - self.offset) // self.q.B if self.skips_hidden else 0
+        return Blocks(self.k, (self.key_run(i),))
 
     def queries_seeing(self, j: int) -> Blocks:
-        """The query blocks that meet key block j (``first_query`` on). The last query row sees
-        every key, so every key block is met."""
-        return Blocks(self.q, (range(self.first_query(j), self.q.T),))
+        """The query blocks that meet key block j."""
+        return Blocks(self.q, (self.query_run(j),))
 
     def query_blocks(self) -> Blocks:
         """Every query block, each nesting the key blocks it meets (a loop with Q blocks outer)."""
         return Blocks(self.q, (range(self.q.T),), self.keys_seen_by, self._pair_counts)
 
     def key_blocks(self) -> Blocks:
-        """Every key block, each nesting the query blocks that meet it (a loop with K/V blocks outer)."""
-        return Blocks(self.k, (range(self.k.T),), self.queries_seeing, self._transposed_pair_counts)
+        """The key blocks some query meets, each nesting the query blocks that meet it (a loop with K/V blocks
+        outer). They are one run: every key block but those before or after every query's band; with a causal
+        band or none, all of them (the last query row sees every key)."""
+        return Blocks(self.k, (self._met_keys(),), self.queries_seeing, self._transposed_pair_counts)
+
+    def blind_key_blocks(self) -> Blocks:
+        """The key blocks no query meets: those ``key_blocks`` leaves out, before and after its run."""
+        met = self._met_keys()
+        return Blocks(self.k, tuple(r for r in (range(met.start), range(met.stop, self.k.T)) if r)
+                      if met else (range(self.k.T),))
+
+    def _met_keys(self) -> range:
+        """The key blocks some query row meets: those the rows 0 … N_q − 1 see together."""
+        if self.band is None:
+            return range(self.k.T)
+        first, last = self.band.keys(0, self.q.n - 1, self.q.n, self.k.n)
+        return range(first // self.k.B, last // self.k.B + 1) if first <= last else range(0)
 
     def blind_query_sizes(self) -> set[int]:
-        """Sizes of query blocks that meet no key block at all (causal, N_q > N_k)."""
+        """Sizes of query blocks that meet no key block at all (a band with N_q > N_k, or a narrow window)."""
         seen = {b_i for b_i, _, _ in self.pairs()}
         return set(Blocks(self.q, (range(self.q.T),)).sizes()) - seen
 
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         """Visited tiles by (b_i, b_j), in closed form.
 
-        The full query blocks i = 0 … ⌊N_q/B_r⌋ − 1 end at row (i + 1)·B_r − 1, so block i
-        meets c_i = clamp(⌊(B_r·i + B_r − 1 + N_k − N_q) / B_c⌋ + 1, 0, T_c) key blocks;
-        Σ c_i is a floor sum over the i where the clamp is inactive. A query block meets
-        the ragged last key block exactly when it meets all T_c of them.
+        Query block i meets hi_i − lo_i + 1 key blocks (see ``_keys_met_by_full_query_blocks``);
+        it meets the ragged last key block exactly when hi_i = T_c − 1.
         """
         q, k = self.q, self.k
         k_ragged = k.size(k.T - 1) if k.n % k.B else None
         out: dict[tuple[int, int], int] = {}
 
-        def add(b_i: int, met: int, all_met: int) -> None:
-            """Blocks of b_i rows that meet ``met`` key blocks in all, ``all_met`` of them meeting every one."""
-            full = met - all_met if k_ragged is not None else met
+        def add(b_i: int, met: int, last_met: int) -> None:
+            """Blocks of b_i rows that meet ``met`` key blocks in all, ``last_met`` of them the last one."""
+            full = met - last_met if k_ragged is not None else met
             for b_j, n in ((k.B, full), (k_ragged, met - full)):
                 if n:
                     out[(b_i, b_j)] = out.get((b_i, b_j), 0) + n
 
-        add(q.B, *self._keys_seen_by_full_query_blocks())
+        add(q.B, *self._keys_met_by_full_query_blocks())
         if q.full < q.T:
-            c = self._keys_seen(q.n - 1)
-            add(q.size(q.T - 1), c, int(c == k.T))
+            run = self.key_run(q.T - 1)
+            add(q.size(q.T - 1), len(run), int(k.T - 1 in run))
         return out
 
-    def _keys_seen_by_full_query_blocks(self) -> tuple[int, int]:
-        """(Σ c_i, how many c_i = T_c) over the full query blocks, without visiting them."""
+    def _keys_met_by_full_query_blocks(self) -> tuple[int, int]:
+        """(Σ (hi_i − lo_i + 1), how many hi_i = T_c − 1) over the full query blocks that see a key, in closed form.
+
+        Full block i holds rows B_r·i … B_r·i + B_r − 1, which see the keys from
+        B_r·i + off − left to B_r·i + B_r − 1 + off + right (off = N_k − N_q), clipped to
+        [0, N_k): hi_i = min(T_c − 1, ⌊(B_r·i + B_r − 1 + off + right)/B_c⌋) and
+        lo_i = max(0, ⌊(B_r·i + off − left)/B_c⌋), an unbounded side giving T_c − 1 or 0.
+        The blocks that see a key are a run of i (the last row's band reaches key 0, the
+        first row's starts before N_k); over it, Σ hi_i and Σ lo_i are two clamped floor sums.
+        """
         n, Br, Bc, Tc = self.q.full, self.q.B, self.k.B, self.k.T
-        if not self.skips_hidden:
+        if self.band is None:
             return n * Tc, n
-        c0 = Br - 1 + self.offset  # block i's last row sees keys up to B_r·i + c0
-        first = min(n, max(0, ceil_div(-c0, Br)))  # the first block that sees a key
-        all_keys = min(n, max(first, ceil_div((Tc - 1) * Bc - c0, Br)))  # the first that sees every block
-        partial = all_keys - first
-        total = partial + floor_sum(partial, Bc, Br, Br * first + c0) + Tc * (n - all_keys)
-        return total, n - all_keys
+        left, right, off = self.band.left, self.band.right, self.offset
+        start = 0 if right == UNBOUNDED else min(n, max(0, ceil_div(-(Br - 1 + off + right), Br)))
+        stop = n if left == UNBOUNDED else min(n, max(start, (self.k.n - 1 - off + left) // Br + 1))
+        if right == UNBOUNDED:
+            hi, last_met = (Tc - 1) * (stop - start), stop - start
+        else:
+            hi, last_met = clamped_floor_sum(start, stop, Br, Br - 1 + off + right, Bc, 0, Tc - 1)
+        lo = 0 if left == UNBOUNDED else clamped_floor_sum(start, stop, Br, off - left, Bc, 0, Tc - 1)[0]
+        return hi - lo + (stop - start), last_met
 
 
 def visits(pb: Problem, tiling: Tiling, skips_hidden: bool) -> Visits:
-    """The tiles visited on ``pb`` with ``tiling``; ``skips_hidden`` skips those a causal mask hides."""
-    return Visits(Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc), skips_hidden and pb.causal)
+    """The tiles visited on ``pb`` with ``tiling``; ``skips_hidden`` skips those the problem's band hides."""
+    band = pb.band if skips_hidden and not pb.band.full else None
+    return Visits(Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc), band)

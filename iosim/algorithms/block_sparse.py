@@ -9,8 +9,8 @@ finds the column's nonzero tiles, so only the inner steps are skipped. ``block-s
 
 The block mask is the problem's ``block_sparsity``, defined on the run's own tiles; with
 none, every tile is nonzero and the counts are those of ``flash``. A training step runs
-both passes on the same tiles (``Needs.block_mask``): the backward's, which fit both. With a causal mask,
-tiles it hides entirely are skipped too. On-chip buffers are those of Algorithms 2 and 4.
+both passes on the same tiles (``Needs.block_mask``): the backward's, which fit both. With a band (causal, or
+a sliding window), tiles it hides entirely are skipped too. On-chip buffers are those of Algorithms 2 and 4.
 
 Deviations: as ``flash`` and ``flash backward`` (see their modules).
 """
@@ -69,12 +69,12 @@ def variant(name: str, skips_empty_columns: bool) -> Algorithm:
     backward = Algorithm(
         name=f"{name} backward", run=backward_run, tensors=flash_backward.TENSORS, outer="Bc",
         working_set=flash_backward.working_set, traffic=backward_traffic, paper_form=backward_paper_form,
-        paper_label="s(20N²d²/M + 8N²d/M) + 7Nd", flops=backward_flops, needs=Needs(block_mask=True),
+        paper_label="s(20N²d²/M + 8N²d/M) + 7Nd", flops=backward_flops, needs=Needs(block_mask=True, window=True),
     )
     return Algorithm(
         name=name, run=run, tensors=flash.TENSORS, outer="Bc", working_set=flash.working_set, traffic=traffic,
         paper_form=paper_form, paper_label="s(12N²d²/M + 16N²d/M) + 3Nd", backward=backward, flops=flops,
-        needs=Needs(block_mask=True),
+        needs=Needs(block_mask=True, window=True),
     )
 
 

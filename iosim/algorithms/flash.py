@@ -10,9 +10,10 @@ S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m̃_ij, ℓ̃_ij, m_i^new,
 (B_r each), and the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: the RNG state R is the seed itself (dropout is counter-based, see
-``iosim.rng``), so nothing is written for it (lines 1, 19). With a causal mask, an
-inner step whose tile is entirely hidden is skipped (it would leave O_i, ℓ_i, m_i
-unchanged), as FlashAttention's kernels do; an explicit mask is not inspected, so
+``iosim.rng``), so nothing is written for it (lines 1, 19). With a band (causal, or
+a sliding window), an inner step whose tile is entirely hidden is skipped (it would
+leave O_i, ℓ_i, m_i unchanged), and so is a key block no query sees, as
+FlashAttention's kernels do; an explicit mask is not inspected, so
 its tiles are all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
@@ -172,7 +173,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     cast = data != acc
     tiles = Tiles(GRID_TENSORS)
     met = visits(pb, tiling, skips_hidden=True)
-    last_j = [met.keys_met(i) - 1 for i in range(Tr)]  # −1: a query block that meets no key
+    runs = [met.key_run(i) for i in range(Tr)]  # the K/V blocks each query block meets (maybe none)
 
     def steps(bh: int):
         kvh = s.kv_head(bh)
@@ -193,10 +194,10 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
             kv = (tiles.access("K", kvh * Tc + j, bc * s.d * data, READ),
                   tiles.access("V", kvh * Tc + j, bc * s.d * data, READ))
             for i in range(Tr):  # line 8
-                if j > last_j[i]:
+                if j not in runs[i]:
                     continue
                 step = kv + inner[i] if kv else inner[i]
-                yield step + final[i] if j == last_j[i] else step
+                yield step + final[i] if j == runs[i].stop - 1 else step
                 kv = ()
 
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, Br, Bc))
@@ -231,7 +232,7 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
     a sector reads it first. K, V and the first Q_i are always misses.
     """
     s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    if pb.causal or pb.has_mask or pb.block_sparsity is not None or s.kv_heads != s.heads:
+    if not pb.band.full or pb.has_mask or pb.block_sparsity is not None or s.kv_heads != s.heads:
         return None
     Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
     data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
@@ -299,5 +300,5 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
-    flops=flops, grid=grid, dram=dram,
+    flops=flops, grid=grid, dram=dram, needs=Needs(window=True),
 )

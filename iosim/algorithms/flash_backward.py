@@ -13,14 +13,15 @@ is given.
 
 Deviations: the RNG state R is the seed itself (``iosim.rng``), so line 1 reads
 nothing. Line 2's block sizes are the block policy's, as in the forward pass. With
-a causal mask, an inner step whose tile is entirely hidden is skipped (it would add
-zero to dQ_i, dK_j and dV_j); an explicit mask is not inspected. Line 5 is followed
+a band (causal, or a sliding window), an inner step whose tile is entirely hidden is
+skipped (it would add zero to dQ_i, dK_j and dV_j), and so is a key block no query
+sees (line 5 left its dK_j, dV_j zero); an explicit mask is not inspected. Line 5 is followed
 as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV.
 """
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
 from iosim.counts import Counts
 from iosim.errors import InputError
@@ -181,7 +182,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         for j in range(Tc):  # line 6
             kv = tuple(tiles.access(x, kvh * Tc + j, cols[j] * s.d * data, READ) for x in ("K", "V"))  # line 7
             out = tuple(tiles.access(x, bh * Tc + j, cols[j] * s.d * data, WRITE) for x in ("dK", "dV"))  # line 24
-            seen = inner[met.first_query(j):]  # the kernel's i_start
+            run = met.query_run(j)
+            seen = inner[run.start:run.stop]  # from the kernel's i_start
             if not seen:
                 yield kv + out
                 continue
@@ -197,4 +199,5 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 ALGORITHM = Algorithm(
     name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops, grid=grid,
+    needs=Needs(window=True),
 )

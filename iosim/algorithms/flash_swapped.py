@@ -11,8 +11,8 @@ S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m_i^new, ℓ̃_ij (B_r eac
 the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: O_i is accumulated unnormalized and divided by ℓ_i once at the end
-(FlashAttention-2's order); the result is the same attention. With a causal mask,
-K/V blocks entirely hidden from the query block are skipped, as FlashAttention's
+(FlashAttention-2's order); the result is the same attention. With a band (causal,
+or a sliding window), K/V blocks entirely hidden from the query block are skipped, as FlashAttention's
 kernels do (an explicit mask is not inspected). Rows that see no key end with
 O = 0, ℓ = 0, m = −inf.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, exact_counts
+from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.tile_ops import absorb_block, load_mask, safe_divide, scores
 from iosim.counts import Counts
@@ -159,8 +159,9 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     def steps(b: int):
         bh, i = divmod(b, Tr)
         rows = min(Br, s.n_q - i * Br)
-        seen = met.keys_met(i)
-        kv = kv_steps(s.kv_head(bh))
+        run = met.key_run(i)
+        kv = kv_steps(s.kv_head(bh))[run.start:run.stop]
+        seen = len(kv)
         q = (tiles.access("Q", b, rows * s.d * data, READ),)
         out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen == 0:
@@ -192,7 +193,7 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
     of the blocks after it in its wave, and their Q when T_c = 1) and every tile of the later waves.
     """
     s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    if pb.causal or pb.has_mask or s.kv_heads != s.heads:
+    if not pb.band.full or pb.has_mask or s.kv_heads != s.heads:
         return None
     Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
@@ -249,5 +250,5 @@ def _dirty_at_end(q_of: np.ndarray, lse_of: np.ndarray, kv: np.ndarray, Tr: int,
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops, grid=grid, dram=dram,
+    flops=flops, grid=grid, dram=dram, needs=Needs(window=True),
 )

@@ -18,13 +18,14 @@ Deviations: FlashAttention-2's forward saves L itself; the forward modelled here
 (``flash-swapped``) saves ℓ and m, so the first pass reads both and writes L once,
 rather than every inner step reading two statistics. dQ is accumulated in the data
 dtype; the kernels accumulate it in float32 with atomic adds and convert it in a
-third pass, which is not modelled. Causal tiles hidden entirely are skipped; an
-explicit mask is not inspected.
+third pass, which is not modelled. Tiles the band (causal, or a sliding window) hides
+entirely are skipped, and a key block no query sees gets zeros for dK_j, dV_j without
+loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
 """
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
 from iosim.errors import InputError
@@ -86,6 +87,11 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         mem.store(dK_j, "dK", cols)  # line 24
         mem.store(dV_j, "dV", cols)
         mem.free(K_j, V_j, dK_j, dV_j)
+    for _, cols in mem.loop(tiles.blind_key_blocks()):  # a window's key blocks no query sees: zero gradients
+        zero = mem.alloc("dK_j", cols.stop - cols.start, d, fill=0.0)
+        mem.store(zero, "dK", cols)
+        mem.store(zero, "dV", cols)
+        mem.free(zero)
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
@@ -106,21 +112,23 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     tiles = visits(pb, tiling, skips_hidden=True)
     pairs = tiles.pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
+    met = sum(size * n for size, n in tiles.key_blocks().sizes().items())  # key rows some query sees (N_k but windows)
     reads = {
         "O": n_q * d, "l": n_q, "m": n_q,  # first pass
         "dO": n_q * d + rows * d,  # first pass, then per visited tile
-        "K": n_k * d, "V": n_k * d,  # once each
+        "K": met * d, "V": met * d,  # once each
         "Q": rows * d, "dQ": rows * d, "L": rows, "D": rows,  # per visited tile
     }
     writes = {
         "D": n_q, "L": n_q,  # first pass
         "dQ": n_q * d + rows * d,  # first pass's zeros, then per visited tile
-        "dK": n_k * d, "dV": n_k * d,  # once each
+        "dK": n_k * d, "dV": n_k * d,  # once each: line 24, or zeros for a key block no query sees
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
     Br = tiles.q.size(0)
-    peak = max([2 * Br * d + 4 * Br] + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    blind = [b_j * d for b_j in tiles.blind_key_blocks().sizes()]  # the zero tile of a key block no query sees
+    peak = max([2 * Br * d + 4 * Br] + blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
@@ -223,7 +231,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         bc = min(B, s.n_k - j * B)
         kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
         out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
-        seen = inner(bh)[met.first_query(j):]  # the kernel's i_start
+        run = met.query_run(j)
+        seen = inner(bh)[run.start:run.stop]  # from the kernel's i_start
         if not seen:
             yield kv + out
             return
@@ -248,5 +257,5 @@ def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
-    grid=grid, launches=launches,
+    grid=grid, launches=launches, needs=Needs(window=True),
 )

@@ -17,7 +17,8 @@ On-chip buffers per K/V head: those of ``flash-swapped`` (Q_i, O_i, K_j, V_j, S_
 O_s and lse_s and the new max, which is less.
 
 Deviations: no causal skipping (a decoding query sees the whole cache; with a few
-speculative tokens the hidden tiles are at most the last block). With S = 1 the split
+speculative tokens the hidden tiles are at most the last block), and no sliding window
+(refused by name, ``Needs.window``): its splits are dealt over every key block. With S = 1 the split
 writes O, ℓ, m directly and there is no combine. Q_i is loaded by every split, as each
 split's thread block loads it. Decode-only: there is no backward pass (inference has
 no gradients); ``backward`` is None.

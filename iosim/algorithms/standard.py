@@ -23,7 +23,7 @@ chip, so that P in HBM is the softmax the backward pass needs (``standard_backwa
 
 from __future__ import annotations
 
-from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms import standard_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, scores
@@ -112,5 +112,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="standard", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="Θ(Nd + N²)", baseline=True, backward=standard_backward.ALGORITHM,
-    flops=materialized_flops,
+    flops=materialized_flops, needs=Needs(window=True),
 )

@@ -25,7 +25,7 @@ where it hides a key.
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import apply_dropout, row_dot, transpose
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
@@ -151,5 +151,5 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="standard backward", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)", flops=flops,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", flops=flops, needs=Needs(window=True),
 )

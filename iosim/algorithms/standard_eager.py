@@ -6,8 +6,9 @@ its operands from HBM and writing its result back:
 
 1. S = Q Kᵀ: for each Q_i, K_j streams past and S_ij is written (as Alg. 0 step 1).
 2. S = τ·S: every tile of S read and written.
-3. S = MASK(S), when the problem is causal or has a mask: every tile of S read, with
-   the mask tile when there is one, and written. A causal mask is computed from indices.
+3. S = MASK(S), when the problem has a band (causal, or a sliding window) or a mask:
+   every tile of S read, with the mask tile when there is one, and written. A band is
+   computed from indices (as a PyTorch user passes it, an explicit mask would be read).
 4. P = softmax(S): R whole rows at a time, or two passes on tiles (as Alg. 0 step 2).
 5. P_drop = P ∘ Z and the keep-mask Z (one byte per element), when dropout_p > 0:
    every tile of P read, both written, as PyTorch's dropout saves its mask.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, transpose, visible
@@ -46,8 +47,8 @@ TENSORS = (
 
 
 def masks(pb: Problem) -> bool:
-    """Whether step 3 runs: a causal mask or an explicit one."""
-    return pb.causal or pb.has_mask
+    """Whether step 3 runs: a band (a sliding window, or causal) or an explicit mask."""
+    return pb.hides_keys
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
@@ -153,4 +154,5 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 ALGORITHM = Algorithm(
     name="standard-eager", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM, flops=materialized_flops,
+    needs=Needs(window=True),
 )

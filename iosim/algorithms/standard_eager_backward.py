@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Tensor, exact_counts, saved
+from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
 from iosim.counts import Counts
@@ -97,7 +97,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
     for i, rows in mem.loop(tiles.query_blocks()):  # 5 and 6: dS = τ·MASK'(dS), one pass each
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
-            if pb.causal or pb.has_mask:
+            if pb.hides_keys:
                 dS_ij, mask_ij = mem.load("dS", rows, cols, tile="dS_ij"), load_mask(mem, pb, rows, cols)
                 if mem.numeric:
                     dS_ij.data = np.where(visible(pb, rows, cols, mask_ij), dS_ij.data, 0.0)
@@ -184,7 +184,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     rows = sum(b_i * n for b_i, _, n in pairs)  # T_c·N_q
     cols = sum(b_j * n for _, b_j, n in pairs)  # T_r·N_k
     sp = 1 if softmax_backward_rows(M, n_q, n_k) >= 1 else 2  # reads of P and dP in step 4
-    dropout, masked = pb.dropout_p > 0, pb.causal or pb.has_mask
+    dropout, masked = pb.dropout_p > 0, pb.hides_keys
     reads = {
         "dO": n_q * d + rows * d, "V": cols * d,  # steps 1 and 2
         "P_drop": dropout * area, "P": (not dropout) * area + sp * area,  # steps 2 and 4
@@ -206,4 +206,5 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 ALGORITHM = Algorithm(
     name="standard-eager backward", run=run, tensors=TENSORS, outer="Br", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="Θ(Nd + N²)", flops=flops,
+    needs=Needs(window=True),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.memory import Memory, Tile
-from iosim.problem import Problem, causal_keep
+from iosim.problem import Problem
 from iosim.rng import dropout_tile
 
 
@@ -23,13 +23,14 @@ def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.exp(a - np.where(np.isneginf(b), 0.0, b))
 
 
-def causal_tile(pb: Problem, rows: slice, cols: slice) -> np.ndarray:
-    """The causal mask of one tile, (Br, Bc); on a problem packed by GQA group (``Problem.packed_by_group``)
-    row r is query r mod N_q of its head."""
+def band_tile(pb: Problem, rows: slice, cols: slice) -> np.ndarray:
+    """The band (a sliding window, or causal) of one tile, (Br, Bc); on a problem packed by GQA group
+    (``Problem.packed_by_group``) row r is query r mod N_q of its head."""
+    band = pb.band
     if pb.packed == 1:
-        return causal_keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
+        return band.keep(pb.shape.n_q, pb.shape.n_k, rows, cols)
     n = pb.queries
-    return np.tile(causal_keep(n, pb.shape.n_k, slice(0, n), cols), (pb.packed, 1))[rows]  # (G·N_q, Bc) → rows
+    return np.tile(band.keep(n, pb.shape.n_k, slice(0, n), cols), (pb.packed, 1))[rows]  # (G·N_q, Bc) → rows
 
 
 def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
@@ -38,19 +39,19 @@ def scores(pb: Problem, Q_i: Tile, K_j: Tile, rows: slice, cols: slice, mask_ij:
 
 
 def masked(pb: Problem, S: np.ndarray, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
-    """MASK(S) of the scaled scores of one tile: −inf where the causal or the explicit mask hides a key."""
-    if pb.causal:
-        S = np.where(causal_tile(pb, rows, cols), S, -np.inf)
+    """MASK(S) of the scaled scores of one tile: −inf where the band or the explicit mask hides a key."""
+    if not pb.band.full:
+        S = np.where(band_tile(pb, rows, cols), S, -np.inf)
     if mask_ij is not None:
         S = np.where(mask_ij.data > 0.5, S, -np.inf)
     return S
 
 
 def visible(pb: Problem, rows: slice, cols: slice, mask_ij: Tile | None) -> np.ndarray:
-    """(bh, Br, Bc) booleans, True = attend: the causal mask and the explicit mask's tile, combined."""
+    """(bh, Br, Bc) booleans, True = attend: the band and the explicit mask's tile, combined."""
     keep = np.ones((pb.shape.bh, rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
-    if pb.causal:
-        keep &= causal_tile(pb, rows, cols)
+    if not pb.band.full:
+        keep &= band_tile(pb, rows, cols)
     if mask_ij is not None:
         keep &= mask_ij.data > 0.5
     return keep

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--d", type=count_arg, required=True)
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                    help="default: every algorithm but the block-sparse ones")
-    add_problem(p, grouped=False)  # the lower bound is for multi-head attention
+    add_problem(p, grouped=False, windowed=False)  # the lower bound is for full multi-head attention: no window
     p.add_argument("--points", type=count_arg, default=POINTS_DEFAULT,
                    help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
     p.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")

@@ -9,6 +9,7 @@ from iosim.api import PASSES, backward_of
 from iosim.errors import InputError
 from iosim.gpus import GPUS
 from iosim.policies import POLICIES
+from iosim.problem import Problem
 from iosim.registry import ALGORITHMS
 from iosim.rng import check_seed
 from iosim.sparsity import PATTERNS, BlockSparsity
@@ -48,8 +49,9 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def add_problem(p: argparse.ArgumentParser, grouped: bool = True) -> None:
-    """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too)."""
+def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool = True) -> None:
+    """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too;
+    ``windowed``: --window too)."""
     p.add_argument("--batch", type=count_arg, default=1)
     p.add_argument("--heads", type=count_arg, default=1)
     if grouped:
@@ -57,6 +59,10 @@ def add_problem(p: argparse.ArgumentParser, grouped: bool = True) -> None:
                        help="K/V heads shared by the query heads (grouped-query attention), a divisor of --heads; "
                             "1 is MQA (default: --heads)")
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
+    if windowed:
+        p.add_argument("--window", type=int, nargs="+", metavar="L R", default=None,
+                       help="sliding window as flash-attn's window_size: L keys back and R ahead of the diagonal, "
+                            "-1 unbounded; one number W is (W, 0). Algorithms that take none are left out")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size for bytes and for M given in bytes (default float16)")
 
@@ -91,6 +97,23 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     add_outputs(p, "the results")
 
 
+def window_of(args: argparse.Namespace) -> tuple[int, int] | None:
+    """--window as (left, right): ``W`` is (W, 0), ``L R`` is (L, R); None without it."""
+    values = getattr(args, "window", None)
+    if values is None:
+        return None
+    if len(values) > 2:
+        raise InputError(f"--window {' '.join(map(str, values))}: takes W (for W 0) or L R; got {len(values)} numbers")
+    return (values[0], 0) if len(values) == 1 else (values[0], values[1])
+
+
+def band_title(pb: Problem) -> str:
+    """How a title names a problem's band: causal, a window, both, or no mask."""
+    window = f"window ({pb.window.left}, {pb.window.right})" if pb.window is not None else ""
+    causal = "causal" if pb.causal else ""
+    return ", ".join(x for x in (causal, window) if x) or "no mask"
+
+
 def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
     return None if args.sparsity is None else BlockSparsity(args.sparsity, args.sparsity_pattern, args.sparsity_seed)
 
@@ -100,7 +123,7 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
     mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
-    given = ("block_sparsity",) if getattr(args, "sparsity", None) is not None else ()
+    given = ("block_sparsity",) * (getattr(args, "sparsity", None) is not None) + ("window",) * (window_of(args) is not None)
     backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given) and (a.backward is not None or not backward)]

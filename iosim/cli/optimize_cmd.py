@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.api import backward_of
-from iosim.cli.common import PASS_TITLES, add_outputs, add_problem, algorithms_of, check_backward, count_arg
+from iosim.cli.common import (PASS_TITLES, add_outputs, add_problem, algorithms_of, band_title, check_backward,
+                              count_arg, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.errors import InputError
@@ -30,7 +31,9 @@ class OptimizeOutcome:
                 continue
             s = r.problem.shape
             config = dict(algorithm=r.algorithm, N=s.n_q, N_k=s.n_k, d=s.d, M=r.M, batch=s.batch, heads=s.heads,
-                          causal=r.problem.causal, dtype=r.problem.dtype, searched=r.searched)
+                          causal=r.problem.causal, window_left=getattr(r.problem.window, "left", None),
+                          window_right=getattr(r.problem.window, "right", None), dtype=r.problem.dtype,
+                          searched=r.searched)
             policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
                         for name in ("fit", "paper") for key in ("traffic", "c")}
             for rank, x in enumerate(r.best, 1):
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
     outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
-                                       gpu=args.gpu, on_done=on_row))
+                                       gpu=args.gpu, on_done=on_row, window=window_of(args)))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
@@ -97,7 +100,7 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     first = found[0]
     s = first.problem.shape
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
-                  f"{'causal' if first.problem.causal else 'no mask'}, {PASS_TITLES[pass_]}. The best tilings of each "
+                  f"{band_title(first.problem)}, {PASS_TITLES[pass_]}. The best tilings of each "
                   f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
                   f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
                   f"policies (— where the policy overflows M)")

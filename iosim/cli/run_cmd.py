@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import Progress, SimResult, backward_of, simulate, simulation_bytes
-from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg
+from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg, window_of
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.counts import Counts, combined
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
-    options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed)
+    options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args))
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
                        splits=args.splits, on_progress=on_progress, **options)
     if args.pass_ == "fwd":
@@ -158,6 +158,7 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
         "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
         "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
+        "window_left": getattr(pb.window, "left", None), "window_right": getattr(pb.window, "right", None),
         "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
         "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
@@ -181,6 +182,8 @@ def count_only_hint(args: argparse.Namespace) -> str:
             options.append(f"{flag} {value}")
     if args.causal:
         options.append("--causal")
+    if args.window is not None:
+        options.append(f"--window {' '.join(map(str, args.window))}")
     return f"`python -m iosim sweep {' '.join(options)}` gives its traffic at once"
 
 

@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg
+from iosim.cli.common import (PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg,
+                              window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.errors import InputError
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
         rows = run_sweep(algorithms, args.N, args.d, M, N_k=args.N_k, batch=args.batch, heads=args.heads,
-                         kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
+                         kv_heads=args.kv_heads, splits=args.splits, causal=args.causal, window=window_of(args),
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                          pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept)
     return SweepOutcome(rows, kept, notes(args, algorithms))
@@ -88,6 +89,7 @@ def main(args: argparse.Namespace, console) -> None:
 def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
+               *([f"window ({first.window_left}, {first.window_right})"] if first.window_left is not None else []),
                *([f"N_k = {first.N_k:,} (N is N_q)"] if any(r.N_k != r.N for r in rows) else []),
                f"block policy {first.block_policy}"]
     sparse = next((r for r in rows if r.sparsity is not None), None)
