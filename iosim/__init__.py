@@ -8,6 +8,7 @@
 
 from iosim.algorithm import Algorithm, Tensor
 from iosim.api import PredictResult, SimResult, count, predict, simulate
+from iosim.chunked import ChunkedPrefill, chunked_prefill
 from iosim.counts import Counts, TensorCounts
 from iosim.dram_level import DramResult, dram
 from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
@@ -19,8 +20,8 @@ from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "DramResult",
-    "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult", "Tensor",
-    "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "count", "dram", "gradients", "predict",
-    "register", "simulate",
+    "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "ChunkedPrefill", "Counts",
+    "DramResult", "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult",
+    "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "chunked_prefill", "count",
+    "dram", "gradients", "predict", "register", "simulate",
 ]
