@@ -95,6 +95,9 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     sparse = next((r for r in rows if r.sparsity is not None), None)
     if sparse is not None:
         options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
+    paged = next((r for r in rows if r.page_size is not None), None)
+    if paged is not None:
+        options.append(f"paged K/V cache of {paged.page_size}-token pages, read by rows (the algorithms that read one)")
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
                        f"is declared (iosim.l2), and the roofline time, a lower bound, from them (else from HBM "
