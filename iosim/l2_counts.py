@@ -158,10 +158,10 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
 
 
 def covers(plans: tuple[Plan, ...]) -> bool:
-    """Whether every pass has a kernel grid the L2 model runs: one declared, and no explicit or block mask
-    (no kernel of iosim.kernels takes either)."""
+    """Whether every pass has a kernel grid the L2 model runs: one declared, no explicit or block mask (no kernel
+    of iosim.kernels takes either), and no paged K/V cache (the grids read no block table)."""
     return all(p.algorithm.grid is not None and not p.problem.has_mask and p.problem.block_sparsity is None
-               for p in plans)
+               and p.problem.page_size is None for p in plans)
 
 
 def passes_dram(plans: tuple[Plan, ...], gpu: str, capacity: int | None = None,

@@ -118,3 +118,10 @@ def test_run_reads_pages_and_refuses_them_one_line(capsys):
     assert main(["run", "--algo", "flash", "--N", "2", "--N-k", "300", "--d", "16", "--page-size", "32"]) == 2
     assert main(["run", "--algo", "flash-swapped", "--N", "8", "--d", "16", "--page-size", "4", "--pass", "bwd"]) == 2
     assert [line.startswith("iosim: error:") for line in capsys.readouterr().err.splitlines()] == [True, True]
+
+
+def test_the_l2_model_leaves_a_paged_run_alone():
+    # the kernels' grids read no block table: a paged run has no DRAM bytes rather than ones that miss the table
+    opts = dict(N=1, N_k=4096, d=128, M="228KiB", heads=8, kv_heads=2, gpu="h100")
+    assert iosim.count("split-kv", **opts).dram is not None
+    assert iosim.count("split-kv", page_size=16, **opts).dram is None
