@@ -8,6 +8,7 @@
 
 from iosim.algorithm import Algorithm, Tensor
 from iosim.api import PredictResult, SimResult, count, predict, simulate
+from iosim.chunked import ChunkedPrefill, chunked_prefill
 from iosim.counts import Counts, TensorCounts
 from iosim.dram_level import DramResult, dram
 from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
@@ -20,8 +21,8 @@ from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "DramResult",
-    "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult", "Tensor",
-    "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "count", "dram", "gradients", "predict",
-    "register", "simulate",
+    "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "ChunkedPrefill",
+    "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError",
+    "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "chunked_prefill",
+    "count", "dram", "gradients", "predict", "register", "simulate",
 ]

@@ -56,6 +56,9 @@ class Tensor:
 INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input", kv=True),
           Tensor("V", "N_k", "d", "input", kv=True))
 MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
+# A paged KV cache's block table (iosim.paging): one int32 page index per page; one per request in a serving engine,
+# held here per K/V head, which its heads read as their own (no count depends on the copies)
+BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
@@ -70,7 +73,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class Needs:
     # its default number of K/V splits (Tiling.splits) given the problem, the blocks and the GPU's SM count;
     # None when it does not split K/V
     splits: Callable[[Problem, Tiling, int], int] | None = None
+    # it reads K and V from a paged cache through a block table (Problem.page_size, iosim.paging)
+    pages: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ class Algorithm:
         if option not in OPTIONS:
             raise ValueError(f"option {option!r} is not one of {OPTIONS}")
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
-                "window": self.needs.window}[option]
+                "window": self.needs.window, "page_size": self.needs.pages}[option]
 
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
@@ -199,7 +204,7 @@ class Algorithm:
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
-    return INPUTS + ((MASK,) if pb.has_mask else ()) + own
+    return INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ()) + own
 
 
 def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],

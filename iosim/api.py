@@ -31,6 +31,7 @@ from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, 
 from iosim.l2 import DramCounts
 from iosim.l2_counts import covers, passes_dram
 from iosim.memory import Memory
+from iosim.paging import check_page_size
 from iosim.policies import choose_tiling
 from iosim.problem import AttentionShape, Problem, check_window
 from iosim.registry import ALGORITHMS, get_algorithm
@@ -194,6 +195,10 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
         raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {forward.name}: it takes no sliding window; "
                          f"allowed: window=None, or an algorithm that takes one: "
                          f"{[a.name for a in ALGORITHMS.values() if a.accepts('window')]}")
+    if pb.page_size and not (forward.accepts("page_size") and pass_ == "fwd"):
+        raise InputError(f"page_size={pb.page_size} for {forward.name}, pass {pass_!r}: it reads no paged K/V cache; "
+                         f"allowed: page_size=None, or the forward pass of one that does: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('page_size')]}")
     if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
         raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
                          f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")
@@ -212,7 +217,7 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
-                  dtype="float16", block_sparsity=None, kv_heads=None, window=None) -> Problem:
+                  dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data."""
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
@@ -224,7 +229,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
                              f"explicit mask is read); simulate takes the boolean mask array")
     return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
                    dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=check_block_sparsity(block_sparsity),
-                   window=check_window(window))
+                   window=check_window(window), page_size=check_page_size(page_size))
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -324,7 +329,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
-             window=None, allow_nonfinite=False, on_progress: Progress | None = None) -> SimResult:
+             window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
@@ -339,10 +344,12 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     bottom-right aligned; with ``causal=True`` its right side is 0. Q, K and V must be real and finite
     unless ``allow_nonfinite`` asks to propagate inf and NaN to the output.
     ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
+    ``page_size`` reads K and V from a paged cache of pages of that many tokens (iosim.paging).
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
                               allow_nonfinite=allow_nonfinite)
+    pb = replace(pb, page_size=check_page_size(page_size))
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
         mem = execute(p, data, on_progress, total=work(p) if on_progress else 0)
@@ -360,7 +367,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-          kv_heads=None, splits=None, gpu=None, window=None) -> SimResult:
+          kv_heads=None, splits=None, gpu=None, window=None, page_size=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -368,23 +375,25 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
     traffic and arithmetic added (the peak is the larger pass's). ``gpu`` names the
     preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
     the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
-    ``window=(left, right)`` is a sliding window, as ``simulate`` takes it.
+    ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
+    from a paged cache through a block table (iosim.paging).
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
-                       dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window)
+                       dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
+                       page_size=page_size)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
 
 def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-            kv_heads=None, splits=None, gpu=None, window=None) -> PredictResult:
+            kv_heads=None, splits=None, gpu=None, window=None, page_size=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
     adds them (the paper's forms added too).
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
-                       block_sparsity=block_sparsity, kv_heads=kv_heads, window=window)
+                       block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

@@ -5,7 +5,8 @@ A block policy is a function (algorithm, problem, M) → Tiling, registered in
 keep the paper's shape: the block of the outer loop is B and the other is min(B, d)
 (Alg. 1 line 1 has B_c = ⌈M/4d⌉, B_r = min(B_c, d); for a loop with Q blocks outer the
 roles swap). ``choose_tiling`` then sets the K/V splits through the algorithm
-(``Algorithm.with_splits``).
+(``Algorithm.with_splits``), and with a paged K/V cache aligns the K/V blocks to the pages
+(``iosim.paging.aligned``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from iosim import paging
 from iosim.algorithm import Algorithm
 from iosim.errors import BlockSizeError, InputError
 from iosim.problem import Problem
@@ -105,11 +107,13 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
     (``Algorithm.with_splits``).
     """
     if tiling is not None:
-        return algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
+        tiling = algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
+        return paging.aligned(pb, tiling, fixed=True)
     if policy not in POLICIES:
         raise InputError(f"block_policy={policy!r} is not one of {list(POLICIES)}")
     chosen = POLICIES[policy]
-    return algo.with_splits(pb, chosen.choose(algo, pb, M), splits, default=chosen.fills_gpu, sms=sms)
+    tiling = algo.with_splits(pb, chosen.choose(algo, pb, M), splits, default=chosen.fills_gpu, sms=sms)
+    return paging.aligned(pb, tiling, fixed=False)  # K/V blocks of whole pages, or within one
 
 
 def _checked(algo: Algorithm, pb: Problem, M: int, tiling: Tiling) -> Tiling:

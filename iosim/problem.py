@@ -31,10 +31,12 @@ if TYPE_CHECKING:
 
 # Bytes per element of the tensors an algorithm moves, by element class: "data" is
 # the problem's dtype; "stat" (the softmax statistics ℓ and m) is kept in float32 when
-# the data is narrower, as FlashAttention's kernels do; "mask" is one byte a boolean.
+# the data is narrower, as FlashAttention's kernels do; "mask" is one byte a boolean; "index" is an int32 (a
+# paged KV cache's block table, as vLLM and flash-attn keep it).
 MASK_ITEMSIZE = 1
 STAT_MIN_ITEMSIZE = 4
-ELEMENTS = ("data", "stat", "mask")
+INDEX_ITEMSIZE = 4
+ELEMENTS = ("data", "stat", "mask", "index")
 
 
 UNBOUNDED = -1  # a side of a window that hides nothing, as flash-attn's window_size spells it
@@ -179,6 +181,9 @@ class Problem:
     # query heads packed into the query rows (``packed()``): 1, or the GQA group of an algorithm that serves
     # a whole group from one K/V load; row r is then query r mod N_q/packed of the group's head r // (N_q/packed)
     packed: int = 1
+    # K and V in a paged cache of pages of this many tokens, found through a block table (iosim.paging); None: one
+    # contiguous K/V per head. Checked where it enters the API; algorithms that do not read pages refuse it
+    page_size: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -224,12 +229,16 @@ class Problem:
         return self.shape.n_q // self.packed
 
     def dim(self, name: str) -> int:
-        """A size by the name tensors use for it: N_q, N_k, d, or 1."""
+        """A size by the name tensors use for it: N_q, N_k, d, 1, or the pages of a paged K/V cache."""
+        if name == "pages":
+            return -(-self.shape.n_k // self.page_size) if self.page_size else 1
         return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1}[name]
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""
         if element == "mask":
             return MASK_ITEMSIZE
+        if element == "index":
+            return INDEX_ITEMSIZE
         data = DTYPE_ITEMSIZE[self.dtype]
         return max(STAT_MIN_ITEMSIZE, data) if element == "stat" else data

@@ -68,6 +68,7 @@ class SweepRow:
     dram: DramCounts | None = None  # with a preset, a forward pass whose kernel grid is declared: bytes behind L2
     window_left: int | None = None  # the sliding window (left, right) as given; None without one
     window_right: int | None = None
+    page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
 
     @property
     def tiling(self) -> Tiling | None:
@@ -131,13 +132,14 @@ class SweepRow:
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
-               "requested_splits", "gpu", "window_left", "window_right")  # every option that changes a row: what --resume tells rows apart by
+               "requested_splits", "gpu", "window_left", "window_right", "page_size")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
-              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None) -> SweepRow:
+              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
+              page_size=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -154,11 +156,13 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     preset = None if gpu is None else get_gpu(gpu)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
-                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window)
+                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
+                        page_size=page_size)
     options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
-                   block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu)
+                   block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu,
+                   page_size=config["page_size"])
     try:
         measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
     except BlockSizeError as err:
@@ -178,7 +182,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
-               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None) -> dict:
+               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
+               page_size=None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None."""
     algo = get_algorithm(algorithm)
@@ -191,6 +196,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 sparsity_pattern=block_sparsity.pattern if sparse else None,
                 sparsity_seed=block_sparsity.seed if sparse else None,
                 requested_splits=splits if algo.accepts("splits") else None,
+                page_size=page_size if algo.accepts("page_size") else None,
                 gpu=None if gpu is None else get_gpu(gpu).name,
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right)
 
@@ -210,7 +216,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
-              splits=None, kept: list[dict] | None = None, window=None) -> list[SweepRow]:
+              splits=None, kept: list[dict] | None = None, window=None, page_size=None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
@@ -219,7 +225,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     rows = []
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits, window=window)
+                   splits=splits, window=window, page_size=page_size)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})

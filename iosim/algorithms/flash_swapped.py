@@ -25,12 +25,13 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_swapped_backward
-from iosim.algorithms.tile_ops import absorb_block, load_mask, safe_divide, scores
+from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles, sectors
 from iosim.memory import Memory
+from iosim.paging import entries
 from iosim.problem import Problem
 from iosim.tiling import Tiling
 from iosim.visits import visits
@@ -50,6 +51,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start
+            read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
             K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
@@ -90,6 +92,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     writes = {"O": n_q * d, "l": n_q, "m": n_q}  # each written once
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    if pb.page_size:
+        reads["block_table"] = sum(entries(pb, b_j) * n for _, b_j, n in pairs)  # its pages' entries per K/V load
     blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
     peak = max(blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
@@ -250,5 +254,5 @@ def _dirty_at_end(q_of: np.ndarray, lse_of: np.ndarray, kv: np.ndarray, Tr: int,
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops, grid=grid, dram=dram, needs=Needs(window=True),
+    flops=flops, grid=grid, dram=dram, needs=Needs(window=True, pages=True),
 )

@@ -33,12 +33,14 @@ import numpy as np
 
 from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms.flash_swapped import kv_step_cache
-from iosim.algorithms.tile_ops import absorb_block, exp_diff, load_mask, logsumexp, safe_divide, scores
+from iosim.algorithms.tile_ops import (absorb_block, exp_diff, load_mask, logsumexp, read_block_table, safe_divide,
+                                       scores)
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
+from iosim.paging import entries
 from iosim.problem import Problem
 from iosim.tiling import Tiling, ceil_div
 from iosim.visits import Axis, Blocks, visits
@@ -118,6 +120,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
             for _, cols in mem.loop(chunks.blocks(s)):  # the swapped loop over the split's K/V blocks
                 bc = cols.stop - cols.start
+                read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
                 K_j, V_j = mem.load("K", cols), mem.load("V", cols)
                 mask_ij = load_mask(mem, pb, rows, cols)
                 S_ij = mem.alloc("S_ij", br, bc)
@@ -201,6 +204,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         writes.update(O_split=S * n * d, lse_split=S * n)
     if pb.has_mask:
         reads["mask"] = n * n_k
+    if pb.page_size:  # each query block reads the entries of every K/V block's pages
+        reads["block_table"] = tiles.q.T * sum(entries(pb, b_j) * k for b_j, k in tiles.k.all().sizes().items())
     peak = max(working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in tiles.pairs())
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
@@ -287,5 +292,5 @@ def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
-    needs=Needs(packs_groups=True, splits=default_splits), grid=grid, launches=launches,
+    needs=Needs(packs_groups=True, splits=default_splits, pages=True), grid=grid, launches=launches,
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.memory import Memory, Tile
+from iosim.paging import pages_read
 from iosim.problem import Problem
 from iosim.rng import dropout_tile
 
@@ -82,6 +83,12 @@ def safe_divide(x: np.ndarray, l: np.ndarray) -> np.ndarray:
 def load_mask(mem: Memory, pb: Problem, rows: slice, cols: slice) -> Tile | None:
     """Read the mask tile from HBM when the problem has an explicit mask."""
     return mem.load("mask", rows, cols, tile="mask_ij") if pb.has_mask else None
+
+
+def read_block_table(mem: Memory, pb: Problem, cols: slice) -> None:
+    """Read the block-table entries of the pages key rows ``cols`` lie in, before loading them (a paged cache)."""
+    if pb.page_size:
+        mem.free(mem.load("block_table", pages_read(pb, cols), tile="pages_j"))
 
 
 def probabilities(S: np.ndarray, l: np.ndarray, m: np.ndarray) -> np.ndarray:

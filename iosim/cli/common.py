@@ -84,6 +84,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "
                         "of the --gpu preset, an H100's 132 without one)")
+    p.add_argument("--page-size", type=count_arg, default=None,
+                   help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens, read by rows "
+                        "through a block table (default: contiguous)")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
                          f"{[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
     check_backward([args.algo], args.pass_)
+    if args.page_size is not None and args.pass_ != "fwd":
+        raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
+                         f"forward (decode) pass only; allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     n_k = args.N_k or args.N
     shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = simulate(args.algo, q, k, v, gpu=args.gpu, **run_options)
+            result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, **run_options)
         outputs = (result.out,)
     else:
         do = rng.standard_normal(q.shape)

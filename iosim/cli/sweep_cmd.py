@@ -32,7 +32,8 @@ class SweepOutcome:
 def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
     """What the output must say: a sweep covers many algorithms, and an option applies only to some of them."""
     out = []
-    for option, flag, value in (("splits", "--splits", args.splits), ("block_sparsity", "--sparsity", args.sparsity)):
+    for option, flag, value in (("splits", "--splits", args.splits), ("block_sparsity", "--sparsity", args.sparsity),
+                                ("page_size", "--page-size", args.page_size)):
         ignoring = [a for a in algorithms if not ALGORITHMS[a].accepts(option)]
         if value is not None and ignoring:
             takers = [a for a in ALGORITHMS if ALGORITHMS[a].accepts(option)]
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         rows = run_sweep(algorithms, args.N, args.d, M, N_k=args.N_k, batch=args.batch, heads=args.heads,
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal, window=window_of(args),
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept)
+                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
+                         page_size=args.page_size)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
@@ -95,6 +97,9 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     sparse = next((r for r in rows if r.sparsity is not None), None)
     if sparse is not None:
         options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
+    paged = next((r for r in rows if r.page_size is not None), None)
+    if paged is not None:
+        options.append(f"paged K/V cache of {paged.page_size}-token pages, read by rows (the algorithms that read one)")
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
                        f"is declared (iosim.l2), and the roofline time, a lower bound, from them (else from HBM "
