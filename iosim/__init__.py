@@ -7,7 +7,7 @@
 """
 
 from iosim.algorithm import Algorithm, Tensor
-from iosim.api import PredictResult, SimResult, count, predict, simulate
+from iosim.api import count, predict, simulate
 from iosim.chunked import ChunkedPrefill, chunked_prefill
 from iosim.counts import Counts, TensorCounts
 from iosim.dram_level import DramResult, dram
@@ -17,6 +17,7 @@ from iosim.memory import CapacityError
 from iosim.problem import Band
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
+from iosim.results import PredictResult, SimResult
 from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.api import Progress, SimResult, backward_of, simulate, simulation_bytes
+from iosim.api import Progress, backward_of, simulate, simulation_bytes
 from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg, window_of
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
@@ -22,6 +22,7 @@ from iosim.l2 import DramCounts, dram_record
 from iosim.records import check_distinct, check_output_path, write_document
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
+from iosim.results import SimResult
 from iosim.sparsity import element_mask
 from iosim.tiling import Tiling
 
