@@ -13,6 +13,9 @@ from iosim.dram_level import DramResult, dram
 from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
+from iosim.model_cost import ModelReport, model
+from iosim.models import PRESETS as MODELS
+from iosim.models import ModelConfig, load_config
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.sparsity import BlockSparsity
@@ -20,7 +23,7 @@ from iosim.tiling import Tiling
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "BlockSizeError", "BlockSparsity", "CapacityError", "Counts", "DramResult",
-    "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError", "SimResult", "Tensor",
-    "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "count", "dram", "gradients", "predict",
-    "register", "simulate",
+    "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig", "ModelReport", "PredictResult",
+    "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref",
+    "count", "dram", "gradients", "load_config", "model", "predict", "register", "simulate",
 ]
