@@ -11,7 +11,8 @@ algorithm of the registry is counted (``iosim.count``, checked against
 all causal. Each distinct kind of layer (global, or local with a sliding window) is
 counted once and multiplied by its number of layers, so a model costs a few counts, each
 O(1) in N. The time is the preset's roofline (``iosim.gpus.roofline``, the sweep's) from
-the two-level HBM bytes, a lower bound, and layers run one after another, so times add.
+the two-level HBM bytes (not the L2 model's DRAM bytes, so every algorithm is timed on the
+same footing), and layers run one after another, so times add.
 An algorithm that refuses a phase (no backward pass, a shape it does not take) is listed
 with the reason. Attention only: no MLP, no KV-cache capacity.
 
@@ -232,7 +233,8 @@ def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
 
 
 def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> tuple[str, ...]:
-    notes = [ATTENTION_ONLY + "; roofline times from HBM bytes (no L2), a lower bound, summed over the layers"]
+    notes = [ATTENTION_ONLY + "; roofline times from the two-level HBM bytes (an L2 that serves re-reads is not "
+                              "modelled), summed over the layers"]
     left = [a for a in ALGORITHMS if a not in algorithms and not ALGORITHMS[a].listed_by_default(())]
     if left:
         notes.append(f"{', '.join(left)}: not counted, they need a block mask and a model's attention has none")
