@@ -45,9 +45,9 @@ from iosim.errors import InputError
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # Hugging Face's names of a layer's attention (layer_types)
 
 
-def _check_count(name: str, value) -> int:
-    if type(value) is not int or value < 1:
-        raise InputError(f"{name}={value!r} must be a whole number >= 1")
+def _check_count(name: str, value, least: int = 1) -> int:
+    if type(value) is not int or value < least:
+        raise InputError(f"{name}={value!r} must be a whole number >= {least}")
     return value
 
 
@@ -212,7 +212,7 @@ def _layer_types(config: dict, layers: int, window: int | None) -> tuple[str, ..
         raise InputError(f"use_sliding_window={use!r} must be true or false")
     if not use:
         return uniform(layers)
-    first = _count(config, "max_window_layers", default=0) if "max_window_layers" in config else 0
+    first = _count(config, "max_window_layers", default=0, least=0)
     return tuple(LOCAL if i >= first else GLOBAL for i in range(layers))
 
 
@@ -227,17 +227,16 @@ def _field(config: dict, name: str):
 _MISSING = object()
 
 
-def _count(config: dict, name: str, default=_MISSING):
-    """A whole number >= 1 from ``config``, or ``default`` when absent or null (a required field has none)."""
+def _count(config: dict, name: str, default=_MISSING, least: int = 1):
+    """A whole number >= ``least`` from ``config``, or ``default`` when absent or null (a required field has
+    none)."""
     shown, value = _field(config, name)
     if value is _MISSING or value is None:
         if default is _MISSING:
             alias = f" (or {ALIASES[name]})" if name in ALIASES else ""
             raise InputError(f"{name}{alias} is missing from the config; it is required")
         return default
-    if name == "max_window_layers" and type(value) is int and value == 0:
-        return 0
-    return _check_count(shown, value)
+    return _check_count(shown, value, least)
 
 
 def _fraction(config: dict, name: str) -> float:

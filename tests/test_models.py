@@ -177,6 +177,7 @@ def test_config_file_round_trip(tmp_path):
     ({"sliding_window": 4096}, list(range(32))),  # Mistral: every layer
     ({"sliding_window": 4096, "use_sliding_window": False, "max_window_layers": 28}, []),  # Qwen2
     ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28}, [28, 29, 30, 31]),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 0}, list(range(32))),
     ({"sliding_window": 512, "layer_types": [LOCAL, LOCAL, GLOBAL] * 10 + [GLOBAL] * 2}, [i for i in range(30)
                                                                                          if i % 3 != 2]),
     ({"sliding_window": None}, []),
@@ -213,6 +214,7 @@ def test_gpt2_field_names_and_head_dim(tmp_path):
     ({"sliding_window": 1024, "layer_types": ["chunked_attention"] * 32}, "layer_types holds ['chunked_attention']"),
     ({"layer_types": [LOCAL] * 32}, "sliding_window is missing or null"),
     ({"attention_dropout": 1.5}, "attention_dropout=1.5"),
+    ({"sliding_window": 4096, "max_window_layers": -1}, "max_window_layers=-1 must be a whole number >= 0"),
 ])
 def test_bad_config_fields_are_named(tmp_path, change, message):
     config = {k: v for k, v in {**LLAMA_3_8B, **change}.items() if v is not None}
