@@ -283,3 +283,42 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+# --- local layers whose window hides keys: these run once iosim.count takes window= (issue 18 item 1) -------------
+needs_window = pytest.mark.skipif(not WINDOW_IN_COUNT, reason="iosim.count takes no window= yet")
+
+
+@needs_window
+def test_mistral_beyond_its_window_counts_the_band():
+    # HF's sliding_window 4096: query i sees keys i − 4096 < j <= i, flash-attn's window (4095, 0)
+    report = iosim.model("mistral-7b", N=8192, context=32768, algorithms=["flash", "flash-swapped", "standard"])
+    for pc in report.phases:
+        for cost in pc.ran:
+            (layer,) = cost.layers
+            one = iosim.count(cost.algorithm, N=pc.phase.n_q, N_k=pc.phase.n_k, d=128, M=H100_M, heads=32,
+                              kv_heads=layer.kv_heads, causal=True, window=(4095, 0), pass_=pc.phase.pass_,
+                              gpu="h100")
+            assert layer.window == (4095, 0) and layer.counts == one.traffic and layer.exact
+            assert cost.total_bytes == 32 * one.traffic.total_bytes
+    prefill = report.phases[1].least
+    full = iosim.model("llama-3-8b", N=8192, phases=["prefill"]).phases[0]
+    assert prefill.total_bytes < next(a for a in full.ran if a.algorithm == prefill.algorithm).total_bytes
+
+
+@needs_window
+def test_gemma2_beyond_its_window_sums_a_banded_kind_and_a_global_kind():
+    report = iosim.model("gemma-2-9b", N=8192, context=8192, algorithms=["flash-swapped"])
+    for pc in report.phases:
+        (cost,) = pc.ran
+        local, glob = cost.layers
+        assert (local.window, glob.window) == ((4095, 0), None)
+        assert local.counts.total_bytes < glob.counts.total_bytes
+        assert cost.total_bytes == 21 * (local.counts.total_bytes + glob.counts.total_bytes)
+
+
+@needs_window
+def test_an_algorithm_without_windows_is_listed_with_the_reason():
+    pc = iosim.model("mistral-7b", N=8192, phases=["prefill"], algorithms=["flash", "small-cache"]).phases[0]
+    assert [a.algorithm for a in pc.ran] == ["flash"]
+    assert "window" in pc.algorithms[1].skipped
