@@ -14,6 +14,9 @@ from iosim.dram_level import DramResult, dram
 from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
 from iosim.gradients import GradResult, gradients
 from iosim.memory import CapacityError
+from iosim.model_cost import ModelReport, model
+from iosim.models import PRESETS as MODELS
+from iosim.models import ModelConfig, load_config
 from iosim.problem import Band
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
@@ -23,7 +26,8 @@ from iosim.tiling import Tiling
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "ChunkedPrefill",
-    "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "PredictResult", "SearchTooLargeError",
-    "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref", "attention_ref", "chunked_prefill",
-    "count", "dram", "gradients", "predict", "register", "simulate",
+    "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig", "ModelReport",
+    "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
+    "attention_ref", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict", "register",
+    "simulate",
 ]

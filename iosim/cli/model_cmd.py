@@ -1,0 +1,118 @@
+"""``iosim model``: a whole model's attention, per layer and for every layer, in training, prefill and decoding."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from iosim.cli.common import add_outputs, count_arg
+from iosim.cli.progress import progress_bar
+from iosim.cli.render import compact_table, eng, nbytes, seconds
+from iosim.errors import InputError
+from iosim.gpus import DEFAULT, GPUS
+from iosim.model_cost import (ATTENTION_ONLY, PHASES, AlgorithmCost, ModelReport, PhaseCost, check_algorithms, model,
+                              plan_phases, records)
+from iosim.models import PRESETS, ModelConfig, get_model, load_config
+from iosim.records import RecordWriter
+from iosim.registry import ALGORITHMS
+from iosim.units import DTYPE_ITEMSIZE
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("model", help="a whole model's attention: HBM bytes, FLOPs and roofline time per layer and "
+                                     "in all, for a training step, prefill and each decoded token")
+    p.add_argument("name", nargs="?", choices=sorted(PRESETS), default=None,
+                   help="a preset, its numbers from the model's published config.json (or --config)")
+    p.add_argument("--config", metavar="FILE.json",
+                   help="a Hugging Face config.json of your own (read, never downloaded) instead of a preset")
+    p.add_argument("--N", type=count_arg, nargs="+", default=None,
+                   help="sequence lengths of training and prefill, e.g. 4Ki 32Ki (default: max_position_embeddings)")
+    p.add_argument("--context", type=count_arg, nargs="+", default=None,
+                   help="context lengths of decoding, one token against that many keys (default: each --N)")
+    p.add_argument("--batch", type=count_arg, default=1)
+    p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT,
+                   help=f"hardware preset: M, bandwidth and peak FLOP/s of the roofline (default {DEFAULT})")
+    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
+                   help="element size, and the peak FLOP/s of the roofline (default float16)")
+    p.add_argument("--M", default=None,
+                   help="SRAM capacity, e.g. 100k elements or 192KiB (default: the --gpu preset's shared memory per "
+                        "SM; an --M up to that wins)")
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                   help="algorithms to count (default: all but the block-sparse ones, which need a block mask)")
+    p.add_argument("--phase", choices=PHASES, nargs="+", default=list(PHASES), help="phases to count (default: all)")
+    add_outputs(p, "one record per (phase, algorithm, kind of layer)")
+
+
+def config_of(args: argparse.Namespace) -> ModelConfig:
+    if (args.name is None) == (args.config is None):
+        raise InputError(f"give a model name ({', '.join(sorted(PRESETS))}) or --config FILE.json, not both")
+    return get_model(args.name) if args.config is None else load_config(args.config)
+
+
+def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None = None) -> ModelReport:
+    """Count the model; ``on_row`` sees each (phase, algorithm) as it is done."""
+    cfg = config_of(args)
+    with RecordWriter(args.json, args.csv) as writer:  # the paths are checked before any work
+        report = model(cfg, N=args.N, context=args.context, batch=args.batch, gpu=args.gpu, dtype=args.dtype,
+                       M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row)
+        for record in records(report):
+            writer.add(record)
+    return report
+
+
+WIDTH = 100  # the phase tables' width: piped output gets it too
+
+
+def main(args: argparse.Namespace, console) -> None:
+    if not console.is_terminal:
+        from rich.console import Console
+
+        console = Console(width=WIDTH)
+    steps = len(plan_phases(config_of(args), args.N, args.context, args.phase)) * len(check_algorithms(args.algo))
+    with progress_bar(console, "model", steps) as step:
+        report = run(args, on_row=step)
+    render(console, report)
+
+
+def render(console, report: ModelReport) -> None:
+    cfg = report.model
+    grouped = f", {cfg.kv_heads} K/V heads" if cfg.grouped else ""
+    kinds = " + ".join(f"{k.layers} {k.label}" for k in cfg.kinds())
+    console.print(f"[bold]{cfg.name}[/]: {cfg.layers} layers ({kinds}), {cfg.heads} heads{grouped}, head_dim "
+                  f"{cfg.head_dim}; batch {report.batch}, {report.gpu} preset, {report.dtype}, M = {report.M:,} "
+                  f"elements ({nbytes(report.M * DTYPE_ITEMSIZE[report.dtype])})")
+    console.print(f"numbers from {cfg.source}")
+    console.print(f"[bold]{ATTENTION_ONLY}[/]")
+    for note in report.notes[1:]:
+        console.print(f"[yellow]{note}[/]")
+    for pc in report.phases:
+        render_phase(console, pc)
+
+
+def render_phase(console, pc: PhaseCost) -> None:
+    console.print()
+    console.print(f"[bold]{pc.phase.title}[/]: HBM bytes, matmul FLOPs and roofline time of one layer of each "
+                  f"kind; Σ: of every layer")
+    table = compact_table()
+    for name in ("algorithm", "layers", "HBM", "FLOPs", "time", "bound", "Σ HBM", "Σ FLOPs", "Σ time", "÷ least"):
+        table.add_column(name, justify="left" if name in ("algorithm", "layers", "bound") else "right",
+                         no_wrap=True)
+    for a in pc.ran:
+        for i, c in enumerate(a.layers):
+            first = i == 0
+            table.add_row(a.algorithm if first else "", f"{c.kind.layers} {'global' if c.kind.window is None else 'local'}",
+                          nbytes(c.counts.total_bytes), eng(c.flops.matmul), seconds(c.roofline.seconds),
+                          c.roofline.bound, *((nbytes(a.total_bytes), eng(a.flops.matmul), seconds(a.seconds),
+                                               f"{pc.ratio(a):.2f}×") if first else ("",) * 4))
+    if pc.ran:
+        console.print(table)
+        console.print(f"least HBM bytes: {pc.least.algorithm}")
+    inexact = [a.algorithm for a in pc.ran if not all(c.exact for c in a.layers)]
+    if inexact:
+        console.print(f"[red]count differs from the closed form: {', '.join(inexact)}[/]")
+    reasons: dict[str, list[str]] = {}
+    for a in pc.algorithms:
+        if a.skipped:
+            reasons.setdefault(a.skipped, []).append(a.algorithm)
+    for reason, names in reasons.items():
+        console.print(f"[yellow]not counted: {', '.join(names)}: {reason}[/]")

@@ -1,0 +1,308 @@
+"""Whole models (issue 18 item 5): presets against their config.json, totals from per-layer counts, config files,
+the ``iosim model`` command."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import iosim
+from iosim.cli import build_parser, main, run
+from iosim.gpus import resolve_M
+from iosim.model_cost import layer_window, records
+from iosim.models import GLOBAL, LOCAL, PRESETS, LayerKind, from_hf_config, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+H100_M = resolve_M(None, "h100", "float16")  # 228 KiB of float16: 116,736 elements
+
+# Written out by hand from each model's config.json (the URL), independently of iosim/models.py:
+# (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
+#  sliding_window of the local layers, how many layers are local)
+PUBLISHED = {
+    # n_layer 24, n_head 16, n_embd 1024 → 64, n_positions 1024
+    "gpt2-medium": ("https://huggingface.co/openai-community/gpt2-medium/blob/main/config.json",
+                    (24, 16, 16, 64, 1024, None, 0)),
+    # hidden_size 4096 / 32 heads → 128
+    "llama-3-8b": ("https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json",
+                   (32, 32, 8, 128, 8192, None, 0)),
+    # hidden_size 8192 / 64 heads → 128
+    "llama-3-70b": ("https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json",
+                    (80, 64, 8, 128, 8192, None, 0)),
+    # every layer has the sliding window
+    "mistral-7b": ("https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json",
+                   (32, 32, 8, 128, 32768, 4096, 32)),
+    # head_dim 256 given; gemma2 alternates local (even layers) and global
+    "gemma-2-9b": ("https://huggingface.co/google/gemma-2-9b/blob/main/config.json",
+                   (42, 16, 8, 256, 8192, 4096, 21)),
+    # hidden_size 3584 / 28 heads → 128; use_sliding_window false
+    "qwen2.5-7b": ("https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
+                   (28, 28, 4, 128, 131072, None, 0)),
+}
+
+
+def parse(*argv):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_preset_numbers_are_the_published_configs(name):
+    url, (layers, heads, kv_heads, head_dim, context, window, local) = PUBLISHED[name]
+    m = PRESETS[name]
+    assert m.source == url
+    assert (m.layers, m.heads, m.kv_heads, m.head_dim, m.max_context) == (layers, heads, kv_heads, head_dim, context)
+    assert m.sliding_window == window and sum(k.layers for k in m.kinds() if k.window is not None) == local
+    assert sum(k.layers for k in m.kinds()) == layers
+
+
+def test_gemma2_layers_alternate_local_first():
+    types = PRESETS["gemma-2-9b"].layer_types
+    assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL) and types.count(LOCAL) == types.count(GLOBAL) == 21
+
+
+def test_gpt2_medium_standard_prefill_bytes_by_hand():
+    # GPT-2 medium, N = 1024, d = 64, 16 heads, batch 1, float16, H100 preset (M = 116,736), standard (Alg. 0):
+    # fit's blocks: B_c = d = 64, and B_r the largest with Q_i, K_j, S_ij on chip: 128·B_r + 64·64 <= 116,736,
+    # B_r = 880, so T_r = ⌈1024/880⌉ = 2; one softmax pass (113 rows of 1026 fit M).
+    # Per head: S written, read, P written, read (4N² = 4,194,304), Q read and O written (2Nd = 131,072),
+    # K and V read once per query block (2·T_r·N·d = 262,144): 4,587,520 elements, × 16 heads × 2 bytes
+    # = 146,800,640 bytes a layer, × 24 layers = 3,523,215,360 bytes.
+    report = iosim.model("gpt2-medium", N=1024, phases=["prefill"], algorithms=["standard"])
+    (cost,) = report.phases[0].algorithms
+    (layer,) = cost.layers
+    assert (layer.forward_tiling.Br, layer.forward_tiling.Bc) == (880, 64)
+    assert layer.counts.total_bytes == 146_800_640 and cost.total_bytes == 3_523_215_360
+    assert layer.exact
+
+
+def test_gpt2_medium_training_is_the_papers_table():
+    # README's GPT-2 table (experiments/gpt2_table.py): batch 64, A100 preset, causal, dropout 0.1 (GPT-2's
+    # attn_pdrop); one layer of the model is the table's attention
+    table = json.loads((ROOT / "docs" / "figures" / "gpt2_table.json").read_text())
+    expected = {r["algorithm"]: round(r["GB"] * 1e9) for r in table["rows"] if r["setting"].startswith("GPT-2 training")}
+    report = iosim.model("gpt2-medium", N=1024, batch=64, gpu="a100", phases=["training"])
+    got = {a.algorithm: a.layers[0].counts.total_bytes for a in report.phases[0].ran}
+    assert got == expected and len(got) == 4
+    skipped = {a.algorithm: a.skipped for a in report.phases[0].algorithms if a.skipped}
+    assert set(skipped) == {"small-cache", "split-kv"} and all("no backward pass" in s for s in skipped.values())
+
+
+def test_uniform_model_is_layers_times_one_layer():
+    cfg = PRESETS["llama-3-8b"]
+    report = iosim.model("llama-3-8b", N=3000, batch=2, phases=["prefill"])
+    for cost in report.phases[0].ran:
+        one = iosim.count(cost.algorithm, N=3000, d=128, M=H100_M, batch=2, heads=32, kv_heads=8, causal=True,
+                          gpu="h100")
+        assert cost.layers[0].counts == one.traffic
+        assert cost.total_bytes == cfg.layers * one.traffic.total_bytes
+        assert cost.flops == one.flops.scaled(cfg.layers)
+        assert cost.seconds == pytest.approx(cfg.layers * cost.layers[0].roofline.seconds, rel=1e-12)
+
+
+def test_alternating_model_sums_over_its_kinds():
+    # at N <= 4096 Gemma 2's local layers equal causal attention: two kinds, each counted once
+    report = iosim.model("gemma-2-9b", N=4096, context=4000)
+    for pc in report.phases:
+        for cost in pc.ran:
+            assert [(c.kind.label, c.kind.layers) for c in cost.layers] == [("local 4096", 21), ("global", 21)]
+            assert cost.total_bytes == sum(21 * c.counts.total_bytes for c in cost.layers)
+            assert cost.flops == cost.layers[0].flops.scaled(21) + cost.layers[1].flops.scaled(21)
+            assert all(c.window is None and c.exact for c in cost.layers)
+
+
+def test_decode_is_one_query_against_the_context():
+    report = iosim.model("qwen2.5-7b", N=2048, context=[1, 777, 32768], phases=["decode"])
+    assert [pc.phase.n_k for pc in report.phases] == [1, 777, 32768]
+    for pc in report.phases:
+        for cost in pc.ran:
+            one = iosim.count(cost.algorithm, N=1, N_k=pc.phase.n_k, d=128, M=H100_M, heads=28, kv_heads=4,
+                              causal=True, gpu="h100")
+            assert cost.layers[0].counts == one.traffic and cost.total_bytes == 28 * one.traffic.total_bytes
+
+
+def test_training_with_grouped_heads_counts_kv_for_every_query_head():
+    report = iosim.model("llama-3-8b", N=1000, phases=["training"], algorithms=["flash"])
+    (cost,) = report.phases[0].algorithms
+    both = iosim.count("flash", N=1000, d=128, M=H100_M, heads=32, causal=True, pass_="fwd+bwd", gpu="h100")
+    assert cost.layers[0].kv_heads == 32 and cost.layers[0].counts == both.traffic
+    assert any("repeat_kv" in note for note in report.notes)
+
+
+def test_least_and_ratios():
+    pc = iosim.model("llama-3-70b", N=8192, phases=["prefill"]).phases[0]
+    assert pc.least.total_bytes == min(a.total_bytes for a in pc.ran) and pc.ratio(pc.least) == 1.0
+    assert all(pc.ratio(a) >= 1.0 for a in pc.ran)
+
+
+def test_window_applies_only_where_it_hides_keys():
+    kind = LayerKind(4096, 32)
+    assert layer_window(kind, 4096) is None and layer_window(LayerKind(None, 32), 10**6) is None
+    assert layer_window(kind, 4097) == (4095, 0)  # Hugging Face's W keys, itself included: flash-attn (W−1, 0)
+
+
+# --- config files -----------------------------------------------------------------------------------------------
+LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "num_hidden_layers": 32, "max_position_embeddings": 8192, "intermediate_size": 14336}
+
+
+def write(tmp_path, config, name="config.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_config_file_round_trip(tmp_path):
+    cfg = load_config(write(tmp_path, LLAMA_3_8B))
+    preset = PRESETS["llama-3-8b"]
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_context, cfg.kinds()) == (
+        preset.layers, preset.heads, preset.kv_heads, preset.head_dim, preset.max_context, preset.kinds())
+    a, b = (iosim.model(m, N=[1024, 4096], context=9000) for m in (cfg, "llama-3-8b"))
+    assert [[x.total_bytes for x in pc.algorithms] for pc in a.phases] == \
+           [[x.total_bytes for x in pc.algorithms] for pc in b.phases]
+
+
+@pytest.mark.parametrize("extra, local", [
+    ({"model_type": "gemma2", "sliding_window": 4096}, list(range(0, 32, 2))),
+    ({"sliding_window": 4096}, list(range(32))),  # Mistral: every layer
+    ({"sliding_window": 4096, "use_sliding_window": False, "max_window_layers": 28}, []),  # Qwen2
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 28}, [28, 29, 30, 31]),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 0}, list(range(32))),
+    ({"sliding_window": 512, "layer_types": [LOCAL, LOCAL, GLOBAL] * 10 + [GLOBAL] * 2}, [i for i in range(30)
+                                                                                         if i % 3 != 2]),
+    ({"sliding_window": None}, []),
+])
+def test_config_local_layers(tmp_path, extra, local):
+    cfg = load_config(write(tmp_path, {**LLAMA_3_8B, **extra}))
+    assert [i for i, t in enumerate(cfg.layer_types or (GLOBAL,) * 32) if t == LOCAL] == local
+
+
+def test_gpt2_field_names_and_head_dim(tmp_path):
+    gpt2 = {"model_type": "gpt2", "n_layer": 24, "n_head": 16, "n_embd": 1024, "n_positions": 1024,
+            "attn_pdrop": 0.1}
+    cfg = load_config(write(tmp_path, gpt2))
+    p = PRESETS["gpt2-medium"]
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_context, cfg.dropout_p) == (
+        p.layers, p.heads, p.kv_heads, p.head_dim, p.max_context, p.dropout_p)
+    assert load_config(write(tmp_path, {**LLAMA_3_8B, "head_dim": 96})).head_dim == 96  # head_dim wins
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_attention_heads": None}, "num_attention_heads (or n_head) is missing"),
+    ({"num_hidden_layers": None}, "num_hidden_layers (or n_layer) is missing"),
+    ({"num_attention_heads": 0}, "num_attention_heads=0 must be a whole number >= 1"),
+    ({"num_attention_heads": 32.5}, "num_attention_heads=32.5"),
+    ({"num_key_value_heads": 5}, "num_key_value_heads=5 must divide num_attention_heads=32"),
+    ({"hidden_size": 4100}, "hidden_size=4100 is not a multiple of num_attention_heads=32"),
+    ({"hidden_size": None}, "hidden_size (or n_embd) is missing"),
+    ({"head_dim": "128"}, "head_dim='128'"),
+    ({"max_position_embeddings": None}, "max_position_embeddings (or n_positions) is missing"),
+    ({"sliding_window": -1}, "sliding_window=-1"),
+    ({"sliding_window": 4096, "use_sliding_window": "yes"}, "use_sliding_window='yes'"),
+    ({"sliding_window": 1024, "sliding_window_pattern": 6}, "sliding_window_pattern=6 without layer_types"),
+    ({"sliding_window": 1024, "layer_types": [LOCAL] * 31}, "layer_types has 31 entries; num_hidden_layers=32"),
+    ({"sliding_window": 1024, "layer_types": ["chunked_attention"] * 32}, "layer_types holds ['chunked_attention']"),
+    ({"layer_types": [LOCAL] * 32}, "sliding_window is missing or null"),
+    ({"attention_dropout": 1.5}, "attention_dropout=1.5"),
+    ({"sliding_window": 4096, "max_window_layers": -1}, "max_window_layers=-1 must be a whole number >= 0"),
+])
+def test_bad_config_fields_are_named(tmp_path, change, message):
+    config = {k: v for k, v in {**LLAMA_3_8B, **change}.items() if v is not None}
+    with pytest.raises(iosim.InputError) as err:
+        load_config(write(tmp_path, config))
+    assert message in str(err.value)
+
+
+def test_a_file_that_is_not_a_config(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(iosim.InputError, match="is not JSON"):
+        load_config(tmp_path / "bad.json")
+    with pytest.raises(iosim.InputError, match="a config.json holds an object"):
+        load_config(write(tmp_path, [1, 2]))
+    with pytest.raises(iosim.InputError, match="cannot be read"):
+        load_config(tmp_path / "absent.json")
+    with pytest.raises(iosim.InputError, match="a config.json holds an object"):
+        from_hf_config("llama", source="text")
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+def test_cli_run_counts_and_saves_records(tmp_path):
+    js, cs = tmp_path / "m.json", tmp_path / "m.csv"
+    report = run(parse("model", "gemma-2-9b", "--N", "2048", "4Ki", "--context", "4000", "--gpu", "h200",
+                       "--json", str(js), "--csv", str(cs)))
+    assert [pc.phase.name for pc in report.phases] == ["training", "prefill", "training", "prefill", "decode"]
+    assert report.gpu == "H200" and report.M == H100_M  # the same SM's shared memory
+    saved = json.loads(js.read_text())
+    assert saved == json.loads(json.dumps(records(report)))
+    ok = [r for r in saved if r["status"] == "ok"]
+    assert {r["layer_kind"] for r in ok} == {"local 4096", "global"} and all(r["exact"] for r in ok)
+    first = next(r for r in ok if r["phase"] == "prefill" and r["algorithm"] == "flash")
+    assert first["model_total_bytes"] == sum(r["total_bytes"] * r["layers"] for r in ok
+                                             if (r["phase"], r["N"], r["algorithm"]) == ("prefill", 2048, "flash"))
+    skipped = [r for r in saved if r["status"] != "ok"]
+    assert {r["algorithm"] for r in skipped} == {"small-cache", "split-kv"}
+    assert cs.read_text().count("\n") == len(saved) + 1
+
+
+def test_cli_config_file(tmp_path):
+    path = write(tmp_path, {**LLAMA_3_8B, "sliding_window": 2048})
+    report = run(parse("model", "--config", str(path), "--N", "2048", "--phase", "decode", "--context", "2048"))
+    assert report.model.source == str(path) and report.phases[0].ran
+
+
+def test_main_prints_the_tables(capsys):
+    assert main(["model", "llama-3-70b", "--N", "32Ki", "--algo", "flash", "flash-swapped", "split-kv"]) == 0
+    text = capsys.readouterr().out
+    assert "attention only: no MLP, no KV-cache capacity" in text
+    assert "least HBM bytes: flash-swapped" in text and "least HBM bytes: split-kv" in text
+    assert "not counted: split-kv: algorithm='split-kv' has no backward pass" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["model"], "give a model name"),
+    (["model", "llama-3-8b", "--config", "x.json"], "not both"),
+    (["model", "gpt-5"], "invalid choice"),
+    (["model", "--config", "/nonexistent/config.json"], "cannot be read"),
+    (["model", "llama-3-8b", "--gpu", "t4", "--dtype", "bfloat16"], "dtype='bfloat16' has no peak"),
+    (["model", "llama-3-8b", "--M", "1MiB"], "more than the H100's shared memory"),
+    (["model", "llama-3-8b", "--N", "0"], "argument --N"),
+    (["model", "llama-3-8b", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+# --- local layers whose window hides keys ----------------------------------------------------------------------
+
+
+def test_mistral_beyond_its_window_counts_the_band():
+    # HF's sliding_window 4096: query i sees keys i − 4096 < j <= i, flash-attn's window (4095, 0)
+    report = iosim.model("mistral-7b", N=8192, context=32768, algorithms=["flash", "flash-swapped", "standard"])
+    for pc in report.phases:
+        for cost in pc.ran:
+            (layer,) = cost.layers
+            one = iosim.count(cost.algorithm, N=pc.phase.n_q, N_k=pc.phase.n_k, d=128, M=H100_M, heads=32,
+                              kv_heads=layer.kv_heads, causal=True, window=(4095, 0), pass_=pc.phase.pass_,
+                              gpu="h100")
+            assert layer.window == (4095, 0) and layer.counts == one.traffic and layer.exact
+            assert cost.total_bytes == 32 * one.traffic.total_bytes
+    prefill = report.phases[1].least
+    full = iosim.model("llama-3-8b", N=8192, phases=["prefill"]).phases[0]
+    assert prefill.total_bytes < next(a for a in full.ran if a.algorithm == prefill.algorithm).total_bytes
+
+
+def test_gemma2_beyond_its_window_sums_a_banded_kind_and_a_global_kind():
+    report = iosim.model("gemma-2-9b", N=8192, context=8192, algorithms=["flash-swapped"])
+    for pc in report.phases:
+        (cost,) = pc.ran
+        local, glob = cost.layers
+        assert (local.window, glob.window) == ((4095, 0), None)
+        assert local.counts.total_bytes < glob.counts.total_bytes
+        assert cost.total_bytes == 21 * (local.counts.total_bytes + glob.counts.total_bytes)
+
+
+def test_an_algorithm_without_windows_is_listed_with_the_reason():
+    pc = iosim.model("mistral-7b", N=8192, phases=["prefill"], algorithms=["flash", "small-cache"]).phases[0]
+    assert [a.algorithm for a in pc.ran] == ["flash"]
+    assert "window" in pc.algorithms[1].skipped
