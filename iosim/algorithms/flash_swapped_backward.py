@@ -168,7 +168,8 @@ TILES = Tiles(GRID_TENSORS)
 
 def _grid_stride(items: int, chunk_steps) -> Grid:
     """A grid-stride kernel over ``items``: min(8192, ⌈items/256⌉) blocks of 256 threads; block b takes chunks
-    b, b + G, b + 2G, ... of 256 consecutive items, one step each (``chunk_steps(c, first, n)``)."""
+    b, b + G, b + 2G, ... of 256 consecutive items, one step each (``chunk_steps(c, n)`` for chunk c of n items).
+    Uniform (every block the same steps on chunks of its own) when the chunks are whole and G divides them."""
     G = max(1, min(GRID_STRIDE_MAX_BLOCKS, -(-items // GRID_STRIDE_THREADS)))
     chunks = -(-items // GRID_STRIDE_THREADS)
 
@@ -177,7 +178,8 @@ def _grid_stride(items: int, chunk_steps) -> Grid:
             first = c * GRID_STRIDE_THREADS
             yield chunk_steps(c, min(GRID_STRIDE_THREADS, items - first))
 
-    return Grid(G, steps, TILES, GRID_STRIDE_BLOCKS_PER_SM)
+    uniform = items % GRID_STRIDE_THREADS == 0 and chunks % G == 0
+    return Grid(G, steps, TILES, GRID_STRIDE_BLOCKS_PER_SM, uniform=uniform)
 
 
 def row_dot_grid(pb: Problem) -> Grid:
@@ -234,12 +236,10 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         run = met.query_run(j)
         seen = inner(bh)[run.start:run.stop]  # from the kernel's i_start
         if not seen:
-            yield kv + out
-            return
-        yield kv + seen[0] if len(seen) > 1 else kv + seen[0] + out
-        yield from seen[1:-1]
-        if len(seen) > 1:
-            yield seen[-1] + out
+            return iter(((*kv, *out),))
+        if len(seen) == 1:
+            return iter(((*kv, *seen[0], *out),))
+        return iter([kv + seen[0], *seen[1:-1], seen[-1] + out])  # a list's iterator: the simulation's hot path
 
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
     if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
