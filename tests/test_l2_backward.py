@@ -13,6 +13,7 @@ from iosim.l2 import SECTOR, L2Config, dram_traffic, in_sequence, kernels, l2_co
 from iosim.l2_counts import dram_counts, lockstep
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
+from iosim.algorithms.flash_swapped_backward import cast_grid, fill_grid, row_dot_grid
 from iosim.tiling import Tiling
 
 FLASH_BW, SWAPPED_BW = ALGORITHMS["flash"].backward, ALGORITHMS["flash-swapped"].backward
@@ -178,3 +179,16 @@ def test_lockstep_equals_the_simulation_on_the_flash_backward_grid(bh, n_q, n_k,
     got = lockstep(g, config)
     assume(got is not None)  # None: a tile larger than the L2
     assert got == simulate(g, config), got
+
+
+@given(bh=st.integers(1, 40), n=st.sampled_from([64, 100, 256, 300, 1024]), d=st.sampled_from([8, 16, 64]),
+       dtype=st.sampled_from(["float32", "float16"]), concurrent=st.integers(1, 50),
+       capacity=st.integers(100, 200_000))
+def test_lockstep_equals_the_simulation_on_the_grid_stride_kernels(bh, n, d, dtype, concurrent, capacity):
+    # row_dot, fill and cast: each block its own chunks, every block as many when the chunks divide evenly
+    pb = Problem(AttentionShape(1, bh, n, n, d), tau=1.0, dtype=dtype)
+    config = L2Config(capacity, concurrent)
+    for g in (row_dot_grid(pb), fill_grid(pb), cast_grid(pb)):
+        got = lockstep(g, config) if g.uniform else None
+        if got is not None:
+            assert got == simulate(g, config), got
