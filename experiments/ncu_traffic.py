@@ -121,7 +121,7 @@ def sanitize_grid() -> list[LaunchConfig]:
     return configs
 
 
-# Call 3 (issue 17, item 4): the configurations experiments/predict_next_call.py predicts, forward.
+# Call 3 (issue 17, item 4): the configurations experiments/predict_next_call.py predicts, forward then backward.
 CALL3_KERNELS = (("flash-swapped", "float32"), ("flash-swapped", "float16"),
                  ("flash-swapped-tc", "float16"), ("flash-swapped-tc", "bfloat16"))
 CALL3_BH = (1, 16, 256, 1024)  # as batch × heads: 1×1, 1×16, 16×16, 64×16
@@ -130,9 +130,20 @@ CALL3_N = (1024, 4096, 16384, 65536)  # 65536: K and V of one head (≥ 16.8 MB)
 # inputs take seconds and Q, K, V, O fit the device; this drops batch·heads 256 at N ≥ 16384 and 1024 at
 # N ≥ 4096 (about 10¹⁶ FLOPs of CUDA-core forward each, minutes under ncu).
 CALL3_MAX_ELEMENTS = 2**27
+# The backward: flash-swapped's CUDA-core kernels only (row_dot, fill, the main kernel, and cast in float16),
+# the pass iosim.algorithms.flash_swapped_backward.launches declares, at the square B × B tile the host API
+# picks (LaunchConfig.tile(): 32×32 at d = 64, 16×16 at d = 128). N = 16384 only at batch·heads 1 and 16: its
+# simulation takes at most about 7 s per L2 capacity there (d = 128), and 256 × 16384 would be 16 times that.
+# flash-swapped-tc's 16-bit backward is left out: at d = 128 its tile is 64 keys × 16 queries
+# (flash_swapped_tc.BKB × queries_per_step(128)), which the declared grid refuses (its tile is square), and at
+# d = 64 (64 × 64) LaunchConfig.tile() reports the host API's 32 × 32, not the tile the kernel runs.
+CALL3_BACKWARD_KERNELS = (("flash-swapped", "float32"), ("flash-swapped", "float16"))
+CALL3_BACKWARD_BH = (1, 16, 256)
+CALL3_BACKWARD_N = (1024, 4096, 16384)
+CALL3_BACKWARD_LONG = (16384, 16)  # N from which batch·heads is at most 16
 
 
-def call3_grid() -> list[LaunchConfig]:
+def call3_forward_grid() -> list[LaunchConfig]:
     """Forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), full and causal."""
     configs = []
     for impl, dtype in CALL3_KERNELS:
@@ -146,9 +157,30 @@ def call3_grid() -> list[LaunchConfig]:
     return configs
 
 
+def call3_backward_grid() -> list[LaunchConfig]:
+    """Backward of flash-swapped (float32, float16), full and causal, batch·heads 1, 16, 256, N 1024 to 16384."""
+    configs = []
+    long_n, long_bh = CALL3_BACKWARD_LONG
+    for impl, dtype in CALL3_BACKWARD_KERNELS:
+        for d in (64, 128):
+            for causal in (False, True):
+                for bh in CALL3_BACKWARD_BH:
+                    for n in CALL3_BACKWARD_N:
+                        if n < long_n or bh <= long_bh:
+                            batch, heads = max(1, bh // 16), min(bh, 16)
+                            configs.append(LaunchConfig(impl, "backward", batch, heads, n, n, d, dtype, causal=causal))
+    return configs
+
+
+def call3_grid() -> list[LaunchConfig]:
+    """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then the backward."""
+    return call3_forward_grid() + call3_backward_grid()
+
+
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
-         "call3-swapped": lambda: [c for c in call3_grid() if c.impl == "flash-swapped"],
-         "call3-tc": lambda: [c for c in call3_grid() if c.impl == "flash-swapped-tc"]}
+         "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
+         "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
+         "call3-backward": call3_backward_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

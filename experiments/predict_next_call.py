@@ -6,7 +6,8 @@
 Issue 17, item 4: predictions first, measurements second. For each configuration of
 ``ncu_traffic.py``'s grid (call 3: the forward of flash-swapped, float32 and float16, and of
 flash-swapped-tc, float16 and bfloat16; batch·heads 1 to 1024, N 1024 to 65536, d 64 and 128,
-causal and not), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
+causal and not; then the backward of flash-swapped, float32 and float16, batch·heads 1 to 256,
+N 1024 to 16384), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
 sm_90 resource report, cited per row) and the predicted DRAM reads, writes during the kernel and
 dirty bytes left at its end, at the effective L2 and at 0.5, 0.75 and 1.0 × the nominal 50 MiB,
 beside the two-level count (``Algorithm.traffic``: every load and store is HBM traffic).
@@ -21,6 +22,15 @@ V_(j+1) into registers during step j (kernels/flash_swapped_tc.py): each block's
 one step earlier, so its rows are simulated on ``tc_forward_grid`` below; the declared grid's
 closed form at the same tiles is recorded beside it where it applies (full attention).
 
+The backward rows run ``ALGORITHMS["flash-swapped"].backward``'s kernels
+(``flash_swapped_backward.launches``: row_dot, fill, the main kernel, and in float16 the cast of dQ),
+each from a cold L2 as ``ncu --cache-control all`` measures them, through
+``iosim.l2_counts.dram_counts_by_kernel`` (their sum is ``dram_counts``; every kernel here is
+simulated). ``dram_counts``'s ``blocks_per_sm`` would set all four kernels at once, so the report's
+count for the main kernel replaces that grid's own (call 1's kernels' 5) in ``backward_algorithm``,
+and row_dot, fill and cast keep their grids' 5, which the current report also gives them (48, 48
+and 42 registers × 256 threads). The kernels are kept one by one in the JSON, as ncu reports them.
+
 Nothing here is fitted to a measurement. ``l2_call1.py``'s capacity and schedule are used
 unchanged. Rows of equal bytes (float16 and bfloat16 of one kernel) are computed once.
 """
@@ -34,17 +44,18 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from iosim.algorithms import flash_swapped  # noqa: E402
+from iosim.algorithm import Algorithm  # noqa: E402
+from iosim.algorithms import flash_swapped, flash_swapped_backward  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import READ, WRITE, Grid, Tiles, l2_config, simulate  # noqa: E402
-from iosim.l2_counts import dram_counts  # noqa: E402
+from iosim.l2 import READ, WRITE, Grid, Tiles, in_sequence, l2_config, simulate  # noqa: E402
+from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
 from iosim.visits import visits  # noqa: E402
@@ -55,20 +66,27 @@ from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
 GPU = "h100"
 FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2, as l2_call1.py
 REPORT = "experiments/results/kernels_resources_sm90.md"
-# Resident blocks per H100 SM of the current forward kernels, by (impl, dtype, d): the report above
+# Resident blocks per H100 SM of the current kernels, by (impl, direction, dtype, d): the report above
 # (commit ecb846a; the kernel commits since are refactors: 2abe7c7, 25c39d7, a42bc67, 9b56a74, 30f4a3b),
 # column "blocks/SM (limit)", all limited by registers. Causal rows use the "causal+dropout" row of the
-# same kernel (no causal-only variant is compiled there); it gives the same count in every case.
+# same kernel (no causal-only variant is compiled there); it gives the same count in every case. For the
+# backward it is the main kernel's; row_dot, fill and cast run at their grids' own (see the docstring).
 BLOCKS_PER_SM = {
-    ("flash-swapped", "float32", 64): 2,  # 255 registers × 128 threads, 64×32
-    ("flash-swapped", "float32", 128): 4,  # 245 (255 causal) registers × 64 threads, 32×16
-    ("flash-swapped", "float16", 64): 2,  # 255 × 128, 64×32
-    ("flash-swapped", "float16", 128): 4,  # 245 (255 causal) × 64, 32×16
-    ("flash-swapped-tc", "float16", 64): 2,  # 203 (255 causal) × 128, 64×64
-    ("flash-swapped-tc", "bfloat16", 64): 2,
-    ("flash-swapped-tc", "float16", 128): 2,  # 230 (255 causal) × 128, 64×32
-    ("flash-swapped-tc", "bfloat16", 128): 2,
+    ("flash-swapped", "forward", "float32", 64): 2,  # 255 registers × 128 threads, 64×32
+    ("flash-swapped", "forward", "float32", 128): 4,  # 245 (255 causal) registers × 64 threads, 32×16
+    ("flash-swapped", "forward", "float16", 64): 2,  # 255 × 128, 64×32
+    ("flash-swapped", "forward", "float16", 128): 4,  # 245 (255 causal) × 64, 32×16
+    ("flash-swapped-tc", "forward", "float16", 64): 2,  # 203 (255 causal) × 128, 64×64
+    ("flash-swapped-tc", "forward", "bfloat16", 64): 2,
+    ("flash-swapped-tc", "forward", "float16", 128): 2,  # 230 (255 causal) × 128, 64×32
+    ("flash-swapped-tc", "forward", "bfloat16", 128): 2,
+    ("flash-swapped", "backward", "float32", 64): 4,  # 255 × 64 (causal: 12 B spilled), 32×32
+    ("flash-swapped", "backward", "float32", 128): 4,  # 244 (254 causal) × 64, 16×16
+    ("flash-swapped", "backward", "float16", 64): 4,  # 255 × 64 (causal: 12 B spilled), 32×32
+    ("flash-swapped", "backward", "float16", 128): 4,  # 244 (254 causal) × 64, 16×16
 }
+BACKWARD = flash_swapped_backward.ALGORITHM
+BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
 
 
 def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
@@ -104,6 +122,20 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     return Grid(s.bh * Tr, steps, tiles, blocks_per_sm)
 
 
+def backward_algorithm(main_blocks_per_sm: int) -> Algorithm:
+    """flash-swapped's backward with its main kernel at ``main_blocks_per_sm`` per SM; row_dot, fill and cast
+    keep their grids' own."""
+    def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+        row_dot, fill, main, *cast = flash_swapped_backward.launches(pb, tiling)
+        return (row_dot, fill, replace(main, blocks_per_sm=main_blocks_per_sm), *cast)
+
+    return replace(BACKWARD, launches=launches)
+
+
+def blocks_per_sm(cfg: LaunchConfig) -> int:
+    return BLOCKS_PER_SM[(cfg.impl, cfg.direction, cfg.dtype, cfg.d)]
+
+
 def problem(cfg: LaunchConfig) -> Problem:
     return Problem(AttentionShape(cfg.batch, cfg.heads, cfg.n_q, cfg.n_k, cfg.d), tau=1.0, dtype=cfg.dtype,
                    causal=cfg.causal, dropout_p=cfg.dropout_p)
@@ -115,16 +147,44 @@ def _counts(dram) -> dict:
             "by_tensor": [asdict(t) for t in dram.tensors]}
 
 
+def capacities() -> list[tuple[str, int | None]]:
+    """The L2 bytes each prediction is made at: the preset's effective (None), then fractions of the nominal."""
+    nominal = int(GPUS[GPU].l2.value)
+    return [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]
+
+
+def backward_counts(cfg: LaunchConfig, capacity: int | None) -> list:
+    """The DRAM counts of a backward configuration's kernels, in launch order, each from a cold L2."""
+    tile = cfg.tile()
+    return dram_counts_by_kernel(backward_algorithm(blocks_per_sm(cfg)), problem(cfg), Tiling(tile["Br"], tile["Bc"]),
+                                 GPU, capacity)
+
+
+def predict_backward(cfg: LaunchConfig) -> dict:
+    """The L2 model's DRAM bytes of a backward configuration: the sum of its kernels, and each of them."""
+    out: dict = {"grid": "iosim.algorithms.flash_swapped_backward.launches (row_dot, fill, main"
+                         f"{', cast' if cfg.dtype != 'float32' else ''}), each from a cold L2",
+                 "method": "simulation, kernel by kernel"}
+    for label, capacity in capacities():
+        start = time.perf_counter()
+        parts = backward_counts(cfg, capacity)
+        out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
+                      "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
+                                  for name, part in zip(BACKWARD_KERNELS, parts)]}
+    return out
+
+
 def predict(cfg: LaunchConfig) -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
+    if cfg.direction == "backward":
+        return predict_backward(cfg)
     pb, tile = problem(cfg), cfg.tile()
     tiling = Tiling(tile["Br"], tile["Bc"])
-    per_sm = BLOCKS_PER_SM[(cfg.impl, cfg.dtype, cfg.d)]
+    per_sm = blocks_per_sm(cfg)
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
-    nominal = int(GPUS[GPU].l2.value)
     out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
                  "method": "simulation" if tc or cfg.causal else "closed form (flash_swapped.dram)"}
-    for label, capacity in [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]:
+    for label, capacity in capacities():
         start = time.perf_counter()
         if tc:
             g = tc_forward_grid(pb, tiling, per_sm)
@@ -141,7 +201,8 @@ def predict(cfg: LaunchConfig) -> dict:
 def two_level(cfg: LaunchConfig) -> dict:
     """The two-level count at the kernel's tiles: ``Algorithm.traffic`` with M the peak those tiles need."""
     pb, tile = problem(cfg), cfg.tile()
-    counts = flash_swapped.ALGORITHM.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
+    algorithm = BACKWARD if cfg.direction == "backward" else flash_swapped.ALGORITHM
+    counts = algorithm.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
     return {"read_bytes": counts.read_bytes, "write_bytes": counts.write_bytes, "peak_sram": counts.peak_sram,
             "by_tensor": {t.name: {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in counts.tensors}}
 
@@ -149,7 +210,7 @@ def two_level(cfg: LaunchConfig) -> dict:
 def _key(cfg: LaunchConfig) -> tuple:
     """Configurations with equal bytes: float16 and bfloat16 of one kernel are the same grid."""
     width = "16-bit" if cfg.dtype in ("float16", "bfloat16") else cfg.dtype
-    return cfg.impl, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.causal, width
+    return cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.causal, width
 
 
 def _git(*args: str) -> str:
@@ -170,18 +231,31 @@ def markdown(record: dict) -> str:
             f"- MB = 10⁶ B; read/write = DRAM bytes during the kernel (what ncu counts); dirty = written but still "
             f"in the L2 at the end; 0.5–1.0× = reads at those fractions of the nominal L2; 2-level = every "
             f"load and store\n- {len(record['rows'])} rows, total {record['seconds']:.0f} s\n\n"
-            "| # | impl | dtype | b·h | N | d | causal | B_r×B_c | blk/SM | read MB | write MB | dirty MB "
+            "| # | impl | dir | dtype | b·h | N | d | causal | B_r×B_c | blk/SM | read MB | write MB | dirty MB "
             "| read 0.5 / 0.75 / 1.0× MB | 2-level read MB | 2-level write MB | method |\n"
-            "| ---: | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: "
+            "| ---: | --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: "
             "| --- |\n")
     for r in record["rows"]:
         p, eff = r["predicted"], r["predicted"]["effective"]
         sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) for f in FRACTIONS)
-        cells = [str(r["index"]), r["impl"], r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+        cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
                  "yes" if r["causal"] else "no", f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(r["blocks_per_sm"]),
                  _mb(eff["reads"]), _mb(eff["writes"]), _mb(eff["dirty_at_end"]), sweep,
                  _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]
         text += "| " + " | ".join(cells) + " |\n"
+    backward = [r for r in record["rows"] if r["direction"] == "backward"]
+    if backward:
+        text += ("\nThe backward rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
+                 "main kernel's, row_dot, fill and cast run 5), read / write / dirty MB:\n\n"
+                 "| # | dtype | b·h | N | d | causal | " + " | ".join(BACKWARD_KERNELS) + " |\n"
+                 "| ---: | --- | ---: | ---: | ---: | --- |" + " --- |" * len(BACKWARD_KERNELS) + "\n")
+        for r in backward:
+            parts = {k["kernel"]: k for k in r["predicted"]["effective"]["kernels"]}
+            cells = [str(r["index"]), r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+                     "yes" if r["causal"] else "no"]
+            cells += [" / ".join(_mb(parts[k][x]) for x in ("reads", "writes", "dirty_at_end")) if k in parts else "–"
+                      for k in BACKWARD_KERNELS]
+            text += "| " + " | ".join(cells) + " |\n"
     return text
 
 
@@ -198,8 +272,8 @@ def main() -> None:
     unique.sort(key=lambda c: -c.batch * c.heads * c.n_q * c.n_k)  # the longest first, for the pool
     with ProcessPoolExecutor(args.jobs) as pool:
         predicted = dict(zip((_key(c) for c in unique), pool.map(predict, unique)))
-    rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": BLOCKS_PER_SM[(cfg.impl, cfg.dtype, cfg.d)],
-             "blocks_per_sm_source": f"{REPORT} (ecb846a), {cfg.impl} forward d={cfg.d} "
+    rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": blocks_per_sm(cfg),
+             "blocks_per_sm_source": f"{REPORT} (ecb846a), {cfg.impl} {cfg.direction} d={cfg.d} "
                                      f"{ {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}[cfg.dtype]}"
                                      f"{' causal+dropout' if cfg.causal else ''}",
              "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]

@@ -145,6 +145,13 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
     (``Algorithm.dram``, for a pass of one kernel) where it applies, else from ``lockstep`` where the kernel's
     grid is uniform, else from the simulation. All are equal where they apply (tests/test_l2.py); the closed
     form takes milliseconds where the simulation takes minutes."""
+    return in_sequence(dram_counts_by_kernel(algorithm, pb, tiling, gpu, capacity, blocks_per_sm))
+
+
+def dram_counts_by_kernel(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100",
+                          capacity: int | None = None, blocks_per_sm: int | None = None) -> list[DramCounts]:
+    """``dram_counts`` before the sum: one count per kernel of the pass, in launch order, each from a cold L2
+    (what ncu reports kernel by kernel)."""
     grids = kernels(algorithm, pb, tiling)
     parts = []
     for g in grids:
@@ -154,7 +161,7 @@ def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h
             form = algorithm.dram(pb, tiling, config.capacity, config.concurrent)
         counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
         parts.append(simulate(g, config) if counts is None else counts)
-    return in_sequence(parts)
+    return parts
 
 
 def covers(plans: tuple[Plan, ...]) -> bool:

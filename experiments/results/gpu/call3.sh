@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
-# experiments/results/gpu/predictions-2502058.json predicted before this run (issue 17, item 4):
-# the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows.
-# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc]
-# The two halves (96 and 80 rows) can run as two device commands if one exceeds the 10-minute limit;
-# each row carries its full configuration, so the halves join the predictions on impl, dtype, batch,
-# heads, N, d, causal (configs.json beside ncu.csv), not on the index.
+# experiments/results/gpu/predictions-80f2354.json predicted before this run (issue 17, item 4):
+# the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows,
+# then the backward of flash-swapped (float32, float16), 64 rows: 240 in all.
+# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward]
+# The three parts (88, 88 and 64 rows) can run as three device commands if one exceeds the 10-minute
+# limit; each row carries its full configuration, so the parts join the predictions on impl, direction,
+# dtype, batch, heads, N, d, causal (configs.json beside ncu.csv), not on the index.
 # Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
 # The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: the caller puts a
 # numpy 2.4.6 wheel first on PYTHONPATH (docs/gpu.md says how).

@@ -1,0 +1,77 @@
+"""experiments/predict_next_call.py's backward rows: in call 3's grid, and equal to the L2 model's simulation."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import load_experiment
+
+from iosim.gpus import GPUS
+from iosim.l2 import dram_traffic, in_sequence, l2_config, simulate
+from iosim.problem import AttentionShape, Problem
+from iosim.registry import ALGORITHMS
+from iosim.tiling import Tiling
+
+ncu = load_experiment("ncu_traffic")
+predict = load_experiment("predict_next_call")
+BACKWARD = ALGORITHMS["flash-swapped"].backward
+
+
+def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
+    grid = ncu.GRIDS["call3"]()
+    forward = [c for c in grid if c.direction == "forward"]
+    backward = grid[len(forward):]
+    # the forward rows keep the indices predictions-2502058 gave them: 176 of them, first
+    assert grid[:len(forward)] == ncu.call3_forward_grid() and len(forward) == 176, len(forward)
+    assert backward == ncu.GRIDS["call3-backward"]()
+    keys = {(c.impl, c.dtype, c.d, c.causal, c.batch * c.heads, c.n_q, c.n_k) for c in backward}
+    # 2 dtypes × 2 d × 2 masks × (3 batch·heads × N 1024, 4096 + batch·heads 1, 16 × N 16384) = 8 × 8
+    expected = {("flash-swapped", dtype, d, causal, bh, n, n)
+                for dtype in ("float32", "float16") for d in (64, 128) for causal in (False, True)
+                for bh, sizes in ((1, (1024, 4096, 16384)), (16, (1024, 4096, 16384)), (256, (1024, 4096)))
+                for n in sizes}
+    assert keys == expected and len(backward) == 64, sorted(keys ^ expected)
+    # the square tile the backward kernel picks now, whose blocks per SM the resource report gives
+    assert {c.d: (c.tile()["Br"], c.tile()["Bc"]) for c in backward} == {64: (32, 32), 128: (16, 16)}
+    assert all(predict.blocks_per_sm(c) == 4 for c in backward)
+
+
+def _problem(cfg) -> tuple[Problem, Tiling]:
+    tile = cfg.tile()
+    return (Problem(AttentionShape(cfg.batch, cfg.heads, cfg.n_q, cfg.n_k, cfg.d), tau=1.0, dtype=cfg.dtype,
+                    causal=cfg.causal), Tiling(tile["Br"], tile["Bc"]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_backward_prediction_is_the_simulation_of_its_kernels(dtype):
+    cfg = ncu.LaunchConfig("flash-swapped", "backward", 1, 3, 113, 113, 64, dtype, causal=True)
+    pb, tiling = _problem(cfg)
+    main = predict.blocks_per_sm(cfg)
+    row = predict.predict(cfg)
+    nominal = int(GPUS["h100"].l2.value)
+    for label, capacity in [("effective", None), ("0.5x", nominal // 2)]:
+        got = row[label]
+        want = dram_traffic(predict.backward_algorithm(main), pb, tiling, "h100", capacity)
+        assert (got["reads"], got["writes"], got["dirty_at_end"]) == (want.reads, want.writes, want.dirty_at_end)
+        # the report's count applies to the main kernel only: row_dot, fill (and cast) keep their grids' 5
+        sms = int(GPUS["h100"].sms.value)
+        assert [k["concurrent"] for k in got["kernels"]] == [5 * sms, 5 * sms, main * sms] + [5 * sms] * (
+            dtype != "float32"), got["kernels"]
+    # as iosim.l2.dram_traffic of the registered backward would run it, with the main kernel's grid changed by hand
+    grids = BACKWARD.launches(pb, tiling)
+    hand = in_sequence([simulate(g, l2_config(g, "h100", None, main if k == 2 else None)) for k, g in enumerate(grids)])
+    assert row["effective"]["reads"] == hand.reads and row["effective"]["writes"] == hand.writes
+
+
+def test_a_small_l2_evicts_and_still_matches_the_simulation():
+    # 16 KiB of L2 at N = 239, d = 128, float16, tile 16 × 16: a main-kernel step's K_j, V_j, Q_i, dO_i are 4 KiB
+    # each and dQ_i 8 KiB, so tiles are evicted within a block
+    cfg = ncu.LaunchConfig("flash-swapped", "backward", 2, 1, 239, 239, 128, "float16")
+    pb, tiling = _problem(cfg)
+    main = predict.blocks_per_sm(cfg)
+    got = in_sequence(predict.backward_counts(cfg, 16384))
+    grids = BACKWARD.launches(pb, tiling)
+    want = in_sequence([simulate(g, l2_config(g, "h100", 16384, main if k == 2 else None)) for k, g in enumerate(grids)])
+    assert (got.reads, got.writes, got.dirty_at_end) == (want.reads, want.writes, want.dirty_at_end)
+    # more than everything read once: dO, O (row_dot), Q, K, V, dO (main) in float16 and dQ in float32 (main, cast)
+    once = 2 * 239 * 128 * (6 * 2 + 2 * 4)
+    assert got.reads > once, (got.reads, once)
