@@ -77,6 +77,16 @@ OPTIONS = ("block_sparsity", "splits", "window", "page_size")
 
 
 @dataclass(frozen=True)
+class SplitRule:
+    """How an algorithm that splits K/V (``Tiling.splits``) counts its splits: its default and their range."""
+
+    # the default number of splits given the problem, the blocks and the GPU's SM count
+    default: Callable[[Problem, Tiling, int], int]
+    # the most keys one query block deals to its splits (N_k when it reads every key; fewer under a sliding window)
+    keys: Callable[[Problem, Tiling], int]
+
+
+@dataclass(frozen=True)
 class Needs:
     """What an algorithm asks of the generic layers beyond Q, K, V and a tiling; the default asks for nothing.
 
@@ -93,9 +103,8 @@ class Needs:
     packs_groups: bool = False
     # it takes a sliding window (Problem.window): it skips the tiles outside the band, or masks S with it
     window: bool = False
-    # its default number of K/V splits (Tiling.splits) given the problem, the blocks and the GPU's SM count;
-    # None when it does not split K/V
-    splits: Callable[[Problem, Tiling, int], int] | None = None
+    # how it chooses and bounds its K/V splits (Tiling.splits); None when it does not split K/V
+    splits: SplitRule | None = None
     # it reads K and V from a paged cache through a block table (Problem.page_size, iosim.paging)
     pages: bool = False
 
@@ -182,23 +191,27 @@ class Algorithm:
     def with_splits(self, pb: Problem, tiling: Tiling, splits: int | None, default: bool, sms: int,
                     fixed: bool = False) -> Tiling:
         """``tiling`` with its K/V splits: ``splits`` when given, else (``default``) its own policy's count for a
-        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, 1 to T_c of a ``fixed``
-        (user-given) tiling, else 1 to N_k: a policy's K/V blocks are shortened to ⌊N_k/S⌋ where they are fewer
-        than the S splits, as a decode kernel sizes its splits first."""
+        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, over the K keys its widest
+        query block deals to its splits (``SplitRule.keys``: N_k without a window), 1 to ⌈K/B_c⌉ of a ``fixed``
+        (user-given) tiling, else 1 to K: a policy's K/V blocks are shortened to ⌊K/S⌋ where they are fewer than the
+        S splits, as a decode kernel sizes its splits first."""
         n_k = pb.shape.n_k
-        splitting = self.needs.splits is not None
-        if splits is None and splitting and default:
-            splits = self.needs.splits(pb, tiling, sms)
+        rule = self.needs.splits
+        if splits is None and rule is not None and default:
+            splits = rule.default(pb, tiling, sms)
         if splits is None:
             return tiling
-        T_c = ceil_div(n_k, tiling.Bc)
-        most = (T_c if fixed else n_k) if splitting else 1
-        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= most:
-            what = f" (the number of K/V blocks of B_c={tiling.Bc})" if fixed else " (N_k)"
+        keys = rule.keys(pb, tiling) if rule is not None else n_k
+        blocks = ceil_div(keys, tiling.Bc)  # a run of K keys meets at least ⌈K/B_c⌉ blocks
+        most = (blocks if fixed else keys) if rule is not None else 1
+        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= max(most, 1):
+            seen = "" if keys == n_k else f" in the {keys} keys a query block sees"
+            what = f" (the number of K/V blocks of B_c={tiling.Bc}{seen})" if fixed else \
+                f" ({'the keys a query block sees' if seen else 'N_k'})"
             raise InputError(f"splits={splits!r} for {self.name} at N_k={n_k}; allowed: 1"
-                             f"{f' to {most}{what}' if splitting else ''}")
-        if T_c < splits:
-            tiling = replace(tiling, Bc=n_k // splits)  # at least S blocks
+                             f"{f' to {max(most, 1)}{what}' if rule is not None else ''}")
+        if 0 < blocks < splits:
+            tiling = replace(tiling, Bc=keys // splits)  # at least S blocks in the widest run
         return replace(tiling, splits=splits)
 
 

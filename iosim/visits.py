@@ -121,7 +121,9 @@ class Blocks:
 
 
 class PairCounts:
-    """What every set of visited tiles derives from its tile counts by (b_i, b_j)."""
+    """What every set of visited tiles derives from its tile counts by (b_i, b_j), over its query blocks ``q``."""
+
+    q: Axis
 
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         raise NotImplementedError
@@ -132,6 +134,11 @@ class PairCounts:
 
     def _transposed_pair_counts(self) -> dict[tuple[int, int], int]:
         return {(b_j, b_i): n for (b_i, b_j), n in self._pair_counts().items()}
+
+    def blind_query_sizes(self) -> set[int]:
+        """Sizes of query blocks that meet no key block at all (a band with N_q > N_k, or a narrow window)."""
+        seen = {b_i for b_i, _, _ in self.pairs()}
+        return set(Blocks(self.q, (range(self.q.T),)).sizes()) - seen
 
 
 def clamped_floor_sum(start: int, stop: int, a: int, c: int, m: int, lo: int, hi: int) -> tuple[int, int]:
@@ -190,6 +197,14 @@ class Visits(PairCounts):
         """The key blocks query block i meets."""
         return Blocks(self.k, (self.key_run(i),))
 
+    def widest_keys(self) -> int:
+        """The most keys one query block sees (N_k without a band), in closed form."""
+        if self.band is None:
+            return self.k.n
+        q, widest = self.q, widest_run(self.band, self.q.B, self.k, self.q.full, self.offset)
+        return max(widest, _keys(self.band, q.slice(q.T - 1).start, q.n - 1, q.n, self.k.n)) if q.full < q.T \
+            else widest
+
     def queries_seeing(self, j: int) -> Blocks:
         """The query blocks that meet key block j."""
         return Blocks(self.q, (self.query_run(j),))
@@ -217,59 +232,154 @@ class Visits(PairCounts):
         first, last = self.band.keys(0, self.q.n - 1, self.q.n, self.k.n)
         return range(first // self.k.B, last // self.k.B + 1) if first <= last else range(0)
 
-    def blind_query_sizes(self) -> set[int]:
-        """Sizes of query blocks that meet no key block at all (a band with N_q > N_k, or a narrow window)."""
-        seen = {b_i for b_i, _, _ in self.pairs()}
-        return set(Blocks(self.q, (range(self.q.T),)).sizes()) - seen
-
     def _pair_counts(self) -> dict[tuple[int, int], int]:
         """Visited tiles by (b_i, b_j), in closed form.
 
-        Query block i meets hi_i − lo_i + 1 key blocks (see ``_keys_met_by_full_query_blocks``);
-        it meets the ragged last key block exactly when hi_i = T_c − 1.
+        Query block i meets hi_i − lo_i + 1 key blocks (see ``run_sums``); it meets the
+        ragged last key block exactly when hi_i = T_c − 1.
         """
         q, k = self.q, self.k
-        k_ragged = k.size(k.T - 1) if k.n % k.B else None
         out: dict[tuple[int, int], int] = {}
-
-        def add(b_i: int, met: int, last_met: int) -> None:
-            """Blocks of b_i rows that meet ``met`` key blocks in all, ``last_met`` of them the last one."""
-            full = met - last_met if k_ragged is not None else met
-            for b_j, n in ((k.B, full), (k_ragged, met - full)):
-                if n:
-                    out[(b_i, b_j)] = out.get((b_i, b_j), 0) + n
-
-        add(q.B, *self._keys_met_by_full_query_blocks())
+        if self.band is None:
+            add_runs(out, k, q.B, q.full * k.T, q.full)
+        else:
+            add_runs(out, k, q.B, *run_sums(self.band, q.B, k, q.full, self.offset))
         if q.full < q.T:
             run = self.key_run(q.T - 1)
-            add(q.size(q.T - 1), len(run), int(k.T - 1 in run))
+            add_runs(out, k, q.size(q.T - 1), len(run), int(k.T - 1 in run))
         return out
 
-    def _keys_met_by_full_query_blocks(self) -> tuple[int, int]:
-        """(Σ (hi_i − lo_i + 1), how many hi_i = T_c − 1) over the full query blocks that see a key, in closed form.
 
-        Full block i holds rows B_r·i … B_r·i + B_r − 1, which see the keys from
-        B_r·i + off − left to B_r·i + B_r − 1 + off + right (off = N_k − N_q), clipped to
-        [0, N_k): hi_i = min(T_c − 1, ⌊(B_r·i + B_r − 1 + off + right)/B_c⌋) and
-        lo_i = max(0, ⌊(B_r·i + off − left)/B_c⌋), an unbounded side giving T_c − 1 or 0.
-        The blocks that see a key are a run of i (the last row's band reaches key 0, the
-        first row's starts before N_k); over it, Σ hi_i and Σ lo_i are two clamped floor sums.
-        """
-        n, Br, Bc, Tc = self.q.full, self.q.B, self.k.B, self.k.T
-        if self.band is None:
-            return n * Tc, n
-        left, right, off = self.band.left, self.band.right, self.offset
-        start = 0 if right == UNBOUNDED else min(n, max(0, ceil_div(-(Br - 1 + off + right), Br)))
-        stop = n if left == UNBOUNDED else min(n, max(start, (self.k.n - 1 - off + left) // Br + 1))
-        if right == UNBOUNDED:
-            hi, last_met = (Tc - 1) * (stop - start), stop - start
-        else:
-            hi, last_met = clamped_floor_sum(start, stop, Br, Br - 1 + off + right, Bc, 0, Tc - 1)
-        lo = 0 if left == UNBOUNDED else clamped_floor_sum(start, stop, Br, off - left, Bc, 0, Tc - 1)[0]
-        return hi - lo + (stop - start), last_met
+def add_runs(out: dict[tuple[int, int], int], k: Axis, b_i: int, met: int, last_met: int) -> None:
+    """Add to ``out`` the tiles of query blocks of b_i rows that meet ``met`` key blocks in all, ``last_met`` of them
+    the last one (the ragged one, when N_k is not a multiple of B_c)."""
+    k_ragged = k.size(k.T - 1) if k.n % k.B else None
+    full = met - last_met if k_ragged is not None else met
+    for b_j, n in ((k.B, full), (k_ragged, met - full)):
+        if n:
+            out[(b_i, b_j)] = out.get((b_i, b_j), 0) + n
 
 
-def visits(pb: Problem, tiling: Tiling, skips_hidden: bool) -> Visits:
-    """The tiles visited on ``pb`` with ``tiling``; ``skips_hidden`` skips those the problem's band hides."""
+def run_sums(band: Band, Br: int, k: Axis, count: int, shift: int) -> tuple[int, int]:
+    """(Σ (hi_i − lo_i + 1), how many hi_i = T_c − 1) over ``count`` query blocks of B_r rows whose block i holds
+    the rows that see keys from B_r·i + shift − left to B_r·i + B_r − 1 + shift + right (shift = N_k − N_q for the
+    full query blocks of a problem), over those that see a key, in closed form.
+
+    Clipped to [0, N_k): hi_i = min(T_c − 1, ⌊(B_r·i + B_r − 1 + shift + right)/B_c⌋) and
+    lo_i = max(0, ⌊(B_r·i + shift − left)/B_c⌋), an unbounded side giving T_c − 1 or 0.
+    The blocks that see a key are a run of i (the last row's band reaches key 0, the
+    first row's starts before N_k); over it, Σ hi_i and Σ lo_i are two clamped floor sums.
+    """
+    Bc, Tc, left, right = k.B, k.T, band.left, band.right
+    start = 0 if right == UNBOUNDED else min(count, max(0, ceil_div(-(Br - 1 + shift + right), Br)))
+    stop = count if left == UNBOUNDED else min(count, max(start, (k.n - 1 - shift + left) // Br + 1))
+    if right == UNBOUNDED:
+        hi, last_met = (Tc - 1) * (stop - start), stop - start
+    else:
+        hi, last_met = clamped_floor_sum(start, stop, Br, Br - 1 + shift + right, Bc, 0, Tc - 1)
+    lo = 0 if left == UNBOUNDED else clamped_floor_sum(start, stop, Br, shift - left, Bc, 0, Tc - 1)[0]
+    return hi - lo + (stop - start), last_met
+
+
+def widest_run(band: Band, Br: int, k: Axis, count: int, shift: int) -> int:
+    """The most keys one of ``count`` query blocks sees, with the blocks of ``run_sums``.
+
+    Block i sees min(N_k − 1, B_r·i + B_r − 1 + shift + right) − max(0, B_r·i + shift − left) + 1
+    keys: concave in i (it rises while its first key is clipped to 0, falls once its last is
+    clipped to N_k − 1), so its most is at an end or beside one of those two breakpoints.
+    """
+    if count <= 0:
+        return 0
+    i_lo = ceil_div(band.left - shift, Br)  # the first block whose first key is not clipped to 0
+    i_hi = ceil_div(k.n - Br - shift - band.right, Br)  # the first whose last key is clipped to N_k − 1
+    widest = 0
+    for i in {0, count - 1, i_lo - 1, i_lo, i_hi - 1, i_hi}:
+        if 0 <= i < count:
+            first = 0 if band.left == UNBOUNDED else max(0, Br * i + shift - band.left)
+            last = k.n - 1 if band.right == UNBOUNDED else min(k.n - 1, Br * i + Br - 1 + shift + band.right)
+            widest = max(widest, last - first + 1)
+    return widest
+
+
+@dataclass(frozen=True)
+class PackedVisits(PairCounts):
+    """The tiles visited under a band on a problem packed by GQA group (``Problem.packed_by_group``).
+
+    The query rows are ``group`` heads of n = N_q/group queries each, head by head: row r
+    is query r mod n. A query block meets the run of key blocks that the hull of its
+    queries sees: its own queries' run when it lies in one head, and every query's
+    (0 … n − 1) when it holds the end of one head and the start of the next. That hull may
+    hold key blocks which none of its rows sees (a narrow window, several queries), as a
+    packed kernel's n_block_min … n_block_max does; the band masks them.
+    """
+
+    q: Axis  # the packed query rows, group·n, in blocks of B_r
+    k: Axis
+    band: Band
+    group: int
+
+    @property
+    def n(self) -> int:
+        """Queries per head."""
+        return self.q.n // self.group
+
+    def key_run(self, i: int) -> range:
+        """The key blocks query block i meets (empty when none of its queries sees a key)."""
+        lo, hi = self.band.keys(*self._queries(i), self.n, self.k.n)
+        return range(lo // self.k.B, hi // self.k.B + 1) if lo <= hi else range(0)
+
+    def keys_seen_by(self, i: int) -> Blocks:
+        return Blocks(self.k, (self.key_run(i),))
+
+    def _queries(self, i: int) -> tuple[int, int]:
+        """The hull (first, last) of query block i's queries."""
+        rows, n = self.q.slice(i), self.n
+        first, last = rows.start, rows.stop - 1
+        return (first % n, last % n) if first // n == last // n else (0, n - 1)
+
+    def _edges(self) -> list[int]:
+        """The query blocks that hold a head boundary, and the ragged last one: at most ``group`` blocks."""
+        q, n = self.q, self.n
+        return sorted({h * n // q.B for h in range(1, self.group) if h * n % q.B} | ({q.T - 1} if q.n % q.B else set()))
+
+    def _inside(self, h: int) -> tuple[int, int]:
+        """(how many, shift for ``run_sums``) of the query blocks that lie inside head h."""
+        n, Br = self.n, self.q.B
+        first, stop = ceil_div(h * n, Br), (h + 1) * n // Br
+        return max(0, stop - first), self.k.n - n + first * Br - h * n
+
+    def widest_keys(self) -> int:
+        """The most keys one query block sees, in O(group) closed forms."""
+        widest = max((_keys(self.band, *self._queries(i), self.n, self.k.n) for i in self._edges()), default=0)
+        return max([widest] + [widest_run(self.band, self.q.B, self.k, *self._inside(h)) for h in range(self.group)])
+
+    def _pair_counts(self) -> dict[tuple[int, int], int]:
+        """Visited tiles by (b_i, b_j) in O(group) closed forms: a query block that holds a head boundary, and the
+        ragged last one, one by one (at most group of them); those inside head h are the full query blocks of one
+        head whose first query is B_r·⌈h·n/B_r⌉ − h·n (``run_sums``)."""
+        q, k = self.q, self.k
+        out: dict[tuple[int, int], int] = {}
+        for i in self._edges():
+            run = self.key_run(i)
+            add_runs(out, k, q.size(i), len(run), int(k.T - 1 in run))
+        for h in range(self.group):
+            count, shift = self._inside(h)
+            if count:
+                add_runs(out, k, q.B, *run_sums(self.band, q.B, k, count, shift))
+        return out
+
+
+def _keys(band: Band, first_row: int, last_row: int, n_q: int, n_k: int) -> int:
+    """How many keys the query rows first_row … last_row see together."""
+    first, last = band.keys(first_row, last_row, n_q, n_k)
+    return max(0, last - first + 1)
+
+
+def visits(pb: Problem, tiling: Tiling, skips_hidden: bool) -> Visits | PackedVisits:
+    """The tiles visited on ``pb`` with ``tiling``; ``skips_hidden`` skips those the problem's band hides (on a
+    problem packed by GQA group, by the hull of each query block's queries: ``PackedVisits``)."""
     band = pb.band if skips_hidden and not pb.band.full else None
-    return Visits(Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc), band)
+    q, k = Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc)
+    if band is not None and pb.packed > 1:
+        return PackedVisits(q, k, band, pb.packed)
+    return Visits(q, k, band)

@@ -36,7 +36,7 @@ def test_resume_recomputes_a_row_whose_window_differs(tmp_path):
 
 def test_a_sweep_with_a_window_lists_only_the_algorithms_that_take_one():
     names = {r.algorithm for r in run(parse("sweep", "--N", "1024", "--d", "64", "--window", "64")).rows}
-    assert names == {"standard", "flash", "flash-swapped", "standard-eager"}
+    assert names == {"standard", "flash", "flash-swapped", "standard-eager", "split-kv"}
 
 
 def test_run_checks_a_windowed_training_step_against_the_reference(tmp_path):
