@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
+from helpers import load_experiment
 from iosim.api import count_problem, plan
 from iosim.cli import main
 from iosim.counts import combined
@@ -243,3 +244,11 @@ def test_cli_shows_what_packing_saves(capsys):
                  "fwd+bwd"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "every document padded to" in out and "3 packed documents of 353 tokens" in out
+
+
+def test_the_experiment_splits_its_tokens_exactly():
+    lengths = load_experiment("varlen").lengths
+    assert lengths(0.0) == [2048] * 16
+    for sigma in (0.5, 2.0, 4.6):
+        split = lengths(sigma)
+        assert sum(split) == 32768 and min(split) >= 1 and split == sorted(split), split
