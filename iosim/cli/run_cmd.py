@@ -125,7 +125,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if sparsity is not None:  # the reference masks out every element of a zero tile
         options["mask"] = element_mask(sparsity, result.forward_tiling, N, n_k)  # both passes' tiling
     err = rel = None
-    spans = [slice(0, rows)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
+    spans = [slice(None)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
     if not args.no_check and args.pass_ == "fwd":  # packed documents: each against the reference alone
         errors = [check_against_reference(result.out[:, :, x], q[:, :, x], k[:, :, x], v[:, :, x], **options)
                   for x in spans]
