@@ -73,7 +73,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens")
 
 
 @dataclass(frozen=True)
@@ -161,14 +161,19 @@ class Algorithm:
         """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
         if option not in OPTIONS:
             raise ValueError(f"option {option!r} is not one of {OPTIONS}")
+        # packed documents (iosim.varlen) are a sum of plain problems at the longest's tiling, which every algorithm
+        # counts, except one that splits K/V: its splits are sized per sequence, and one count of splits cannot serve
+        # documents of every length (a short one has fewer K/V blocks than splits)
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
-                "window": self.needs.window, "page_size": self.needs.pages}[option]
+                "window": self.needs.window, "page_size": self.needs.pages,
+                "seqlens": self.needs.splits is None}[option]
 
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
         block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
-        is left out when a window is set."""
-        return (not self.needs.block_mask or "block_sparsity" in given) and ("window" not in given or self.needs.window)
+        (or no packed documents) is left out when a window (documents) is set."""
+        return (not self.needs.block_mask or "block_sparsity" in given) and ("window" not in given or self.needs.window) \
+            and ("seqlens" not in given or self.accepts("seqlens"))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""

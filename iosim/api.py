@@ -35,6 +35,7 @@ from iosim.results import PredictResult, SimResult
 from iosim.sparsity import check_block_sparsity
 from iosim.tiling import Tiling
 from iosim.units import parse_size
+from iosim.varlen import check_seqlens, documents, gather, packed, scatter
 
 
 PASSES = ("fwd", "bwd", "fwd+bwd")  # the forward pass, the backward pass that reads what it saved, or both
@@ -54,15 +55,24 @@ class Plan:
         """The problem as the algorithm runs it (``Algorithm.run_problem``)."""
         return self.algorithm.run_problem(self.problem)
 
+    def parts(self) -> tuple[Plan, ...]:
+        """The plain plans it adds up: one per distinct document length of packed documents (iosim.varlen), each
+        at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; else itself."""
+        if self.problem.seqlens is None:
+            return (self,)
+        return tuple(Plan(self.algorithm, pb, self.M, self.tiling.capped(self.algorithm.run_problem(pb)))
+                     for pb in documents(self.problem))
+
     def exact(self) -> Counts:
-        return self.algorithm.traffic(self.run_problem, self.tiling, self.M)
+        return combined(*(self.algorithm.traffic(p.run_problem, p.tiling, p.M) for p in self.parts()))
 
     def flops(self) -> Flops | None:
         algo = self.algorithm
-        return algo.flops(self.run_problem, self.tiling, self.M) if algo.flops else None
+        parts = [algo.flops(p.run_problem, p.tiling, p.M) for p in self.parts()] if algo.flops else [None]
+        return None if None in parts else sum(parts[1:], parts[0])
 
     def paper(self) -> float:
-        return self.algorithm.paper_form(self.run_problem, self.M)
+        return sum(self.algorithm.paper_form(p.run_problem, self.M) for p in self.parts())
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,10 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
         raise InputError(f"page_size={pb.page_size} for {forward.name}, pass {pass_!r}: it reads no paged K/V cache; "
                          f"allowed: page_size=None, or the forward pass of one that does: "
                          f"{[a.name for a in ALGORITHMS.values() if a.accepts('page_size')]}")
+    if pb.seqlens is not None and not forward.accepts("seqlens"):
+        raise InputError(f"seqlens for {forward.name}: it takes no packed documents (its K/V splits are sized per "
+                         f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
+                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('seqlens')]}")
     if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
         raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
                          f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")
@@ -151,8 +165,16 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
-                  dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None) -> Problem:
-    """The problem of a count or a prediction: sizes only, no data."""
+                  dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
+                  cu_seqlens=None) -> Problem:
+    """The problem of a count or a prediction: sizes only, no data. Packed documents (``seqlens`` or
+    ``cu_seqlens``, iosim.varlen) set N and N_k, which must then be None."""
+    docs = check_seqlens(seqlens, cu_seqlens)
+    if docs is not None and (N, N_k) != (None, None):
+        raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
+    if docs is None and N is None:
+        raise InputError("N=None: give N (the query length), or seqlens / cu_seqlens (packed documents)")
+    N = max(docs) if docs is not None else N
     shape = AttentionShape(
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
         n_q=check_positive_int("N", N), n_k=check_positive_int("N_k", N if N_k is None else N_k),
@@ -161,9 +183,9 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     if not isinstance(mask, (bool, np.bool_)):
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
                              f"explicit mask is read); simulate takes the boolean mask array")
-    return Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
+    return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
                    dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=check_block_sparsity(block_sparsity),
-                   window=check_window(window), page_size=check_page_size(page_size))
+                   window=check_window(window), page_size=check_page_size(page_size)), docs)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -197,8 +219,25 @@ Progress = Callable[[int, int], None]  # (work done, total work): FLOPs and expo
 
 def work(p: Plan) -> int:
     """The arithmetic of one pass (FLOPs and exponentials), from a count-only run: what a numeric run reports."""
-    f = execute(p).flops()
-    return f.matmul + f.exp
+    return sum(f.matmul + f.exp for f in (mem.flops() for _, mem in execute_parts(p)))
+
+
+def execute_parts(p: Plan, data: dict | None = None, on_progress: Progress | None = None, before: int = 0,
+                  total: int = 0) -> list[tuple[Plan, Memory]]:
+    """Run every part of a pass (``Plan.parts``: one per document length), each on its documents' inputs."""
+    runs = []
+    for part in p.parts():
+        mem = execute(part, None if data is None else gather(data, p.problem, part.problem), on_progress, before,
+                      total)
+        before += mem.flops().matmul + mem.flops().exp
+        runs.append((part, mem))
+    return runs
+
+
+def unpacked(pb: Problem, runs: list[tuple[Plan, Memory]], name: str, cols: int) -> np.ndarray:
+    """A tensor of a numeric pass on ``pb`` as the caller's arrays hold it: (batch, heads, N, cols), or packed
+    documents' (1, heads, Σ L_b, cols)."""
+    return scatter(pb, [(part.problem, mem.tensor(name)) for part, mem in runs], cols)
 
 
 def execute(p: Plan, data: dict | None = None, on_progress: Progress | None = None, before: int = 0,
@@ -219,7 +258,7 @@ def execute(p: Plan, data: dict | None = None, on_progress: Progress | None = No
 def measure(request: Request, gpu: str | None = None) -> SimResult:
     """Count a request's passes (count-only): their traffic and arithmetic added; ``gpu`` the preset of its
     ``dram``."""
-    mems = [execute(p) for p in request.plans]
+    mems = [execute(part) for p in request.plans for part in p.parts()]
     flops = mems[0].flops()
     for mem in mems[1:]:
         flops = flops + mem.flops()
@@ -234,7 +273,7 @@ def closed_form(request: Request) -> PredictResult:
     return PredictResult(request.name, request.problem, request.M, _tiling(request.forward),
                          _tiling(request.backward), combined(*(p.exact() for p in plans)), sum(p.paper() for p in plans),
                          " + ".join(p.algorithm.paper_label for p in plans),
-                         None if None in flops else sum(flops[1:], flops[0]))
+                         None if None in flops else sum(flops[1:], flops[0]), plans=plans)
 
 
 def _tiling(p: Plan | None) -> Tiling | None:
@@ -242,8 +281,9 @@ def _tiling(p: Plan | None) -> Tiling | None:
 
 
 def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
-                   allow_nonfinite=False) -> tuple[Problem, dict]:
-    """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask)."""
+                   allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None) -> tuple[Problem, dict]:
+    """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask); with packed
+    documents (iosim.varlen), q, k, v are (1, heads, Σ L_b, d)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
     q, k, v = (np.asarray(x) for x in (q, k, v))
@@ -254,7 +294,16 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
     full_mask = check_mask(mask, shape)
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
-                 block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window))
+                 block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
+                 page_size=check_page_size(page_size))
+    docs = check_seqlens(seqlens, cu_seqlens)
+    if docs is not None and not shape.n_q == shape.n_k == sum(docs):
+        raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
+                         f"documents take q, k, v of (1, heads, Σ seqlens, d)")
+    if docs is not None and dropout_p != 0:
+        raise InputError(f"dropout_p={dropout_p} with seqlens in a numeric run: its mask is indexed by batch·head, "
+                         f"not by document; allowed: dropout_p=0 (count and predict take dropout)")
+    pb = packed(pb, docs)
     data = {"Q": q, "K": k, "V": v}
     if full_mask is not None:
         data["mask"] = full_mask
@@ -263,7 +312,8 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
-             window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None) -> SimResult:
+             window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None, seqlens=None,
+             cu_seqlens=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
@@ -279,29 +329,31 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     unless ``allow_nonfinite`` asks to propagate inf and NaN to the output.
     ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
     ``page_size`` reads K and V from a paged cache of pages of that many tokens (iosim.paging).
+    ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.varlen): q, k, v are (1, heads, Σ L_b, d)
+    and so is the output, each document attending only to itself.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
-                              allow_nonfinite=allow_nonfinite)
-    pb = replace(pb, page_size=check_page_size(page_size))
+                              allow_nonfinite=allow_nonfinite, page_size=page_size, seqlens=seqlens,
+                              cu_seqlens=cu_seqlens)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
-        mem = execute(p, data, on_progress, total=work(p) if on_progress else 0)
-    s = pb.shape
-    result = SimResult(p.algorithm.name, pb, p.M, p.tiling, None, mem.counts(), flops=mem.flops(),
-                       out=mem.tensor("O").reshape(s.batch, s.heads, s.n_q, s.d), gpu=gpu, plans=(p,))
+        runs = execute_parts(p, data, on_progress, total=work(p) if on_progress else 0)
+    flops = [mem.flops() for _, mem in runs]
+    result = SimResult(p.algorithm.name, pb, p.M, p.tiling, None, combined(*(mem.counts() for _, mem in runs)),
+                       flops=sum(flops[1:], flops[0]), out=unpacked(pb, runs, "O", pb.shape.d), gpu=gpu, plans=(p,))
     if {"l", "m"} <= set(p.algorithm.outputs()):
-        result = replace(result, l=mem.tensor("l").reshape(s.batch, s.heads, s.n_q),
-                         m=mem.tensor("m").reshape(s.batch, s.heads, s.n_q))
+        result = replace(result, l=unpacked(pb, runs, "l", 1)[..., 0], m=unpacked(pb, runs, "m", 1)[..., 0])
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
         warnings.warn(f"scale={pb.tau!r}: tau·QKᵀ overflowed float64 (finite inputs gave a non-finite output); "
                       f"float64 holds magnitudes below 1.8e308", RuntimeWarning, stacklevel=2)
     return result
 
 
-def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
+def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-          kv_heads=None, splits=None, gpu=None, window=None, page_size=None) -> SimResult:
+          kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None
+          ) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -310,24 +362,27 @@ def count(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=
     preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
     the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
-    from a paged cache through a block table (iosim.paging).
+    from a paged cache through a block table (iosim.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
+    packed end to end instead of N (iosim.varlen); the result's ``padded`` is their traffic padded to the longest.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
-                       page_size=page_size)
+                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
 
-def predict(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
+def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-            kv_heads=None, splits=None, gpu=None, window=None, page_size=None) -> PredictResult:
+            kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None,
+            cu_seqlens=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
     adds them (the paper's forms added too).
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
-                       block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size)
+                       block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size,
+                       seqlens=seqlens, cu_seqlens=cu_seqlens)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

@@ -8,16 +8,17 @@ its own tiling: the backward pass holds more per tile, so its blocks are smaller
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from iosim.api import Progress, execute, numeric_inputs, plan, work
-from iosim.counts import Counts
+from iosim.api import Progress, execute_parts, numeric_inputs, plan, unpacked, work
+from iosim.counts import Counts, combined
 from iosim.flops import Flops
 from iosim.inputs import check_dout, check_values
 from iosim.problem import Problem
 from iosim.tiling import Tiling
+from iosim.varlen import gather, tokens
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class GradResult:
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
               block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
-              allow_nonfinite=False, on_progress: Progress | None = None) -> GradResult:
+              allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
@@ -51,25 +52,34 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     ``window=(left, right)`` is a sliding window, as ``iosim.simulate`` takes it.
     Q, K, V and dO must be real and finite unless ``allow_nonfinite`` asks to propagate inf and NaN.
     ``on_progress(done, total)`` sees the work of both passes (FLOPs and exponentials) after each step.
+    ``seqlens`` (or ``cu_seqlens``) packs documents end to end, as ``iosim.simulate`` takes them.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
-                              allow_nonfinite=allow_nonfinite)
+                              allow_nonfinite=allow_nonfinite, seqlens=seqlens, cu_seqlens=cu_seqlens)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
-    check_dout(do, pb.shape, "do")
+    check_dout(do, replace(pb.shape, n_q=tokens(pb)), "do")  # packed documents: (1, heads, Σ L_b, d)
     do = np.asarray(do)
     check_values({"do": do}, allow_nonfinite)
     request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy, splits=splits)
     forward, backward = request.forward, request.backward
     first = work(forward) if on_progress else 0
     total = first + work(backward) if on_progress else 0
-    fwd = execute(forward, data, on_progress, total=total)
-    saved = {name: fwd.tensor(name) for name in backward.algorithm.saved_inputs() if name != "dO"}
-    bwd = execute(backward, {**data, **saved, "dO": do}, on_progress, first, total)
-    s = pb.shape
+    fwd = execute_parts(forward, data, on_progress, total=total)
+    bwd = []  # each document length's backward pass, on what its forward saved
+    for (part, mem), back in zip(fwd, backward.parts()):
+        saved = {name: mem.tensor(name) for name in backward.algorithm.saved_inputs() if name != "dO"}
+        bwd += execute_parts(back, {**gather({**data, "dO": do}, pb, part.problem), **saved}, on_progress, first,
+                             total)
+        first += sum(f.matmul + f.exp for f in (m.flops() for _, m in bwd[-1:]))
+    d = pb.shape.d
     return GradResult(
-        request.name, pb, request.M, forward.tiling, backward.tiling, bwd.counts(), fwd.counts(),
-        dq=bwd.tensor("dQ").reshape(s.batch, s.heads, s.n_q, s.d),
-        dk=bwd.tensor("dK").reshape(s.batch, s.heads, s.n_k, s.d),
-        dv=bwd.tensor("dV").reshape(s.batch, s.heads, s.n_k, s.d), flops=bwd.flops(), forward_flops=fwd.flops(),
+        request.name, pb, request.M, forward.tiling, backward.tiling, combined(*(m.counts() for _, m in bwd)),
+        combined(*(m.counts() for _, m in fwd)), dq=unpacked(pb, bwd, "dQ", d), dk=unpacked(pb, bwd, "dK", d),
+        dv=unpacked(pb, bwd, "dV", d), flops=_added(bwd), forward_flops=_added(fwd),
     )
+
+
+def _added(runs) -> Flops:
+    flops = [mem.flops() for _, mem in runs]
+    return sum(flops[1:], flops[0])

@@ -184,6 +184,9 @@ class Problem:
     # K and V in a paged cache of pages of this many tokens, found through a block table (iosim.paging); None: one
     # contiguous K/V per head. Checked where it enters the API; algorithms that do not read pages refuse it
     page_size: int | None = None
+    # documents packed end to end, each attending only to itself (iosim.varlen): their lengths, the shape then the
+    # longest's (batch 1, N_q = N_k = the longest); None: one sequence per batch entry. Checked by iosim.varlen
+    seqlens: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -196,6 +199,9 @@ class Problem:
                 raise InputTypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.window is not None and not isinstance(self.window, Band):
             raise InputTypeError(f"window={self.window!r} must be an iosim.Band or None")
+        if self.seqlens is not None and (self.shape.batch != 1 or not self.shape.n_q == self.shape.n_k
+                                         == max(self.seqlens)):
+            raise ValueError(f"a problem with seqlens is shaped as its longest document, batch 1: {self.shape}")
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)

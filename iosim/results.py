@@ -2,27 +2,48 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from iosim.algorithms.tile_ops import logsumexp
-from iosim.counts import Counts
+from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.flops import Flops
 from iosim.l2 import DramCounts
 from iosim.l2_counts import covers, passes_dram
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
+from iosim.varlen import padded
 
 if TYPE_CHECKING:
     from iosim.api import Plan
 
 
+class Packing:
+    """What packed documents (``Problem.seqlens``, iosim.varlen) save against padding each to the longest."""
+
+    problem: Problem
+    plans: tuple[Plan, ...]
+
+    @cached_property
+    def padded(self) -> Counts | None:
+        """The traffic of the documents padded to the longest, at the same tiling: ``count(N=max(seqlens),
+        batch=len(seqlens), tiling=...)`` of each pass, added; None without documents."""
+        if self.problem.seqlens is None or not self.plans:
+            return None
+        return combined(*(replace(p, problem=padded(p.problem)).exact() for p in self.plans))
+
+    @property
+    def packing_ratio(self) -> float | None:
+        """Packed traffic over padded traffic (≤ 1); None without documents."""
+        return None if self.padded is None else self.traffic_total / self.padded.total
+
+
 @dataclass(frozen=True)
-class SimResult:
+class SimResult(Packing):
     """One simulated run. Arrays are None in count-only mode and for outputs the algorithm lacks.
 
     ``forward_tiling`` and ``backward_tiling`` are the tilings of the passes run (None for
@@ -52,12 +73,16 @@ class SimResult:
         ``writes`` during the kernels and ``dirty_at_end``, per tensor. None without a ``gpu``, and where the L2
         model does not cover the run: an algorithm with no kernel grid, a mask, or a tiling its kernel does not
         launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
-        if self.gpu is None or not self.plans or not covers(self.plans):
+        if self.gpu is None or not self.plans or not covers(self.plans):  # packed documents too: not covered
             return None
         try:
             return passes_dram(self.plans, self.gpu)
         except InputError:  # the kernel refuses this tiling or dtype: the model has nothing to say
             return None
+
+    @property
+    def traffic_total(self) -> int:
+        return self.traffic.total
 
     @property
     def lse(self) -> np.ndarray | None:
@@ -66,7 +91,7 @@ class SimResult:
 
 
 @dataclass(frozen=True)
-class PredictResult:
+class PredictResult(Packing):
     """The closed forms of one request: exact counts, the paper's form and the arithmetic (tilings as SimResult)."""
 
     algorithm: str
@@ -78,6 +103,11 @@ class PredictResult:
     paper: float  # the paper's asymptotic form, in elements
     paper_label: str
     flops: Flops | None = None  # exact arithmetic; None for an algorithm that declares no closed form for it
+    plans: tuple[Plan, ...] = field(default=(), repr=False, compare=False)  # the passes predicted, for ``padded``
+
+    @property
+    def traffic_total(self) -> int:
+        return self.exact.total
 
     @property
     def tiling(self) -> Tiling | None:

@@ -69,6 +69,8 @@ class SweepRow:
     window_left: int | None = None  # the sliding window (left, right) as given; None without one
     window_right: int | None = None
     page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
+    seqlens: str | None = None  # packed documents' lengths, space-separated (iosim.varlen); N is the longest; else None
+    padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
 
     @property
     def tiling(self) -> Tiling | None:
@@ -103,6 +105,11 @@ class SweepRow:
         return None if self.counts is None else self.counts.total / self.predicted
 
     @property
+    def packing_ratio(self) -> float | None:
+        """Packed documents' traffic over that of padding each to the longest; None without documents."""
+        return None if self.padded is None or self.counts is None else self.counts.total / self.padded
+
+    @property
     def peak_sram(self) -> int | None:
         return None if self.counts is None else self.counts.peak_sram
 
@@ -127,19 +134,20 @@ class SweepRow:
         return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
-                "paper_label": self.paper_label, "status": self.status}
+                "paper_label": self.paper_label, "padded_total": self.padded, "packing_ratio": self.packing_ratio,
+                "status": self.status}
 
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
-               "requested_splits", "gpu", "window_left", "window_right", "page_size")  # every option that changes a row: what --resume tells rows apart by
+               "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-              page_size=None) -> SweepRow:
+              page_size=None, seqlens=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -152,13 +160,15 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     is declared (``Algorithm.grid``) also carries its DRAM bytes behind the preset's L2
     (``iosim.l2``), and its roofline time uses them instead of the two-level bytes.
     ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
+    ``seqlens`` counts documents packed end to end instead of N (iosim.varlen), and the row carries their traffic
+    padded to the longest.
     """
     preset = None if gpu is None else get_gpu(gpu)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
-                        page_size=page_size)
-    options = dict(N=N, N_k=N_k, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
+                        page_size=page_size, seqlens=seqlens)
+    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
                    block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu,
@@ -177,19 +187,21 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,
-                    roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram)
+                    roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram,
+                    padded=None if measured.padded is None else measured.padded.total)
 
 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
                block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-               page_size=None) -> dict:
+               page_size=None, seqlens=None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None."""
     algo = get_algorithm(algorithm)
     sparse = block_sparsity is not None and algo.accepts("block_sparsity")
     band = check_window(window)
-    return dict(N=N, N_k=N if N_k is None else N_k, d=d, batch=batch, heads=heads, causal=causal, mask=mask,
+    N = max(seqlens) if seqlens else N
+    return dict(N=N, N_k=N if N_k is None else N_k, d=d, seqlens=" ".join(map(str, seqlens)) if seqlens else None, batch=batch, heads=heads, causal=causal, mask=mask,
                 dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
                 kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 sparsity=block_sparsity.sparsity if sparse else None,
@@ -216,16 +228,17 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
-              splits=None, kept: list[dict] | None = None, window=None, page_size=None) -> list[SweepRow]:
+              splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
-    ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row.
+    ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row. With ``seqlens``
+    (packed documents, iosim.varlen) each row counts them, and ``Ns`` should be their longest alone.
     """
     rows = []
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits, window=window, page_size=page_size)
+                   splits=splits, window=window, page_size=page_size, seqlens=seqlens)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})

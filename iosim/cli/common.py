@@ -87,6 +87,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=count_arg, default=None,
                    help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens, read by rows "
                         "through a block table (default: contiguous)")
+    p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
+                   help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
+                        "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
                    help="fit: largest blocks that fit M (default); paper: B_c = ceil(M/4d), B_r = min(B_c, d); "
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")
@@ -110,6 +113,17 @@ def window_of(args: argparse.Namespace) -> tuple[int, int] | None:
     return (values[0], 0) if len(values) == 1 else (values[0], values[1])
 
 
+def lengths_of(args: argparse.Namespace, default):
+    """--N, or with --seqlens (packed documents) their longest; --N and --N-k are refused beside --seqlens."""
+    if args.seqlens is None:
+        return default if args.N is None else args.N
+    if args.N is not None or args.N_k is not None:
+        given = " ".join(f"{flag} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
+                         for flag, value in (("--N", args.N), ("--N-k", args.N_k)) if value is not None)
+        raise InputError(f"{given} with --seqlens: the documents set the lengths; allowed: --seqlens alone")
+    return max(args.seqlens)
+
+
 def band_title(pb: Problem) -> str:
     """How a title names a problem's band: causal, a window, both, or no mask."""
     window = f"window ({pb.window.left}, {pb.window.right})" if pb.window is not None else ""
@@ -126,7 +140,8 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
     mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
-    given = ("block_sparsity",) * (getattr(args, "sparsity", None) is not None) + ("window",) * (window_of(args) is not None)
+    given = ("block_sparsity",) * (getattr(args, "sparsity", None) is not None) + ("window",) * (window_of(args) is not None) \
+        + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
     backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given) and (a.backward is not None or not backward)]

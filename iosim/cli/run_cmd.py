@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iosim.api import Progress, backward_of, simulate, simulation_bytes
-from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, seed_arg, window_of
+from iosim.api import Progress, backward_of, count, simulate, simulation_bytes
+from iosim.cli.common import add_simulation, block_sparsity, check_backward, count_arg, lengths_of, seed_arg, window_of
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.counts import Counts, combined
@@ -37,6 +37,7 @@ class RunOutcome:
     pass_: str = "fwd"
     dram: DramCounts | None = None  # with --gpu, a forward pass whose kernel grid is declared: bytes behind L2
     gpu: str | None = None  # the preset of --gpu
+    padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
 
     @property
     def traffic(self) -> Counts:
@@ -49,7 +50,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="one numeric simulation on random inputs, checked against float64")
     add_simulation(p)
     p.add_argument("--algo", choices=list(ALGORITHMS), default=DEFAULT)
-    p.add_argument("--N", type=count_arg, default=1000, help="query length N_q")
+    p.add_argument("--N", type=count_arg, default=None, help="query length N_q (default 1000)")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
     p.add_argument("--d", type=count_arg, default=64)
     p.add_argument("--scale", type=float, default=None, help="softmax scale tau (default 1/sqrt(d))")
@@ -83,24 +84,28 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
                          f"forward (decode) pass only; allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
-    n_k = args.N_k or args.N
-    shape = dict(N=args.N, N_k=n_k, d=args.d, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads)
-    need = simulation_bytes(args.algo, **shape) + 8 * args.batch * args.heads * (args.N + 2 * n_k) * args.d
+    N = lengths_of(args, 1000)
+    n_k = args.N_k or N
+    docs = args.seqlens
+    batch = args.batch if docs is None else len(docs)  # a bound: every document padded to the longest
+    shape = dict(N=N, N_k=n_k, d=args.d, batch=batch, heads=args.heads, kv_heads=args.kv_heads)
+    need = simulation_bytes(args.algo, **shape) + 8 * batch * args.heads * (N + 2 * n_k) * args.d
     if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
-        need += simulation_bytes(backward_of(ALGORITHMS[args.algo]), **shape) + 4 * 8 * args.batch * args.heads * args.N * n_k
+        need += simulation_bytes(backward_of(ALGORITHMS[args.algo]), **shape) + 4 * 8 * batch * args.heads * N * n_k
     free = available_memory()
     if free is not None and need > free:
         raise InputError(
-            f"a numeric run of {args.algo} at N={args.N}, N_k={n_k}, d={args.d}, batch·heads="
-            f"{args.batch * args.heads} holds {nbytes(need)} in float64, more than the {nbytes(free)} available; "
+            f"a numeric run of {args.algo} at N={N}, N_k={n_k}, d={args.d}, batch·heads="
+            f"{batch * args.heads} holds {nbytes(need)} in float64, more than the {nbytes(free)} available; "
             f"use `iosim sweep` (count-only) for its traffic")
     rng = np.random.default_rng(args.seed)
-    q = rng.standard_normal((args.batch, args.heads, args.N, args.d))
+    rows, n_k = (N, n_k) if docs is None else (sum(docs), sum(docs))  # packed documents: (1, heads, Σ L_b, d)
+    q = rng.standard_normal((args.batch, args.heads, rows, args.d))
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args))
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
-                       splits=args.splits, on_progress=on_progress, **options)
+                       splits=args.splits, on_progress=on_progress, seqlens=docs, **options)
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -118,17 +123,26 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if on_simulated:
         on_simulated(result)
     if sparsity is not None:  # the reference masks out every element of a zero tile
-        options["mask"] = element_mask(sparsity, result.forward_tiling, args.N, n_k)  # both passes' tiling
+        options["mask"] = element_mask(sparsity, result.forward_tiling, N, n_k)  # both passes' tiling
     err = rel = None
-    if not args.no_check and args.pass_ == "fwd":
-        err, rel = check_against_reference(result.out, q, k, v, **options)
+    spans = [slice(None)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
+    if not args.no_check and args.pass_ == "fwd":  # packed documents: each against the reference alone
+        errors = [check_against_reference(result.out[:, :, x], q[:, :, x], k[:, :, x], v[:, :, x], **options)
+                  for x in spans]
+        err, rel = max(e for e, _ in errors), max(r for _, r in errors)
     elif not args.no_check:
-        refs = attention_backward_ref(q, k, v, do, **options)
-        err = max(float(np.max(np.abs(x - r))) for x, r in zip(outputs, refs))
-        rel = max(float(np.max(np.abs(x - r))) / max(float(np.max(np.abs(r))), np.finfo(float).tiny)
-                  for x, r in zip(outputs, refs))
+        refs = [attention_backward_ref(q[:, :, x], k[:, :, x], v[:, :, x], do[:, :, x], **options) for x in spans]
+        errs = [max(float(np.max(np.abs(out[:, :, x] - ref[i]))) for x, ref in zip(spans, refs))
+                for i, out in enumerate(outputs)]  # per gradient, over the documents
+        tops = [max(float(np.max(np.abs(ref[i]))) for ref in refs) for i in range(len(outputs))]
+        err = max(errs)
+        rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
     dram = result.dram if args.pass_ == "fwd" else None
-    outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu)
+    padded = None if docs is None else count(
+        args.algo, seqlens=docs, d=args.d, M=M, heads=args.heads, kv_heads=args.kv_heads, causal=args.causal,
+        window=window_of(args), dropout_p=args.dropout, dtype=args.dtype, block_policy=args.block_policy,
+        pass_=args.pass_, splits=args.splits).padded
+    outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu, padded)
     write_document(args.json, args.csv, record(args, outcome),
                    [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
                          write_bytes=t.write_bytes) for t in outcome.traffic.tensors])
@@ -166,7 +180,9 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
         "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
-        **dram_record(outcome.dram),
+        **dram_record(outcome.dram), "seqlens": None if args.seqlens is None else " ".join(map(str, args.seqlens)),
+        "padded_total": getattr(outcome.padded, "total", None),
+        "packing_ratio": None if outcome.padded is None else outcome.traffic.total / outcome.padded.total,
     }
 
 
@@ -178,7 +194,8 @@ def main(args: argparse.Namespace, console) -> None:
 
 def count_only_hint(args: argparse.Namespace) -> str:
     """The sweep command that answers a run's traffic question at once, count-only."""
-    options = [f"--algo {args.algo}", f"--N {args.N}", f"--d {args.d}"]
+    lengths = f"--N {args.N or 1000}" if args.seqlens is None else f"--seqlens {' '.join(map(str, args.seqlens))}"
+    options = [f"--algo {args.algo}", lengths, f"--d {args.d}"]
     for flag, value in (("--N-k", args.N_k), ("--batch", args.batch if args.batch != 1 else None),
                         ("--heads", args.heads if args.heads != 1 else None), ("--M", args.M), ("--gpu", args.gpu),
                         ("--pass", args.pass_ if args.pass_ != "fwd" else None)):
@@ -204,7 +221,9 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
     from rich.table import Table
 
     pb = r.problem
-    table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, "
+    sizes = f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else \
+        f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), "
+    table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: {sizes}"
                         f"d={pb.shape.d}, batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
                   header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
@@ -224,6 +243,10 @@ def render_check(console, outcome: RunOutcome) -> None:
         d = outcome.dram
         console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.l2): {nbytes(d.reads)} read, "
                       f"{nbytes(d.writes)} written during the kernel, {nbytes(d.dirty_at_end)} dirty at its end")
+    if outcome.padded is not None:
+        p, t = outcome.padded, outcome.traffic
+        console.print(f"packed documents: {t.total:,} elements against {p.total:,} with every document padded to the "
+                      f"longest ({t.total / p.total:.3f}×, {nbytes(p.total_bytes - t.total_bytes)} saved)")
     if outcome.max_abs_error is None:
         console.print("not checked against the float64 reference (--no-check)")
     else:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.cli.common import (PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg,
-                              window_of)
+                              lengths_of, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.errors import InputError
@@ -49,7 +49,8 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count-only traffic of every algorithm over a grid of N and d")
     add_simulation(p)
-    p.add_argument("--N", type=count_arg, nargs="+", default=list(DEFAULT_N), help="sequence lengths, e.g. 1024 4Ki")
+    p.add_argument("--N", type=count_arg, nargs="+", default=None,
+                   help="sequence lengths, e.g. 1024 4Ki (default 256 … 65536)")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length of every row (default: its N)")
     p.add_argument("--d", type=count_arg, nargs="+", default=list(DEFAULT_D), help="head dimensions")
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
@@ -66,11 +67,16 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     sparsity = block_sparsity(args)
     algorithms = algorithms_of(args)
     check_backward(algorithms, args.pass_)
+    if args.seqlens is not None:
+        refusing = [a for a in algorithms if not ALGORITHMS[a].accepts("seqlens")]
+        if refusing:
+            raise InputError(f"--seqlens for {', '.join(refusing)}: it takes no packed documents; allowed with "
+                             f"--seqlens: {', '.join(a for a in ALGORITHMS if ALGORITHMS[a].accepts('seqlens'))}")
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
-        rows = run_sweep(algorithms, args.N, args.d, M, N_k=args.N_k, batch=args.batch, heads=args.heads,
+        rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=args.seqlens, batch=args.batch, heads=args.heads,
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal, window=window_of(args),
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                          pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
@@ -78,12 +84,17 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
+def _Ns(args: argparse.Namespace) -> list[int]:
+    """The lengths of the grid: --N, the default grid, or with --seqlens the longest document alone."""
+    return lengths_of(args, list(DEFAULT_N)) if args.seqlens is None else [lengths_of(args, None)]
+
+
 def main(args: argparse.Namespace, console) -> None:
     if args.wide and not console.is_terminal:
         from rich.console import Console
 
         console = Console(width=132 + 48 * (args.gpu is not None))  # piped output: as wide as the --wide table
-    with progress_bar(console, "sweep", len(sweep_configs(algorithms_of(args), args.N, args.d))) as step:
+    with progress_bar(console, "sweep", len(sweep_configs(algorithms_of(args), _Ns(args), args.d))) as step:
         outcome = run(args, on_row=step)
     render(console, outcome, args.wide)
 
@@ -97,6 +108,11 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     sparse = next((r for r in rows if r.sparsity is not None), None)
     if sparse is not None:
         options.append(f"block-sparse rows: {sparse.sparsity_pattern} block mask, s = {sparse.sparsity:g}")
+    if first.seqlens is not None:
+        lengths = [int(x) for x in first.seqlens.split()]
+        options.append(f"{len(lengths)} documents packed end to end ({sum(lengths):,} tokens, the longest "
+                       f"{max(lengths):,}: N), each attending only to itself; ÷ padded: traffic over that of padding every "
+                       f"document to the longest")
     paged = next((r for r in rows if r.page_size is not None), None)
     if paged is not None:
         options.append(f"paged K/V cache of {paged.page_size}-token pages, read by rows (the algorithms that read one)")
@@ -145,11 +161,17 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
             ("time", lambda r: "—" if r.roofline is None else seconds(r.roofline.seconds)),
             ("bound", lambda r: "—" if r.roofline is None else r.roofline.bound),
         ]
+    packing = ("÷ padded", lambda r: "—" if r.packing_ratio is None else f"{r.packing_ratio:.3f}")
+    packed = any(r.padded is not None for r in rows)  # packed documents: their traffic over padding each to the longest
+    if packed and rows[0].roofline is None:  # a preset's columns leave no room: a line below the table instead
+        columns.append(packing)
     for name, _ in columns:
         table.add_column(name, justify="left" if name in ("algorithm", "bound") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
     console.print(table)
+    if packed and rows[0].roofline is not None:
+        console.print("÷ padded: " + ", ".join(f"{r.algorithm} (d={r.d}) {packing[1](r)}" for r in rows))
     for r in rows:
         if r.status != "ok":
             console.print(f"[yellow]{r.algorithm} N={r.N} d={r.d}: {r.status}[/]")
