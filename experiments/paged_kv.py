@@ -10,8 +10,6 @@ Usage: python experiments/paged_kv.py [--out docs/figures/paged_kv.png] [--json 
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -20,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
+from figure_cli import run  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
 
 GPU = GPUS["h100"]
@@ -84,17 +83,5 @@ def plot(data: dict, out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/figures/paged_kv.png")
-    parser.add_argument("--json", default="experiments/results/paged_kv.json")
-    args = parser.parse_args()
-    data = collect()
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    plot(data, Path(args.out))
-    print(f"wrote {args.out} and {args.json}")
-
-
 if __name__ == "__main__":
-    main()
+    run(__doc__, "paged_kv", collect, plot)
