@@ -54,11 +54,10 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 from iosim.algorithm import Algorithm  # noqa: E402
 from iosim.algorithms import flash_swapped, flash_swapped_backward  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import READ, WRITE, Grid, Tiles, in_sequence, l2_config, simulate  # noqa: E402
+from iosim.l2 import Grid, Tiles, in_sequence, l2_config, simulate  # noqa: E402
 from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
-from iosim.visits import visits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
@@ -97,21 +96,12 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     query block sees); the last step writes O_i (input dtype) and lse_i (float32). A query block that
     sees no key reads Q_i and writes O_i, lse_i.
     """
-    s, Br = pb.shape, tiling.Br
-    Tr = -(-s.n_q // Br)
-    data, stat = pb.itemsize("data"), pb.itemsize("stat")
     tiles = Tiles(flash_swapped.GRID_TENSORS)
-    kv_steps = flash_swapped.kv_step_cache(tiles, pb, tiling)
-    met = visits(pb, tiling, skips_hidden=True)
+    accesses = flash_swapped.block_accesses(tiles, pb, tiling)
 
     def steps(b: int):
-        bh, i = divmod(b, Tr)
-        rows = min(Br, s.n_q - i * Br)
-        run = met.key_run(i)
-        kv = kv_steps(s.kv_head(bh))[run.start:run.stop]
+        q, kv, out = accesses(b)
         seen = len(kv)
-        q = (tiles.access("Q", b, rows * s.d * data, READ),)
-        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen <= 1:
             yield q + (kv[0] if seen else ()) + out
             return
@@ -119,7 +109,7 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
         yield from kv[2:seen]  # step r fetches K_(r+1), V_(r+1)
         yield out  # the last step computes on K_(seen−1), V_(seen−1), fetched the step before
 
-    return Grid(s.bh * Tr, steps, tiles, blocks_per_sm)
+    return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, blocks_per_sm)
 
 
 def backward_algorithm(main_blocks_per_sm: int) -> Algorithm:

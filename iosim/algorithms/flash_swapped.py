@@ -29,7 +29,7 @@ from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table,
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles, sectors
+from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Step, Tiles, sectors
 from iosim.memory import Memory
 from iosim.paging import entries
 from iosim.problem import Problem
@@ -147,27 +147,38 @@ def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], 
     return kv_steps
 
 
+def block_accesses(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], tuple[Step, list, Step]]:
+    """What forward block b = bh·T_r + i touches: (its Q_i read, the (K_j, V_j) steps of the key blocks it sees,
+    shared by the blocks of one K/V head, its O_i and lse_i writes)."""
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    kv_steps = kv_step_cache(tiles, pb, tiling)
+    met = visits(pb, tiling, skips_hidden=True)
+
+    def accesses(b: int) -> tuple[Step, list, Step]:
+        bh, i = divmod(b, Tr)
+        rows = min(Br, s.n_q - i * Br)
+        run = met.key_run(i)
+        q = (tiles.access("Q", b, rows * s.d * data, READ),)
+        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
+        return q, kv_steps(s.kv_head(bh))[run.start:run.stop], out
+
+    return accesses
+
+
 def grid(pb: Problem, tiling: Tiling) -> Grid:
     """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
     ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
     it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
     if pb.has_mask:
         raise InputError("has_mask=True: the flash-swapped kernel takes no explicit mask; allowed: has_mask=False")
-    s, Br = pb.shape, tiling.Br
-    Tr = -(-s.n_q // Br)
-    data, stat = pb.itemsize("data"), pb.itemsize("stat")
     tiles = Tiles(GRID_TENSORS)
-    kv_steps = kv_step_cache(tiles, pb, tiling)
-    met = visits(pb, tiling, skips_hidden=True)
+    accesses = block_accesses(tiles, pb, tiling)
 
     def steps(b: int):
-        bh, i = divmod(b, Tr)
-        rows = min(Br, s.n_q - i * Br)
-        run = met.key_run(i)
-        kv = kv_steps(s.kv_head(bh))[run.start:run.stop]
+        q, kv, out = accesses(b)
         seen = len(kv)
-        q = (tiles.access("Q", b, rows * s.d * data, READ),)
-        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
         if seen == 0:
             yield q + out
             return
@@ -176,7 +187,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         if seen > 1:
             yield kv[seen - 1] + out
 
-    return Grid(s.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
+    Tr = -(-pb.shape.n_q // tiling.Br)
+    return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
