@@ -269,13 +269,28 @@ def _start(grid: Grid, b: int) -> list:
     return [steps, next(steps, None)]
 
 
+def check_launchable(pb: Problem) -> None:
+    """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
+    read no explicit or block mask and no block table, skip no tiles outside a sliding window, and launch one
+    sequence per batch entry, not varlen's packed documents."""
+    if pb.has_mask or pb.block_sparsity is not None:
+        raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
+                         "for it; allowed: has_mask=False, block_sparsity=None")
+    if pb.band.sliding:
+        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
+                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
+    if pb.page_size is not None:
+        raise InputError(f"page_size={pb.page_size}: the L2 model's grids read no block table; allowed: None")
+    if pb.seqlens is not None:
+        raise InputError("seqlens: the L2 model's grids launch one sequence per batch entry, not packed documents; "
+                         "allowed: None")
+
+
 def kernels(algorithm: Algorithm, pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
     """The grids of every kernel a pass launches, in order (``Algorithm.launches``, else its one ``grid``)."""
     if algorithm.grid is None:
         raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
-    if pb.band.sliding:
-        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
-                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
+    check_launchable(pb)
     return algorithm.launches(pb, tiling) if algorithm.launches is not None else (algorithm.grid(pb, tiling),)
 
 

@@ -164,15 +164,6 @@ def dram_counts_by_kernel(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu
     return parts
 
 
-def covers(plans: tuple[Plan, ...]) -> bool:
-    """Whether every pass has a kernel grid the L2 model runs: one declared, no explicit or block mask or sliding
-    window (no kernel of iosim.kernels takes one), no paged K/V cache (the grids read no block table), and no
-    packed documents (the grids launch one sequence per batch entry, not varlen's blocks of ragged documents)."""
-    return all(p.algorithm.grid is not None and not p.problem.has_mask and p.problem.block_sparsity is None
-               and not p.problem.band.sliding and p.problem.page_size is None and p.problem.seqlens is None
-               for p in plans)
-
-
 def passes_dram(plans: tuple[Plan, ...], gpu: str, capacity: int | None = None,
                 blocks_per_sm: int | None = None) -> DramCounts:
     """The DRAM bytes of a request's passes run one after another, each from a cold L2 (``in_sequence``)."""

@@ -13,7 +13,7 @@ from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.flops import Flops
 from iosim.l2 import DramCounts
-from iosim.l2_counts import covers, passes_dram
+from iosim.l2_counts import passes_dram
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
 from iosim.varlen import padded
@@ -71,13 +71,14 @@ class SimResult(Packing):
     def dram(self) -> DramCounts | None:
         """The DRAM bytes behind the ``gpu`` preset's L2 (iosim.l2), worked out when first asked: ``reads``,
         ``writes`` during the kernels and ``dirty_at_end``, per tensor. None without a ``gpu``, and where the L2
-        model does not cover the run: an algorithm with no kernel grid, a mask, or a tiling its kernel does not
+        model does not cover the run: an algorithm with no kernel grid, an option no kernel takes (a mask, a
+        sliding window, pages, packed documents: ``iosim.l2.check_launchable``), or a tiling its kernel does not
         launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
-        if self.gpu is None or not self.plans or not covers(self.plans):  # packed documents too: not covered
+        if self.gpu is None or not self.plans:
             return None
         try:
             return passes_dram(self.plans, self.gpu)
-        except InputError:  # the kernel refuses this tiling or dtype: the model has nothing to say
+        except InputError:  # the L2 model refuses the run by name: it has nothing to say
             return None
 
     @property

@@ -1,5 +1,7 @@
 """The L2 model (iosim.l2): the LRU by hand, the schedule, the grids against iosim's counts, the closed form."""
 
+import dataclasses
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -7,7 +9,7 @@ from hypothesis import strategies as st
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
-from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, l2_config, sectors, simulate
+from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, kernels, l2_config, sectors, simulate
 from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
@@ -224,3 +226,16 @@ def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
     assert FLASH.grid(problem(4), Tiling(16, 16)).uniform
     assert not FLASH.grid(problem(4, kv_heads=2), Tiling(16, 16)).uniform  # GQA: heads share K_j, V_j
     assert not SWAPPED.grid(problem(4), Tiling(16, 16)).uniform  # the query blocks of a head share K_j, V_j
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(has_mask=True), "explicit or block mask"),
+    (dict(window=iosim.Band(16, 0)), r"window=\(16, 0\)"),
+    (dict(page_size=16), "page_size=16"),
+    (dict(seqlens=(64, 30)), "seqlens"),
+])
+def test_options_no_kernel_takes_are_refused_by_name_before_any_grid(option, message):
+    pb = dataclasses.replace(problem(), **option)
+    for algo in (FLASH, SWAPPED, ALGORITHMS["split-kv"], FLASH.backward, SWAPPED.backward):
+        with pytest.raises(InputError, match=message):
+            kernels(algo, pb, Tiling(16, 16))

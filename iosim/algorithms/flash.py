@@ -26,7 +26,6 @@ from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.counts import Counts
 from iosim.l2_counts import lockstep_hits
-from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
@@ -165,8 +164,6 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     O_i, ℓ_i, m_i (and lse_i, out_i) for each query block; then for each K/V block j (K_j, V_j loaded with its
     first query block) and each query block i that sees it, Q_i read and O_i, ℓ_i, m_i read and rewritten, lse_i
     (and out_i) written at the last j. O stays float32 in HBM whatever the dtype (the kernel accumulates in it)."""
-    if pb.has_mask or pb.block_sparsity is not None:
-        raise InputError("the flash kernel takes no explicit or block mask; allowed: has_mask=False, no block_sparsity")
     s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
     Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
     data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4

@@ -159,8 +159,6 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     block i that sees it (from the first one the causal mask leaves, as the kernel's i_start), Q_i, dO_i, lse_i
     and O_i (for D_i = rowsum(dO_i ∘ O_i), recomputed at every step) read and dQ_i read and rewritten
     (line 21); dK_j, dV_j written after the last (line 24). The kernel reads lse, not ℓ and m."""
-    if pb.has_mask or pb.block_sparsity is not None:
-        raise InputError("the flash kernel takes no explicit or block mask; allowed: has_mask=False, no block_sparsity")
     if tiling.Br != tiling.Bc:
         raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the flash backward kernel's tile is square; "
                          "allowed: Br == Bc")

@@ -27,7 +27,6 @@ from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
 from iosim.counts import Counts
-from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Step, Tiles, sectors
 from iosim.memory import Memory
@@ -171,8 +170,6 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
     ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
     it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
-    if pb.has_mask:
-        raise InputError("has_mask=True: the flash-swapped kernel takes no explicit mask; allowed: has_mask=False")
     tiles = Tiles(GRID_TENSORS)
     accesses = block_accesses(tiles, pb, tiling)
 

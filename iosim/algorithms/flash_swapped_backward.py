@@ -209,8 +209,6 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     7-8), then for each query block i that sees K_j (from the kernel's i_start under a causal mask) reads Q_i,
     dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the L2), and
     writes dK_j, dV_j after the last (line 24)."""
-    if pb.has_mask or pb.block_sparsity is not None:
-        raise InputError("the flash-swapped kernel takes no explicit or block mask; allowed: has_mask=False")
     if tiling.Br != tiling.Bc:
         raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the backward kernel's tile is square; allowed: Br == Bc")
     s, B = pb.shape, tiling.Br

@@ -45,7 +45,6 @@ from iosim.algorithms.flash_swapped import kv_step_cache
 from iosim.algorithms.tile_ops import (absorb_block, exp_diff, load_mask, logsumexp, read_block_table, safe_divide,
                                        scores)
 from iosim.counts import Counts
-from iosim.errors import InputError
 from iosim.flops import Flops, matmul
 from iosim.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.memory import Memory
@@ -277,8 +276,6 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     then s: block (kvh·S + s)·T_r + i, as flash-attn's ``grid(num_m_block, num_splits, b·h)``. Block (i, s) loads
     Q_i, then K_j, V_j at each of its split's blocks, and writes its partial O_split, lse_split after the last (O
     and lse themselves with one split)."""
-    if pb.has_mask:
-        raise InputError("has_mask=True: the split-KV grid takes no explicit mask; allowed: has_mask=False")
     s, Br, S = pb.shape, tiling.Br, tiling.splits
     Tr = ceil_div(s.n_q, Br)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
