@@ -46,7 +46,7 @@ from iosim.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
-from iosim.l2 import DramCounts
+from iosim.l2 import DramCounts, check_launchable
 from iosim.l2_counts import dram_counts
 from iosim.policies import POLICIES
 from iosim.problem import Problem
@@ -156,8 +156,7 @@ def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: 
     if algo.grid is None or algo.is_backward:
         raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes that declare a GPU kernel grid: "
                          f"{[a.name for a in ALGORITHMS.values() if a.grid is not None]}")
-    if pb.has_mask:
-        raise InputError("mask=True: no kernel of the L2 model takes an explicit mask; allowed: mask=False")
+    check_launchable(pb)  # before the shortlist: a mask, a window or documents no kernel takes
     scored = sorted(((dram_counts(algo, pb, x.tiling, gpu), x) for x in searched[:DRAM_CANDIDATES]),
                     key=lambda s: (s[0].moved, rank_key(s[1])))
     return tuple(x for _, x in scored), [dram for dram, _ in scored]
