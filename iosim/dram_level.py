@@ -1,7 +1,7 @@
 """The DRAM level of a request: the two-level count beside what a GPU's L2 lets through to DRAM.
 
-``dram`` resolves a request as ``count`` does (the algorithm, M, the tiling of the block
-policy on the GPU preset's SMs), counts it on the two-level ``Memory``, and runs the
+``dram`` counts a request with ``count`` (the algorithm, M, the tiling of the block
+policy on the GPU preset's SMs, on the two-level ``Memory``) and runs the
 algorithm's grid of thread blocks against the preset's L2 (``iosim.l2``). The model,
 its sources and its limits: docs/gpu.md.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iosim.api import count_problem, measure, plan
+from iosim.api import count
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.l2 import DramCounts
@@ -55,10 +55,8 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
-    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window)
-    request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
-    behind_l2 = passes_dram(request.plans, gpu, capacity, blocks_per_sm)
-    forward, backward = (None if p is None else p.tiling for p in (request.forward, request.backward))
-    return DramResult(request.name, pb, request.plans[0].M, forward, backward, gpu, measure(request).traffic,
-                      behind_l2)
+    r = count(algorithm, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, dtype=dtype,
+              block_policy=block_policy, tiling=tiling, kv_heads=kv_heads, pass_=pass_, gpu=gpu, window=window)
+    return DramResult(r.algorithm, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
+                      passes_dram(r.plans, gpu, capacity, blocks_per_sm))
