@@ -8,6 +8,7 @@
 
 from iosim.algorithm import Algorithm, Tensor
 from iosim.api import count, predict, simulate
+from iosim.cascade import Cascade, cascade, simulate_cascade
 from iosim.chunked import ChunkedPrefill, chunked_prefill
 from iosim.counts import Counts, TensorCounts
 from iosim.dram_level import DramResult, dram
@@ -25,9 +26,9 @@ from iosim.sparsity import BlockSparsity
 from iosim.tiling import Tiling
 
 __all__ = [
-    "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "ChunkedPrefill",
+    "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Cascade", "ChunkedPrefill",
     "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig", "ModelReport",
     "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
-    "attention_ref", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict", "register",
-    "simulate",
+    "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict", "register",
+    "simulate", "simulate_cascade",
 ]

@@ -49,10 +49,14 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool = True) -> None:
+def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool = True, batches: bool = False
+                ) -> None:
     """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too;
-    ``windowed``: --window too)."""
-    p.add_argument("--batch", type=count_arg, default=1)
+    ``windowed``: --window too; ``batches``: --batch takes a list)."""
+    if batches:
+        p.add_argument("--batch", type=count_arg, nargs="+", default=[1], help="batch sizes, e.g. 1 8 64 (default 1)")
+    else:
+        p.add_argument("--batch", type=count_arg, default=1)
     p.add_argument("--heads", type=count_arg, default=1)
     if grouped:
         p.add_argument("--kv-heads", type=count_arg, default=None,
