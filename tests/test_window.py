@@ -230,6 +230,19 @@ def test_forward_matches_torch_sdpa_with_the_band_as_an_explicit_mask(n_q, n_k, 
     assert np.abs(out[:, :, seen] - want[:, :, seen]).max() < 1e-12
 
 
+@pytest.mark.parametrize("algo", WINDOWED_BACKWARD)
+@pytest.mark.parametrize("n_q, n_k, window", [(113, 113, (17, 0)), (100, 239, (3, 8))])
+def test_backward_matches_torch_autograd_through_sdpa_with_the_band_as_a_mask(algo, n_q, n_k, window):
+    torch = pytest.importorskip("torch", reason="torch is optional: SDPA is the comparison where it is installed")
+    q, k, v, do = inputs(n_q, n_k)
+    keep = torch.from_numpy(Band(*window).keep(n_q, n_k, slice(0, n_q), slice(0, n_k)))  # every row sees a key
+    leaves = [torch.from_numpy(x).requires_grad_() for x in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=keep).backward(torch.from_numpy(do))
+    g = iosim.gradients(algo, q, k, v, do, M="4k", window=window)
+    for name, mine, theirs in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), leaves):
+        assert np.abs(mine - theirs.grad.numpy()).max() < 1e-12, name
+
+
 def test_the_window_figure_s_counts_grow_with_the_window_up_to_causal():
     rows = load_experiment("window").records()
     for algorithm in ("flash", "flash-swapped"):
