@@ -300,9 +300,6 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
                          f"documents take q, k, v of (1, heads, Σ seqlens, d)")
-    if docs is not None and dropout_p != 0:
-        raise InputError(f"dropout_p={dropout_p} with seqlens in a numeric run: its mask is indexed by batch·head, "
-                         f"not by document; allowed: dropout_p=0 (count and predict take dropout)")
     pb = packed(pb, docs)
     data = {"Q": q, "K": k, "V": v}
     if full_mask is not None:

@@ -187,6 +187,9 @@ class Problem:
     # documents packed end to end, each attending only to itself (iosim.varlen): their lengths, the shape then the
     # longest's (batch 1, N_q = N_k = the longest); None: one sequence per batch entry. Checked by iosim.varlen
     seqlens: tuple[int, ...] | None = None
+    # one length's documents of a varlen problem (iosim.varlen.documents): the place of each batch entry among all
+    # the documents, whose dropout stream it draws (``dropout_streams``); None: batch entry b is stream b
+    batch_ids: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -202,6 +205,8 @@ class Problem:
         if self.seqlens is not None and (self.shape.batch != 1 or not self.shape.n_q == self.shape.n_k
                                          == max(self.seqlens)):
             raise ValueError(f"a problem with seqlens is shaped as its longest document, batch 1: {self.shape}")
+        if self.batch_ids is not None and len(self.batch_ids) != self.shape.batch:
+            raise ValueError(f"batch_ids {self.batch_ids} must name each of the {self.shape.batch} batch entries")
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)
@@ -228,6 +233,15 @@ class Problem:
     def hides_keys(self) -> bool:
         """Whether a band or an explicit mask hides some scores: what an algorithm that masks S must apply."""
         return not self.band.full or self.has_mask
+
+    def dropout_streams(self) -> np.ndarray:
+        """The Philox batch·head index of each query head of the run, in order (iosim.rng): 0 … batch·heads − 1 of
+        the caller's heads (a GQA group's heads in its packed rows), and for one length's documents of a varlen
+        problem, document b's heads at b·heads + h, as flash-attn's varlen kernels index it: the mask of a
+        document does not depend on which documents share its length."""
+        heads = self.shape.heads * self.packed
+        ids = np.arange(self.shape.batch) if self.batch_ids is None else np.asarray(self.batch_ids)
+        return (ids[:, None] * heads + np.arange(heads)[None, :]).ravel()
 
     @property
     def queries(self) -> int:

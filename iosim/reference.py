@@ -105,32 +105,36 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
     return shape, tau, p, lse
 
 
-def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, rows: slice | None = None
-                         ) -> np.ndarray | float:
-    """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k)."""
+def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, rows: slice | None = None,
+                         first_batch: int = 0) -> np.ndarray | float:
+    """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k). ``first_batch`` is
+    the Philox batch index of the first batch entry: a document's place among packed documents (iosim.varlen)."""
     p = check_dropout_p(dropout_p)
     if p == 0.0:
         return 1.0
     rows = slice(0, shape.n_q) if rows is None else rows
-    keep = dropout_tile(seed, p, shape.bh, rows, slice(0, shape.n_k))
+    streams = np.arange(first_batch * shape.heads, (first_batch + shape.batch) * shape.heads)
+    keep = dropout_tile(seed, p, streams, rows, slice(0, shape.n_k))
     return keep.reshape(shape.batch, shape.heads, rows.stop - rows.start, shape.n_k) / (1.0 - p)
 
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                  rows: slice | None = None, allow_nonfinite=False, window=None) -> ReferenceOutput:
+                  rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0
+                  ) -> ReferenceOutput:
     """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time. ``window=(left, right)``: a sliding window.
+    ``first_batch``: the dropout streams' batch index of q's first entry (one packed document's place).
     """
     shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window)
-    z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q))
+    z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q), first_batch)
     out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)
 
 
 def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                           allow_nonfinite=False, window=None):
+                           allow_nonfinite=False, window=None, first_batch: int = 0):
     """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v.
 
     Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
@@ -141,7 +145,7 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
         raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)
     check_values({"dout": np.asarray(dout)}, allow_nonfinite)
-    z = dropout_scale_matrix(shape, dropout_p, seed)
+    z = dropout_scale_matrix(shape, dropout_p, seed, first_batch=first_batch)
     q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     do64 = np.asarray(dout, dtype=np.float64)
     dv = np.swapaxes(p * z, -1, -2) @ do64

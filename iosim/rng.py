@@ -86,9 +86,10 @@ def dropout_keep(seed: int, dropout_p: float, bh, row, col) -> np.ndarray:
     return philox_word(seed, bh, row, col) >= np.uint64(threshold)
 
 
-def dropout_tile(seed: int, dropout_p: float, n_bh: int, rows: slice, cols: slice) -> np.ndarray:
-    """The keep-mask of one (rows, cols) tile for all batch·heads: shape (bh, Br, Bc)."""
-    bh = np.arange(n_bh)[:, None, None]
+def dropout_tile(seed: int, dropout_p: float, n_bh, rows: slice, cols: slice) -> np.ndarray:
+    """The keep-mask of one (rows, cols) tile for all batch·heads: shape (bh, Br, Bc). ``n_bh`` is how many
+    batch·heads there are (streams 0 … n_bh − 1), or the stream index of each, in order, as an array."""
+    bh = (np.arange(n_bh) if np.ndim(n_bh) == 0 else np.asarray(n_bh))[:, None, None]
     r = np.arange(rows.start, rows.stop)[None, :, None]
     c = np.arange(cols.start, cols.stop)[None, None, :]
     return dropout_keep(seed, dropout_p, bh, r, c)

@@ -20,9 +20,13 @@ plain problem per distinct length. Numeric runs take Q, K, V packed as (1, heads
 (Σ L_b, heads, d)): ``gather`` cuts one length's documents out as (m, heads, L, d) and
 ``scatter`` puts their outputs back.
 
+Dropout draws document b's mask from the Philox streams of batch·heads b·heads + h at the
+document's own positions (``Problem.dropout_streams``), as flash-attn's varlen kernels index
+it: the mask of a document is that of batch entry b of the documents padded to the longest,
+whichever documents share its length.
+
 Deviations: an explicit mask, a block mask, a paged K/V cache and a batch other than 1 are
-refused with ``seqlens`` (the documents are the batch); numeric runs refuse dropout, whose
-Philox stream is indexed by batch·head and would depend on how documents are grouped.
+refused with ``seqlens`` (the documents are the batch).
 """
 
 from __future__ import annotations
@@ -108,7 +112,8 @@ def documents(pb: Problem) -> tuple[Problem, ...]:
     ``(pb,)`` for a problem without documents."""
     if pb.seqlens is None:
         return (pb,)
-    return tuple(replace(pb, shape=replace(pb.shape, batch=m, n_q=L, n_k=L), seqlens=None)
+    return tuple(replace(pb, shape=replace(pb.shape, batch=m, n_q=L, n_k=L), seqlens=None,
+                         batch_ids=tuple(b for b, length in enumerate(pb.seqlens) if length == L))
                  for L, m in sorted(Counter(pb.seqlens).items()))
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import iosim
 from helpers import load_experiment
 from iosim.api import count_problem, plan
-from iosim.cli import main
+from iosim.cli import build_parser, main, run
 from iosim.counts import combined
 from iosim.registry import ALGORITHMS
 
@@ -214,12 +214,47 @@ def test_bad_documents_are_refused_by_name(kwargs, message):
         iosim.count(algo, d=8, M="20k", **kwargs)
 
 
-def test_numeric_runs_refuse_mismatched_tokens_and_dropout():
+def test_numeric_runs_refuse_mismatched_tokens():
     q, k, v, _ = packed_inputs([3, 4])
     with pytest.raises(iosim.InputError, match=r"q of 7 and k of 7 tokens with seqlens of 8"):
         iosim.simulate("flash", q, k, v, M="20k", seqlens=[4, 4])
-    with pytest.raises(iosim.InputError, match=r"dropout_p=0.1 with seqlens"):
-        iosim.simulate("flash", q, k, v, M="20k", seqlens=[3, 4], dropout_p=0.1)
+
+
+def padded_batch(x, seqlens):
+    """(1, heads, Σ L_b, cols) → (b, heads, max L_b, cols), document b at batch entry b, zeros after it."""
+    out = np.zeros((len(seqlens), x.shape[1], max(seqlens), x.shape[3]))
+    for b, span in enumerate(spans(seqlens)):
+        out[b, :, :span.stop - span.start] = x[0, :, span]
+    return out
+
+
+@pytest.mark.parametrize("algo", BACKWARD)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_is_that_of_each_document_at_its_place_in_the_padded_batch(algo, causal):
+    # document b draws batch entry b's Philox streams at its own positions (flash-attn's varlen indexing), so the
+    # packed run equals the reference on the documents padded to the longest, the padding's keys masked out;
+    # documents 0 and 2 share a length and run as one part, which must not change their masks
+    seqlens, p = [113, 1, 113, 239], 0.3
+    q, k, v, do = packed_inputs(seqlens, seed=2)
+    options = dict(causal=causal, dropout_p=p, seed=11)
+    g = iosim.gradients(algo, q, k, v, do, M="8k", seqlens=seqlens, **options)
+    out = iosim.simulate(algo, q, k, v, M="8k", seqlens=seqlens, **options).out
+    real_keys = np.arange(max(seqlens))[None, :] < np.array(seqlens)[:, None]  # (b, max L): not padding
+    mask = real_keys[:, None, None, :]
+    pad = [padded_batch(x, seqlens) for x in (q, k, v, do)]
+    ref_out = iosim.attention_ref(*pad[:3], mask=mask, **options).out
+    ref_grads = iosim.attention_backward_ref(*pad, mask=mask, **options)
+    for b, span in enumerate(spans(seqlens)):
+        n = span.stop - span.start
+        assert float(np.abs(out[0, :, span] - ref_out[b, :, :n]).max()) < 1e-12, b
+        for name, got, ref in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref_grads):
+            assert float(np.abs(got[0, :, span] - ref[b, :, :n]).max()) < 1e-12, (b, name)
+    # the reference of each document alone, at its place among the documents, says the same
+    for b, span in enumerate(spans(seqlens)):
+        alone = iosim.attention_ref(q[:, :, span], k[:, :, span], v[:, :, span], first_batch=b, **options).out
+        assert float(np.abs(out[:, :, span] - alone).max()) < 1e-12, b
+    # and dropout did act: without it the output differs
+    assert float(np.abs(out - iosim.simulate(algo, q, k, v, M="8k", seqlens=seqlens, causal=causal).out).max()) > 0.01
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -227,7 +262,6 @@ def test_numeric_runs_refuse_mismatched_tokens_and_dropout():
     (["sweep", "--seqlens", "100", "30", "--N", "5"], "--N 5 with --seqlens: the documents set the lengths"),
     (["sweep", "--seqlens", "100", "30", "--algo", "split-kv"], "--seqlens for split-kv: it takes no packed documents"),
     (["run", "--seqlens", "10", "20", "--batch", "2"], "batch=2 with seqlens"),
-    (["run", "--seqlens", "10", "20", "--dropout", "0.1"], "dropout_p=0.1 with seqlens"),
 ])
 def test_cli_refuses_bad_documents_in_one_line(argv, message, capsys):
     assert main(argv) == 2
@@ -252,3 +286,11 @@ def test_the_experiment_splits_its_tokens_exactly():
     for sigma in (0.5, 2.0, 4.6):
         split = lengths(sigma)
         assert sum(split) == 32768 and min(split) >= 1 and split == sorted(split), split
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "fwd+bwd"])
+def test_cli_run_checks_packed_dropout_against_each_document_at_its_place(pass_):
+    args = build_parser().parse_args(["run", "--seqlens", "10", "23", "10", "--dropout", "0.2", "--d", "16", "--M",
+                                      "8k", "--causal", "--pass", pass_])
+    outcome = run(args)
+    assert outcome.max_abs_error < 1e-12, outcome.max_abs_error

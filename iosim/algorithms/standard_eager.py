@@ -99,7 +99,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 P_ij = mem.load("P", rows, cols, tile="P_ij")
                 Z_ij = mem.alloc("Z_ij", P_ij.rows, P_ij.cols)
                 if mem.numeric:
-                    Z_ij.data = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+                    Z_ij.data = dropout_tile(pb.seed, pb.dropout_p, pb.dropout_streams(), rows, cols)
                     P_ij.data = apply_dropout(pb, P_ij.data, rows, cols)
                 mem.store(P_ij, "P_drop", rows, cols)
                 mem.store(Z_ij, "Z", rows, cols)

@@ -63,10 +63,10 @@ def apply_dropout(pb: Problem, P: np.ndarray, rows: slice, cols: slice) -> np.nd
     if pb.dropout_p == 0.0:
         return P
     if pb.packed == 1:
-        keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh, rows, cols)
+        keep = dropout_tile(pb.seed, pb.dropout_p, pb.dropout_streams(), rows, cols)
     else:  # packed by GQA group: the stream of each query head's own rows, (bkv, G·N_q, Bc) → rows
         n = pb.queries
-        keep = dropout_tile(pb.seed, pb.dropout_p, pb.shape.bh * pb.packed, slice(0, n), cols)
+        keep = dropout_tile(pb.seed, pb.dropout_p, pb.dropout_streams(), slice(0, n), cols)
         keep = keep.reshape(pb.shape.bh, pb.packed * n, -1)[:, rows]
     return np.where(keep, P / (1.0 - pb.dropout_p), 0.0)
 

@@ -127,11 +127,12 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     err = rel = None
     spans = [slice(None)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
     if not args.no_check and args.pass_ == "fwd":  # packed documents: each against the reference alone
-        errors = [check_against_reference(result.out[:, :, x], q[:, :, x], k[:, :, x], v[:, :, x], **options)
-                  for x in spans]
+        errors = [check_against_reference(result.out[:, :, x], q[:, :, x], k[:, :, x], v[:, :, x], first_batch=b,
+                                          **options) for b, x in enumerate(spans)]
         err, rel = max(e for e, _ in errors), max(r for _, r in errors)
     elif not args.no_check:
-        refs = [attention_backward_ref(q[:, :, x], k[:, :, x], v[:, :, x], do[:, :, x], **options) for x in spans]
+        refs = [attention_backward_ref(q[:, :, x], k[:, :, x], v[:, :, x], do[:, :, x], first_batch=b, **options)
+                for b, x in enumerate(spans)]
         errs = [max(float(np.max(np.abs(out[:, :, x] - ref[i]))) for x, ref in zip(spans, refs))
                 for i, out in enumerate(outputs)]  # per gradient, over the documents
         tops = [max(float(np.max(np.abs(ref[i]))) for ref in refs) for i in range(len(outputs))]
