@@ -136,7 +136,7 @@ def test_the_swapped_backward_grid_is_key_block_fastest_and_its_tile_square():
     pb = problem(2, 64, 96, 8)
     g = SWAPPED_BW.grid(pb, Tiling(32, 32))
     assert g.blocks == 2 * 3
-    first = next(g.steps(1))
+    first = next(iter(g.steps(1)))
     tiles = {g.tiles.tensors[key % len(g.tiles.tensors)]: key // len(g.tiles.tensors) for key, _, _ in first}
     assert (tiles["K"], tiles["V"], tiles["Q"]) == (1, 1, 0), tiles
     with pytest.raises(InputError, match="Br == Bc"):

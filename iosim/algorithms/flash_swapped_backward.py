@@ -30,7 +30,7 @@ from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, log
 from iosim.counts import Counts
 from iosim.errors import InputError
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, Tiles
+from iosim.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, SharedSteps, Tiles
 from iosim.memory import Memory
 from iosim.problem import Problem
 from iosim.tiling import Tiling
@@ -231,13 +231,16 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         bc = min(B, s.n_k - j * B)
         kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
         out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
-        run = met.query_run(j)
-        seen = inner(bh)[run.start:run.stop]  # from the kernel's i_start
-        if not seen:
+        run = met.query_run(j)  # from the kernel's i_start
+        i0, n = run.start, len(run)
+        if n == 0:
             return iter(((*kv, *out),))
-        if len(seen) == 1:
-            return iter(((*kv, *seen[0], *out),))
-        return iter([kv + seen[0], *seen[1:-1], seen[-1] + out])  # a list's iterator: the simulation's hot path
+        seen = inner(bh)
+        if n == 1:
+            return iter(((*kv, *seen[i0], *out),))
+        # the first and last steps are the block's own, those between its head's, shared: the blocks of a head that
+        # start together run as one cohort in the simulation (its hot path)
+        return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
 
     per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
     if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32

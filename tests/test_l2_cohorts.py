@@ -1,0 +1,85 @@
+"""Cohorts in the L2 simulation (iosim.l2.simulate): blocks that share a run of steps (``SharedSteps``) and start
+in one round advance together, and the counts are those of running every block on its own."""
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from iosim.l2 import READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles, simulate
+from iosim.problem import AttentionShape, Problem
+from iosim.registry import ALGORITHMS
+from iosim.tiling import Tiling
+
+SWAPPED_BW = ALGORITHMS["flash-swapped"].backward
+TILES = Tiles(("A", "B", "C"))
+
+
+def block_by_block(grid: Grid) -> Grid:
+    """The same grid with every block's steps as a plain iterator: no cohorts."""
+    return replace(grid, steps=lambda b: iter(list(grid.steps(b))))
+
+
+@st.composite
+def steps(draw, keys=12):
+    size = st.sampled_from([32, 64, 96, 200, 4096])
+    access = st.builds(lambda t, i, n, mode: TILES.access(t, i, n, mode), st.sampled_from(TILES.tensors),
+                       st.integers(0, keys), size, st.sampled_from([READ, WRITE, READ_WRITE]))
+    return tuple(draw(st.lists(access, min_size=1, max_size=3)))
+
+
+@st.composite
+def grids(draw):
+    """Blocks of three kinds, in random order: plain iterators (some without steps), and SharedSteps over one of
+    two bodies with random runs, heads and tails (blocks beside each other often share all of it)."""
+    bodies = [draw(st.lists(steps(), min_size=1, max_size=6)) for _ in range(2)]
+    kinds = []
+    for _ in range(draw(st.integers(1, 30))):
+        kind = draw(st.sampled_from(["plain", "shared", "shared", "shared", "again"]))
+        if kind == "again" and kinds:
+            kinds.append(kinds[-1][:3] + (tuple(draw(steps()) for _ in kinds[-1][3]),
+                                          tuple(draw(steps()) for _ in kinds[-1][4])))
+            continue
+        if kind == "plain":
+            kinds.append(("plain", tuple(draw(st.lists(steps(), max_size=4))), None, (), ()))
+            continue
+        body = draw(st.integers(0, 1))
+        start = draw(st.integers(0, len(bodies[body])))
+        stop = draw(st.integers(start, len(bodies[body])))
+        kinds.append(("shared", body, (start, stop), tuple(draw(st.lists(steps(), max_size=2))),
+                      tuple(draw(st.lists(steps(), max_size=2)))))
+
+    def block_steps(b):
+        kind, body, run, head, tail = kinds[b]
+        if kind == "plain":
+            return iter(body)
+        return SharedSteps(head, bodies[body], run[0], run[1], tail)
+
+    config = L2Config(draw(st.sampled_from([64, 300, 1000, 10_000])), draw(st.integers(1, 8)))
+    return Grid(len(kinds), block_steps, TILES, 1), config
+
+
+@settings(max_examples=300)
+@given(grids())
+def test_cohorts_count_what_blocks_run_one_by_one_count(case):
+    grid, config = case
+    assert simulate(grid, config) == simulate(block_by_block(grid), config)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 9), st.sampled_from([1, 17, 64, 100, 257]), st.sampled_from([1, 64, 300]),
+       st.sampled_from([4, 8, 16]), st.booleans(), st.sampled_from([2_000, 40_000, 37_000_000]), st.integers(1, 40))
+def test_the_swapped_backward_grid_counts_the_same_with_cohorts(bh, n_q, n_k, B, causal, capacity, concurrent):
+    pb = Problem(AttentionShape(1, bh, n_q, n_k, 16), tau=1.0, dtype="float32", causal=causal)
+    grid = SWAPPED_BW.grid(pb, Tiling(B, B))
+    config = L2Config(capacity, concurrent)
+    assert simulate(grid, config) == simulate(block_by_block(grid), config)
+
+
+def test_a_head_s_blocks_share_their_middle_steps():
+    # non-causal: every key block of a head meets the same query blocks, so blocks 0 and 1 share the body
+    pb = Problem(AttentionShape(1, 2, 64, 96, 8), tau=1.0, dtype="float32")
+    grid = SWAPPED_BW.grid(pb, Tiling(16, 16))
+    a, b, other_head = grid.steps(0), grid.steps(1), grid.steps(6)
+    assert a.runs_with(b) and not a.runs_with(other_head)
+    assert a.head != b.head and a.total == 64 // 16  # K_j, V_j with Q_0, then Q_1, Q_2, then Q_3 with dK_j, dV_j
