@@ -83,10 +83,13 @@ class LaunchConfig:
         return kernels.resolve_config(self.impl, self.d, self.direction == "backward")
 
     def tile(self) -> dict:
-        """The B_r × B_c the kernel runs: the host API's tiling, except flash-swapped-tc's 16-bit forward,
-        which ignores it and runs B_r = 64 rows (4 warps × m16) by keys_per_step(d) keys."""
-        if self.impl == "flash-swapped-tc" and self.direction == "forward" and self.dtype != "float32":
-            return {"Br": flash_swapped_tc.BR, "Bc": flash_swapped_tc.keys_per_step(self.d)}
+        """The B_r × B_c the kernel runs: the host API's tiling, except flash-swapped-tc's 16-bit kernels, which
+        ignore it: the forward runs B_r = 64 rows (4 warps × m16) by keys_per_step(d) keys, the backward
+        B_c = 64 keys (BKB) by queries_per_step(d) queries a step."""
+        if self.impl == "flash-swapped-tc" and self.dtype != "float32":
+            if self.direction == "forward":
+                return {"Br": flash_swapped_tc.BR, "Bc": flash_swapped_tc.keys_per_step(self.d)}
+            return {"Br": flash_swapped_tc.queries_per_step(self.d), "Bc": flash_swapped_tc.BKB}
         return asdict(self.tiling())
 
 
@@ -134,10 +137,11 @@ CALL3_MAX_ELEMENTS = 2**27
 # the pass iosim.algorithms.flash_swapped_backward.launches declares, at the square B × B tile the host API
 # picks (LaunchConfig.tile(): 32×32 at d = 64, 16×16 at d = 128). N = 16384 only at batch·heads 1 and 16: its
 # simulation takes at most about 7 s per L2 capacity there (d = 128), and 256 × 16384 would be 16 times that.
-# flash-swapped-tc's 16-bit backward is left out: at d = 128 its tile is 64 keys × 16 queries
-# (flash_swapped_tc.BKB × queries_per_step(128)), which the declared grid refuses (its tile is square), and at
-# d = 64 (64 × 64) LaunchConfig.tile() reports the host API's 32 × 32, not the tile the kernel runs.
+# flash-swapped-tc's 16-bit backward (float16, bfloat16) is its own part, call3-tc-backward, at the same shapes:
+# its tile is 64 keys by queries_per_step(d) queries (64 × 64 at d = 64, 64 × 16 at d = 128), its blocks visit
+# the query blocks every key sees whole before the masked ones (predict_next_call.tc_backward_grid).
 CALL3_BACKWARD_KERNELS = (("flash-swapped", "float32"), ("flash-swapped", "float16"))
+CALL3_TC_BACKWARD_KERNELS = (("flash-swapped-tc", "float16"), ("flash-swapped-tc", "bfloat16"))
 CALL3_BACKWARD_BH = (1, 16, 256)
 CALL3_BACKWARD_N = (1024, 4096, 16384)
 CALL3_BACKWARD_LONG = (16384, 16)  # N from which batch·heads is at most 16
@@ -157,11 +161,12 @@ def call3_forward_grid() -> list[LaunchConfig]:
     return configs
 
 
-def call3_backward_grid() -> list[LaunchConfig]:
-    """Backward of flash-swapped (float32, float16), full and causal, batch·heads 1, 16, 256, N 1024 to 16384."""
+def call3_backward_grid(kernel_dtypes=CALL3_BACKWARD_KERNELS) -> list[LaunchConfig]:
+    """Backward of flash-swapped (float32, float16), or of the kernels given, full and causal, batch·heads 1, 16,
+    256, N 1024 to 16384."""
     configs = []
     long_n, long_bh = CALL3_BACKWARD_LONG
-    for impl, dtype in CALL3_BACKWARD_KERNELS:
+    for impl, dtype in kernel_dtypes:
         for d in (64, 128):
             for causal in (False, True):
                 for bh in CALL3_BACKWARD_BH:
@@ -172,15 +177,20 @@ def call3_backward_grid() -> list[LaunchConfig]:
     return configs
 
 
+def call3_tc_backward_grid() -> list[LaunchConfig]:
+    return call3_backward_grid(CALL3_TC_BACKWARD_KERNELS)
+
+
 def call3_grid() -> list[LaunchConfig]:
-    """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then the backward."""
-    return call3_forward_grid() + call3_backward_grid()
+    """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then flash-swapped's
+    backward (as predictions-80f2354 numbered them), then flash-swapped-tc's."""
+    return call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid()
 
 
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
-         "call3-backward": call3_backward_grid}
+         "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

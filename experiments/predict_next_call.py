@@ -7,7 +7,7 @@ Issue 17, item 4: predictions first, measurements second. For each configuration
 ``ncu_traffic.py``'s grid (call 3: the forward of flash-swapped, float32 and float16, and of
 flash-swapped-tc, float16 and bfloat16; batch·heads 1 to 1024, N 1024 to 65536, d 64 and 128,
 causal and not; then the backward of flash-swapped, float32 and float16, batch·heads 1 to 256,
-N 1024 to 16384), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
+N 1024 to 16384, and of flash-swapped-tc, float16 and bfloat16, at the same shapes), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
 sm_90 resource report, cited per row) and the predicted DRAM reads, writes during the kernel and
 dirty bytes left at its end, at the effective L2 and at 0.5, 0.75 and 1.0 × the nominal 50 MiB,
 beside the two-level count (``Algorithm.traffic``: every load and store is HBM traffic).
@@ -30,6 +30,10 @@ simulated). ``dram_counts``'s ``blocks_per_sm`` would set all four kernels at on
 count for the main kernel replaces that grid's own (call 1's kernels' 5) in ``backward_algorithm``,
 and row_dot, fill and cast keep their grids' 5, which the current report also gives them (48, 48
 and 42 registers × 256 threads). The kernels are kept one by one in the JSON, as ncu reports them.
+flash-swapped-tc's 16-bit backward launches the same row_dot, fill and cast (kernels/_device.py's
+grid-stride kernels) around its own main kernel: flash-swapped's blocks at its tile of 64 keys by
+queries_per_step(d) queries, each visiting first the query blocks that see its keys whole, then
+the masked ones (``tc_backward_grid``).
 
 Nothing here is fitted to a measurement. ``l2_call1.py``'s capacity and schedule are used
 unchanged. Rows of equal bytes (float16 and bfloat16 of one kernel) are computed once.
@@ -83,6 +87,10 @@ BLOCKS_PER_SM = {
     ("flash-swapped", "backward", "float32", 128): 4,  # 244 (254 causal) × 64, 16×16
     ("flash-swapped", "backward", "float16", 64): 4,  # 255 × 64 (causal: 12 B spilled), 32×32
     ("flash-swapped", "backward", "float16", 128): 4,  # 244 (254 causal) × 64, 16×16
+    ("flash-swapped-tc", "backward", "float16", 64): 2,  # 250 (255 causal) × 128, 64 keys × 64 queries
+    ("flash-swapped-tc", "backward", "bfloat16", 64): 2,
+    ("flash-swapped-tc", "backward", "float16", 128): 2,  # 255 × 128, 64 keys × 16 queries
+    ("flash-swapped-tc", "backward", "bfloat16", 128): 2,
 }
 BACKWARD = flash_swapped_backward.ALGORITHM
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
@@ -112,10 +120,42 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, blocks_per_sm)
 
 
-def backward_algorithm(main_blocks_per_sm: int) -> Algorithm:
-    """flash-swapped's backward with its main kernel at ``main_blocks_per_sm`` per SM; row_dot, fill and cast
-    keep their grids' own."""
+def tc_backward_order(pb: Problem, tiling: Tiling):
+    """The query blocks flash-swapped-tc's 16-bit backward visits for key block j, in its order: those whose
+    every query sees every key of the block whole (``plain_step``, from whole_from to whole_to), then the
+    masked ones (the causal edge from i_start, then the ragged last query block), as its kernel loops."""
+    n_q, n_k, BQ, BKB = pb.shape.n_q, pb.shape.n_k, tiling.Br, tiling.Bc
+    Tr, full_rows, shift = -(-n_q // BQ), n_q // BQ, n_k - n_q
+
+    def order(j: int):
+        col0 = j * BKB
+        i_start = max(0, col0 - shift) // BQ if pb.causal else 0
+        whole_from = i_start
+        if pb.causal:  # the block's last key is seen from query col0 + BKB − 1 − (N_k − N_q) on
+            whole_from = max(i_start, -(-max(0, col0 + BKB - 1 - shift) // BQ))
+        whole_from = min(whole_from, Tr)
+        whole_to = max(whole_from, full_rows) if col0 + BKB <= n_k else whole_from
+        if whole_from == i_start:  # nothing masked before the whole ones: one ascending run
+            return range(i_start, Tr)
+        return [*range(whole_from, whole_to), *range(i_start, whole_from), *range(whole_to, Tr)]
+
+    return order
+
+
+def tc_backward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
+    """flash-swapped-tc's 16-bit main backward kernel: flash-swapped's blocks (bh·T_c + j, key block fastest) at
+    its tile, 64 keys by queries_per_step(d) queries, each visiting its query blocks in ``tc_backward_order``."""
+    return flash_swapped_backward.key_block_grid(pb, tiling, tc_backward_order(pb, tiling), blocks_per_sm)
+
+
+def backward_algorithm(main_blocks_per_sm: int, tc: bool = False) -> Algorithm:
+    """flash-swapped's backward with its main kernel at ``main_blocks_per_sm`` per SM (flash-swapped-tc's main
+    kernel where ``tc``); row_dot, fill and cast keep their grids' own (the tc kernels' are the same
+    grid-stride kernels, kernels/_device.py)."""
     def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+        if tc:  # 16-bit only: its float32 runs flash-swapped's kernels
+            return (flash_swapped_backward.row_dot_grid(pb), flash_swapped_backward.fill_grid(pb),
+                    tc_backward_grid(pb, tiling, main_blocks_per_sm), flash_swapped_backward.cast_grid(pb))
         row_dot, fill, main, *cast = flash_swapped_backward.launches(pb, tiling)
         return (row_dot, fill, replace(main, blocks_per_sm=main_blocks_per_sm), *cast)
 
@@ -146,13 +186,15 @@ def capacities() -> list[tuple[str, int | None]]:
 def backward_counts(cfg: LaunchConfig, capacity: int | None) -> list:
     """The DRAM counts of a backward configuration's kernels, in launch order, each from a cold L2."""
     tile = cfg.tile()
-    return dram_counts_by_kernel(backward_algorithm(blocks_per_sm(cfg)), problem(cfg), Tiling(tile["Br"], tile["Bc"]),
-                                 GPU, capacity)
+    tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
+    return dram_counts_by_kernel(backward_algorithm(blocks_per_sm(cfg), tc), problem(cfg),
+                                 Tiling(tile["Br"], tile["Bc"]), GPU, capacity)
 
 
 def predict_backward(cfg: LaunchConfig) -> dict:
     """The L2 model's DRAM bytes of a backward configuration: the sum of its kernels, and each of them."""
-    out: dict = {"grid": "iosim.algorithms.flash_swapped_backward.launches (row_dot, fill, main"
+    main = "tc_backward_grid" if cfg.impl == "flash-swapped-tc" else "main"
+    out: dict = {"grid": f"iosim.algorithms.flash_swapped_backward.launches (row_dot, fill, {main}"
                          f"{', cast' if cfg.dtype != 'float32' else ''}), each from a cold L2",
                  "method": "simulation, kernel by kernel"}
     for label, capacity in capacities():

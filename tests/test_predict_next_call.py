@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from helpers import load_experiment
 
 from iosim.gpus import GPUS
-from iosim.l2 import dram_traffic, in_sequence, l2_config, simulate
+from iosim.l2 import L2Config, dram_traffic, in_sequence, l2_config, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
+from iosim.visits import visits
 
 ncu = load_experiment("ncu_traffic")
 predict = load_experiment("predict_next_call")
@@ -19,7 +22,9 @@ BACKWARD = ALGORITHMS["flash-swapped"].backward
 def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
     grid = ncu.GRIDS["call3"]()
     forward = [c for c in grid if c.direction == "forward"]
-    backward = grid[len(forward):]
+    tc = ncu.GRIDS["call3-tc-backward"]()
+    backward = grid[len(forward):len(grid) - len(tc)]
+    assert grid[len(grid) - len(tc):] == tc  # flash-swapped-tc's backward last, the indices before it kept
     # the forward rows keep the indices predictions-2502058 gave them: 176 of them, first
     assert grid[:len(forward)] == ncu.call3_forward_grid() and len(forward) == 176, len(forward)
     assert backward == ncu.GRIDS["call3-backward"]()
@@ -75,3 +80,41 @@ def test_a_small_l2_evicts_and_still_matches_the_simulation():
     # more than everything read once: dO, O (row_dot), Q, K, V, dO (main) in float16 and dQ in float32 (main, cast)
     once = 2 * 239 * 128 * (6 * 2 + 2 * 4)
     assert got.reads > once, (got.reads, once)
+
+
+def test_call3_tc_backward_is_the_same_shapes_at_the_tc_kernel_s_tile():
+    tc, swapped = ncu.GRIDS["call3-tc-backward"](), ncu.GRIDS["call3-backward"]()
+    def shape(c):
+        return c.d, c.causal, c.batch, c.heads, c.n_q, c.n_k
+
+    assert sorted(map(shape, tc)) == sorted(map(shape, swapped)) and {c.dtype for c in tc} == {"float16", "bfloat16"}
+    # 64 keys by queries_per_step(d): 64 at d = 64, 16 at d = 128 (the resource report's 64x64 and 64x16)
+    assert {c.d: (c.tile()["Br"], c.tile()["Bc"]) for c in tc} == {64: (64, 64), 128: (16, 64)}
+    assert all(predict.blocks_per_sm(c) == 2 for c in tc)
+
+
+@pytest.mark.parametrize("n_q, n_k", [(256, 256), (239, 113), (113, 239), (64, 300), (1, 130)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("BQ", [64, 16])
+def test_tc_backward_visits_the_blocks_that_see_its_keys_the_whole_ones_first(n_q, n_k, causal, BQ):
+    pb = Problem(AttentionShape(1, 1, n_q, n_k, 64), tau=1.0, dtype="float16", causal=causal)
+    tiling = Tiling(BQ, 64)
+    order = predict.tc_backward_order(pb, tiling)
+    met = visits(pb, tiling, skips_hidden=True)
+    for j in range(-(-n_k // 64)):
+        run = list(order(j))
+        assert sorted(run) == list(met.query_run(j)) and len(set(run)) == len(run), (j, run)
+        cols = slice(64 * j, min(n_k, 64 * j + 64))
+        whole = [i for i in run if cols.stop - cols.start == 64 and (i + 1) * BQ <= n_q
+                 and pb.band.keep(n_q, n_k, slice(i * BQ, (i + 1) * BQ), cols).all()]
+        # the kernel's plain steps (every query of the block sees every key, both blocks full) come first
+        assert run[:len(whole)] == whole, (j, run, whole)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tc_backward_grid_counts_the_same_with_cohorts(causal):
+    pb = Problem(AttentionShape(2, 3, 300, 300, 64), tau=1.0, dtype="float16", causal=causal)
+    grid = predict.tc_backward_grid(pb, Tiling(16, 64), 2)
+    plain = replace(grid, steps=lambda b: iter(list(grid.steps(b))))
+    for config in (L2Config(40_000, 7), L2Config(10**8, 264)):
+        assert simulate(grid, config) == simulate(plain, config)

@@ -25,6 +25,8 @@ loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.counts import Counts
@@ -206,16 +208,28 @@ def fill_grid(pb: Problem) -> Grid:
 def grid(pb: Problem, tiling: Tiling) -> Grid:
     """The main kernel: one thread block per (key block j, batch·head), j fastest: block bh·T_c + j, as the
     kernel's ``grid (batch·heads · T_c,)``; tile B × B with B = B_r = B_c. Block (bh, j) loads K_j, V_j (lines
-    7-8), then for each query block i that sees K_j (from the kernel's i_start under a causal mask) reads Q_i,
-    dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the L2), and
-    writes dK_j, dV_j after the last (line 24)."""
+    7-8), then for each query block i that sees K_j, in order from the kernel's i_start under a causal mask,
+    reads Q_i, dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the
+    L2), and writes dK_j, dV_j after the last (line 24)."""
     if tiling.Br != tiling.Bc:
         raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the backward kernel's tile is square; allowed: Br == Bc")
-    s, B = pb.shape, tiling.Br
-    Tr, Tc = -(-s.n_q // B), -(-s.n_k // B)
+    B, d = tiling.Br, pb.shape.d
+    per_sm = CALL1_BLOCKS_PER_SM.get((d, B))
+    if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
+        per_sm = SharedMemoryBound(4 * (4 * B * d + 2 * B * (B + 1) + 2 * B))
+    return key_block_grid(pb, tiling, visits(pb, tiling, skips_hidden=True).query_run, per_sm)
+
+
+def key_block_grid(pb: Problem, tiling: Tiling, order: Callable[[int], Sequence[int]],
+                   per_sm: int | SharedMemoryBound) -> Grid:
+    """A backward kernel of one thread block per (key block j of B_c keys, batch·head), j fastest: block
+    bh·T_c + j loads K_j, V_j, then for each query block i of B_r rows in ``order(j)`` reads Q_i, dO_i, lse_i, D_i
+    and adds into dQ_i (a read-modify-write), and writes dK_j, dV_j after the last; ``grid``'s kernel visits
+    them in ascending order, a kernel variant may order them otherwise."""
+    s, Br, Bc = pb.shape, tiling.Br, tiling.Bc
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
     data, stat, acc = pb.itemsize("data"), 4, 4  # lse, D and dq_acc are float32
-    rows = [min(B, s.n_q - i * B) for i in range(Tr)]
-    met = visits(pb, tiling, skips_hidden=True)
+    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
     shared: dict[int, list] = {}  # batch·head -> its steps over i, one object per i for all its blocks
 
     def inner(bh: int) -> list:
@@ -228,23 +242,23 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     def steps(b: int):
         bh, j = divmod(b, Tc)
         kvh = s.kv_head(bh)
-        bc = min(B, s.n_k - j * B)
+        bc = min(Bc, s.n_k - j * Bc)
         kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
         out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
-        run = met.query_run(j)  # from the kernel's i_start
-        i0, n = run.start, len(run)
+        run = order(j)
+        n = len(run)
         if n == 0:
             return iter(((*kv, *out),))
         seen = inner(bh)
         if n == 1:
-            return iter(((*kv, *seen[i0], *out),))
-        # the first and last steps are the block's own, those between its head's, shared: the blocks of a head that
-        # start together run as one cohort in the simulation (its hot path)
-        return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
+            return iter(((*kv, *seen[run[0]], *out),))
+        if isinstance(run, range) and run.step == 1:
+            # the first and last steps are the block's own, those between its head's, shared: the blocks of a head
+            # that start together run as one cohort in the simulation (its hot path)
+            i0 = run.start
+            return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
+        return iter([kv + seen[run[0]], *(seen[i] for i in run[1:-1]), seen[run[-1]] + out])
 
-    per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
-    if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
-        per_sm = SharedMemoryBound(4 * (4 * B * s.d + 2 * B * (B + 1) + 2 * B))
     return Grid(s.bh * Tc, steps, TILES, per_sm)
 
 

@@ -2,9 +2,11 @@
 # Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
 # experiments/results/gpu/predictions-80f2354.json predicted before this run (issue 17, item 4):
 # the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows,
-# then the backward of flash-swapped (float32, float16), 64 rows: 240 in all.
-# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward]
-# The three parts (88, 88 and 64 rows) can run as three device commands if one exceeds the 10-minute
+# then the backward of flash-swapped (float32, float16), 64 rows: 240 in all; and
+# experiments/results/gpu/predictions-<commit>.json of grid call3-tc-backward, predicted before this run too:
+# the backward of flash-swapped-tc (float16, bfloat16), 64 rows.
+# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward]
+# The four parts (88, 88, 64 and 64 rows) can run as four device commands if one exceeds the 10-minute
 # limit; each row carries its full configuration, so the parts join the predictions on impl, direction,
 # dtype, batch, heads, N, d, causal (configs.json beside ncu.csv), not on the index.
 # Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
