@@ -35,7 +35,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import kernels, l2_config, simulate  # noqa: E402
+from iosim.l2 import kernels, l2_config  # noqa: E402
+from iosim.l2_simulate import simulate  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.registry import ALGORITHMS  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402

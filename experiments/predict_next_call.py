@@ -58,7 +58,8 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 from iosim.algorithm import Algorithm  # noqa: E402
 from iosim.algorithms import flash_swapped, flash_swapped_backward  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import Grid, Tiles, in_sequence, l2_config, simulate  # noqa: E402
+from iosim.l2 import Grid, Tiles, in_sequence, l2_config  # noqa: E402
+from iosim.l2_simulate import simulate  # noqa: E402
 from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
 from iosim.tiling import Tiling  # noqa: E402
@@ -193,9 +194,10 @@ def backward_counts(cfg: LaunchConfig, capacity: int | None) -> list:
 
 def predict_backward(cfg: LaunchConfig) -> dict:
     """The L2 model's DRAM bytes of a backward configuration: the sum of its kernels, and each of them."""
-    main = "tc_backward_grid" if cfg.impl == "flash-swapped-tc" else "main"
-    out: dict = {"grid": f"iosim.algorithms.flash_swapped_backward.launches (row_dot, fill, {main}"
-                         f"{', cast' if cfg.dtype != 'float32' else ''}), each from a cold L2",
+    tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
+    main = "predict_next_call.tc_backward_grid" if tc else "main"
+    out: dict = {"grid": f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
+                         f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2",
                  "method": "simulation, kernel by kernel"}
     for label, capacity in capacities():
         start = time.perf_counter()

@@ -4,7 +4,7 @@ The "sawtooth" order (arXiv 2601.16032, FlashAttention on GB10) scans K/V forwar
 query blocks of a head and backward on odd ones, so that a block starts on the K_j, V_j its
 predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
 script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and the same grid
-with odd query blocks reversed through ``iosim.l2.simulate`` at shapes where K and V of one
+with odd query blocks reversed through ``iosim.l2_simulate.simulate`` at shapes where K and V of one
 head reach past the H100's effective L2, and reports the DRAM bytes of both. Nothing here
 is measured on a GPU.
 
@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from iosim.gpus import GPUS
-from iosim.l2 import Grid, l2_config, simulate
+from iosim.l2 import Grid, l2_config
+from iosim.l2_simulate import simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling

@@ -51,7 +51,7 @@ from iosim.paging import check_page_size
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import SimResult
-from iosim.units import parse_size
+from iosim.units import parse_count, parse_size
 from iosim.visits import Axis
 
 LEVELS = ("prefix", "suffix")
@@ -117,8 +117,8 @@ class Cascade:
 
     @property
     def ratio(self) -> float:
-        """Cascade traffic over the separate decode's: what sharing the prefix saves (< 1 saves)."""
-        return self.traffic.total / self.separate.traffic.total
+        """Cascade bytes over the separate decode's: what sharing the prefix saves (< 1 saves)."""
+        return self.traffic.total_bytes / self.separate.traffic.total_bytes
 
     def record(self) -> dict:
         """One JSON record: the configuration, the cascade's traffic per tensor, the separate decode's total."""
@@ -147,13 +147,20 @@ def check_algorithm(algorithm) -> str:
     return algo.name
 
 
+def check_tokens(name: str, value) -> int:
+    """A whole number of tokens >= 0: 0, 4096, 4096.0 or "4Ki"."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0:
+        return 0
+    try:
+        return parse_count(name, value)
+    except InputError:
+        raise InputError(f"{name}={value!r} must be a whole number of tokens >= 0, such as 0, 256 or 4Ki") from None
+
+
 def check_split(prefix, suffix, n_q: int, causal: bool, page_size: int | None) -> tuple[int, int]:
     """P ≥ 1 shared keys (whole pages when paged) and U ≥ 0 own keys, U ≥ N_q − 1 when causal."""
     P = check_positive_int("prefix", prefix)
-    if isinstance(suffix, bool) or not isinstance(suffix, (int, np.integer)) or suffix < 0:
-        raise InputError(f"suffix={suffix!r} must be a whole number of keys >= 0 (each request's own, after the "
-                         f"prefix)")
-    U = int(suffix)
+    U = check_tokens("suffix", suffix)
     if page_size is not None and P % page_size:
         raise InputError(f"prefix={P} with page_size={page_size}: only whole pages are shared; allowed: a multiple "
                          f"of {page_size}")
@@ -173,8 +180,8 @@ def cascade(algorithm="split-kv", *, batch, prefix, suffix=0, d, M, N=1, heads=1
     """
     name = check_algorithm(algorithm)
     page_size, causal = check_page_size(page_size), check_flag("causal", causal)
-    P, U = check_split(prefix, suffix, check_positive_int("N", N), causal, page_size)
-    B, N = check_positive_int("batch", batch), int(N)
+    N, B = check_positive_int("N", N), check_positive_int("batch", batch)
+    P, U = check_split(prefix, suffix, N, causal, page_size)
 
     def problem(n_q, n_k, b, causal_):
         return count_problem(n_q, d, n_k, b, heads, causal=causal_, dtype=dtype, kv_heads=kv_heads,
@@ -204,8 +211,10 @@ def simulate_cascade(algorithm, q, k, v, *, prefix, M, causal=False, scale=None,
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     page_size, causal = check_page_size(page_size), check_flag("causal", causal)
     P = check_positive_int("prefix", prefix)
-    if P > shape.n_k:
-        raise InputError(f"prefix={P} of k, v with N_k={shape.n_k} keys; allowed: 1 to {shape.n_k}")
+    last = shape.n_k - (shape.n_q - 1 if causal else 0)  # causal: every query must see the whole prefix
+    if P > last:
+        raise InputError(f"prefix={P} of k, v with N_k={shape.n_k} keys{f', causal N_q={shape.n_q}' if causal else ''}"
+                         f"; allowed: 1 to {last}")
     P, U = check_split(P, shape.n_k - P, shape.n_q, causal, page_size)
     for name_, x in (("k", k), ("v", v)):
         differs = [b for b in range(shape.batch) if not np.array_equal(x[b, :, :P], x[0, :, :P])]

@@ -1,4 +1,4 @@
-"""Faster paths to ``iosim.l2.simulate``'s DRAM bytes, equal to it where they apply, and the entry point.
+"""Faster paths to ``iosim.l2_simulate.simulate``'s DRAM bytes, equal to it where they apply, and the entry point.
 
 - An algorithm's closed form (``Algorithm.dram``): milliseconds, on its domain (full attention, no GQA).
 - ``lockstep``: a grid whose blocks make the same steps on tiles of their own (``Grid.uniform``: flash,
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, in_sequence, kernels, l2_config, simulate
+from iosim.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, in_sequence, kernels, l2_config
+from iosim.l2_simulate import simulate
 
 if TYPE_CHECKING:
     from iosim.algorithm import Algorithm
@@ -141,7 +142,7 @@ def lockstep(grid: Grid, config: L2Config) -> DramCounts | None:
 
 def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
                 blocks_per_sm: int | None = None) -> DramCounts:
-    """``iosim.l2.dram_traffic``'s DRAM bytes, kernel by kernel: from the algorithm's closed form
+    """``iosim.l2_simulate.dram_traffic``'s DRAM bytes, kernel by kernel: from the algorithm's closed form
     (``Algorithm.dram``, for a pass of one kernel) where it applies, else from ``lockstep`` where the kernel's
     grid is uniform, else from the simulation. All are equal where they apply (tests/test_l2.py); the closed
     form takes milliseconds where the simulation takes minutes."""

@@ -110,6 +110,9 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
     """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k). ``first_batch`` is
     the Philox batch index of the first batch entry: a document's place among packed documents (iosim.varlen)."""
     p = check_dropout_p(dropout_p)
+    if isinstance(first_batch, bool) or not isinstance(first_batch, (int, np.integer)) or first_batch < 0:
+        raise InputError(f"first_batch={first_batch!r} must be an integer >= 0 (the dropout streams' batch index of "
+                         f"the first batch entry)")
     if p == 0.0:
         return 1.0
     rows = slice(0, shape.n_q) if rows is None else rows

@@ -176,3 +176,17 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["cascade", "--prefix", "100", "--page-size", "16", "--d", "64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "only whole pages are shared" in err
+
+
+def test_sizes_take_units_as_everywhere():
+    plain = iosim.cascade(batch=4, prefix=4096, suffix=1024, N=2, d=16, M="20k")
+    units = iosim.cascade(batch="4", prefix="4Ki", suffix="1Ki", N=2.0, d=16, M="20k")
+    assert units.traffic == plain.traffic and units.suffix == 1024
+
+
+def test_a_causal_numeric_run_names_the_largest_prefix_it_takes():
+    rng = np.random.default_rng(1)
+    q, k, v = shared_qkv(rng, 2, 1, 1, 3, 10, 2, 4)
+    with pytest.raises(iosim.InputError, match="prefix=11 of k, v with N_k=12 keys, causal N_q=3; allowed: 1 to 10"):
+        iosim.simulate_cascade("split-kv", q, k, v, prefix=11, M=500, causal=True)
+    assert iosim.simulate_cascade("split-kv", q, k, v, prefix=10, M=500, causal=True).merge is not None

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 import iosim
 from iosim.errors import InputError
 from iosim.gpus import GPUS
-from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, dram_traffic, kernels, l2_config, sectors, simulate
+from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, kernels, l2_config, sectors
+from iosim.l2_simulate import dram_traffic, simulate
 from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS

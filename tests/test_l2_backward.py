@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.errors import InputError
-from iosim.l2 import SECTOR, L2Config, dram_traffic, in_sequence, kernels, l2_config, sectors, simulate
+from iosim.l2 import SECTOR, L2Config, in_sequence, kernels, l2_config, sectors
+from iosim.l2_simulate import dram_traffic, simulate
 from iosim.l2_counts import dram_counts, lockstep
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS

@@ -1,12 +1,16 @@
-"""Cohorts in the L2 simulation (iosim.l2.simulate): blocks that share a run of steps (``SharedSteps``) and start
-in one round advance together, and the counts are those of running every block on its own."""
+"""Cohorts in the L2 simulation (iosim.l2_simulate.simulate): blocks that share a run of steps (``SharedSteps``) and
+start in one round advance together, and the counts are those of the schedule run block by block."""
 
 from dataclasses import replace
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iosim.l2 import READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles, simulate
+from iosim import l2_simulate
+from iosim.l2 import LRU, READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles
+from iosim.l2_simulate import simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -18,6 +22,36 @@ TILES = Tiles(("A", "B", "C"))
 def block_by_block(grid: Grid) -> Grid:
     """The same grid with every block's steps as a plain iterator: no cohorts."""
     return replace(grid, steps=lambda b: iter(list(grid.steps(b))))
+
+
+def schedule_by_hand(grid: Grid, config: L2Config):
+    """The schedule written out plainly, as an independent check: W slots in slot order, one step per running block
+    a round; a block that finishes gives its slot to the next block in grid order, whose first step comes next
+    round; a block without steps leaves its slot empty; a step that is the very object just run is all hits if it
+    fits (it changes nothing in an LRU that holds it)."""
+    l2 = LRU(config.capacity, len(grid.tiles.tensors))
+    pending = iter(range(grid.blocks))
+
+    def start(b):
+        steps = iter(grid.steps(b))
+        return [steps, next(steps, None)]
+
+    slots = [start(b) for _, b in zip(range(config.concurrent), pending)]
+    last = None
+    while slots:
+        for slot in slots:
+            if slot[1] is None:
+                continue
+            if slot[1] is not last or not l2.fits(slot[1]):
+                l2.step(slot[1])
+            last = slot[1]
+            slot[1] = next(slot[0], None)
+            if slot[1] is None:
+                b = next(pending, None)
+                if b is not None:
+                    slot[:] = start(b)
+        slots = [slot for slot in slots if slot[1] is not None]
+    return l2.counts(grid.tiles, config)
 
 
 @st.composite
@@ -63,7 +97,7 @@ def grids(draw):
 @given(grids())
 def test_cohorts_count_what_blocks_run_one_by_one_count(case):
     grid, config = case
-    assert simulate(grid, config) == simulate(block_by_block(grid), config)
+    assert simulate(grid, config) == simulate(block_by_block(grid), config) == schedule_by_hand(grid, config)
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,7 +107,25 @@ def test_the_swapped_backward_grid_counts_the_same_with_cohorts(bh, n_q, n_k, B,
     pb = Problem(AttentionShape(1, bh, n_q, n_k, 16), tau=1.0, dtype="float32", causal=causal)
     grid = SWAPPED_BW.grid(pb, Tiling(B, B))
     config = L2Config(capacity, concurrent)
-    assert simulate(grid, config) == simulate(block_by_block(grid), config)
+    assert simulate(grid, config) == schedule_by_hand(grid, config)
+
+
+@pytest.mark.parametrize("concurrent", [7, 12, 64])
+def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
+    # full attention: the key blocks of a head that start in one round join one cohort (heads of 8 blocks)
+    joined = []
+    join = l2_simulate._Cohort.join
+
+    def spy(self, other):
+        joined.append(join(self, other))
+        return joined[-1]
+
+    monkeypatch.setattr(l2_simulate._Cohort, "join", spy)
+    pb = Problem(AttentionShape(1, 5, 128, 128, 16), tau=1.0, dtype="float32")
+    grid = SWAPPED_BW.grid(pb, Tiling(16, 16))
+    config = L2Config(30_000, concurrent)
+    assert simulate(grid, config) == schedule_by_hand(grid, config)
+    assert sum(joined) >= grid.blocks // 2, sum(joined)
 
 
 def test_a_head_s_blocks_share_their_middle_steps():
@@ -83,3 +135,9 @@ def test_a_head_s_blocks_share_their_middle_steps():
     a, b, other_head = grid.steps(0), grid.steps(1), grid.steps(6)
     assert a.runs_with(b) and not a.runs_with(other_head)
     assert a.head != b.head and a.total == 64 // 16  # K_j, V_j with Q_0, then Q_1, Q_2, then Q_3 with dK_j, dV_j
+
+
+def test_a_shared_run_must_lie_within_its_body():
+    body = [((1, 32, READ),)] * 3
+    with pytest.raises(ValueError, match="run 2:4 must lie within its body of 3 steps"):
+        SharedSteps((), body, 2, 4, ())

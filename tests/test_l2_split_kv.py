@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.algorithms.split_kv import GRID_TENSORS
-from iosim.l2 import L2Config, dram_traffic, kernels, l2_config, sectors, simulate
+from iosim.l2 import L2Config, kernels, l2_config, sectors
+from iosim.l2_simulate import dram_traffic, simulate
 from iosim.l2_counts import dram_counts
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS

@@ -8,7 +8,8 @@ import pytest
 from helpers import load_experiment
 
 from iosim.gpus import GPUS
-from iosim.l2 import L2Config, dram_traffic, in_sequence, l2_config, simulate
+from iosim.l2 import L2Config, in_sequence, l2_config
+from iosim.l2_simulate import dram_traffic, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
@@ -61,7 +62,7 @@ def test_a_backward_prediction_is_the_simulation_of_its_kernels(dtype):
         sms = int(GPUS["h100"].sms.value)
         assert [k["concurrent"] for k in got["kernels"]] == [5 * sms, 5 * sms, main * sms] + [5 * sms] * (
             dtype != "float32"), got["kernels"]
-    # as iosim.l2.dram_traffic of the registered backward would run it, with the main kernel's grid changed by hand
+    # as iosim.l2_simulate.dram_traffic of the registered backward would run it, with the main kernel's grid changed by hand
     grids = BACKWARD.launches(pb, tiling)
     hand = in_sequence([simulate(g, l2_config(g, "h100", None, main if k == 2 else None)) for k, g in enumerate(grids)])
     assert row["effective"]["reads"] == hand.reads and row["effective"]["writes"] == hand.writes

@@ -152,3 +152,10 @@ def test_dropout_by_hand(seed):
     want = 1.0 * z[0] + 9.0 * z[1]
     out = iosim.attention_ref(q, k, v, dropout_p=0.5, seed=seed).out.item()
     assert math.isclose(out, want, rel_tol=1e-15, abs_tol=1e-15), f"seed {seed}: O = {out}, keep {z}, expected {want}"
+
+
+@pytest.mark.parametrize("first_batch", [-1, 1.5, "2", True])
+def test_first_batch_is_a_whole_number(first_batch):
+    q = np.ones((1, 1, 2, 3))
+    with pytest.raises(iosim.InputError, match="first_batch=.* must be an integer >= 0"):
+        iosim.attention_ref(q, q, q, dropout_p=0.5, first_batch=first_batch)

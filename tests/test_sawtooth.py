@@ -5,7 +5,8 @@ from collections import Counter
 import pytest
 
 from helpers import load_experiment
-from iosim.l2 import L2Config, simulate
+from iosim.l2 import L2Config
+from iosim.l2_simulate import simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling

@@ -204,7 +204,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.l2.simulate(grid(pb, tiling), ...)`` for full attention (no causal mask, no GQA),
+    """Closed form of ``iosim.l2_simulate.simulate(grid(pb, tiling), ...)`` for full attention (no causal mask, no GQA),
     every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None elsewhere.
 
     Every block has the same steps (its own head's tiles), so blocks run in waves of w = ``concurrent`` (the

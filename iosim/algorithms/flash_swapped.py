@@ -189,7 +189,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.l2.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
+    """Closed form of ``iosim.l2_simulate.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
     reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
     O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.l2`` has it.
 

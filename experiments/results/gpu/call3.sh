@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
-# experiments/results/gpu/predictions-80f2354.json predicted before this run (issue 17, item 4):
+# The default grid, call3, is 304 rows. experiments/results/gpu/predictions-80f2354.json predicted the first 240
+# before this run (issue 17, item 4):
 # the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows,
 # then the backward of flash-swapped (float32, float16), 64 rows: 240 in all; and
 # experiments/results/gpu/predictions-<commit>.json of grid call3-tc-backward, predicted before this run too:
