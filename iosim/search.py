@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from iosim import paging
 from iosim.algorithm import Algorithm
 from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError, SearchTooLargeError
@@ -117,7 +118,20 @@ def block_sizes(n: int) -> Iterator[int]:
 
 
 def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
-    """The tilings the search evaluates (see the module docstring), no block longer than its sequence."""
+    """The tilings the search evaluates (see the module docstring), no block longer than its sequence.
+
+    A paged K/V cache takes only K/V blocks that hold whole pages or lie in one (``iosim.paging.aligned``): each
+    candidate's B_c is rounded down to one, which only shrinks its working set. Among such blocks the traffic
+    never grows with B_c (K and V are read by rows, and a block reads the table entries of its pages), so the
+    largest aligned B_c under each candidate's is the one to try.
+    """
+    shapes = _shapes(algo, pb, M)
+    if pb.page_size is None:
+        return shapes
+    return sorted({paging.aligned(pb, t, fixed=False) for t in shapes}, key=lambda t: (t.Br, t.Bc))
+
+
+def _shapes(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
     check_fits(algo, pb, M)
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
 
