@@ -48,6 +48,7 @@ from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
 from iosim.l2 import DramCounts, check_launchable
 from iosim.l2_counts import dram_counts
+from iosim.paging import aligned
 from iosim.policies import POLICIES
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
@@ -78,7 +79,7 @@ class Optimum:
 
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
-             objective: str = "hbm", gpu: str | None = None, window=None,
+             objective: str = "hbm", gpu: str | None = None, window=None, page_size=None,
              on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
@@ -90,7 +91,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     problem as it runs it, packed by group where it serves a group from one K/V load.
     ``objective="dram"`` ranks by the DRAM bytes behind ``gpu``'s L2 instead (forward passes
     of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place).
-    ``window=(left, right)`` is a sliding window; an algorithm that takes none gives its
+    ``window=(left, right)`` is a sliding window and ``page_size`` a paged K/V cache (iosim.paging: the search
+    then takes K/V blocks of whole pages or within one); an algorithm that takes neither gives its
     ``InputError`` in its place.
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
@@ -100,7 +102,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     if objective == "dram" and gpu is None:
         raise InputError("objective='dram' needs a GPU preset, such as gpu='h100': its L2 sets the DRAM bytes")
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
-                            window=window)
+                            window=window, page_size=page_size)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | InputError] = []
@@ -110,6 +112,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
             if pb.window is not None and not algo.accepts("window"):
                 raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {algo.name}: it takes no "
                                  f"sliding window")
+            if pb.page_size is not None and not algo.accepts("page_size"):
+                raise InputError(f"page_size={pb.page_size} for {algo.name}: it reads no paged K/V cache")
             searched, dram = ranked(algo, pb, M), None
             if objective == "dram":
                 searched, dram = by_dram(algo, pb, searched, gpu)
@@ -120,14 +124,14 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
             continue
         winner = searched[0].tiling
         measured = count(algo, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
-                         dtype=dtype, kv_heads=kv_heads, tiling=winner, window=window).traffic
+                         dtype=dtype, kv_heads=kv_heads, tiling=winner, window=window, page_size=page_size).traffic
         if measured != algo.traffic(pb, winner, M):
             raise RuntimeError(f"{algo.name} with {winner}: the simulator measured {measured}, the closed form says "
                                f"{algo.traffic(pb, winner, M)}")
         policies = {}
         for policy in ("fit", "paper"):
             try:
-                policies[policy] = evaluate(algo, pb, M, POLICIES[policy].choose(algo, pb, M))
+                policies[policy] = evaluate(algo, pb, M, aligned(pb, POLICIES[policy].choose(algo, pb, M), fixed=False))
             except BlockSizeError:
                 policies[policy] = None
         best = _distinct(searched, top, None if dram is None else [x.moved for x in dram])

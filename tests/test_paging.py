@@ -11,6 +11,7 @@ import iosim
 from helpers import relative_error
 from iosim.api import count_problem
 from iosim.cli import build_parser, main, run
+from iosim.optimize import optimize
 from iosim.tiling import Tiling
 
 PAGED = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_size")]
@@ -143,3 +144,17 @@ def test_the_optimal_policy_searches_the_tilings_a_paged_cache_takes(algorithm, 
                if (Bc % page == 0 or page % Bc == 0 or Bc == n_k) and algo.working_set(run_pb, Tiling(Br, Bc), M) <= M)
     r = iosim.count(algorithm, N=n_q, N_k=n_k, d=16, M=M, page_size=page, block_policy="optimal")
     assert r.traffic.total == best and (r.tiling.Bc % page == 0 or page % r.tiling.Bc == 0 or r.tiling.Bc == n_k)
+
+
+def test_optimize_takes_a_page_size(tmp_path):
+    path = tmp_path / "o.json"
+    outcome = run(build_parser().parse_args(["optimize", "--N", "20", "--N-k", "100", "--d", "16", "--M", "3000",
+                                             "--page-size", "16", "--json", str(path)]))
+    # by default the algorithms that read a paged cache, each at the best tiling of whole pages or within one
+    assert [r.algorithm for r in outcome.results] == PAGED
+    for r in outcome.results:
+        want = iosim.count(r.algorithm, N=20, N_k=100, d=16, M=3000, page_size=16, block_policy="optimal")
+        assert r.measured == want.traffic and all(16 % x.tiling.Bc == 0 or x.tiling.Bc % 16 == 0 for x in r.best)
+    assert len(json.loads(path.read_text())) >= len(PAGED)
+    results = optimize(["flash", "split-kv"], N=20, N_k=100, d=16, M=3000, page_size=16)
+    assert str(results[0]) == "page_size=16 for flash: it reads no paged K/V cache" and results[1].algorithm == "split-kv"

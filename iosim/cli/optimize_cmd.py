@@ -60,6 +60,9 @@ def add_parser(sub) -> None:
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                    help="default: every algorithm but the block-sparse ones")
     add_problem(p)
+    p.add_argument("--page-size", type=count_arg, default=None,
+                   help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens; the search takes "
+                        "K/V blocks of whole pages or within one (default: contiguous)")
     p.add_argument("--top", type=count_arg, default=TOP_DEFAULT, help=f"tilings shown per algorithm (default "
                                                                       f"{TOP_DEFAULT})")
     add_outputs(p, "the tilings")
@@ -68,7 +71,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> OptimizeOutcome:
     """Search every algorithm's tilings; ``on_row`` sees each algorithm's optimum as it is found."""
     M = resolve_M(args.M, args.gpu, args.dtype)
-    algorithms = algorithms_of(args)
+    algorithms = covered(args)
     check_backward(algorithms, args.pass_)
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     if args.pass_ != "fwd" and args.kv_heads not in (None, args.heads):
@@ -82,13 +85,22 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
     outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
-                                       gpu=args.gpu, on_done=on_row, window=window_of(args)))
+                                       gpu=args.gpu, on_done=on_row, window=window_of(args),
+                                       page_size=args.page_size))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
 
+def covered(args: argparse.Namespace) -> list[str]:
+    """The algorithms searched: those named, else those that apply (with --page-size, those that read pages)."""
+    algorithms = algorithms_of(args)
+    if args.page_size is not None and args.algo is None:
+        return [a for a in algorithms if ALGORITHMS[a].accepts("page_size")]
+    return algorithms
+
+
 def main(args: argparse.Namespace, console) -> None:
-    with progress_bar(console, "optimize", len(algorithms_of(args))) as step:
+    with progress_bar(console, "optimize", len(covered(args))) as step:
         outcome = run(args, on_row=step)
     render(console, outcome, args.pass_)
 
@@ -100,7 +112,9 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     first = found[0]
     s = first.problem.shape
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
-                  f"{band_title(first.problem)}, {PASS_TITLES[pass_]}. The best tilings of each "
+                  f"{band_title(first.problem)}, {PASS_TITLES[pass_]}"
+                  f"{f', K/V in pages of {first.problem.page_size} tokens' if first.problem.page_size else ''}"
+                  f". The best tilings of each "
                   f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
                   f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
                   f"policies (— where the policy overflows M)")
