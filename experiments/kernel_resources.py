@@ -109,7 +109,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 out.append(KernelCase(
                     f"flash-swapped forward {tag} {c}",
                     flash_swapped.forward_kernel(d, c, causal, dropout),
-                    (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
+                    (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
                     c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
                     pairwise=pairwise,
                 ))

@@ -77,6 +77,12 @@ class LaunchConfig:
     dtype: str  # "float32", "float16" or "bfloat16" (flash-swapped-tc)
     causal: bool = False
     dropout_p: float = 0.0
+    kv_heads: int | None = None  # K/V heads under grouped-query attention (flash-swapped's forward); None: heads
+
+    @property
+    def kv(self) -> int:
+        """K/V heads: kv_heads, or heads without grouped-query attention."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     def tiling(self):
         """The tiling the host API launches with for this d and direction."""
@@ -181,16 +187,36 @@ def call3_tc_backward_grid() -> list[LaunchConfig]:
     return call3_backward_grid(CALL3_TC_BACKWARD_KERNELS)
 
 
+# Grouped-query attention with per-head blocks: flash-swapped's forward, float16, 32 query heads over 8 K/V
+# heads (Llama-3-8B) and over 1 (multi-query), batch 1, N 4096 to 65536, d 64 and 128, full and causal, within
+# CALL3_MAX_ELEMENTS. The blocks of a group's 4 (or 32) heads read one K_j, V_j: what the L2 makes of that.
+CALL3_GQA_HEADS = ((32, 8), (32, 1))
+CALL3_GQA_N = (4096, 16384, 65536)
+
+
+def call3_gqa_grid() -> list[LaunchConfig]:
+    configs = []
+    for d in (64, 128):
+        for causal in (False, True):
+            for heads, kv_heads in CALL3_GQA_HEADS:
+                for n in CALL3_GQA_N:
+                    if heads * n * d <= CALL3_MAX_ELEMENTS:
+                        configs.append(LaunchConfig("flash-swapped", "forward", 1, heads, n, n, d, "float16",
+                                                    causal=causal, kv_heads=kv_heads))
+    return configs
+
+
 def call3_grid() -> list[LaunchConfig]:
     """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then flash-swapped's
-    backward (as predictions-80f2354 numbered them), then flash-swapped-tc's."""
-    return call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid()
+    backward (as predictions-80f2354 numbered them), then flash-swapped-tc's, then grouped-query forwards."""
+    return call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid() + call3_gqa_grid()
 
 
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
-         "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid}
+         "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
+         "call3-gqa": call3_gqa_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -208,7 +234,7 @@ def launch(configs: list[LaunchConfig]) -> None:
 
     rng = np.random.default_rng(0)
     for index, cfg in enumerate(configs):
-        rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.heads, cfg.n_k, cfg.d)
+        rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.kv, cfg.n_k, cfg.d)
         q, k, v, dout = (cuda.to_device(_inputs(rng.standard_normal(s, dtype=np.float32), cfg.dtype))
                          for s in (rows, keys, keys, rows))
         opts = dict(impl=cfg.impl, causal=cfg.causal, dropout_p=cfg.dropout_p, seed=index)
@@ -286,7 +312,7 @@ UNBOUNDED_M = 2**50
 def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
     """iosim's forward count at tiles B_r × B_c and cfg's dtype, with M the SRAM those tiles need."""
     options = dict(
-        N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, batch=cfg.batch, heads=cfg.heads, causal=cfg.causal,
+        N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, batch=cfg.batch, heads=cfg.heads, kv_heads=cfg.kv_heads, causal=cfg.causal,
         dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=iosim.Tiling(Br=Br, Bc=Bc),
     )
     M = iosim.count(cfg.impl, M=UNBOUNDED_M, **options).traffic.peak_sram
@@ -298,22 +324,22 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
         "read_bytes": traffic.read_bytes,
         "write_bytes": traffic.write_bytes,
         "compulsory": {
-            "read_bytes": cfg.batch * cfg.heads * (cfg.n_q + 2 * cfg.n_k) * cfg.d * data,
+            "read_bytes": cfg.batch * (cfg.heads * cfg.n_q + 2 * cfg.kv * cfg.n_k) * cfg.d * data,
             "write_bytes": cfg.batch * cfg.heads * cfg.n_q * (cfg.d * data + 2 * stat),
         },
         "by_tensor": {x.name: {"read_bytes": x.read_bytes, "write_bytes": x.write_bytes} for x in traffic.tensors},
     }
 
 
-JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p")
+JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads")
 
 
 def join_predictions(rows: list[dict], path: Path) -> None:
     """Put the L2 model's predicted DRAM bytes (a file written before the measurement) beside each row."""
     document = json.loads(path.read_text())
-    predicted = {tuple(r[k] for k in JOIN): r["predicted"]["effective"] for r in document["rows"]}
-    for row in rows:
-        pred = predicted.get(tuple(row[k] for k in JOIN))
+    predicted = {tuple(r.get(k) for k in JOIN): r["predicted"]["effective"] for r in document["rows"]}
+    for row in rows:  # a file or row from before grouped heads has no kv_heads: None, as without them
+        pred = predicted.get(tuple(row.get(k) for k in JOIN))
         if pred is None:
             continue
         m = row["measured"]

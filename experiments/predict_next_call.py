@@ -58,7 +58,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 from iosim.algorithm import Algorithm  # noqa: E402
 from iosim.algorithms import flash_swapped, flash_swapped_backward  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import Grid, Tiles, in_sequence, l2_config  # noqa: E402
+from iosim.l2 import Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
 from iosim.l2_simulate import simulate  # noqa: E402
 from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
@@ -109,14 +109,13 @@ def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
     accesses = flash_swapped.block_accesses(tiles, pb, tiling)
 
     def steps(b: int):
-        q, kv, out = accesses(b)
-        seen = len(kv)
-        if seen <= 1:
-            yield q + (kv[0] if seen else ()) + out
-            return
-        yield q + kv[0] + kv[1]
-        yield from kv[2:seen]  # step r fetches K_(r+1), V_(r+1)
-        yield out  # the last step computes on K_(seen−1), V_(seen−1), fetched the step before
+        q, kv, run, out = accesses(b)
+        j0, n = run.start, len(run)
+        if n <= 1:
+            return iter((q + (kv[j0] if n else ()) + out,))
+        # step r fetches K_(r+1), V_(r+1), the head's shared steps; the last computes on K_(n−1), V_(n−1), fetched
+        # the step before, and writes O_i, lse_i
+        return SharedSteps((q + kv[j0] + kv[j0 + 1],), kv, j0 + 2, j0 + n, (out,))
 
     return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, blocks_per_sm)
 
@@ -168,8 +167,8 @@ def blocks_per_sm(cfg: LaunchConfig) -> int:
 
 
 def problem(cfg: LaunchConfig) -> Problem:
-    return Problem(AttentionShape(cfg.batch, cfg.heads, cfg.n_q, cfg.n_k, cfg.d), tau=1.0, dtype=cfg.dtype,
-                   causal=cfg.causal, dropout_p=cfg.dropout_p)
+    return Problem(AttentionShape(cfg.batch, cfg.heads, cfg.n_q, cfg.n_k, cfg.d, kv_heads=cfg.kv_heads), tau=1.0,
+                   dtype=cfg.dtype, causal=cfg.causal, dropout_p=cfg.dropout_p)
 
 
 def _counts(dram) -> dict:
@@ -217,7 +216,7 @@ def predict(cfg: LaunchConfig) -> dict:
     per_sm = blocks_per_sm(cfg)
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
     out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
-                 "method": "simulation" if tc or cfg.causal else "closed form (flash_swapped.dram)"}
+                 "method": "simulation" if tc or cfg.causal or cfg.kv_heads else "closed form (flash_swapped.dram)"}
     for label, capacity in capacities():
         start = time.perf_counter()
         if tc:
@@ -244,7 +243,7 @@ def two_level(cfg: LaunchConfig) -> dict:
 def _key(cfg: LaunchConfig) -> tuple:
     """Configurations with equal bytes: float16 and bfloat16 of one kernel are the same grid."""
     width = "16-bit" if cfg.dtype in ("float16", "bfloat16") else cfg.dtype
-    return cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.causal, width
+    return cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.kv_heads, cfg.causal, width
 
 
 def _git(*args: str) -> str:
@@ -272,7 +271,8 @@ def markdown(record: dict) -> str:
     for r in record["rows"]:
         p, eff = r["predicted"], r["predicted"]["effective"]
         sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) for f in FRACTIONS)
-        cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
+        bh = str(r["batch"] * r["heads"]) + (f" / {r['batch'] * r['kv_heads']} kv" if r.get("kv_heads") else "")
+        cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], bh, str(r["n_q"]), str(r["d"]),
                  "yes" if r["causal"] else "no", f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(r["blocks_per_sm"]),
                  _mb(eff["reads"]), _mb(eff["writes"]), _mb(eff["dirty_at_end"]), sweep,
                  _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]

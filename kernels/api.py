@@ -46,12 +46,13 @@ class Implementation(Protocol):
     """What the host API asks of an implementation module (kernels/flash.py, ...): one per IMPLS entry.
 
     The API checks every input, flattens batch and heads, and hands the module device arrays
-    q (bh, N_q, d), k, v (bh, N_k, d) in one dtype (float32, float16, or uint16 bfloat16 bits
+    q (bh, N_q, d), k, v (bh, N_k, d), or (b·kv_heads, N_k, d) to a GROUPED_FORWARD forward, in one dtype (float32, float16, or uint16 bfloat16 bits
     where BFLOAT16); the module launches its kernels and returns device arrays.
     """
 
     ALGORITHM: Algorithm  # the registered iosim algorithm whose HBM traffic the kernels realise
     BFLOAT16: bool  # whether the API may hand it bfloat16; if so it is also a TakesBfloat16
+    GROUPED_FORWARD: bool  # whether its forward takes k, v of b·kv_heads heads for q of b·heads (grouped-query)
     FORWARD_TILES: Sequence  # tilings the forward prefers, best first; the API takes the first that fits d
     BACKWARD_TILES: Sequence  # the same for the backward
 
@@ -209,11 +210,14 @@ def _finish(x, shape, on_host: bool):
     return x.copy_to_host() if on_host else x
 
 
-def _check_heads(shape: AttentionShape) -> AttentionShape:
-    """The kernels index K/V by the query head: they take kv_heads == heads (no grouped-query attention)."""
-    if shape.kv_heads != shape.heads:
-        raise InputError(f"kv_heads={shape.kv_heads}: the kernels take k and v with heads={shape.heads} heads, "
-                         f"as many as q (grouped-query attention runs on the simulator only)")
+def _check_heads(shape: AttentionShape, impl: str | None = None) -> AttentionShape:
+    """k, v with as many heads as q, or fewer (grouped-query attention) for the forward of an implementation
+    that takes them (``impl``, GROUPED_FORWARD); backward passes take kv_heads == heads."""
+    if shape.kv_heads != shape.heads and (impl is None or not IMPLS[impl].GROUPED_FORWARD):
+        grouped = [name for name, module in IMPLS.items() if module.GROUPED_FORWARD]
+        raise InputError(f"kv_heads={shape.kv_heads}: {'the backward kernels' if impl is None else impl} take k and v "
+                         f"with heads={shape.heads} heads, as many as q; grouped-query attention runs on the "
+                         f"forward of {grouped} (and on the simulator)")
     return shape
 
 
@@ -222,7 +226,8 @@ def attention(
 ):
     """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
 
-    q (batch, heads, N_q, d), k and v (batch, heads, N_k, d); causal masking is aligned
+    q (batch, heads, N_q, d), k and v (batch, kv_heads, N_k, d), kv_heads = heads but for an implementation
+    that takes grouped-query attention (kv_heads dividing heads; flash-swapped); causal masking is aligned
     bottom-right (query i sees key j iff j <= i + N_k − N_q); scale defaults to 1/sqrt(d);
     dropout uses iosim.rng's Philox stream, so the mask equals the simulator's bit for bit.
     `config` overrides the implementation's tile sizes (a TileConfig, or a
@@ -232,7 +237,7 @@ def attention(
     """
     module = implementation(impl)
     q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
-    shape = _check_heads(check_qkv(q, k, v))
+    shape = _check_heads(check_qkv(q, k, v), impl)
     widen = False
     if dtype is None:
         _check_dtypes({"q": q, "k": k, "v": v})
@@ -246,8 +251,8 @@ def attention(
 
     on_host = isinstance(q, np.ndarray)
     qd = _to_device("q", q, (shape.bh, shape.n_q, shape.d))
-    kd = _to_device("k", k, (shape.bh, shape.n_k, shape.d))
-    vd = _to_device("v", v, (shape.bh, shape.n_k, shape.d))
+    kd = _to_device("k", k, (shape.bkv, shape.n_k, shape.d))
+    vd = _to_device("v", v, (shape.bkv, shape.n_k, shape.d))
     out, lse = module.forward(qd, kd, vd, tau=tau, causal=causal, dropout=dropout, config=config)
     out = _finish(out, (shape.batch, shape.heads, shape.n_q, shape.d), on_host)
     return KernelOutput(

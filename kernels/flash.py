@@ -34,6 +34,7 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
+GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its thread block per batch·head indexes K/V by the query head
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

@@ -43,6 +43,7 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
+GROUPED_FORWARD = True  # grouped-query attention (k, v with fewer heads than q): its forward reads each query head's K/V head by index (kernels.api)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
@@ -141,10 +142,11 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                 P_s[r0 + a, tx + TC * b] = p
 
     @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
-    def kernel(q, k, v, out, lse, n_q, n_k, tau, seed_lo, seed_hi, threshold, inv_keep):
+    def kernel(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep):
         Tr = (n_q + Br - 1) // Br
         bh = cuda.blockIdx.x // Tr
         i = cuda.blockIdx.x - bh * Tr
+        kvh = bh // group  # grouped-query attention: the K/V head of this query head (group = heads / kv_heads)
         tid = cuda.threadIdx.x
         ty = tid // TC
         tx = tid - ty * TC
@@ -183,8 +185,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         for j in range(Tc):
             col0 = j * Bc
             cuda.syncthreads()  # the previous step's readers of K_s, V_s, P_s are done
-            t.load_col_tile(K_s, k, bh * n_k + col0, n_k - col0, ONE, cr, cc)  # Alg. 1 line 6
-            t.load_col_tile(V_s, v, bh * n_k + col0, n_k - col0, ONE, cr, cc)
+            t.load_col_tile(K_s, k, kvh * n_k + col0, n_k - col0, ONE, cr, cc)  # Alg. 1 line 6
+            t.load_col_tile(V_s, v, kvh * n_k + col0, n_k - col0, ONE, cr, cc)
             cuda.syncthreads()
 
             # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread
@@ -320,19 +322,22 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
 
 
 def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig):
-    """O and lse of attention on device arrays q (bh, N_q, d), k, v (bh, N_k, d).
+    """O and lse of attention on device arrays q (bh, N_q, d), k, v (b·kv_heads, N_k, d).
 
-    Returns (out (bh, N_q, d) in q's dtype, lse (bh, N_q) float32). Inputs are checked by
-    kernels.api before this is called.
+    Under grouped-query attention each group of bh / (b·kv_heads) consecutive query heads reads one K/V head,
+    by its index, with one thread block per (query block, query head) as without groups (per-head blocks: a
+    group's blocks share its K_j, V_j only in the L2). Returns (out (bh, N_q, d) in q's dtype, lse (bh, N_q)
+    float32). Inputs are checked by kernels.api before this is called.
     """
     n_bh, n_q, d = q.shape
     n_k = k.shape[1]
+    group = n_bh // k.shape[0]
     out = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float32)
     kernel = forward_kernel(d, config, bool(causal), dropout.enabled)
     Tr = -(-n_q // config.Br)
     kernel[n_bh * Tr, config.threads()](
-        flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, np.float32(tau), *dropout.kernel_args()
+        flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, group, np.float32(tau), *dropout.kernel_args()
     )
     return out, lse
 

@@ -64,6 +64,7 @@ from iosim.kernels.config import STATIC_SHARED_LIMIT
 ALGORITHM = flash_swapped.ALGORITHM
 
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
+GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its 16-bit kernels index K/V by the query head
 WARPS = tc.WARPS  # each owning one m16 row tile of Q_i
 THREADS = tc.THREADS
 BR = mma.M * WARPS  # 64 query rows per block

@@ -202,6 +202,35 @@ def check_against_float64(impl: str, case: Case, dtype) -> None:
         assert_close(f"{impl} lse vs iosim.simulate", fwd.lse, sim.lse, lowp[1], dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("causal, dropout_p", [(False, 0.0), (True, 0.2)])
+def test_grouped_query_forward_reads_each_group_s_kv_head(dtype, causal, dropout_p):
+    # 4 query heads over 2 K/V heads, batch 2, N_q ≠ N_k, neither a multiple of the tile: flash-swapped's forward
+    # reads K/V head h // 2 for query head h, as repeating K and V per query head would give
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 4, 33, 16)).astype(dtype)
+    k, v = (rng.standard_normal((2, 2, 47, 16)).astype(dtype) for _ in range(2))
+    opts = dict(causal=causal, dropout_p=dropout_p, seed=3)
+    fwd = kernels.attention(q, k, v, impl="flash-swapped", config=SIM_CONFIGS["flash-swapped"], **opts)
+    ref = attention_ref(q, k, v, **opts)
+    lowp = attention_in_dtype(dtype, q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), np.zeros_like(q), **opts)
+    assert fwd.out.shape == q.shape and fwd.lse.shape == q.shape[:3]
+    assert_close("grouped out", fwd.out, ref.out, lowp[0], dtype)
+    assert_close("grouped lse", fwd.lse, ref.lse, lowp[1], dtype)
+    sim = iosim.simulate("flash-swapped", *(x.astype(np.float64) for x in (q, k, v)), M=SIM_M, **opts)
+    assert_close("grouped out vs iosim.simulate", fwd.out, sim.out, lowp[0], dtype)
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_grouped_query_attention_is_refused_where_a_kernel_indexes_kv_by_query_head():
+    q, k = np.zeros((1, 4, 8, 8), np.float32), np.zeros((1, 2, 8, 8), np.float32)
+    with pytest.raises(iosim.InputError, match=r"kv_heads=2: flash take k and v with heads=4 heads, as many as q; "
+                                               r"grouped-query attention runs on the forward of \['flash-swapped'\]"):
+        kernels.attention(q, k, k, impl="flash")
+    with pytest.raises(iosim.InputError, match="kv_heads=2: the backward kernels take k and v with heads=4"):
+        kernels.attention_backward(q, k, k, q, q[..., 0], q, impl="flash-swapped")
+
+
 def test_every_impl_names_the_registered_iosim_algorithm_it_implements():
     for impl, module in kernels.IMPLS.items():
         algorithm = module.ALGORITHM

@@ -23,9 +23,11 @@ BACKWARD = ALGORITHMS["flash-swapped"].backward
 def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
     grid = ncu.GRIDS["call3"]()
     forward = [c for c in grid if c.direction == "forward"]
-    tc = ncu.GRIDS["call3-tc-backward"]()
-    backward = grid[len(forward):len(grid) - len(tc)]
-    assert grid[len(grid) - len(tc):] == tc  # flash-swapped-tc's backward last, the indices before it kept
+    tc, gqa = ncu.GRIDS["call3-tc-backward"](), ncu.GRIDS["call3-gqa"]()
+    forward = forward[:len(forward) - len(gqa)]
+    backward = grid[len(forward):len(grid) - len(tc) - len(gqa)]
+    # then flash-swapped-tc's backward, then the grouped-query forwards, the indices before each kept
+    assert grid[len(grid) - len(tc) - len(gqa):] == tc + gqa
     # the forward rows keep the indices predictions-2502058 gave them: 176 of them, first
     assert grid[:len(forward)] == ncu.call3_forward_grid() and len(forward) == 176, len(forward)
     assert backward == ncu.GRIDS["call3-backward"]()
@@ -119,3 +121,17 @@ def test_tc_backward_grid_counts_the_same_with_cohorts(causal):
     plain = replace(grid, steps=lambda b: iter(list(grid.steps(b))))
     for config in (L2Config(40_000, 7), L2Config(10**8, 264)):
         assert simulate(grid, config) == simulate(plain, config)
+
+
+def test_call3_gqa_is_flash_swapped_forward_with_grouped_heads_within_the_element_bound():
+    gqa = ncu.GRIDS["call3-gqa"]()
+    assert {(c.impl, c.direction, c.dtype) for c in gqa} == {("flash-swapped", "forward", "float16")}
+    assert {(c.heads, c.kv_heads) for c in gqa} == {(32, 8), (32, 1)} and all(c.kv < c.heads for c in gqa)
+    assert all(c.heads * c.n_q * c.d <= ncu.CALL3_MAX_ELEMENTS for c in gqa) and len(gqa) == 20
+    # the prediction runs the declared grid on the grouped problem: K/V tiles by K/V head, shared in the L2
+    small = ncu.LaunchConfig("flash-swapped", "forward", 1, 4, 256, 256, 64, "float16", kv_heads=1)
+    pb = predict.problem(small)
+    assert pb.shape.kv_heads == 1 and predict.predict(small)["method"] == "simulation"
+    grouped, alone = (predict.predict(c)["effective"]["reads"] for c in (small, replace(small, kv_heads=None)))
+    k_v = 2 * 256 * 64 * 2  # one head's K and V, float16
+    assert alone - grouped == 3 * k_v  # at this size the L2 holds everything: each K/V head is read once

@@ -28,7 +28,7 @@ from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
 from iosim.counts import Counts
 from iosim.flops import Flops, matmul
-from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Step, Tiles, sectors
+from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, SharedSteps, Step, Tiles, sectors
 from iosim.memory import Memory
 from iosim.paging import entries
 from iosim.problem import Problem
@@ -146,22 +146,21 @@ def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], 
     return kv_steps
 
 
-def block_accesses(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], tuple[Step, list, Step]]:
-    """What forward block b = bh·T_r + i touches: (its Q_i read, the (K_j, V_j) steps of the key blocks it sees,
-    shared by the blocks of one K/V head, its O_i and lse_i writes)."""
+def block_accesses(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], tuple[Step, list, range, Step]]:
+    """What forward block b = bh·T_r + i touches: (its Q_i read, the (K_j, V_j) steps of its K/V head, one list
+    shared by the head's blocks, the run of key blocks j it sees, its O_i and lse_i writes)."""
     s, Br = pb.shape, tiling.Br
     Tr = -(-s.n_q // Br)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
     kv_steps = kv_step_cache(tiles, pb, tiling)
     met = visits(pb, tiling, skips_hidden=True)
 
-    def accesses(b: int) -> tuple[Step, list, Step]:
+    def accesses(b: int) -> tuple[Step, list, range, Step]:
         bh, i = divmod(b, Tr)
         rows = min(Br, s.n_q - i * Br)
-        run = met.key_run(i)
         q = (tiles.access("Q", b, rows * s.d * data, READ),)
         out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
-        return q, kv_steps(s.kv_head(bh))[run.start:run.stop], out
+        return q, kv_steps(s.kv_head(bh)), met.key_run(i), out
 
     return accesses
 
@@ -174,15 +173,13 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     accesses = block_accesses(tiles, pb, tiling)
 
     def steps(b: int):
-        q, kv, out = accesses(b)
-        seen = len(kv)
-        if seen == 0:
-            yield q + out
-            return
-        yield q + kv[0] if seen > 1 else q + kv[0] + out
-        yield from kv[1:seen - 1]
-        if seen > 1:
-            yield kv[seen - 1] + out
+        q, kv, run, out = accesses(b)
+        j0, n = run.start, len(run)
+        if n <= 1:
+            return iter((q + (kv[j0] if n else ()) + out,))
+        # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
+        # that start together run as one cohort in the simulation (iosim.l2_simulate)
+        return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
 
     Tr = -(-pb.shape.n_q // tiling.Br)
     return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
-# The default grid, call3, is 304 rows. experiments/results/gpu/predictions-80f2354.json predicted the first 240
+# The default grid, call3, is 324 rows. experiments/results/gpu/predictions-80f2354.json predicted the first 240
 # before this run (issue 17, item 4):
 # the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows,
 # then the backward of flash-swapped (float32, float16), 64 rows: 240 in all; and
 # experiments/results/gpu/predictions-<commit>.json of grid call3-tc-backward, predicted before this run too:
-# the backward of flash-swapped-tc (float16, bfloat16), 64 rows.
-# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward]
-# The four parts (88, 88, 64 and 64 rows) can run as four device commands if one exceeds the 10-minute
+# the backward of flash-swapped-tc (float16, bfloat16), 64 rows; and predictions-<commit>.json of grid call3-gqa:
+# flash-swapped's forward with grouped heads (32 over 8 and over 1), float16, 20 rows.
+# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward
+#                                               | call3-gqa]
+# The five parts (88, 88, 64, 64 and 20 rows) can run as five device commands if one exceeds the 10-minute
 # limit; each row carries its full configuration, so the parts join the predictions on impl, direction,
 # dtype, batch, heads, N, d, causal (configs.json beside ncu.csv), not on the index.
 # Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
