@@ -195,13 +195,14 @@ def test_cli_counts_grouped_heads_and_splits(tmp_path):
     assert one.result.tiling.splits == 3 and one.result.problem.shape.kv_heads == 1
 
 
-def test_kernels_refuse_grouped_heads():
+@pytest.mark.parametrize("impl", ["standard", "flash", "flash-swapped-tc"])
+def test_kernels_that_index_kv_by_query_head_refuse_grouped_heads(impl):
     pytest.importorskip("numba")
     from kernels.api import attention
 
     q, k = np.zeros((1, 4, 8, 16), np.float16), np.zeros((1, 2, 8, 16), np.float16)
-    with pytest.raises(iosim.InputError, match="kv_heads=2: the kernels take k and v with heads=4"):
-        attention(q, k, k)  # refused on the host, before any device work
+    with pytest.raises(iosim.InputError, match=f"kv_heads=2: {impl} take k and v with heads=4"):
+        attention(q, k, k, impl=impl)  # refused on the host, before any device work
 
 
 def test_the_optimal_policy_does_not_split():
