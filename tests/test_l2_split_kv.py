@@ -89,3 +89,13 @@ def test_the_api_gives_split_kv_decode_its_dram_bytes(kv_heads):
     kv = 4 * kv_heads * 4096 * 128 * 2
     assert r.dram.tensor("K").reads == r.dram.tensor("V").reads == kv, r.dram
     assert r.forward_tiling.splits > 1 and r.dram.tensor("O").dirty_at_end > 0, r
+
+
+def test_the_partials_are_float32_in_a_16_bit_run_as_flash_attn_keeps_them():
+    # float16, one decoding query of 2 heads packed into one K/V head (2 rows of d = 8), 2 splits: each split
+    # writes O_split in float32, 2 · 8 · 4 = 64 B, where O itself is float16 (2 · 8 · 2 = 32 B); the combine
+    # reads the partials back at that size
+    pb, tiling = packed(heads=2, kv_heads=1, d=8, dtype="float16"), Tiling(2, 50, splits=2)
+    split, combine = (simulate(g, l2_config(g, "h100", 10**8)) for g in kernels(SPLIT_KV, pb, tiling))
+    assert split.tensor("O_split").dirty_at_end == 2 * 64 and combine.tensor("O_split").reads == 2 * 64
+    assert combine.tensor("O").dirty_at_end == 32

@@ -261,9 +261,11 @@ def paper_form(pb: Problem, M: int) -> float:
 
 # --- on a GPU: Flash-Decoding's two kernels as flash-attn launches them (iosim.l2) ---------------------------
 
-# The kernels write lse = m + log ℓ instead of ℓ and m, as flash_fwd_splitkv_kernel and its combine do.
+# The kernels write lse = m + log ℓ instead of ℓ and m, as flash_fwd_splitkv_kernel and its combine do, and keep
+# the partials O_split, lse_split in float32 whatever the dtype (flash-attn's oaccum and softmax_lseaccum).
 GRID_TENSORS = ("Q", "K", "V", "O_split", "lse_split", "O", "lse")
 TILES = Tiles(GRID_TENSORS)
+PARTIAL_ITEMSIZE = 4
 
 
 def _per_sm(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
@@ -274,8 +276,8 @@ def _per_sm(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
 def grid(pb: Problem, tiling: Tiling) -> Grid:
     """The split kernel on the packed problem: one thread block per (query block i, split s, K/V head), i fastest,
     then s: block (kvh·S + s)·T_r + i, as flash-attn's ``grid(num_m_block, num_splits, b·h)``. Block (i, s) loads
-    Q_i, then K_j, V_j at each of its split's blocks, and writes its partial O_split, lse_split after the last (O
-    and lse themselves with one split)."""
+    Q_i, then K_j, V_j at each of its split's blocks, and writes its partial O_split, lse_split after the last, in
+    float32 (O and lse themselves, O in the dtype, with one split)."""
     s, Br, S = pb.shape, tiling.Br, tiling.splits
     Tr = ceil_div(s.n_q, Br)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
@@ -290,7 +292,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
         run = deal(tiles.key_run(i), S, split)
         kv = kv_steps(kvh)[run.start:run.stop]
         q = (TILES.access("Q", kvh * Tr + i, rows * s.d * data, READ),)
-        out = (TILES.access(o, b, rows * s.d * data, WRITE), TILES.access(lse, b, rows * stat, WRITE))
+        out = (TILES.access(o, b, rows * s.d * (PARTIAL_ITEMSIZE if S > 1 else data), WRITE),
+               TILES.access(lse, b, rows * stat, WRITE))
         if not kv:  # an empty split writes its empty partial (flash-attn exits before loading Q; iosim.run loads it)
             yield q + out
             return
@@ -313,7 +316,7 @@ def combine_grid(pb: Problem, tiling: Tiling) -> Grid:
     def steps(b: int):
         kvh, i = divmod(b, Tr)
         rows = min(Br, s.n_q - i * Br)
-        parts = [(TILES.access("O_split", (kvh * S + split) * Tr + i, rows * s.d * data, READ),
+        parts = [(TILES.access("O_split", (kvh * S + split) * Tr + i, rows * s.d * PARTIAL_ITEMSIZE, READ),
                   TILES.access("lse_split", (kvh * S + split) * Tr + i, rows * stat, READ)) for split in range(S)]
         parts[-1] += (TILES.access("O", b, rows * s.d * data, WRITE), TILES.access("lse", b, rows * stat, WRITE))
         yield from parts
