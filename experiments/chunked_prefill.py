@@ -10,7 +10,7 @@ Usage: python experiments/chunked_prefill.py [--out docs/figures/chunked_prefill
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -20,6 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GPU = GPUS["h100"]
 DTYPE = "float16"
@@ -44,7 +47,7 @@ def collect() -> dict:
                 rows=[record(a, C) for a in ALGORITHMS for C in CHUNKS])
 
 
-def plot(data: dict, out: Path) -> None:
+def plot(data: dict) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     styles = {"flash": "C0", "flash-swapped": "C2"}
     for a in ALGORITHMS:
@@ -62,9 +65,7 @@ def plot(data: dict, out: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"Chunked prefill, {HEADS} heads, d = {D}, causal, {DTYPE}, {data['gpu']} preset's M = {M:,} "
                  f"elements, fit tiling per chunk; exact counts")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Usage: python experiments/decode.py [--out docs/figures/decode.png] [--json expe
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -24,6 +24,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
 from iosim.gpus import GPUS, roofline  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GPU = GPUS["h100"]
 DTYPE = "float16"
@@ -72,7 +75,7 @@ def collect() -> dict:
                 prefill=prefill, grouped=grouped, batches=batches)
 
 
-def plot(data: dict, out: Path) -> None:
+def plot(data: dict) -> Figure:
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     styles = {"standard": "C3", "flash": "C0", "flash-swapped": "C2", "split-kv": "C1"}
     for ax, key, title in ((axes[0, 0], "decode", "decode, N_q = 1"), (axes[0, 1], "prefill", "prefill, N_q = N_k")):
@@ -108,9 +111,7 @@ def plot(data: dict, out: Path) -> None:
     ax.set(title="decode, N_k = 32768, batch 1: HBM time with idle SMs",
            xlabel="µs (model: each busy SM draws 1/SM of the bandwidth)")
     fig.suptitle(f"Decoding against prefill on the {data['gpu']} preset (M = {M:,} elements of {DTYPE}); exact counts")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Usage: python experiments/paged_kv.py [--out docs/figures/paged_kv.png] [--json 
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -20,6 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GPU = GPUS["h100"]
 DTYPE = "float16"
@@ -53,7 +56,7 @@ def collect() -> dict:
     return dict(gpu=GPU.name, dtype=DTYPE, M=M, d=D, heads=HEADS, kv_heads=KV_HEADS, rows=rows)
 
 
-def plot(data: dict, out: Path) -> None:
+def plot(data: dict) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     styles = {"flash-swapped": "C2", "split-kv": "C1"}
     markers = {N_K[0]: "o", N_K[1]: "s"}
@@ -78,9 +81,7 @@ def plot(data: dict, out: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"One decoding step from a paged KV cache: {HEADS} query heads, {KV_HEADS} K/V heads, d = {D}, "
                  f"{DTYPE}, {data['gpu']} preset's M = {M:,}; exact counts")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Usage: python experiments/shared_prefix.py [--out docs/figures/shared_prefix.png
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -24,6 +24,9 @@ import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
 from iosim.cascade import kv_reads  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GPU = GPUS["h100"]
 DTYPE = "float16"
@@ -55,7 +58,7 @@ def collect() -> dict:
                 rows=rows)
 
 
-def plot(data: dict, out: Path) -> None:
+def plot(data: dict) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     colors = {"flash-swapped": "C2", "split-kv": "C1"}
     markers = {PREFIXES[0]: "o", PREFIXES[1]: "s"}
@@ -81,9 +84,7 @@ def plot(data: dict, out: Path) -> None:
     fig.suptitle(f"Decoding over a shared prefix of P tokens, {SUFFIX} own tokens a request; exact counts\n"
                  f"{HEADS} query heads, {KV_HEADS} K/V heads, d = {D}, {DTYPE}, pages of {PAGE}, {data['gpu']} "
                  f"preset's M = {M:,}")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    return fig
 
 
 if __name__ == "__main__":
