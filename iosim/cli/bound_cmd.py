@@ -66,9 +66,7 @@ def render(console, sweep: BoundSweep) -> None:
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}"
                   f"{', causal' if sweep.problem.causal else ''}: the least traffic of any algorithm at its optimal "
                   f"tiling (count-only simulation) against the lower bound min(N²d/√M, N²d²/M)")
-    table = compact_table()
-    for name in ("M", "best", "B_r×B_c", "traffic", "bound", "ratio"):
-        table.add_column(name, justify="left" if name == "best" else "right", no_wrap=True)
+    table = compact_table(("M", "best", "B_r×B_c", "traffic", "bound", "ratio"), left="best")
     for p in sweep.points:
         t = p.tiling[p.best]
         table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", eng(p.traffic[p.best]), eng(p.lower_bound),

@@ -80,9 +80,7 @@ def render(console, outcome: CascadeOutcome) -> None:
                   f"their own, d = {s.d}, heads = {s.heads}, kv_heads = {s.kv_heads}, {paging}, M = {first.M:,} "
                   f"elements: HBM bytes of cascade attention (prefix level, suffix level, merge) against each "
                   f"request reading its whole cache (separate), and the K+V reads of one over the other")
-    table = compact_table()
-    for name in ("algorithm", "P", "B", "cascade", "separate", "÷ separate", "K+V ÷ separate"):
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    table = compact_table(("algorithm", "P", "B", "cascade", "separate", "÷ separate", "K+V ÷ separate"))
     for r in outcome.results:
         t, sep = r.traffic, r.separate.traffic
         table.add_row(r.algorithm, count_text(r.prefix), count_text(r.problem.shape.batch), nbytes(t.total_bytes),

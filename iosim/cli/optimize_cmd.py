@@ -118,9 +118,7 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
                   f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
                   f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
                   f"policies (— where the policy overflows M)")
-    table = compact_table()
-    for name in ("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"):
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    table = compact_table(("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"))
     for r in found:
         name = r.algorithm.removesuffix(" backward")  # the pass is in the title
         policy_c = [f"{p.c:.3g}" if p else "—" for p in (r.fit, r.paper)]
@@ -147,9 +145,7 @@ def render_dram(console, outcome: OptimizeOutcome) -> None:
                   f"{'causal' if found[0].problem.causal else 'no mask'}, forward. Of the {DRAM_CANDIDATES} tilings "
                   f"of least HBM traffic, those moving the fewest DRAM bytes behind the L2 (reads, writes during "
                   f"the kernel and dirty bytes written back after; L2 model: docs/gpu.md)")
-    table = compact_table()
-    for name in ("algorithm", "B_r×B_c", "HBM bytes", "DRAM read", "DRAM write", "DRAM moved", "blocks"):
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    table = compact_table(("algorithm", "B_r×B_c", "HBM bytes", "DRAM read", "DRAM write", "DRAM moved", "blocks"))
     for r in found:
         for rank, (x, dram) in enumerate(zip(r.best, r.dram), 1):
             table.add_row(r.algorithm if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", nbytes(x.traffic_bytes),

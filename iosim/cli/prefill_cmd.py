@@ -82,9 +82,7 @@ def render(console, outcome: PrefillOutcome) -> None:
     console.print(f"a prompt of N = {first.N:,} tokens after {first.prefix:,} cached, prefilled in chunks of C "
                   f"(causal, bottom-right), d = {s.d}, batch·heads = {s.bh}, M = {first.M:,} elements: HBM elements "
                   f"over all batch·heads, and the traffic over one unchunked prefill (C = N)")
-    table = compact_table()
-    for name in ("algorithm", "C", "chunks", "HBM total", "bytes", "K+V reads", "÷ C = N"):
-        table.add_column(name, justify="left" if name == "algorithm" else "right", no_wrap=True)
+    table = compact_table(("algorithm", "C", "chunks", "HBM total", "bytes", "K+V reads", "÷ C = N"))
     for r in outcome.results:
         t = r.traffic
         table.add_row(r.algorithm, count_text(r.C), count_text(r.chunks), eng(t.total), nbytes(t.total_bytes),

@@ -35,9 +35,13 @@ def count_text(n: int) -> str:
     return str(n) if n < 10**6 else eng(n)
 
 
-def compact_table(**options):
-    """The compact table of sweep, optimize and bound: a rule under the header, no outer padding."""
+def compact_table(columns: tuple[str, ...] = (), left: str = "algorithm", **options):
+    """The compact table of sweep, optimize and bound: a rule under the header, no outer padding; ``columns``
+    are added unwrapped, each right-aligned but ``left``."""
     from rich import box
     from rich.table import Table
 
-    return Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False, **options)
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", collapse_padding=True, pad_edge=False, **options)
+    for name in columns:
+        table.add_column(name, justify="left" if name == left else "right", no_wrap=True)
+    return table
