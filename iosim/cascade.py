@@ -45,13 +45,13 @@ from iosim.api import count_problem, measure, plan, simulate
 from iosim.counts import Counts, TensorCounts, combined
 from iosim.errors import InputError
 from iosim.flops import Flops
-from iosim.inputs import check_flag, check_positive_int, check_qkv
+from iosim.inputs import check_flag, check_positive_int, check_qkv, check_tokens
 from iosim.memory import Memory
 from iosim.paging import check_page_size
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import SimResult
-from iosim.units import parse_count, parse_size
+from iosim.units import parse_size
 from iosim.visits import Axis
 
 LEVELS = ("prefix", "suffix")
@@ -145,16 +145,6 @@ def check_algorithm(algorithm) -> str:
         raise InputError(f"algorithm={algo.name!r} for a cascade: it writes no softmax statistics to merge its "
                          f"levels with; allowed: {merging}")
     return algo.name
-
-
-def check_tokens(name: str, value) -> int:
-    """A whole number of tokens >= 0: 0, 4096, 4096.0 or "4Ki"."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0:
-        return 0
-    try:
-        return parse_count(name, value)
-    except InputError:
-        raise InputError(f"{name}={value!r} must be a whole number of tokens >= 0, such as 0, 256 or 4Ki") from None
 
 
 def check_split(prefix, suffix, n_q: int, causal: bool, page_size: int | None) -> tuple[int, int]:

@@ -22,6 +22,18 @@ def check_positive_int(name: str, value) -> int:
     return parse_count(name, value)
 
 
+def check_tokens(name: str, value) -> int:
+    """A whole number of tokens >= 0: 0, "0", 4096, 4096.0 or "4Ki"."""
+    zero = value.strip() == "0" if isinstance(value, str) else (
+        isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == 0)
+    if zero:
+        return 0
+    try:
+        return parse_count(name, value)
+    except InputError:
+        raise InputError(f"{name}={value!r} must be a whole number of tokens >= 0, such as 0, 256 or 4Ki") from None
+
+
 def check_flag(name: str, value) -> bool:
     """Return value as a bool, or raise unless it is True or False (``causal='no'`` is not False)."""
     if not isinstance(value, (bool, np.bool_)):

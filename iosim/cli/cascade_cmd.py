@@ -8,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.cascade import Cascade, cascade, kv_reads
-from iosim.cli.common import add_outputs, add_problem, count_arg
-from iosim.cli.prefill_cmd import tokens_arg
+from iosim.cli.common import add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
 from iosim.gpus import GPUS, resolve_M

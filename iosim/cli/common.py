@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from iosim.api import PASSES, backward_of
 from iosim.errors import InputError
 from iosim.gpus import GPUS
+from iosim.inputs import check_tokens
 from iosim.policies import POLICIES
 from iosim.problem import Problem
 from iosim.registry import ALGORITHMS
@@ -31,6 +32,14 @@ def count_arg(text: str) -> int:
     """A whole number ≥ 1 with an optional suffix (4096, 4Ki, 1e5), for argparse."""
     try:
         return parse_count("value", text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
+
+
+def tokens_arg(text: str) -> int:
+    """A token count ≥ 0 (0, 4096, 4Ki), for argparse."""
+    try:
+        return check_tokens("value", text)
     except InputError as err:
         raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.chunked import ChunkedPrefill, chunked_prefill
-from iosim.cli.common import add_outputs, count_arg
+from iosim.cli.common import add_outputs, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.gpus import GPUS, resolve_M
@@ -22,11 +22,6 @@ DEFAULT_ALGOS = ("flash", "flash-swapped")  # the causal-skipping algorithms a s
 @dataclass(frozen=True)
 class PrefillOutcome:
     results: list[ChunkedPrefill]  # per (algorithm, chunk size), in the order asked
-
-
-def tokens_arg(text: str) -> int:
-    """A token count ≥ 0 (0, 4096, 4Ki), for argparse."""
-    return 0 if text.strip() == "0" else count_arg(text)
 
 
 def add_parser(sub) -> None:
