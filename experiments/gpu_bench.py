@@ -14,8 +14,9 @@ and the sweep goes on. Times are medians over --repeats runs after --warmup runs
 run bracketed by CUDA events. The FLOP counts are FlashAttention's benchmark convention
 (see `flops`). head_dim d = emb_dim / num_heads, as in seed 002.
 
-Implementations: the kernels (kernels.IMPLS), and where PyTorch is installed "torch"
-(eager matmul-softmax-matmul, TF32 off) and "torch-sdpa" (F.scaled_dot_product_attention).
+Implementations: the kernels with a backward pass (kernels.api.BACKWARD_IMPLS: all but the
+forward-only split-kv), and where PyTorch is installed "torch" (eager matmul-softmax-matmul,
+TF32 off) and "torch-sdpa" (F.scaled_dot_product_attention).
 
     python experiments/gpu_bench.py --impl flash-swapped torch --seq-len 1024 2048 4096 \\
         --batch-size 16 --num-heads 16 --emb-dim 1024
@@ -48,6 +49,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from iosim import kernels  # noqa: E402
 from iosim.kernels._device import simulator_enabled  # noqa: E402
+from iosim.kernels.api import BACKWARD_IMPLS  # noqa: E402
 
 TORCH_IMPLS = ("torch", "torch-sdpa")
 # --smoke: tiles sized for the simulator (32 threads a block), as in tests/test_kernels.py
@@ -354,8 +356,8 @@ def install_memory_manager() -> None:
 
 
 def available_impls() -> list[str]:
-    """Kernel impls always; the torch ones only where PyTorch with CUDA is importable."""
-    names = list(kernels.IMPLS)
+    """Kernel impls with a backward pass always; the torch ones only where PyTorch with CUDA is importable."""
+    names = list(BACKWARD_IMPLS)
     try:
         import torch
 
@@ -509,9 +511,10 @@ def tiles_for(args: argparse.Namespace, impl: str):
 
 def configurations(args: argparse.Namespace) -> list[BenchConfig]:
     impls = args.impl or available_impls()
-    unknown = sorted(set(impls) - set(kernels.IMPLS) - set(TORCH_IMPLS))
+    unknown = sorted(set(impls) - set(BACKWARD_IMPLS) - set(TORCH_IMPLS))
     if unknown:
-        raise ValueError(f"--impl {unknown} not among {sorted(kernels.IMPLS) + list(TORCH_IMPLS)}")
+        raise ValueError(f"--impl {unknown} not among {sorted(BACKWARD_IMPLS) + list(TORCH_IMPLS)} (this benchmark "
+                         f"times forward and backward; forward-only impls are not timed here)")
     causal = {"false": [False], "true": [True], "both": [False, True]}[args.causal]
     configs = []
     for impl in impls:
@@ -532,7 +535,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.smoke:
         args.batch_size, args.seq_len, args.num_heads, args.emb_dim = [1], [16], [2], [16]
         args.warmup, args.repeats = 0, 1
-        args.impl = args.impl or list(kernels.IMPLS)
+        args.impl = args.impl or list(BACKWARD_IMPLS)
     configs = configurations(args)
     install_memory_manager()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from numba import cuda
 from iosim.errors import InputError
 from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
 from iosim.kernels import bfloat16 as bf16
-from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard
+from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
 from iosim.kernels.config import Dropout
 
 if TYPE_CHECKING:
@@ -46,13 +46,15 @@ class Implementation(Protocol):
     """What the host API asks of an implementation module (kernels/flash.py, ...): one per IMPLS entry.
 
     The API checks every input, flattens batch and heads, and hands the module device arrays
-    q (bh, N_q, d), k, v (bh, N_k, d), or (b·kv_heads, N_k, d) to a GROUPED_FORWARD forward, in one dtype (float32, float16, or uint16 bfloat16 bits
-    where BFLOAT16); the module launches its kernels and returns device arrays.
+    q (bh, N_q, d), k, v (bh, N_k, d), or (b·kv_heads, N_k, d) to a GROUPED_FORWARD forward, in one dtype (float32,
+    float16, or uint16 bfloat16 bits where BFLOAT16); the module launches its kernels and returns device arrays. A
+    module whose ALGORITHM has no backward pass (split-kv) is forward only: the API refuses its backward.
     """
 
     ALGORITHM: Algorithm  # the registered iosim algorithm whose HBM traffic the kernels realise
     BFLOAT16: bool  # whether the API may hand it bfloat16; if so it is also a TakesBfloat16
     GROUPED_FORWARD: bool  # whether its forward takes k, v of b·kv_heads heads for q of b·heads (grouped-query)
+    SPLITS: bool  # whether its forward splits K/V and takes splits= (attention(splits=...); split-kv)
     FORWARD_TILES: Sequence  # tilings the forward prefers, best first; the API takes the first that fits d
     BACKWARD_TILES: Sequence  # the same for the backward
 
@@ -60,7 +62,8 @@ class Implementation(Protocol):
         """Raise ValueError (TypeError for a config of the wrong kind) naming config or d when they cannot run."""
 
     def forward(self, q, k, v, *, tau: float, causal: bool, dropout: Dropout, config):
-        """(O (bh, N_q, d) in q's dtype, lse (bh, N_q) float32: log Σ_j exp(S_ij), −inf on fully masked rows)."""
+        """(O (bh, N_q, d) in q's dtype, lse (bh, N_q) float32: log Σ_j exp(S_ij), −inf on fully masked rows).
+        A SPLITS module's forward also takes splits (an int the API has checked)."""
 
     def backward(self, q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout: Dropout, config):
         """(dQ, dK, dV) in q's dtype, from forward's out and lse for the same inputs and options."""
@@ -81,6 +84,7 @@ IMPLS: dict[str, Implementation] = {
     "flash": flash,  # Algorithms 1/2 and 4 in the paper's loop order (K/V outer)
     "flash-swapped": flash_swapped,  # FlashAttention-2 order (Q outer), the fast path
     "flash-swapped-tc": flash_swapped_tc,  # flash-swapped on tensor cores (float16, bfloat16)
+    "split-kv": split_kv,  # Flash-Decoding: K/V split over thread blocks, then combined; forward only
 }
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -88,6 +92,8 @@ BFLOAT16 = "bfloat16"
 COMPUTE_DTYPES = (None, BFLOAT16)  # attention(dtype=...): None runs the inputs' own dtype
 # modules that take bfloat16 say so (BFLOAT16), and check_bfloat16(d, backward) says at which head dims
 BFLOAT16_IMPLS = [name for name, module in IMPLS.items() if module.BFLOAT16]
+# the impls with a backward pass (attention_backward); split-kv is forward only, as iosim's split-kv
+BACKWARD_IMPLS = [name for name, module in IMPLS.items() if module.ALGORITHM.backward is not None]
 BFLOAT16_INPUTS = (np.dtype(np.float32), bf16.BITS)  # rounded on the host, or bit patterns as they are
 MAX_HEAD_DIM_SEARCH = 4096  # head dims tried; one that fits all of them counts as unlimited
 
@@ -107,12 +113,21 @@ def implementation(impl: str) -> Implementation:
         raise ValueError(f"impl={impl!r} is not one of {sorted(IMPLS)}") from None
 
 
+def with_backward(impl: str) -> Implementation:
+    """The module registered under `impl`, which must have a backward pass (InputError naming those that do)."""
+    module = implementation(impl)
+    if impl not in BACKWARD_IMPLS:
+        raise InputError(f"impl={impl!r} is forward only (decoding has no gradients; iosim's {module.ALGORITHM.name} "
+                         f"has no backward either); backward passes: {BACKWARD_IMPLS}")
+    return module
+
+
 def max_head_dim(impl: str, backward: bool = False) -> int | None:
     """Largest d that the smallest preferred tiling of `impl` can run, or None when d is not limited.
 
     Shared memory is the limit of the fused kernels; standard's matmuls tile over d.
     """
-    module = implementation(impl)
+    module = with_backward(impl) if backward else implementation(impl)
     smallest = (module.BACKWARD_TILES if backward else module.FORWARD_TILES)[-1]
     for d in range(1, MAX_HEAD_DIM_SEARCH + 1):
         try:
@@ -124,7 +139,7 @@ def max_head_dim(impl: str, backward: bool = False) -> int | None:
 
 def resolve_config(impl: str, d: int, backward: bool, config=None):
     """The tiling to launch with: `config` checked, or the first preferred tiling that fits d."""
-    module = implementation(impl)
+    module = with_backward(impl) if backward else implementation(impl)
     if config is not None:
         module.check_config(config, d, backward)
         return config
@@ -222,7 +237,8 @@ def _check_heads(shape: AttentionShape, impl: str | None = None) -> AttentionSha
 
 
 def attention(
-    q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None, dtype=None
+    q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None, dtype=None,
+    splits=None,
 ):
     """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
 
@@ -232,10 +248,14 @@ def attention(
     dropout uses iosim.rng's Philox stream, so the mask equals the simulator's bit for bit.
     `config` overrides the implementation's tile sizes (a TileConfig, or a
     standard.MatmulConfig for impl="standard"). dtype="bfloat16" runs bfloat16 (see the
-    module docstring for the inputs it takes); None runs the inputs' dtype. Returns
-    KernelOutput(out, lse).
+    module docstring for the inputs it takes); None runs the inputs' dtype. `splits` is
+    impl="split-kv"'s number of K/V splits, 1 to ⌈N_k/B_c⌉ (None: enough to fill the device's
+    SMs, kernels/split_kv.py). Returns KernelOutput(out, lse).
     """
     module = implementation(impl)
+    if splits is not None and not module.SPLITS:
+        raise InputError(f"splits={splits!r}: impl={impl!r} does not split K/V; splits= is for "
+                         f"{[name for name, m in IMPLS.items() if m.SPLITS]}")
     q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     shape = _check_heads(check_qkv(q, k, v), impl)
     widen = False
@@ -248,12 +268,13 @@ def attention(
     tau = check_scale(scale, shape.d)
     dropout = Dropout.checked(dropout_p, seed)
     config = resolve_config(impl, shape.d, False, config)
+    options = {"splits": module.resolve_splits(splits, shape, causal, config)} if module.SPLITS else {}
 
     on_host = isinstance(q, np.ndarray)
     qd = _to_device("q", q, (shape.bh, shape.n_q, shape.d))
     kd = _to_device("k", k, (shape.bkv, shape.n_k, shape.d))
     vd = _to_device("v", v, (shape.bkv, shape.n_k, shape.d))
-    out, lse = module.forward(qd, kd, vd, tau=tau, causal=causal, dropout=dropout, config=config)
+    out, lse = module.forward(qd, kd, vd, tau=tau, causal=causal, dropout=dropout, config=config, **options)
     out = _finish(out, (shape.batch, shape.heads, shape.n_q, shape.d), on_host)
     return KernelOutput(
         out=bf16.from_bfloat16(out) if widen else out,
@@ -282,9 +303,10 @@ def attention_backward(
 
     out and lse are attention()'s outputs for the same q, k, v and options; dout has q's
     shape and dtype. dtype="bfloat16" runs bfloat16, taking q, k, v, out, dout as
-    `attention` takes q, k, v with it. Returns dq, dk, dv in the input dtype.
+    `attention` takes q, k, v with it. Returns dq, dk, dv in the input dtype. Forward-only impls
+    (split-kv) are refused.
     """
-    module = implementation(impl)
+    module = with_backward(impl)
     q, k, v, out, lse, dout = (
         _as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout))
     )

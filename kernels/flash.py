@@ -35,6 +35,7 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its thread block per batch·head indexes K/V by the query head
+SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

@@ -44,6 +44,7 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 GROUPED_FORWARD = True  # grouped-query attention (k, v with fewer heads than q): its forward reads each query head's K/V head by index (kernels.api)
+SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
@@ -98,11 +99,21 @@ def lse_from_log2(m2, l):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
+def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, splits: int = 1, packed: bool = False):
     """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads().
 
     q, out are flat (batch·heads·N_q·d) arrays and k, v flat (batch·heads·N_k·d), so every
     address is a base plus a constant offset.
+
+    ``splits`` and ``packed`` make it the first kernel of split-KV decoding (kernels/split_kv.py), both fixed at
+    compile time, so that the defaults compile to flash-swapped's kernel as it was. ``packed``: q is
+    (batch·kv_heads, G·N_q, d), the G = ``group`` query heads of a K/V head as G·N_q rows of one head, and n_q is
+    N_q of one query head (positions, the causal mask and dropout's head index follow row g·N_q + r back to query
+    r of head kvh·G + g); the causal end of the K/V loop is not taken (a packed block holds every position).
+    ``splits`` = S > 1: grid (heads · S · T_r,), block (h·S + s)·T_r + i, as iosim.algorithms.split_kv.grid; split s
+    visits ``split_kv.deal(range(T_c), S, s)``'s key blocks and writes its partial O_s (normalised by its own ℓ)
+    and lse_s to out, lse at rows (h·S + s)·rows + r, out in float32 (a split that gets no key block writes
+    O_s = 0, lse_s = −inf).
     """
     lay = layout(config, d, False)
     t = tiles(lay)
@@ -110,9 +121,24 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     W, PW, LANES = lay.W, lay.PW, lay.copy_lanes
     ACC_COLS = VEC * G
     RED_ROWS, RED_COLS = (Br, TC) if dev.simulator_enabled() else (1, 1)
+    SPLITS, PACKED = splits, packed
 
     @cuda.jit(device=True)
-    def softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row, col, n_q, n_k, bh,
+    def query(row, n_q):
+        """The query position of tile row ``row``: itself, or r of packed row g·N_q + r."""
+        if PACKED:
+            return row % n_q
+        return row
+
+    @cuda.jit(device=True)
+    def query_head(bh, group, row, n_q):
+        """The query head of tile row ``row`` of head bh: bh, or kvh·G + g of packed row g·N_q + r of K/V head bh."""
+        if PACKED:
+            return bh * group + row // n_q
+        return bh
+
+    @cuda.jit(device=True)
+    def softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row, col, n_q, n_k, bh, group,
                      seed_lo, seed_hi, threshold, inv_keep):
         """Alg. 2 lines 11-14 on this thread's micro-tile, FlashAttention-2 style (O unnormalised).
 
@@ -123,7 +149,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         for a in range(TM):
             mx[a] = m_i[a]
             for b in range(TN):
-                if not dev.visible(row + a, col + TC * b, n_q, n_k, causal):  # line 11: MASK
+                if not dev.visible(query(row + a, n_q), col + TC * b, n_q, n_k, causal):  # line 11: MASK
                     s[a, b] = NEG_INF
                 mx[a] = max(mx[a], s[a, b])
         t.row_max(mx, red, r0, tx)  # line 12 and 13: m_new = max(m_i, rowmax(S_ij))
@@ -138,15 +164,19 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
                 p = math.exp2(s[a, b] - m_use)
                 l_i[a] += p
                 if dropout:  # line 14
-                    p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row + a, col + TC * b)
+                    p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, query_head(bh, group, row + a, n_q),
+                                           query(row + a, n_q), col + TC * b)
                 P_s[r0 + a, tx + TC * b] = p
 
     @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
     def kernel(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep):
-        Tr = (n_q + Br - 1) // Br
-        bh = cuda.blockIdx.x // Tr
-        i = cuda.blockIdx.x - bh * Tr
-        kvh = bh // group  # grouped-query attention: the K/V head of this query head (group = heads / kv_heads)
+        rows = n_q * group if PACKED else n_q  # query rows of a head: a packed head holds its group's G·N_q
+        Tr = (rows + Br - 1) // Br
+        unit = cuda.blockIdx.x // Tr  # (head, split) h·S + s
+        i = cuda.blockIdx.x - unit * Tr
+        bh = unit // SPLITS
+        split = unit - bh * SPLITS
+        kvh = bh if PACKED else bh // group  # grouped-query attention: the K/V head of this query head
         tid = cuda.threadIdx.x
         ty = tid // TC
         tx = tid - ty * TC
@@ -175,14 +205,20 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
         # Alg. 1 line 8, hoisted out of the K/V loop: Q_i, pre-scaled by tau·log2 e
         for tile in (Q_s, K_s, V_s):
             t.zero_padding(tile, cr, cc)
-        t.load_row_tile(Q_s, q, bh * n_q + row0, n_q - row0, tau * LOG2E, cr, cc)
+        t.load_row_tile(Q_s, q, bh * rows + row0, rows - row0, tau * LOG2E, cr, cc)
 
         Tc = (n_k + Bc - 1) // Bc
-        if causal:
+        j_first = 0
+        if SPLITS > 1:  # split s's share of the key blocks, split_kv.deal(range(T_c), S, s)
+            per = Tc // SPLITS
+            extra = Tc - per * SPLITS
+            j_first = split * per + min(split, extra)
+            Tc = j_first + per + (1 if split < extra else 0)
+        if causal and SPLITS == 1 and not PACKED:
             # the block's last row sees keys up to last_row + N_k − N_q; later blocks are all masked
             last_key = min(row0 + Br, n_q) - 1 + (n_k - n_q)
             Tc = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
-        for j in range(Tc):
+        for j in range(j_first, Tc):
             col0 = j * Bc
             cuda.syncthreads()  # the previous step's readers of K_s, V_s, P_s are done
             t.load_col_tile(K_s, k, kvh * n_k + col0, n_k - col0, ONE, cr, cc)  # Alg. 1 line 6
@@ -192,7 +228,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
             # Alg. 2 line 10: S_ij = tau Q_i K_jᵀ, (TM, TN) per thread
             dev.zero_tile(s)
             t.rows_dot_rows(s, Q_s, r0, K_s, tx)
-            softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row0 + r0, col0 + tx, n_q, n_k, bh,
+            softmax_step(s, acc, m_i, l_i, mx, P_s, red, r0, tx, row0 + r0, col0 + tx, n_q, n_k, bh, group,
                          seed_lo, seed_hi, threshold, inv_keep)
             cuda.syncthreads()
             # Alg. 2 line 15 (unnormalised): O_i += P̃_ij^dropped V_j
@@ -205,9 +241,9 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
             for f in range(ACC_COLS):
                 acc[a, f] *= inv_l
             row = row0 + r0 + a
-            if tx == 0 and row < n_q:
-                lse[bh * n_q + row] = lse_from_log2(m_i[a], l_i[a])
-        t.store_acc(out, acc, bh * n_q + row0, n_q - row0, ONE, r0, tx)
+            if tx == 0 and row < rows:
+                lse[unit * rows + row] = lse_from_log2(m_i[a], l_i[a])
+        t.store_acc(out, acc, unit * rows + row0, rows - row0, ONE, r0, tx)
 
     return kernel
 

@@ -30,6 +30,7 @@ from iosim.kernels.config import FLOAT32_BYTES, MAX_THREADS_PER_BLOCK, STATIC_SH
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its matmuls index K/V by the query head
+SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

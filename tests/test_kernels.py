@@ -34,6 +34,7 @@ SIM_CONFIGS = {
     "flash": TileConfig(Br=16, Bc=16, TM=2, TN=4),
     "flash-swapped": TileConfig(Br=16, Bc=16, TM=2, TN=4),
     "flash-swapped-tc": TileConfig(Br=16, Bc=16, TM=2, TN=4),  # its float32 forward and its backward
+    "split-kv": TileConfig(Br=16, Bc=16, TM=2, TN=4),  # forward only
 }
 
 # SRAM size (elements) handed to the simulator; any size that fits the shapes below will
@@ -179,15 +180,25 @@ def assert_close(name: str, got, ref, lowp, dtype) -> None:
     )
 
 
+def has_backward(impl: str) -> bool:
+    return kernels.IMPLS[impl].ALGORITHM.backward is not None
+
+
 def check_against_float64(impl: str, case: Case, dtype) -> None:
+    """Forward (and backward, where the impl has one; else its refusal) against float64 and iosim.simulate."""
     q, k, v, do = make_inputs(case, dtype)
     opts = case.options()
     config = SIM_CONFIGS[impl]
     fwd = kernels.attention(q, k, v, impl=impl, config=config, **opts)
-    grads = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, config=config, **opts)
+    if has_backward(impl):
+        grads = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, config=config, **opts)
+        ref_grads = attention_backward_ref(q, k, v, do, **opts)
+    else:
+        with pytest.raises(iosim.InputError, match=f"impl='{impl}' is forward only"):
+            kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, **opts)
+        grads = ref_grads = ()
 
     ref = attention_ref(q, k, v, **opts)
-    ref_grads = attention_backward_ref(q, k, v, do, **opts)
     lowp = attention_in_dtype(dtype, q, k, v, do, **opts)
     assert fwd.out.dtype == dtype and all(g.dtype == dtype for g in grads)
     assert fwd.lse.dtype == np.float32
@@ -225,7 +236,7 @@ def test_grouped_query_forward_reads_each_group_s_kv_head(dtype, causal, dropout
 def test_grouped_query_attention_is_refused_where_a_kernel_indexes_kv_by_query_head():
     q, k = np.zeros((1, 4, 8, 8), np.float32), np.zeros((1, 2, 8, 8), np.float32)
     with pytest.raises(iosim.InputError, match=r"kv_heads=2: flash take k and v with heads=4 heads, as many as q; "
-                                               r"grouped-query attention runs on the forward of \['flash-swapped'\]"):
+                                               r"grouped-query attention runs on the forward of \['flash-swapped', 'split-kv'\]"):
         kernels.attention(q, k, k, impl="flash")
     with pytest.raises(iosim.InputError, match="kv_heads=2: the backward kernels take k and v with heads=4"):
         kernels.attention_backward(q, k, k, q, q[..., 0], q, impl="flash-swapped")
@@ -476,13 +487,15 @@ def test_dropout_mask_is_the_simulators_bit_for_bit(impl):
     do = np.broadcast_to(np.eye(n_q, d, dtype=np.float32), (batch, heads, n_q, d)).copy()
     config = SIM_CONFIGS[impl]
     fwd = kernels.attention(q, k, v, impl=impl, dropout_p=p, seed=seed, config=config)
-    _, _, dv = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, dropout_p=p, seed=seed, config=config)
 
     want = dropout_tile(seed, p, batch * heads, slice(0, n_q), slice(0, n_k))  # (bh, N_q, N_k)
-    kept_forward = fwd.out.reshape(batch * heads, n_q, d)[:, :, :n_k] > 0
-    kept_backward = np.swapaxes(dv.reshape(batch * heads, n_k, d)[:, :, :n_q], 1, 2) > 0
+    kept_by_pass = {"forward": fwd.out.reshape(batch * heads, n_q, d)[:, :, :n_k] > 0}
+    if has_backward(impl):
+        _, _, dv = kernels.attention_backward(q, k, v, fwd.out, fwd.lse, do, impl=impl, dropout_p=p, seed=seed,
+                                              config=config)
+        kept_by_pass["backward"] = np.swapaxes(dv.reshape(batch * heads, n_k, d)[:, :, :n_q], 1, 2) > 0
     assert 0 < want.mean() < 1
-    for name, kept in (("forward", kept_forward), ("backward", kept_backward)):
+    for name, kept in kept_by_pass.items():
         bad = np.argwhere(kept != want)
         assert bad.size == 0, f"{impl} {name}: {len(bad)} of {want.size} keep decisions differ, first {bad[:3].tolist()}"
 
