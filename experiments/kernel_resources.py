@@ -15,11 +15,12 @@ Writes OUT.json and OUT.md with the versions, the git commit and the command.
     python experiments/kernel_resources.py --check [--pairwise] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
-each kernel that failed, if any did. With --pairwise it compiles a covering subset (32 of
-the 52): of each family whose specialisations vary in dtype, head dim and causal+dropout
+each kernel that failed, if any did. With --pairwise it compiles a covering subset (35 of
+the 66): of each family whose specialisations vary in dtype, head dim and causal+dropout
 (flash-swapped and flash-swapped-tc, forward and backward), half, chosen so that every
 pair of those settings is compiled together at least once; of standard's four matmuls
-each once, the two dtypes alternating; flash and the small kernels all.
+each once, the two dtypes alternating; of split-kv's split kernel one split count (the
+others differ only in that constant), its combine at both d; flash and the small kernels all.
 tests/test_kernels_compile.py runs --check --pairwise in CI, whose other kernel tests
 run under Numba's CUDA simulator, which neither type-checks a kernel nor lowers it to
 PTX. Without NVVM or nvJitLink either form exits with status 77 (TOOLCHAIN_MISSING).
@@ -53,7 +54,7 @@ from numba import cuda, types  # noqa: E402
 
 from iosim.gpus import GPUS  # noqa: E402
 from iosim.kernels import _device as dev  # noqa: E402
-from iosim.kernels import flash, flash_swapped, flash_swapped_tc, standard  # noqa: E402
+from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard  # noqa: E402
 
 CC = (9, 0)
 ARCH = "sm_90"
@@ -175,6 +176,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 (arr(a_t, 3), arr(b_t, 3), arr(c_t, 3), F32),
                 m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1), pairwise=(product + dt_level) % 2 == 0,
             ))
+    out += split_kv_cases(d_values)
     m = standard.MatmulConfig()
     out += [
         KernelCase("standard softmax (causal+dropout)", standard.softmax_kernel(m.row_threads, True, True),
@@ -192,6 +194,32 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
         KernelCase("round fp32 -> bf16 (flash-swapped-tc dQ)", flash_swapped_tc.store_kernel("bfloat16"),
                    (arr(F32, 3), arr(U16, 3)), dev.GRID_STRIDE_THREADS, 0),
     ]
+    return out
+
+
+def split_kv_cases(d_values) -> list[KernelCase]:
+    """split-kv's two kernels, float16, at every split count the call3-split-kv grid launches (each count is a
+    compile-time constant of the split kernel, kernels/split_kv.py); in --pairwise, one split count and the combine."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ncu_traffic import call3_split_kv_grid
+
+    counts = sorted({cfg.splits for cfg in call3_split_kv_grid()})
+    out = []
+    for d in d_values:
+        c = _first_fit(split_kv, split_kv.FORWARD_TILES, d, False)
+        for S in counts:
+            partial = F32 if S > 1 else F16  # S > 1 writes float32 partials; one split writes O itself
+            out.append(KernelCase(
+                f"split-kv split d={d} fp16 S={S} {c}",
+                flash_swapped.forward_kernel(d, c, False, False, S, True),
+                (arr(F16, 1),) * 3 + (arr(partial, 1), arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
+                c.threads(), split_kv.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
+                pairwise=S == counts[len(counts) // 2] and d == d_values[0],
+            ))
+        out.append(KernelCase(
+            f"split-kv combine d={d} fp16 (B_r={c.Br})", split_kv.combine_kernel(d, c.Br),
+            (arr(F32, 1), arr(F32, 1), arr(F16, 1), arr(F32, 1), I64, I64), split_kv.COMBINE_THREADS, 0,
+        ))
     return out
 
 

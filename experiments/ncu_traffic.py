@@ -58,7 +58,9 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 import iosim  # noqa: E402
 from iosim import kernels  # noqa: E402
 from iosim.kernels import bfloat16 as bf16  # noqa: E402
-from iosim.kernels import flash_swapped_tc  # noqa: E402
+from iosim.kernels import flash_swapped_tc, split_kv  # noqa: E402
+from iosim.kernels.api import BACKWARD_IMPLS  # noqa: E402
+from iosim.problem import AttentionShape  # noqa: E402
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")
@@ -78,6 +80,7 @@ class LaunchConfig:
     causal: bool = False
     dropout_p: float = 0.0
     kv_heads: int | None = None  # K/V heads under grouped-query attention (flash-swapped's forward); None: heads
+    splits: int | None = None  # split-kv's K/V splits, fixed here so that the launch does not depend on the SMs
 
     @property
     def kv(self) -> int:
@@ -121,12 +124,14 @@ def traffic_grid() -> list[LaunchConfig]:
 
 
 def sanitize_grid() -> list[LaunchConfig]:
-    """Every impl and direction at small ragged shapes: causal with dropout and N_q ≠ N_k both ways, float16."""
+    """Every impl and direction at small ragged shapes: causal with dropout and N_q ≠ N_k both ways, float16; and
+    split-kv decoding with its query heads packed by group, over several splits."""
     configs = []
     for impl in kernels.IMPLS:
-        for direction in DIRECTIONS:
+        for direction in DIRECTIONS if impl in BACKWARD_IMPLS else ("forward",):
             configs.append(LaunchConfig(impl, direction, 1, 2, 100, 77, 64, "float32", causal=True, dropout_p=0.2))
             configs.append(LaunchConfig(impl, direction, 1, 1, 77, 100, 128, "float16", causal=True))
+    configs.append(LaunchConfig("split-kv", "forward", 2, 8, 1, 1000, 128, "float16", kv_heads=2, splits=7))
     return configs
 
 
@@ -206,17 +211,45 @@ def call3_gqa_grid() -> list[LaunchConfig]:
     return configs
 
 
+# split-kv decoding (one query per head), float16: its split kernel and its combine, at the splits iosim's
+# default_splits gives an H100's 132 SMs at the kernel's tile (at most its K/V blocks), batch 1 to 64, 32 query
+# heads over 8 K/V heads (Llama-3-8B), 32 (multi-head) and 1 (multi-query), N_k 4096 to 131072, d 64 and 128,
+# K within CALL3_MAX_ELEMENTS. K and V are read once whatever the L2; what it decides is whether Q, read by every
+# split, and the float32 partials the split kernel writes are DRAM traffic or stay in the L2.
+CALL3_SPLITKV_HEADS = ((32, 8), (32, 32), (32, 1))
+CALL3_SPLITKV_BATCH = (1, 8, 64)
+CALL3_SPLITKV_N = (4096, 16384, 65536, 131072)
+H100_SMS = 132  # iosim.gpus' h100 preset (SXM5), which the predictions take; fixed, so a PCIe card launches the same
+
+
+def call3_split_kv_grid() -> list[LaunchConfig]:
+    configs = []
+    for d in (64, 128):
+        for heads, kv_heads in CALL3_SPLITKV_HEADS:
+            for batch in CALL3_SPLITKV_BATCH:
+                for n in CALL3_SPLITKV_N:
+                    if batch * kv_heads * n * d <= CALL3_MAX_ELEMENTS:
+                        shape = AttentionShape(batch, heads, 1, n, d, kv_heads=kv_heads)
+                        config = kernels.resolve_config("split-kv", d, False)
+                        splits = split_kv.resolve_splits(None, shape, False, config, sms=H100_SMS)
+                        configs.append(LaunchConfig("split-kv", "forward", batch, heads, 1, n, d, "float16",
+                                                    kv_heads=kv_heads, splits=splits))
+    return configs
+
+
 def call3_grid() -> list[LaunchConfig]:
     """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then flash-swapped's
-    backward (as predictions-80f2354 numbered them), then flash-swapped-tc's, then grouped-query forwards."""
-    return call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid() + call3_gqa_grid()
+    backward (as predictions-80f2354 numbered them), then flash-swapped-tc's, then grouped-query forwards, then
+    split-kv decoding."""
+    return (call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid() + call3_gqa_grid()
+            + call3_split_kv_grid())
 
 
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
-         "call3-gqa": call3_gqa_grid}
+         "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -238,6 +271,8 @@ def launch(configs: list[LaunchConfig]) -> None:
         q, k, v, dout = (cuda.to_device(_inputs(rng.standard_normal(s, dtype=np.float32), cfg.dtype))
                          for s in (rows, keys, keys, rows))
         opts = dict(impl=cfg.impl, causal=cfg.causal, dropout_p=cfg.dropout_p, seed=index)
+        if cfg.splits is not None:
+            opts["splits"] = cfg.splits
         if cfg.dtype == "bfloat16":
             opts["dtype"] = "bfloat16"  # the inputs are bit patterns (uint16): the results come back as them
         saved = kernels.attention(q, k, v, **opts) if cfg.direction == "backward" else None
@@ -314,6 +349,7 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
     options = dict(
         N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, batch=cfg.batch, heads=cfg.heads, kv_heads=cfg.kv_heads, causal=cfg.causal,
         dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=iosim.Tiling(Br=Br, Bc=Bc),
+        **({} if cfg.splits is None else {"splits": cfg.splits}),
     )
     M = iosim.count(cfg.impl, M=UNBOUNDED_M, **options).traffic.peak_sram
     result = iosim.count(cfg.impl, M=M, **options)
@@ -331,14 +367,14 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
     }
 
 
-JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads")
+JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads", "splits")
 
 
 def join_predictions(rows: list[dict], path: Path) -> None:
     """Put the L2 model's predicted DRAM bytes (a file written before the measurement) beside each row."""
     document = json.loads(path.read_text())
     predicted = {tuple(r.get(k) for k in JOIN): r["predicted"]["effective"] for r in document["rows"]}
-    for row in rows:  # a file or row from before grouped heads has no kv_heads: None, as without them
+    for row in rows:  # a file or row from before grouped heads (splits) has no kv_heads (splits): None, as without
         pred = predicted.get(tuple(row.get(k) for k in JOIN))
         if pred is None:
             continue

@@ -80,14 +80,14 @@ def packed_problem(shape: AttentionShape, causal: bool) -> Problem:
     return Problem(shape, tau=1.0, causal=causal).packed_by_group()  # tau does not change the blocks
 
 
-def resolve_splits(splits, shape: AttentionShape, causal: bool, config: TileConfig) -> int:
+def resolve_splits(splits, shape: AttentionShape, causal: bool, config: TileConfig, sms: int | None = None) -> int:
     """``splits`` checked (1 to the K/V blocks of B_c, InputError naming it otherwise), or by default iosim's
-    count for this device's SMs, at most the K/V blocks."""
+    count for ``sms`` SMs (None: this device's), at most the K/V blocks."""
     pb = packed_problem(shape, causal)
     tiling = Tiling(config.Br, config.Bc)
     if splits is None:
         blocks = ceil_div(shape.n_k, config.Bc)
-        splits = min(simulated.default_splits(pb, tiling.capped(pb), device_sms()), blocks)
+        splits = min(simulated.default_splits(pb, tiling.capped(pb), device_sms() if sms is None else sms), blocks)
     return ALGORITHM.with_splits(pb, tiling, splits, default=False, sms=0, fixed=True).splits
 
 

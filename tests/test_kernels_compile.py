@@ -7,9 +7,10 @@ float16 flash-swapped kernel once did). This test compiles, for a stand-in sm_90
 pairwise subset of the specialisations experiments/kernel_resources.py reports on: of
 flash-swapped and flash-swapped-tc, forward and backward, every dtype (float32/float16,
 float16/bfloat16 on tensor cores), head dim (64, 128) and causal+dropout setting, and
-every pair of them, at least once; every standard matmul, flash kernel and small kernel.
-32 of the 52 kernels, about half the time; a fault that needs three settings at once to
-show is left to `python experiments/kernel_resources.py --check`, which compiles all 52.
+every pair of them, at least once; every standard matmul, flash kernel and small kernel; split-kv's
+split kernel at one split count and its combine. 35 of the 66 kernels, about half the time; a fault
+that needs three settings at once to show is left to `python experiments/kernel_resources.py --check`,
+which compiles all 66.
 A second test reads the tensor-core kernels' machine code with the static model
 (nvdisasm, also in the test extra) and holds it to the kernels' own MMA counts.
 

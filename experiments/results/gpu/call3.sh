@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Device call 3 (H100): ncu DRAM bytes of exactly the configurations that
-# The default grid, call3, is 324 rows. experiments/results/gpu/predictions-80f2354.json predicted the first 240
-# before this run (issue 17, item 4):
-# the forward of flash-swapped (float32, float16) and flash-swapped-tc (float16, bfloat16), 176 rows,
-# then the backward of flash-swapped (float32, float16), 64 rows: 240 in all; and
-# experiments/results/gpu/predictions-<commit>.json of grid call3-tc-backward, predicted before this run too:
-# the backward of flash-swapped-tc (float16, bfloat16), 64 rows; and predictions-<commit>.json of grid call3-gqa:
-# flash-swapped's forward with grouped heads (32 over 8 and over 1), float16, 20 rows.
+# Device call 3 (H100): ncu DRAM bytes of exactly the configurations whose DRAM bytes were predicted before it.
+# The default grid, call3, is 364 rows (issue 17, item 4), each part predicted in its own file:
+# - experiments/results/gpu/predictions-80f2354.json: the first 240, the forward of flash-swapped (float32, float16)
+#   and flash-swapped-tc (float16, bfloat16), 176 rows, then the backward of flash-swapped (float32, float16), 64;
+# - predictions-6d16ff6.json (grid call3-tc-backward): the backward of flash-swapped-tc (float16, bfloat16), 64 rows;
+# - predictions-bda8144.json (grid call3-gqa): flash-swapped's forward with grouped heads (32 over 8 and over 1),
+#   float16, 20 rows;
+# - predictions-<commit>.json of grid call3-split-kv: split-kv decoding, its split kernel and its combine, float16,
+#   40 rows.
 # Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward
-#                                               | call3-gqa]
-# The five parts (88, 88, 64, 64 and 20 rows) can run as five device commands if one exceeds the 10-minute
+#                                               | call3-gqa | call3-split-kv]
+# The six parts (88, 88, 64, 64, 20 and 40 rows) can run as six device commands if one exceeds the 10-minute
 # limit; each row carries its full configuration, so the parts join the predictions on impl, direction,
-# dtype, batch, heads, N, d, causal (configs.json beside ncu.csv), not on the index.
+# dtype, batch, heads, kv_heads, N, d, causal, splits (configs.json beside ncu.csv), not on the index.
 # Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
 # The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: the caller puts a
 # numpy 2.4.6 wheel first on PYTHONPATH (docs/gpu.md says how).
