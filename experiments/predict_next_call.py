@@ -35,6 +35,10 @@ grid-stride kernels) around its own main kernel: flash-swapped's blocks at its t
 queries_per_step(d) queries, each visiting first the query blocks that see its keys whole, then
 the masked ones (``tc_backward_grid``).
 
+The split-kv rows (grid call3-split-kv, decoding) run ``iosim.algorithms.split_kv.launches`` on the problem packed
+by GQA group at the kernel's tile and the row's splits: the split kernel, then the combine where S > 1, each from
+a cold L2, with the blocks per SM of kernels/split_kv.py's two kernels from the report (``split_kv_algorithm``).
+
 Nothing here is fitted to a measurement. ``l2_call1.py``'s capacity and schedule are used
 unchanged. Rows of equal bytes (float16 and bfloat16 of one kernel) are computed once.
 """
@@ -56,7 +60,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
 from iosim.algorithm import Algorithm  # noqa: E402
-from iosim.algorithms import flash_swapped, flash_swapped_backward  # noqa: E402
+from iosim.algorithms import flash_swapped, flash_swapped_backward, split_kv  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
 from iosim.l2 import Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
 from iosim.l2_simulate import simulate  # noqa: E402
@@ -92,7 +96,15 @@ BLOCKS_PER_SM = {
     ("flash-swapped-tc", "backward", "bfloat16", 64): 2,
     ("flash-swapped-tc", "backward", "float16", 128): 2,  # 255 × 128, 64 keys × 16 queries
     ("flash-swapped-tc", "backward", "bfloat16", 128): 2,
+    # split-kv's split kernel (flash-swapped's forward compiled packed, with S splits; the same count at every S of
+    # call3-split-kv, report rows "split-kv split", commit SPLIT_KV_REPORT_COMMIT); its combine: SPLIT_KV_COMBINE_BLOCKS
+    ("split-kv", "forward", "float16", 64): 2,  # 220 registers × 128 threads, 64×32
+    ("split-kv", "forward", "float16", 128): 4,  # 241 × 64, 32×16
 }
+# split-kv's combine kernel (kernels/split_kv.combine_kernel): 48 registers × 128 threads at d = 64 and 128
+SPLIT_KV_COMBINE_BLOCKS = 10
+SPLIT_KV_REPORT_COMMIT = "cd9c224"  # the report's commit for split-kv's rows (its kernels are those of 5961c3a)
+SPLIT_KV_KERNELS = ("split", "combine")  # split_kv.launches, in launch order
 BACKWARD = flash_swapped_backward.ALGORITHM
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
 
@@ -162,6 +174,43 @@ def backward_algorithm(main_blocks_per_sm: int, tc: bool = False) -> Algorithm:
     return replace(BACKWARD, launches=launches)
 
 
+def split_kv_algorithm(split_blocks_per_sm: int) -> Algorithm:
+    """split-kv with its split kernel at ``split_blocks_per_sm`` per SM and its combine at SPLIT_KV_COMBINE_BLOCKS,
+    as the resource report measures the kernels of kernels/split_kv.py (the package's default is the shared
+    memory bound)."""
+    def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+        per_sm = (split_blocks_per_sm, SPLIT_KV_COMBINE_BLOCKS)
+        return tuple(replace(g, blocks_per_sm=n) for g, n in zip(split_kv.launches(pb, tiling), per_sm))
+
+    return replace(split_kv.ALGORITHM, launches=launches)
+
+
+def split_kv_run(cfg: LaunchConfig) -> tuple[Problem, Tiling]:
+    """The problem split-kv's kernels run (packed by GQA group) and its tiling with the row's splits."""
+    tile = cfg.tile()
+    return problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits)
+
+
+def predict_split_kv(cfg: LaunchConfig) -> dict:
+    """The L2 model's DRAM bytes of split-kv's two kernels, each from a cold L2, and their sum."""
+    pb, tiling = split_kv_run(cfg)
+    algorithm = split_kv_algorithm(blocks_per_sm(cfg))
+    out: dict = {"grid": "iosim.algorithms.split_kv.launches (split, then combine where S > 1), each from a cold L2",
+                 "method": "simulation, kernel by kernel"}
+    for label, capacity in capacities():
+        start = time.perf_counter()
+        parts = dram_counts_by_kernel(algorithm, pb, tiling, GPU, capacity)
+        out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
+                      "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
+                                  for name, part in zip(SPLIT_KV_KERNELS, parts)]}
+    return out
+
+
+def report_commit(cfg: LaunchConfig) -> str:
+    """The commit of the resource report that gave the row's blocks per SM."""
+    return SPLIT_KV_REPORT_COMMIT if cfg.impl == "split-kv" else "ecb846a"
+
+
 def blocks_per_sm(cfg: LaunchConfig) -> int:
     return BLOCKS_PER_SM[(cfg.impl, cfg.direction, cfg.dtype, cfg.d)]
 
@@ -211,6 +260,8 @@ def predict(cfg: LaunchConfig) -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
     if cfg.direction == "backward":
         return predict_backward(cfg)
+    if cfg.impl == "split-kv":
+        return predict_split_kv(cfg)
     pb, tile = problem(cfg), cfg.tile()
     tiling = Tiling(tile["Br"], tile["Bc"])
     per_sm = blocks_per_sm(cfg)
@@ -235,7 +286,10 @@ def two_level(cfg: LaunchConfig) -> dict:
     """The two-level count at the kernel's tiles: ``Algorithm.traffic`` with M the peak those tiles need."""
     pb, tile = problem(cfg), cfg.tile()
     algorithm = BACKWARD if cfg.direction == "backward" else flash_swapped.ALGORITHM
-    counts = algorithm.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
+    if cfg.impl == "split-kv":
+        counts = split_kv.ALGORITHM.traffic(*split_kv_run(cfg), 2**50)
+    else:
+        counts = algorithm.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
     return {"read_bytes": counts.read_bytes, "write_bytes": counts.write_bytes, "peak_sram": counts.peak_sram,
             "by_tensor": {t.name: {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in counts.tensors}}
 
@@ -243,7 +297,8 @@ def two_level(cfg: LaunchConfig) -> dict:
 def _key(cfg: LaunchConfig) -> tuple:
     """Configurations with equal bytes: float16 and bfloat16 of one kernel are the same grid."""
     width = "16-bit" if cfg.dtype in ("float16", "bfloat16") else cfg.dtype
-    return cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.kv_heads, cfg.causal, width
+    return (cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.kv_heads, cfg.causal, width,
+            cfg.splits)
 
 
 def _git(*args: str) -> str:
@@ -251,7 +306,8 @@ def _git(*args: str) -> str:
 
 
 def _mb(x: float) -> str:
-    return f"{x / 1e6:,.1f}"
+    """MB with one decimal, three below 1 MB (decoding's partials and queries)."""
+    return f"{x / 1e6:,.1f}" if x >= 1e6 or x == 0 else f"{x / 1e6:.3f}"
 
 
 def markdown(record: dict) -> str:
@@ -259,8 +315,10 @@ def markdown(record: dict) -> str:
             f"- command: `{record['command']}`\n- git commit: `{record['commit']}`; kernels as of "
             f"`{record['kernels_commit']}`\n- machine: {record['machine']}\n"
             f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB; nominal "
-            f"{record['l2_nominal'] / 2**20:.0f} MiB; blocks per SM from `{REPORT}` (commit ecb846a)\n"
-            f"- measure with: `{record['measure_with']}`; join on impl, dtype, batch, heads, N, d, causal\n"
+            f"{record['l2_nominal'] / 2**20:.0f} MiB; blocks per SM from `{REPORT}` (commit ecb846a; split-kv's "
+            f"{SPLIT_KV_REPORT_COMMIT})\n"
+            f"- measure with: `{record['measure_with']}`; join on impl, dtype, batch, heads, kv_heads, N, d, causal, "
+            f"splits\n"
             f"- MB = 10⁶ B; read/write = DRAM bytes during the kernel (what ncu counts); dirty = written but still "
             f"in the L2 at the end; 0.5–1.0× = reads at those fractions of the nominal L2; 2-level = every "
             f"load and store\n- {len(record['rows'])} rows, total {record['seconds']:.0f} s\n\n"
@@ -273,7 +331,9 @@ def markdown(record: dict) -> str:
         sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) for f in FRACTIONS)
         bh = str(r["batch"] * r["heads"]) + (f" / {r['batch'] * r['kv_heads']} kv" if r.get("kv_heads") else "")
         cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], bh, str(r["n_q"]), str(r["d"]),
-                 "yes" if r["causal"] else "no", f"{r['tiling']['Br']}×{r['tiling']['Bc']}", str(r["blocks_per_sm"]),
+                 "yes" if r["causal"] else "no",
+                 f"{r['tiling']['Br']}×{r['tiling']['Bc']}" + (f", S={r['splits']}" if r.get("splits") else ""),
+                 str(r["blocks_per_sm"]),
                  _mb(eff["reads"]), _mb(eff["writes"]), _mb(eff["dirty_at_end"]), sweep,
                  _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]
         text += "| " + " | ".join(cells) + " |\n"
@@ -289,6 +349,19 @@ def markdown(record: dict) -> str:
                      "yes" if r["causal"] else "no"]
             cells += [" / ".join(_mb(parts[k][x]) for x in ("reads", "writes", "dirty_at_end")) if k in parts else "–"
                       for k in BACKWARD_KERNELS]
+            text += "| " + " | ".join(cells) + " |\n"
+    split = [r for r in record["rows"] if r["impl"] == "split-kv"]
+    if split:
+        text += (f"\nThe split-kv rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
+                 f"split kernel's, the combine runs {SPLIT_KV_COMBINE_BLOCKS}), read / write / dirty MB:\n\n"
+                 "| # | b·h / kv | N_k | d | S | " + " | ".join(SPLIT_KV_KERNELS) + " |\n"
+                 "| ---: | --- | ---: | ---: | ---: |" + " --- |" * len(SPLIT_KV_KERNELS) + "\n")
+        for r in split:
+            parts = {k["kernel"]: k for k in r["predicted"]["effective"]["kernels"]}
+            cells = [str(r["index"]), f"{r['batch'] * r['heads']} / {r['batch'] * r['kv_heads']}", str(r["n_k"]),
+                     str(r["d"]), str(r["splits"])]
+            cells += [" / ".join(_mb(parts[k][x]) for x in ("reads", "writes", "dirty_at_end")) if k in parts else "–"
+                      for k in SPLIT_KV_KERNELS]
             text += "| " + " | ".join(cells) + " |\n"
     return text
 
@@ -307,7 +380,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         predicted = dict(zip((_key(c) for c in unique), pool.map(predict, unique)))
     rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": blocks_per_sm(cfg),
-             "blocks_per_sm_source": f"{REPORT} (ecb846a), {cfg.impl} {cfg.direction} d={cfg.d} "
+             "blocks_per_sm_source": f"{REPORT} ({report_commit(cfg)}), {cfg.impl} {cfg.direction} d={cfg.d} "
                                      f"{ {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}[cfg.dtype]}"
                                      f"{' causal+dropout' if cfg.causal else ''}",
              "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]

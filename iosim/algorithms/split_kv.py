@@ -268,8 +268,20 @@ TILES = Tiles(GRID_TENSORS)
 PARTIAL_ITEMSIZE = 4
 
 
-def _per_sm(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
-    """Blocks per SM as the split's tiles in shared memory allow (iosim.kernels has no split-KV kernel)."""
+# Resident blocks per H100 SM of kernels/split_kv.py's kernels, from the sm_90 resource report at cd9c224
+# (experiments/results/kernels_resources_sm90.md, float16, both limited by registers): the split kernel by (d, B_r,
+# B_c), alike at every split count, 220 registers × 128 threads -> 2 (d = 64, 64×32) and 241 × 64 -> 4 (d = 128,
+# 32×16); the combine kernel, 48 registers × 128 threads -> 10, at both d (its tile is rows only, in registers).
+KERNEL_BLOCKS_PER_SM = {(64, 64, 32): 2, (128, 32, 16): 4}
+COMBINE_BLOCKS_PER_SM = 10
+
+
+def _per_sm(pb: Problem, tiling: Tiling) -> int | SharedMemoryBound:
+    """The split kernel's blocks per SM where the report measured its tiling, else as its tiles in shared memory
+    allow."""
+    known = KERNEL_BLOCKS_PER_SM.get((pb.shape.d, tiling.Br, tiling.Bc))
+    if known is not None:
+        return known
     return SharedMemoryBound(working_set(pb, tiling, 0) * pb.itemsize("data"))
 
 
@@ -308,7 +320,8 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
 def combine_grid(pb: Problem, tiling: Tiling) -> Grid:
     """The combine kernel: one thread block per (query block i, K/V head), i fastest; block i reads the S partials
-    O_split, lse_split of its rows, one split a step, and writes O and lse after the last."""
+    O_split, lse_split of its rows, one split a step, and writes O and lse after the last. Its blocks per SM are
+    kernels/split_kv.py's combine's, which holds no tile in shared memory."""
     s, Br, S = pb.shape, tiling.Br, tiling.splits
     Tr = ceil_div(s.n_q, Br)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
@@ -321,7 +334,7 @@ def combine_grid(pb: Problem, tiling: Tiling) -> Grid:
         parts[-1] += (TILES.access("O", b, rows * s.d * data, WRITE), TILES.access("lse", b, rows * stat, WRITE))
         yield from parts
 
-    return Grid(s.bh * Tr, steps, TILES, _per_sm(pb, tiling), uniform=s.n_q % Br == 0)
+    return Grid(s.bh * Tr, steps, TILES, COMBINE_BLOCKS_PER_SM, uniform=s.n_q % Br == 0)
 
 
 def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
