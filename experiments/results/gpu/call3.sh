@@ -6,7 +6,7 @@
 # - predictions-6d16ff6.json (grid call3-tc-backward): the backward of flash-swapped-tc (float16, bfloat16), 64 rows;
 # - predictions-bda8144.json (grid call3-gqa): flash-swapped's forward with grouped heads (32 over 8 and over 1),
 #   float16, 20 rows;
-# - predictions-<commit>.json of grid call3-split-kv: split-kv decoding, its split kernel and its combine, float16,
+# - predictions-69c24cc.json (grid call3-split-kv): split-kv decoding, its split kernel and its combine, float16,
 #   40 rows.
 # Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward
 #                                               | call3-gqa | call3-split-kv]
