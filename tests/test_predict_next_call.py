@@ -1,4 +1,5 @@
-"""experiments/predict_next_call.py's backward rows: in call 3's grid, and equal to the L2 model's simulation."""
+"""experiments/predict_next_call.py's backward and split-kv rows: in call 3's grid, and equal to the L2 model's
+simulation."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ BACKWARD = ALGORITHMS["flash-swapped"].backward
 def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
     grid = ncu.GRIDS["call3"]()
     forward = [c for c in grid if c.direction == "forward"]
-    tc, gqa = ncu.GRIDS["call3-tc-backward"](), ncu.GRIDS["call3-gqa"]()
-    forward = forward[:len(forward) - len(gqa)]
-    backward = grid[len(forward):len(grid) - len(tc) - len(gqa)]
-    # then flash-swapped-tc's backward, then the grouped-query forwards, the indices before each kept
-    assert grid[len(grid) - len(tc) - len(gqa):] == tc + gqa
+    tc, gqa, split = ncu.GRIDS["call3-tc-backward"](), ncu.GRIDS["call3-gqa"](), ncu.GRIDS["call3-split-kv"]()
+    forward = forward[:len(forward) - len(gqa) - len(split)]
+    backward = grid[len(forward):len(grid) - len(tc) - len(gqa) - len(split)]
+    # then flash-swapped-tc's backward, the grouped-query forwards, split-kv's decoding, the indices before each kept
+    assert grid[len(grid) - len(tc) - len(gqa) - len(split):] == tc + gqa + split
     # the forward rows keep the indices predictions-2502058 gave them: 176 of them, first
     assert grid[:len(forward)] == ncu.call3_forward_grid() and len(forward) == 176, len(forward)
     assert backward == ncu.GRIDS["call3-backward"]()
@@ -135,3 +136,39 @@ def test_call3_gqa_is_flash_swapped_forward_with_grouped_heads_within_the_elemen
     grouped, alone = (predict.predict(c)["effective"]["reads"] for c in (small, replace(small, kv_heads=None)))
     k_v = 2 * 256 * 64 * 2  # one head's K and V, float16
     assert alone - grouped == 3 * k_v  # at this size the L2 holds everything: each K/V head is read once
+
+
+def test_split_kv_rows_decode_at_the_splits_the_kernel_takes_for_132_sms_and_the_report_s_occupancy():
+    from iosim.algorithms import split_kv as simulated
+    from iosim.kernels import split_kv
+
+    rows = ncu.GRIDS["call3-split-kv"]()
+    assert len(rows) == 40 and {(c.impl, c.direction, c.dtype, c.n_q, c.causal) for c in rows} == {
+        ("split-kv", "forward", "float16", 1, False)}
+    for c in rows:
+        shape = AttentionShape(c.batch, c.heads, c.n_q, c.n_k, c.d, kv_heads=c.kv_heads)
+        config = ncu.kernels.resolve_config("split-kv", c.d, False)
+        assert c.splits == split_kv.resolve_splits(None, shape, False, config, sms=132)
+        # the package's split grid takes the same blocks per SM at the kernel's tile as the predictions
+        pb, tiling = predict.split_kv_run(c)
+        split, *combine = simulated.launches(pb, tiling)
+        assert split.per_sm("h100") == predict.blocks_per_sm(c), c
+        assert all(g.per_sm("h100") == predict.SPLIT_KV_COMBINE_BLOCKS for g in combine)
+        assert len(combine) == (c.splits > 1)
+
+
+@pytest.mark.parametrize("kv_heads, splits", [(2, 5), (8, 1)])
+def test_a_split_kv_prediction_is_the_simulation_of_its_two_kernels(kv_heads, splits):
+    cfg = ncu.LaunchConfig("split-kv", "forward", 2, 8, 1, 999, 128, "float16", kv_heads=kv_heads, splits=splits)
+    row = predict.predict(cfg)
+    pb, tiling = predict.split_kv_run(cfg)
+    assert tiling.splits == splits and pb.shape.n_q == 8 // kv_heads  # the group's queries are one head's rows
+    for label, capacity in [("effective", None), ("0.5x", int(GPUS["h100"].l2.value) // 2)]:
+        grids = ALGORITHMS["split-kv"].launches(pb, tiling)
+        want = in_sequence([simulate(g, l2_config(g, "h100", capacity)) for g in grids])
+        got = row[label]
+        assert (got["reads"], got["writes"], got["dirty_at_end"]) == (want.reads, want.writes, want.dirty_at_end)
+        assert [k["kernel"] for k in got["kernels"]] == ["split", "combine"][:len(grids)]
+    # K and V are read once from DRAM, each split's share by its own block
+    kv = {t["name"]: t["reads"] for t in row["effective"]["by_tensor"]}
+    assert kv["K"] == kv["V"] == 2 * kv_heads * 999 * 128 * 2
