@@ -774,3 +774,16 @@ def test_ldmatrix_fills_the_mma_fragments_the_ptx_isa_assigns():
             for h in range(2):
                 assert got_b[w, h] == halves[_mma.b_element(lane, w, h)], (lane, w, h)
                 assert got_b[w + 2, h] == got_b[w, h], "matrices 2 and 3 name the same rows as 0 and 1"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("launch", [(1, 32), (2, 64)])
+def test_row_dot_sums_each_row_over_the_chunks_of_the_grid_stride(dtype, launch):
+    # D = rowsum(dO ∘ O) over 2 × 300 rows = 3 chunks of 256 rows, dealt to 1 or 2 blocks of 1 or 2 warps; d = 70
+    # leaves lanes with 2 and 3 elements
+    rng = np.random.default_rng(3)
+    do, o = (rng.standard_normal((2, 300, 70)).astype(dtype) for _ in range(2))
+    got = np.zeros((2, 300), np.float32)
+    dev.row_dot_kernel[launch](do, o, got)
+    want = (do.astype(np.float64) * o.astype(np.float64)).sum(axis=-1)
+    assert np.max(np.abs(got - want)) <= 70 * np.finfo(np.float32).eps * np.max(np.abs(want))

@@ -67,8 +67,11 @@ def test_the_pairwise_kernels_cover_every_pair_of_settings():
     products = {case.name.split(" fp")[0] for case in kernel_resources.cases() if case.name.startswith("standard matmul")
                 and case.pairwise}
     assert len(products) == 4, products
+    # split-kv's split kernel differs between split counts only in that constant: one count, and both combines
+    splits = [case for case in kernel_resources.cases() if case.name.startswith("split-kv split")]
+    assert len(splits) > 2 and sum(case.pairwise for case in splits) == 1, [c.name for c in splits if c.pairwise]
     assert all(case.pairwise for case in kernel_resources.cases() if case.name in rest
-               and not case.name.startswith("standard matmul")), rest
+               and not case.name.startswith(("standard matmul", "split-kv split"))), rest
 
 
 def test_the_pairwise_kernels_compile_for_sm90():
