@@ -77,6 +77,7 @@ def arr(dtype, ndim: int):
 
 
 DROPOUT_ARGS = (U64, U64, U64, F32)  # seed_lo, seed_hi, threshold, inv_keep
+ROW_DOT_SHARED = 4 * dev.ROW_DOT_WARPS * dev.WARP * dev.PADDED_WARP  # row_dot's partial sums (float32)
 
 
 @dataclass(frozen=True)
@@ -186,11 +187,11 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
         KernelCase("standard dS (backward, dropout)", standard.ds_kernel(True),
                    (arr(F32, 3), arr(F32, 3), arr(F32, 2)) + DROPOUT_ARGS, dev.GRID_STRIDE_THREADS, 0),
         KernelCase("D = rowsum(dO o O) fp16", dev.row_dot_kernel, (arr(F16, 3), arr(F16, 3), arr(F32, 2)),
-                   dev.GRID_STRIDE_THREADS, 0),
+                   dev.GRID_STRIDE_THREADS, ROW_DOT_SHARED),
         KernelCase("fill fp32", dev.fill_kernel, (arr(F32, 3), F32), dev.GRID_STRIDE_THREADS, 0),
         KernelCase("cast fp32 -> fp16", dev.cast_kernel, (arr(F32, 3), arr(F16, 3)), dev.GRID_STRIDE_THREADS, 0),
         KernelCase("D = rowsum(dO o O) bf16 (flash-swapped-tc)", flash_swapped_tc.row_dot_kernel("bfloat16"),
-                   (arr(U16, 3), arr(U16, 3), arr(F32, 2)), dev.GRID_STRIDE_THREADS, 0),
+                   (arr(U16, 3), arr(U16, 3), arr(F32, 2)), dev.GRID_STRIDE_THREADS, ROW_DOT_SHARED),
         KernelCase("round fp32 -> bf16 (flash-swapped-tc dQ)", flash_swapped_tc.store_kernel("bfloat16"),
                    (arr(F32, 3), arr(U16, 3)), dev.GRID_STRIDE_THREADS, 0),
     ]

@@ -27,9 +27,10 @@ The backward rows run ``ALGORITHMS["flash-swapped"].backward``'s kernels
 each from a cold L2 as ``ncu --cache-control all`` measures them, through
 ``iosim.l2_counts.dram_counts_by_kernel`` (their sum is ``dram_counts``; every kernel here is
 simulated). ``dram_counts``'s ``blocks_per_sm`` would set all four kernels at once, so the report's
-count for the main kernel replaces that grid's own (call 1's kernels' 5) in ``backward_algorithm``,
-and row_dot, fill and cast keep their grids' 5, which the current report also gives them (48, 48
-and 42 registers × 256 threads). The kernels are kept one by one in the JSON, as ncu reports them.
+counts replace the grids' own (call 1's kernels' 5) in ``backward_algorithm``: the main kernel's, and
+row_dot's 3 (80 registers × 256 threads since 8eb2624, which made its loads coalesced); fill and cast
+keep their grids' 5, which the current report also gives them (48 and 42 registers × 256 threads).
+The kernels are kept one by one in the JSON, as ncu reports them.
 flash-swapped-tc's 16-bit backward launches the same row_dot, fill and cast (kernels/_device.py's
 grid-stride kernels) around its own main kernel: flash-swapped's blocks at its tile of 64 keys by
 queries_per_step(d) queries, each visiting first the query blocks that see its keys whole, then
@@ -78,7 +79,8 @@ REPORT = "experiments/results/kernels_resources_sm90.md"
 # (commit ecb846a; the kernel commits since are refactors: 2abe7c7, 25c39d7, a42bc67, 9b56a74, 30f4a3b),
 # column "blocks/SM (limit)", all limited by registers. Causal rows use the "causal+dropout" row of the
 # same kernel (no causal-only variant is compiled there); it gives the same count in every case. For the
-# backward it is the main kernel's; row_dot, fill and cast run at their grids' own (see the docstring).
+# backward it is the main kernel's; row_dot runs ROW_DOT_BLOCKS_PER_SM, fill and cast their grids' own (see the
+# docstring).
 BLOCKS_PER_SM = {
     ("flash-swapped", "forward", "float32", 64): 2,  # 255 registers × 128 threads, 64×32
     ("flash-swapped", "forward", "float32", 128): 4,  # 245 (255 causal) registers × 64 threads, 32×16
@@ -107,6 +109,9 @@ SPLIT_KV_REPORT_COMMIT = "cd9c224"  # the report's commit for split-kv's rows (i
 SPLIT_KV_KERNELS = ("split", "combine")  # split_kv.launches, in launch order
 BACKWARD = flash_swapped_backward.ALGORITHM
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
+# row_dot since 8eb2624 (kernels/_device.py, coalesced): 80 registers × 256 threads, the report at ROW_DOT_REPORT
+ROW_DOT_BLOCKS_PER_SM = 3
+ROW_DOT_REPORT_COMMIT = "8eb2624"
 
 
 def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
@@ -162,13 +167,14 @@ def tc_backward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
 
 def backward_algorithm(main_blocks_per_sm: int, tc: bool = False) -> Algorithm:
     """flash-swapped's backward with its main kernel at ``main_blocks_per_sm`` per SM (flash-swapped-tc's main
-    kernel where ``tc``); row_dot, fill and cast keep their grids' own (the tc kernels' are the same
-    grid-stride kernels, kernels/_device.py)."""
+    kernel where ``tc``) and row_dot at ROW_DOT_BLOCKS_PER_SM; fill and cast keep their grids' own (the tc
+    kernels' are the same grid-stride kernels, kernels/_device.py)."""
     def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+        row_dot = replace(flash_swapped_backward.row_dot_grid(pb), blocks_per_sm=ROW_DOT_BLOCKS_PER_SM)
         if tc:  # 16-bit only: its float32 runs flash-swapped's kernels
-            return (flash_swapped_backward.row_dot_grid(pb), flash_swapped_backward.fill_grid(pb),
-                    tc_backward_grid(pb, tiling, main_blocks_per_sm), flash_swapped_backward.cast_grid(pb))
-        row_dot, fill, main, *cast = flash_swapped_backward.launches(pb, tiling)
+            return (row_dot, flash_swapped_backward.fill_grid(pb), tc_backward_grid(pb, tiling, main_blocks_per_sm),
+                    flash_swapped_backward.cast_grid(pb))
+        _, fill, main, *cast = flash_swapped_backward.launches(pb, tiling)
         return (row_dot, fill, replace(main, blocks_per_sm=main_blocks_per_sm), *cast)
 
     return replace(BACKWARD, launches=launches)
@@ -340,7 +346,7 @@ def markdown(record: dict) -> str:
     backward = [r for r in record["rows"] if r["direction"] == "backward"]
     if backward:
         text += ("\nThe backward rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
-                 "main kernel's, row_dot, fill and cast run 5), read / write / dirty MB:\n\n"
+                 f"main kernel's, row_dot runs {ROW_DOT_BLOCKS_PER_SM}, fill and cast 5), read / write / dirty MB:\n\n"
                  "| # | dtype | b·h | N | d | causal | " + " | ".join(BACKWARD_KERNELS) + " |\n"
                  "| ---: | --- | ---: | ---: | ---: | --- |" + " --- |" * len(BACKWARD_KERNELS) + "\n")
         for r in backward:

@@ -61,13 +61,14 @@ def test_a_backward_prediction_is_the_simulation_of_its_kernels(dtype):
         got = row[label]
         want = dram_traffic(predict.backward_algorithm(main), pb, tiling, "h100", capacity)
         assert (got["reads"], got["writes"], got["dirty_at_end"]) == (want.reads, want.writes, want.dirty_at_end)
-        # the report's count applies to the main kernel only: row_dot, fill (and cast) keep their grids' 5
+        # the report's counts: the main kernel's and the coalesced row_dot's; fill (and cast) keep their grids' 5
         sms = int(GPUS["h100"].sms.value)
-        assert [k["concurrent"] for k in got["kernels"]] == [5 * sms, 5 * sms, main * sms] + [5 * sms] * (
+        rd = predict.ROW_DOT_BLOCKS_PER_SM
+        assert [k["concurrent"] for k in got["kernels"]] == [rd * sms, 5 * sms, main * sms] + [5 * sms] * (
             dtype != "float32"), got["kernels"]
-    # as iosim.l2_simulate.dram_traffic of the registered backward would run it, with the main kernel's grid changed by hand
+    # as iosim.l2_simulate.dram_traffic of the registered backward would run it, with two grids changed by hand
     grids = BACKWARD.launches(pb, tiling)
-    hand = in_sequence([simulate(g, l2_config(g, "h100", None, main if k == 2 else None)) for k, g in enumerate(grids)])
+    hand = in_sequence([simulate(g, l2_config(g, "h100", None, {0: rd, 2: main}.get(k))) for k, g in enumerate(grids)])
     assert row["effective"]["reads"] == hand.reads and row["effective"]["writes"] == hand.writes
 
 
@@ -79,7 +80,8 @@ def test_a_small_l2_evicts_and_still_matches_the_simulation():
     main = predict.blocks_per_sm(cfg)
     got = in_sequence(predict.backward_counts(cfg, 16384))
     grids = BACKWARD.launches(pb, tiling)
-    want = in_sequence([simulate(g, l2_config(g, "h100", 16384, main if k == 2 else None)) for k, g in enumerate(grids)])
+    per_sm = {0: predict.ROW_DOT_BLOCKS_PER_SM, 2: main}
+    want = in_sequence([simulate(g, l2_config(g, "h100", 16384, per_sm.get(k))) for k, g in enumerate(grids)])
     assert (got.reads, got.writes, got.dirty_at_end) == (want.reads, want.writes, want.dirty_at_end)
     # more than everything read once: dO, O (row_dot), Q, K, V, dO (main) in float16 and dQ in float32 (main, cast)
     once = 2 * 239 * 128 * (6 * 2 + 2 * 4)
