@@ -196,19 +196,34 @@ class DramForm:
 
 @dataclass(frozen=True)
 class L2Config:
-    """What the L2 model needs of a GPU: the L2 bytes DRAM sees and the blocks that run at once."""
+    """What the L2 model needs of a GPU: the L2 bytes DRAM sees, the blocks that run at once, and how the first of
+    them start (``SCHEDULES``)."""
 
     capacity: int
     concurrent: int
+    schedule: str = "lockstep"
+
+
+# How the first W blocks start (iosim.l2_simulate). "lockstep": all in the first round, so equal blocks run in
+# waves that start and end together (the model's rule since call 1). "staggered": slot s's first block starts
+# s/W of a mean block's steps late, so that blocks finish one after another and the running blocks are a window
+# sliding along the grid, the steady state of dynamic dispatch once blocks of equal work drift apart.
+SCHEDULES = ("lockstep", "staggered")
+
+
+def check_schedule(schedule) -> str:
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule={schedule!r} is not one of {list(SCHEDULES)}")
+    return schedule
 
 
 def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
-              blocks_per_sm: int | None = None) -> L2Config:
+              blocks_per_sm: int | None = None, schedule: str = "lockstep") -> L2Config:
     """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""
     preset = get_gpu(gpu)
     cap = int(preset.l2_effective.value) if capacity is None else parse_count("capacity", capacity)
     per_sm = grid.per_sm(gpu) if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
-    return L2Config(cap, int(preset.sms.value) * per_sm)
+    return L2Config(cap, int(preset.sms.value) * per_sm, check_schedule(schedule))
 
 
 class LRU:

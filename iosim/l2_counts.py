@@ -141,26 +141,30 @@ def lockstep(grid: Grid, config: L2Config) -> DramCounts | None:
 
 
 def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                blocks_per_sm: int | None = None) -> DramCounts:
+                blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
     """``iosim.l2_simulate.dram_traffic``'s DRAM bytes, kernel by kernel: from the algorithm's closed form
     (``Algorithm.dram``, for a pass of one kernel) where it applies, else from ``lockstep`` where the kernel's
     grid is uniform, else from the simulation. All are equal where they apply (tests/test_l2.py); the closed
-    form takes milliseconds where the simulation takes minutes."""
-    return in_sequence(dram_counts_by_kernel(algorithm, pb, tiling, gpu, capacity, blocks_per_sm))
+    form takes milliseconds where the simulation takes minutes. Both assume the lockstep schedule: a staggered
+    one (``iosim.l2.SCHEDULES``) is always simulated."""
+    return in_sequence(dram_counts_by_kernel(algorithm, pb, tiling, gpu, capacity, blocks_per_sm, schedule))
 
 
 def dram_counts_by_kernel(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100",
-                          capacity: int | None = None, blocks_per_sm: int | None = None) -> list[DramCounts]:
+                          capacity: int | None = None, blocks_per_sm: int | None = None,
+                          schedule: str = "lockstep") -> list[DramCounts]:
     """``dram_counts`` before the sum: one count per kernel of the pass, in launch order, each from a cold L2
     (what ncu reports kernel by kernel)."""
     grids = kernels(algorithm, pb, tiling)
     parts = []
     for g in grids:
-        config = l2_config(g, gpu, capacity, blocks_per_sm)
-        form = None
-        if len(grids) == 1 and algorithm.dram is not None:
-            form = algorithm.dram(pb, tiling, config.capacity, config.concurrent)
-        counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
+        config = l2_config(g, gpu, capacity, blocks_per_sm, schedule)
+        counts = None
+        if config.schedule == "lockstep":
+            form = None
+            if len(grids) == 1 and algorithm.dram is not None:
+                form = algorithm.dram(pb, tiling, config.capacity, config.concurrent)
+            counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
         parts.append(simulate(g, config) if counts is None else counts)
     return parts
 

@@ -2,7 +2,9 @@
 
 W = SMs × blocks per SM blocks run at once. They start in grid order, and a new one starts
 in the slot of one that finishes, in the next round (dynamic dispatch). Each round, every
-running block makes one tile step, in slot order (round robin), against the LRU L2.
+running block makes one tile step, in slot order (round robin), against the LRU L2. The first
+W start together (``L2Config.schedule`` "lockstep"), or slot s's s/W of a mean block late
+("staggered"), after which the same dispatch keeps them apart.
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks of one
 head reading the same K_j, V_j in one round) changes nothing in an LRU that holds it, so it
@@ -39,7 +41,10 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
     pending = iter(range(grid.blocks))
     state = _Run(l2)
     entries: list = []
-    _entries(grid, pending, config.concurrent, entries, [], 0)
+    if config.schedule == "staggered":
+        _staggered_start(grid, pending, config.concurrent, entries)
+    else:
+        _entries(grid, pending, config.concurrent, entries, [], 0)
     entries = _settled(entries, range(len(entries)))
     round_ = 0
     l2_step, fits = l2.step, l2.fits
@@ -142,6 +147,37 @@ class _Cohort:
         return self.t == self.total
 
 
+class _Idle:
+    """A slot whose first block starts ``wait`` rounds late (the staggered schedule)."""
+
+    __slots__ = ("wait",)
+    slots = 1
+    empty = False
+
+    def __init__(self, wait: int):
+        self.wait = wait
+
+    def advance(self, state: _Run) -> bool:
+        self.wait -= 1
+        return self.wait == 0
+
+
+def _steps_of(grid: Grid, b: int) -> int:
+    steps = grid.steps(b)
+    return steps.total if isinstance(steps, SharedSteps) else sum(1 for _ in steps)
+
+
+def _staggered_start(grid: Grid, pending: Iterator[int], slots: int, out: list) -> None:
+    """The first round of the staggered schedule: slot s waits ⌊s·L/W⌋ rounds before its first block, L the mean
+    steps of the first W blocks; the slots that wait none start theirs now, in grid order, as ``_entries`` does.
+    A waiting slot takes the next block in grid order when its wait ends, so blocks still start in grid order."""
+    first = min(slots, grid.blocks)
+    mean = sum(_steps_of(grid, b) for b in range(first)) / max(first, 1)
+    waits = [int(s * mean / slots) for s in range(first)]
+    _entries(grid, pending, waits.count(0), out, [], 0)
+    out.extend(_Idle(w) for w in waits if w)
+
+
 def _entries(grid: Grid, pending: Iterator[int], slots: int, out: list, fresh: list[int], born: int) -> None:
     """Append to ``out`` up to ``slots`` next blocks in grid order, started in round ``born``, and their places
     to ``fresh``: a ``SharedSteps`` block joins the cohort before it when that one started in the same round and
@@ -167,9 +203,10 @@ def _settled(out: list, fresh) -> list:
 
 
 def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                 blocks_per_sm: int | None = None) -> DramCounts:
+                 blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
     """Simulated DRAM bytes of ``algorithm``'s kernels on ``gpu``: its effective L2 unless ``capacity`` (bytes) is
-    given, its SMs × each kernel's blocks per SM unless ``blocks_per_sm`` is given; a pass of several kernels
-    runs each from a cold L2 (``in_sequence``)."""
+    given, its SMs × each kernel's blocks per SM unless ``blocks_per_sm`` is given, the blocks started as
+    ``schedule`` says (``iosim.l2.SCHEDULES``); a pass of several kernels runs each from a cold L2
+    (``in_sequence``)."""
     grids = kernels(algorithm, pb, tiling)
-    return in_sequence([simulate(g, l2_config(g, gpu, capacity, blocks_per_sm)) for g in grids])
+    return in_sequence([simulate(g, l2_config(g, gpu, capacity, blocks_per_sm, schedule)) for g in grids])

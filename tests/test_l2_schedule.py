@@ -1,0 +1,109 @@
+"""The staggered schedule of the L2 simulation (``L2Config.schedule``): the first W blocks start s/W of a mean block
+apart instead of together, and from then on the same dynamic dispatch; the counts equal a plain schedule written out
+by hand, and differ from lockstep where the blocks' interleaving decides what the L2 holds."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+
+from iosim.errors import InputError
+from iosim.l2 import LRU, READ, Grid, L2Config, Tiles, l2_config
+from iosim.l2_counts import dram_counts
+from iosim.l2_simulate import dram_traffic, simulate
+from iosim.problem import AttentionShape, Problem
+from iosim.registry import ALGORITHMS
+from iosim.tiling import Tiling
+from test_l2_cohorts import block_by_block, grids
+
+SWAPPED = ALGORITHMS["flash-swapped"]
+
+
+def staggered_by_hand(grid: Grid, config: L2Config):
+    """The staggered schedule written out plainly: slot s of the first W waits ⌊s·L/W⌋ rounds (L the mean steps of
+    the first W blocks), then takes the next block in grid order; otherwise as tests/test_l2_cohorts.py's
+    schedule_by_hand (a finished block's slot goes to the next block, whose first step comes next round)."""
+    l2 = LRU(config.capacity, len(grid.tiles.tensors))
+    pending = iter(range(grid.blocks))
+    first = min(config.concurrent, grid.blocks)
+    mean = sum(len(list(grid.steps(b))) for b in range(first)) / max(first, 1)
+
+    def start(b):
+        steps = iter(grid.steps(b))
+        return [steps, next(steps, None)]
+
+    slots = []
+    for s in range(first):
+        wait = int(s * mean / config.concurrent)
+        slots.append(start(next(pending)) if wait == 0 else ["wait", wait])
+    last = None
+    while slots:
+        for slot in slots:
+            if slot[0] == "wait":
+                slot[1] -= 1
+                if slot[1] == 0:
+                    b = next(pending, None)
+                    slot[:] = [None, None] if b is None else start(b)
+                continue
+            if slot[1] is None:
+                continue
+            if slot[1] is not last or not l2.fits(slot[1]):
+                l2.step(slot[1])
+            last = slot[1]
+            slot[1] = next(slot[0], None)
+            if slot[1] is None:
+                b = next(pending, None)
+                if b is not None:
+                    slot[:] = start(b)
+        slots = [slot for slot in slots if slot[0] == "wait" or slot[1] is not None]
+    return l2.counts(grid.tiles, config)
+
+
+@settings(max_examples=200)
+@given(grids())
+def test_the_staggered_schedule_counts_what_it_does_written_out_by_hand(case):
+    grid, config = case
+    staggered = replace(config, schedule="staggered")
+    assert simulate(grid, staggered) == simulate(block_by_block(grid), staggered) == staggered_by_hand(grid, config)
+
+
+TILES = Tiles(("K",))
+
+
+def two_heads(blocks_per_head: int = 2, steps: int = 4) -> Grid:
+    """Blocks of two heads, each block reading its head's tiles 0 … steps − 1 in order (as query blocks read K_j)."""
+    return Grid(2 * blocks_per_head, lambda b: iter([(TILES.access("K", (b // blocks_per_head) * steps + j, 64, READ),)
+                                                     for j in range(steps)]), TILES, 1)
+
+
+def test_a_head_s_blocks_share_its_tiles_in_lockstep_and_not_staggered_where_the_l2_holds_one_tile():
+    grid = two_heads()
+    lockstep, staggered = L2Config(64, 2), L2Config(64, 2, "staggered")
+    # in lockstep blocks 0 and 1 read tile j in one round, the second read a hit: each tile once
+    assert simulate(grid, lockstep).reads == 8 * 64
+    # staggered, block 1 starts 2 rounds after block 0 (⌊1 · 4 / 2⌋) and each of its reads finds another tile
+    assert simulate(grid, staggered).reads == 16 * 64
+    # with room for both heads' tiles the two schedules read each tile once
+    assert simulate(grid, replace(lockstep, capacity=512)).reads == simulate(grid, replace(staggered, capacity=512)).reads
+    assert simulate(grid, replace(staggered, capacity=512)).reads == 8 * 64
+
+
+def test_one_block_at_a_time_is_the_same_schedule_either_way():
+    pb = Problem(AttentionShape(1, 3, 200, 300, 16), tau=1.0, dtype="float32", causal=True)
+    grid = SWAPPED.grid(pb, Tiling(32, 32))
+    assert simulate(grid, L2Config(20_000, 1)) == simulate(grid, L2Config(20_000, 1, "staggered"))
+
+
+def test_staggered_counts_go_past_the_lockstep_closed_form_to_the_simulation():
+    # full attention: dram_counts takes flash-swapped's closed form in lockstep, and simulates a staggered start
+    pb = Problem(AttentionShape(2, 4, 512, 512, 32), tau=1.0, dtype="float16")
+    tiling = Tiling(64, 32)
+    for schedule in ("lockstep", "staggered"):
+        got = dram_counts(SWAPPED, pb, tiling, "h100", capacity=200_000, blocks_per_sm=1, schedule=schedule)
+        assert got == dram_traffic(SWAPPED, pb, tiling, "h100", 200_000, 1, schedule)
+
+
+def test_an_unknown_schedule_is_refused_by_name():
+    grid = two_heads()
+    with pytest.raises(InputError, match=r"schedule='waves' is not one of \['lockstep', 'staggered'\]"):
+        l2_config(grid, "h100", schedule="waves")
