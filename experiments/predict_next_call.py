@@ -54,6 +54,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 from iosim.algorithm import Algorithm  # noqa: E402
 from iosim.algorithms import flash_swapped, flash_swapped_backward, split_kv  # noqa: E402
 from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
+from iosim.l2 import SCHEDULES, Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
 from iosim.l2_simulate import simulate  # noqa: E402
 from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.problem import AttentionShape, Problem  # noqa: E402
@@ -197,15 +198,15 @@ def split_kv_run(cfg: LaunchConfig) -> tuple[Problem, Tiling]:
     return problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits)
 
 
-def predict_split_kv(cfg: LaunchConfig) -> dict:
+def predict_split_kv(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     """The L2 model's DRAM bytes of split-kv's two kernels, each from a cold L2, and their sum."""
     pb, tiling = split_kv_run(cfg)
     algorithm = split_kv_algorithm(blocks_per_sm(cfg))
     out: dict = {"grid": "iosim.algorithms.split_kv.launches (split, then combine where S > 1), each from a cold L2",
                  "method": "simulation, kernel by kernel"}
-    for label, capacity in capacities():
+    for label, capacity in capacities(schedule):
         start = time.perf_counter()
-        parts = dram_counts_by_kernel(algorithm, pb, tiling, GPU, capacity)
+        parts = dram_counts_by_kernel(algorithm, pb, tiling, GPU, capacity, schedule=schedule)
         out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
                       "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
                                   for name, part in zip(SPLIT_KV_KERNELS, parts)]}
@@ -232,55 +233,60 @@ def _counts(dram) -> dict:
             "by_tensor": [asdict(t) for t in dram.tensors]}
 
 
-def capacities() -> list[tuple[str, int | None]]:
-    """The L2 bytes each prediction is made at: the preset's effective (None), then fractions of the nominal."""
+def capacities(schedule: str = "lockstep") -> list[tuple[str, int | None]]:
+    """The L2 bytes each prediction is made at: the preset's effective (None), then fractions of the nominal; the
+    effective alone for the staggered schedule, which is always simulated."""
+    if schedule != "lockstep":
+        return [("effective", None)]
     nominal = int(GPUS[GPU].l2.value)
     return [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]
 
 
-def backward_counts(cfg: LaunchConfig, capacity: int | None) -> list:
+def backward_counts(cfg: LaunchConfig, capacity: int | None, schedule: str = "lockstep") -> list:
     """The DRAM counts of a backward configuration's kernels, in launch order, each from a cold L2."""
     tile = cfg.tile()
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
     return dram_counts_by_kernel(backward_algorithm(blocks_per_sm(cfg), tc), problem(cfg),
-                                 Tiling(tile["Br"], tile["Bc"]), GPU, capacity)
+                                 Tiling(tile["Br"], tile["Bc"]), GPU, capacity, schedule=schedule)
 
 
-def predict_backward(cfg: LaunchConfig) -> dict:
+def predict_backward(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     """The L2 model's DRAM bytes of a backward configuration: the sum of its kernels, and each of them."""
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
     main = "predict_next_call.tc_backward_grid" if tc else "main"
     out: dict = {"grid": f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
                          f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2",
                  "method": "simulation, kernel by kernel"}
-    for label, capacity in capacities():
+    for label, capacity in capacities(schedule):
         start = time.perf_counter()
-        parts = backward_counts(cfg, capacity)
+        parts = backward_counts(cfg, capacity, schedule)
         out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
                       "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
                                   for name, part in zip(BACKWARD_KERNELS, parts)]}
     return out
 
 
-def predict(cfg: LaunchConfig) -> dict:
+def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
     if cfg.direction == "backward":
-        return predict_backward(cfg)
+        return predict_backward(cfg, schedule)
     if cfg.impl == "split-kv":
-        return predict_split_kv(cfg)
+        return predict_split_kv(cfg, schedule)
     pb, tile = problem(cfg), cfg.tile()
     tiling = Tiling(tile["Br"], tile["Bc"])
     per_sm = blocks_per_sm(cfg)
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
     out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
-                 "method": "simulation" if tc or cfg.causal or cfg.kv_heads else "closed form (flash_swapped.dram)"}
-    for label, capacity in capacities():
+                 "method": "simulation" if tc or cfg.causal or cfg.kv_heads or schedule != "lockstep"
+                 else "closed form (flash_swapped.dram)"}
+    for label, capacity in capacities(schedule):
         start = time.perf_counter()
         if tc:
             g = tc_forward_grid(pb, tiling, per_sm)
-            dram = simulate(g, l2_config(g, GPU, capacity))
+            dram = simulate(g, l2_config(g, GPU, capacity, schedule=schedule))
         else:
-            dram = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, capacity, blocks_per_sm=per_sm)
+            dram = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, capacity, blocks_per_sm=per_sm,
+                               schedule=schedule)
         out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
     if tc and not cfg.causal:  # the declared grid at the same tiles: what the one-step-early fetch changes
         declared = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, blocks_per_sm=per_sm)
@@ -317,7 +323,8 @@ def _mb(x: float) -> str:
 
 
 def markdown(record: dict) -> str:
-    text = (f"# Predicted DRAM bytes for {record['grid']} (before the GPU run)\n\n"
+    schedule = record.get("schedule", "lockstep")
+    text = (f"# Predicted DRAM bytes for {record['grid']}, {schedule} schedule (before the GPU run)\n\n"
             f"- command: `{record['command']}`\n- git commit: `{record['commit']}`; kernels as of "
             f"`{record['kernels_commit']}`\n- machine: {record['machine']}\n"
             f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB; nominal "
@@ -334,7 +341,7 @@ def markdown(record: dict) -> str:
             "| --- |\n")
     for r in record["rows"]:
         p, eff = r["predicted"], r["predicted"]["effective"]
-        sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) for f in FRACTIONS)
+        sweep = " / ".join(_mb(p[f"{f:g}x"]["reads"]) if f"{f:g}x" in p else "–" for f in FRACTIONS)
         bh = str(r["batch"] * r["heads"]) + (f" / {r['batch'] * r['kv_heads']} kv" if r.get("kv_heads") else "")
         cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], bh, str(r["n_q"]), str(r["d"]),
                  "yes" if r["causal"] else "no",
@@ -376,6 +383,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="call3", choices=sorted(g for g in GRIDS if g.startswith("call")))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--schedule", default="lockstep", choices=SCHEDULES,
+                        help="how the first blocks start (iosim.l2.SCHEDULES); staggered writes OUT-staggered, at the "
+                             "effective L2 only")
     parser.add_argument("--out", type=Path, default=None,
                         help="write OUT.json and OUT.md (default experiments/results/gpu/predictions-<short commit>)")
     args = parser.parse_args()
@@ -384,7 +394,7 @@ def main() -> None:
     unique = list({_key(c): c for c in configs}.values())
     unique.sort(key=lambda c: -c.batch * c.heads * c.n_q * c.n_k)  # the longest first, for the pool
     with ProcessPoolExecutor(args.jobs) as pool:
-        predicted = dict(zip((_key(c) for c in unique), pool.map(predict, unique)))
+        predicted = dict(zip((_key(c) for c in unique), pool.map(partial(predict, schedule=args.schedule), unique)))
     rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": blocks_per_sm(cfg),
              "blocks_per_sm_source": f"{REPORT} ({report_commit(cfg)}), {cfg.impl} {cfg.direction} d={cfg.d} "
                                      f"{ {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}[cfg.dtype]}"
@@ -396,14 +406,15 @@ def main() -> None:
         "commit": commit, "kernels_commit": _git("log", "-1", "--format=%H", "--", "kernels/"),
         "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "jobs": args.jobs},
-        "grid": args.grid,
+        "grid": args.grid, "schedule": args.schedule,
         "measure_with": f"NCU=ncu python experiments/ncu_traffic.py profile --grid {args.grid} --out DIR "
                         f"(experiments/results/gpu/call3.sh)",
         "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value), "l2_effective": int(GPUS[GPU].l2_effective.value),
         "l2_effective_source": GPUS[GPU].l2_effective.source, "fractions_of_nominal": list(FRACTIONS),
         "seconds": time.perf_counter() - start, "rows": rows,
     }
-    out = args.out or REPO / f"experiments/results/gpu/predictions-{commit[:7]}"
+    suffix = "" if args.schedule == "lockstep" else f"-{args.schedule}"
+    out = args.out or REPO / f"experiments/results/gpu/predictions-{commit[:7]}{suffix}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_name(out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
     out.with_name(out.name + ".md").write_text(markdown(record))

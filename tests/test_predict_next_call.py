@@ -174,3 +174,30 @@ def test_a_split_kv_prediction_is_the_simulation_of_its_two_kernels(kv_heads, sp
     # K and V are read once from DRAM, each split's share by its own block
     kv = {t["name"]: t["reads"] for t in row["effective"]["by_tensor"]}
     assert kv["K"] == kv["V"] == 2 * kv_heads * 999 * 128 * 2
+
+
+@pytest.mark.parametrize("impl, direction", [("flash-swapped", "forward"), ("flash-swapped-tc", "forward"),
+                                             ("flash-swapped", "backward"), ("split-kv", "forward")])
+def test_a_staggered_prediction_simulates_the_same_kernels_started_staggered(impl, direction):
+    kv, splits = (2, 3) if impl == "split-kv" else (None, None)
+    n_q = 1 if impl == "split-kv" else 300
+    cfg = ncu.LaunchConfig(impl, direction, 2, 4, n_q, 300, 64, "float16", causal=impl != "split-kv",
+                           kv_heads=kv, splits=splits)
+    row = predict.predict(cfg, "staggered")
+    assert set(row) >= {"effective"} and not {"0.5x", "0.75x", "1x"} & set(row)  # the effective L2 only
+    assert row["method"].startswith("simulation")
+    if impl == "split-kv":
+        pb, tiling = predict.split_kv_run(cfg)
+        algorithm = predict.split_kv_algorithm(predict.blocks_per_sm(cfg))
+    elif direction == "backward":
+        pb, tiling = _problem(cfg)
+        algorithm = predict.backward_algorithm(predict.blocks_per_sm(cfg), tc=False)
+    else:
+        pb, tiling = _problem(cfg)
+        grid = (predict.tc_forward_grid(pb, tiling, predict.blocks_per_sm(cfg)) if impl == "flash-swapped-tc"
+                else replace(ALGORITHMS[impl].grid(pb, tiling), blocks_per_sm=predict.blocks_per_sm(cfg)))
+        want = simulate(grid, l2_config(grid, "h100", schedule="staggered"))
+        assert row["effective"]["reads"] == want.reads and row["effective"]["writes"] == want.writes
+        return
+    want = dram_traffic(algorithm, pb, tiling, "h100", schedule="staggered")
+    assert (row["effective"]["reads"], row["effective"]["writes"]) == (want.reads, want.writes)
