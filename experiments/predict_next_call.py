@@ -110,9 +110,8 @@ SPLIT_KV_REPORT_COMMIT = "cd9c224"  # the report's commit for split-kv's rows (i
 SPLIT_KV_KERNELS = ("split", "combine")  # split_kv.launches, in launch order
 BACKWARD = flash_swapped_backward.ALGORITHM
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
-# row_dot since 8eb2624 (kernels/_device.py, coalesced): 80 registers × 256 threads, the report at ROW_DOT_REPORT
+# row_dot since 8eb2624 (kernels/_device.py, coalesced): 80 registers × 256 threads, the report at e43361e
 ROW_DOT_BLOCKS_PER_SM = 3
-ROW_DOT_REPORT_COMMIT = "8eb2624"
 
 
 def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
