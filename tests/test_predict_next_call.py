@@ -3,7 +3,9 @@ simulation."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from helpers import load_experiment
@@ -19,6 +21,7 @@ from iosim.visits import visits
 ncu = load_experiment("ncu_traffic")
 predict = load_experiment("predict_next_call")
 BACKWARD = ALGORITHMS["flash-swapped"].backward
+RESULTS = Path(__file__).resolve().parents[1] / "experiments/results/gpu"
 
 
 def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
@@ -201,3 +204,20 @@ def test_a_staggered_prediction_simulates_the_same_kernels_started_staggered(imp
         return
     want = dram_traffic(algorithm, pb, tiling, "h100", schedule="staggered")
     assert (row["effective"]["reads"], row["effective"]["writes"]) == (want.reads, want.writes)
+
+
+@pytest.mark.parametrize("path, index", [("predictions-80f2354.json", 176), ("predictions-80f2354.json", 235),
+                                         ("predictions-6d16ff6.json", 0)])
+def test_committed_backward_predictions_stand_for_the_coalesced_row_dot(path, index):
+    # the predictions were committed for the one-thread-per-row row_dot (5 blocks per SM); its coalesced successor
+    # runs 3, and every byte of these rows (all 128 backward rows, checked when it changed) comes out the same
+    record = json.loads((RESULTS / path).read_text())
+    row = record["rows"][index]
+    cfg = ncu.LaunchConfig(**{k: row.get(k) for k in ("impl", "direction", "batch", "heads", "n_q", "n_k", "d",
+                                                      "dtype", "causal", "dropout_p", "kv_heads")})
+    assert cfg.direction == "backward" and cfg.batch * cfg.heads * cfg.n_q <= 16 * 1024, cfg
+    got = predict.predict(cfg)
+    for label in ("effective", "0.5x"):
+        want = row["predicted"][label]
+        assert (got[label]["reads"], got[label]["writes"], got[label]["dirty_at_end"]) == (
+            want["reads"], want["writes"], want["dirty_at_end"]), (label, cfg)
