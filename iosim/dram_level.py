@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from iosim.api import count
 from iosim.counts import Counts
 from iosim.errors import InputError
-from iosim.l2 import DramCounts
+from iosim.l2 import DramCounts, L2Options
 from iosim.l2_counts import passes_dram
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
-from iosim.units import parse_count
 
 
 @dataclass(frozen=True)
@@ -41,12 +40,12 @@ class DramResult:
 
 def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
          tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None,
-         window=None) -> DramResult:
+         window=None, schedule="lockstep") -> DramResult:
     """The DRAM bytes of ``algorithm``'s kernels on ``gpu``, beside its two-level count.
 
     Each pass's kernels run from a cold L2 (``iosim.l2.in_sequence``), as ncu measures
-    them. ``l2_bytes`` overrides the preset's effective L2 capacity and ``blocks_per_sm``
-    the kernels' residency; a pass whose algorithm declares no grid of thread blocks is
+    them. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm``
+    the kernels' residency and ``schedule`` how their first blocks start (``iosim.l2.SCHEDULES``); a pass whose algorithm declares no grid of thread blocks is
     refused. The forward passes of flash and flash-swapped have closed forms
     (milliseconds); a backward pass is simulated, which takes seconds to minutes at
     batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count``
@@ -55,8 +54,8 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
-    capacity = None if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
+    l2 = L2Options(l2_bytes, blocks_per_sm, schedule)
     r = count(algorithm, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, dtype=dtype,
               block_policy=block_policy, tiling=tiling, kv_heads=kv_heads, pass_=pass_, gpu=gpu, window=window)
     return DramResult(r.algorithm, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
-                      passes_dram(r.plans, gpu, capacity, blocks_per_sm))
+                      passes_dram(r.plans, gpu, l2.capacity, l2.blocks_per_sm, l2.schedule))

@@ -217,6 +217,24 @@ def check_schedule(schedule) -> str:
     return schedule
 
 
+@dataclass(frozen=True)
+class L2Options:
+    """The user's overrides of the L2 model (``--l2-bytes``, ``--blocks-per-sm``, ``--schedule``): the L2 bytes DRAM
+    sees (None: the preset's effective capacity), the blocks of every kernel one SM holds (None: each kernel's
+    own) and how the first blocks start (``SCHEDULES``). Checked when built."""
+
+    capacity: int | None = None
+    blocks_per_sm: int | None = None
+    schedule: str = "lockstep"
+
+    def __post_init__(self):
+        if self.capacity is not None:
+            object.__setattr__(self, "capacity", parse_count("l2_bytes", self.capacity))
+        if self.blocks_per_sm is not None:
+            object.__setattr__(self, "blocks_per_sm", parse_count("blocks_per_sm", self.blocks_per_sm))
+        check_schedule(self.schedule)
+
+
 def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
               blocks_per_sm: int | None = None, schedule: str = "lockstep") -> L2Config:
     """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""

@@ -170,7 +170,7 @@ def dram_counts_by_kernel(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu
 
 
 def passes_dram(plans: tuple[Plan, ...], gpu: str, capacity: int | None = None,
-                blocks_per_sm: int | None = None) -> DramCounts:
+                blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
     """The DRAM bytes of a request's passes run one after another, each from a cold L2 (``in_sequence``)."""
-    return in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm)
+    return in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm, schedule)
                         for p in plans])

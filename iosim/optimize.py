@@ -46,7 +46,7 @@ from iosim.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.counts import Counts
 from iosim.errors import BlockSizeError, InputError
-from iosim.l2 import DramCounts, check_launchable
+from iosim.l2 import DramCounts, L2Options, check_launchable
 from iosim.l2_counts import dram_counts
 from iosim.paging import aligned
 from iosim.policies import POLICIES
@@ -80,7 +80,8 @@ class Optimum:
 def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_k=None, batch=1, heads=1,
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
              objective: str = "hbm", gpu: str | None = None, window=None, page_size=None,
-             on_done: Callable[[Optimum | None], None] | None = None) -> list[Optimum | InputError]:
+             on_done: Callable[[Optimum | None], None] | None = None,
+             l2: L2Options | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
@@ -90,7 +91,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
     problem as it runs it, packed by group where it serves a group from one K/V load.
     ``objective="dram"`` ranks by the DRAM bytes behind ``gpu``'s L2 instead (forward passes
-    of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place).
+    of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place), with ``l2``'s
+    overrides of the L2 model (capacity, blocks per SM, schedule) where given.
     ``window=(left, right)`` is a sliding window and ``page_size`` a paged K/V cache (iosim.paging: the search
     then takes K/V blocks of whole pages or within one); an algorithm that takes neither gives its
     ``InputError`` in its place.
@@ -116,7 +118,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
                 raise InputError(f"page_size={pb.page_size} for {algo.name}: it reads no paged K/V cache")
             searched, dram = ranked(algo, pb, M), None
             if objective == "dram":
-                searched, dram = by_dram(algo, pb, searched, gpu)
+                searched, dram = by_dram(algo, pb, searched, gpu, l2 or L2Options())
         except InputError as err:  # no fit, a search too large, no window, or no kernel grid
             out.append(err)
             if on_done:
@@ -153,7 +155,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     return out
 
 
-def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: str
+def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: str, l2: L2Options = L2Options()
             ) -> tuple[tuple[Candidate, ...], list[DramCounts]]:
     """The ``DRAM_CANDIDATES`` tilings of least HBM traffic, ranked by the DRAM bytes they move behind ``gpu``'s
     L2, then as the HBM search ranks them; beside each, its DRAM counts."""
@@ -161,7 +163,8 @@ def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: 
         raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes that declare a GPU kernel grid: "
                          f"{[a.name for a in ALGORITHMS.values() if a.grid is not None]}")
     check_launchable(pb)  # before the shortlist: a mask, a window or documents no kernel takes
-    scored = sorted(((dram_counts(algo, pb, x.tiling, gpu), x) for x in searched[:DRAM_CANDIDATES]),
+    scored = sorted(((dram_counts(algo, pb, x.tiling, gpu, l2.capacity, l2.blocks_per_sm, l2.schedule), x)
+                     for x in searched[:DRAM_CANDIDATES]),
                     key=lambda s: (s[0].moved, rank_key(s[1])))
     return tuple(x for _, x in scored), [dram for dram, _ in scored]
 

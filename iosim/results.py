@@ -12,7 +12,7 @@ from iosim.algorithms.tile_ops import logsumexp
 from iosim.counts import Counts, combined
 from iosim.errors import InputError
 from iosim.flops import Flops
-from iosim.l2 import DramCounts
+from iosim.l2 import DramCounts, L2Options
 from iosim.l2_counts import passes_dram
 from iosim.problem import Problem
 from iosim.tiling import Tiling, one_pass
@@ -74,10 +74,14 @@ class SimResult(Packing):
         model does not cover the run: an algorithm with no kernel grid, an option no kernel takes (a mask, a
         sliding window, pages, packed documents: ``iosim.l2.check_launchable``), or a tiling its kernel does not
         launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
+        return self.dram_with(L2Options())
+
+    def dram_with(self, l2: L2Options) -> DramCounts | None:
+        """``dram`` with the user's overrides of the L2 model (capacity, blocks per SM, schedule), not kept."""
         if self.gpu is None or not self.plans:
             return None
         try:
-            return passes_dram(self.plans, self.gpu)
+            return passes_dram(self.plans, self.gpu, l2.capacity, l2.blocks_per_sm, l2.schedule)
         except InputError:  # the L2 model refuses the run by name: it has nothing to say
             return None
 

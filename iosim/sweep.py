@@ -19,7 +19,7 @@ from iosim.errors import BlockSizeError
 from iosim.flops import Flops
 from iosim.gpus import Roofline, get_gpu, roofline
 from iosim.inputs import check_scale
-from iosim.l2 import DramCounts, dram_record
+from iosim.l2 import DramCounts, L2Options, dram_record
 from iosim.problem import check_window
 from iosim.registry import get_algorithm
 from iosim.sparsity import BlockSparsity
@@ -71,6 +71,9 @@ class SweepRow:
     page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
     seqlens: str | None = None  # packed documents' lengths, space-separated (iosim.varlen); N is the longest; else None
     padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
+    l2_bytes: int | None = None  # with a preset, the L2 capacity given for its DRAM level; None: the preset's
+    blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
+    schedule: str | None = None  # with a preset, "staggered" where given (iosim.l2.SCHEDULES); None: lockstep
 
     @property
     def tiling(self) -> Tiling | None:
@@ -140,14 +143,15 @@ class SweepRow:
 
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
-               "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens")  # every option that changes a row: what --resume tells rows apart by
+               "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
+               "blocks_per_sm", "schedule")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-              page_size=None, seqlens=None) -> SweepRow:
+              page_size=None, seqlens=None, l2: L2Options | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -161,13 +165,13 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     (``iosim.l2``), and its roofline time uses them instead of the two-level bytes.
     ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
     ``seqlens`` counts documents packed end to end instead of N (iosim.varlen), and the row carries their traffic
-    padded to the longest.
+    padded to the longest. ``l2`` overrides the L2 model's capacity, blocks per SM and schedule (with ``gpu``).
     """
     preset = None if gpu is None else get_gpu(gpu)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
-                        page_size=page_size, seqlens=seqlens)
+                        page_size=page_size, seqlens=seqlens, l2=l2)
     options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
@@ -182,7 +186,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     counts, flops = measured.traffic, measured.flops
-    dram = measured.dram if pass_ == "fwd" else None  # a backward pass is simulated: too slow for a sweep
+    # a backward pass is simulated: too slow for a sweep
+    dram = measured.dram_with(l2 or L2Options()) if pass_ == "fwd" else None
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
@@ -194,9 +199,10 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
                block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-               page_size=None, seqlens=None) -> dict:
+               page_size=None, seqlens=None, l2: L2Options | None = None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
-    option the algorithm does not take set to None."""
+    option the algorithm does not take set to None, and the L2 model's overrides None where not given (the
+    schedule None for lockstep), as rows written before they existed have them."""
     algo = get_algorithm(algorithm)
     sparse = block_sparsity is not None and algo.accepts("block_sparsity")
     band = check_window(window)
@@ -210,7 +216,9 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 requested_splits=splits if algo.accepts("splits") else None,
                 page_size=page_size if algo.accepts("page_size") else None,
                 gpu=None if gpu is None else get_gpu(gpu).name,
-                window_left=None if band is None else band.left, window_right=None if band is None else band.right)
+                window_left=None if band is None else band.left, window_right=None if band is None else band.right,
+                l2_bytes=getattr(l2, "capacity", None), blocks_per_sm=getattr(l2, "blocks_per_sm", None),
+                schedule=None if l2 is None or l2.schedule == "lockstep" else l2.schedule)
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -228,7 +236,8 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
-              splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None) -> list[SweepRow]:
+              splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None,
+              l2: L2Options | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
@@ -238,7 +247,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     rows = []
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits, window=window, page_size=page_size, seqlens=seqlens)
+                   splits=splits, window=window, page_size=page_size, seqlens=seqlens, l2=l2)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})

@@ -116,3 +116,43 @@ def test_simulate_on_a_gpu_carries_the_dram_bytes_of_its_forward_pass():
     q, k, v = (rng.standard_normal((1, 2, 113, 16)) for _ in range(3))
     r = iosim.simulate("flash-swapped", q, k, v, M="100k", gpu="h100")
     assert r.dram == iosim.count("flash-swapped", N=113, d=16, heads=2, M="100k", gpu="h100").dram
+
+
+L2_FLAGS = ["--gpu", "h100", "--l2-bytes", "2MB", "--blocks-per-sm", "2", "--schedule", "staggered"]
+
+
+def test_the_l2_overrides_reach_sweep_run_and_optimize_as_iosim_dram_takes_them(tmp_path):
+    # 64 heads of N = 2048, d = 64 in float16: K and V of the heads running at once exceed a 2 MB L2
+    problem = dict(N=2048, d=64, heads=64, causal=True)
+    want = iosim.dram("flash-swapped", M="100k", **problem, l2_bytes="2M", blocks_per_sm=2, schedule="staggered")
+    plain = iosim.dram("flash-swapped", M="100k", **problem)
+    assert want.dram.reads > plain.dram.reads  # the overrides change the answer
+    shape = ["--N", "2048", "--d", "64", "--heads", "64", "--causal", "--M", "100k"]
+    path = tmp_path / "s.json"
+    rows = run(build_parser().parse_args(["sweep", "--algo", "flash-swapped", *shape, *L2_FLAGS, "--json", str(path)])
+               ).rows
+    assert rows[0].dram == want.dram
+    record = json.loads(path.read_text())[0]
+    assert (record["l2_bytes"], record["blocks_per_sm"], record["schedule"]) == (2_000_000, 2, "staggered")
+    found = run(build_parser().parse_args(["optimize", "--algo", "flash-swapped", *shape, *L2_FLAGS, "--objective",
+                                           "dram", "--top", "1"])).results[0]
+    assert found.dram[0] == iosim.dram("flash-swapped", M="100k", **problem, tiling=found.best[0].tiling,
+                                       l2_bytes="2M", blocks_per_sm=2, schedule="staggered").dram
+
+
+@pytest.mark.parametrize("command", ["sweep", "run", "optimize"])
+def test_an_l2_override_without_a_gpu_is_refused_in_one_line(command, capsys):
+    args = [command, "--algo", "flash-swapped", "--N", "64", "--d", "16", "--blocks-per-sm", "3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("iosim: error: --blocks-per-sm 3 without --gpu: it changes a GPU preset's L2 model; "
+                           "allowed: --gpu NAME --blocks-per-sm 3")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(schedule="waves"), r"schedule='waves' is not one of \['lockstep', 'staggered'\]"),
+    (dict(blocks_per_sm=0), r"blocks_per_sm=0 is outside the allowed range"),
+])
+def test_bad_l2_overrides_are_refused_by_name(kwargs, message):
+    with pytest.raises(iosim.InputError, match=message):
+        iosim.dram("flash-swapped", N=64, d=16, M="100k", **kwargs)

@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from iosim.api import PASSES, backward_of
 from iosim.errors import InputError
 from iosim.gpus import GPUS
+from iosim.l2 import SCHEDULES, L2Options
 from iosim.inputs import check_tokens
 from iosim.policies import POLICIES
 from iosim.problem import Problem
@@ -94,6 +95,7 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="hardware preset: sets M and the SMs split-kv's default splits fill; a sweep adds GB, "
                         "GFLOPs, intensity and a roofline time")
     add_problem(p)
+    add_l2_options(p)
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "
                         "of the --gpu preset, an H100's 132 without one)")
@@ -114,6 +116,39 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="random, local (banded) or strided block mask (default random)")
     p.add_argument("--sparsity-seed", type=seed_arg, default=0, help="seed of a random block mask")
     add_outputs(p, "the results")
+
+
+def bytes_arg(text: str) -> int:
+    """A byte count with an optional trailing B (37M, 37MB, 32MiB), for argparse."""
+    return count_arg(text[:-1] if text[-1:] in ("b", "B") and text[:-1] else text)
+
+
+def add_l2_options(p: argparse.ArgumentParser) -> None:
+    """The L2 model's overrides, for --gpu (docs/gpu.md)."""
+    p.add_argument("--l2-bytes", type=bytes_arg, default=None, metavar="BYTES",
+                   help="with --gpu: the L2 bytes DRAM sees, e.g. 25MB or 32MiB (default: the preset's effective "
+                        "capacity, 37 MB on an H100)")
+    p.add_argument("--blocks-per-sm", type=count_arg, default=None, metavar="N",
+                   help="with --gpu: thread blocks one SM holds, for every kernel (default: each kernel's, from "
+                        "its registers and shared memory)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="lockstep",
+                   help="with --gpu: how the first thread blocks start: lockstep (together, default) or staggered "
+                        "(slot s s/W of a block late; always simulated)")
+
+
+def l2_options(args: argparse.Namespace) -> L2Options | None:
+    """--l2-bytes, --blocks-per-sm and --schedule as the L2 model takes them; None when none is given. Refused
+    without --gpu, whose L2 they change."""
+    given = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm,
+             "--schedule": None if args.schedule == "lockstep" else args.schedule}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return None
+    if args.gpu is None:
+        name, value = next(iter(given.items()))
+        raise InputError(f"{name} {value} without --gpu: it changes a GPU preset's L2 model; allowed: --gpu NAME "
+                         f"{name} {value}")
+    return L2Options(args.l2_bytes, args.blocks_per_sm, args.schedule)
 
 
 def window_of(args: argparse.Namespace) -> tuple[int, int] | None:

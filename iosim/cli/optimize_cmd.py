@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.api import backward_of
-from iosim.cli.common import (PASS_TITLES, add_outputs, add_problem, algorithms_of, band_title, check_backward,
-                              count_arg, window_of)
+from iosim.cli.common import (PASS_TITLES, add_l2_options, add_outputs, add_problem, algorithms_of, band_title,
+                              check_backward, count_arg, l2_options, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.errors import InputError
@@ -52,6 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    add_l2_options(p)
     p.add_argument("--objective", choices=OBJECTIVES, default="hbm",
                    help=f"what to minimize: hbm, the two-level count (default), or dram, the DRAM bytes behind "
                         f"--gpu's L2, over the {DRAM_CANDIDATES} tilings of least HBM traffic (forward passes)")
@@ -71,6 +72,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> OptimizeOutcome:
     """Search every algorithm's tilings; ``on_row`` sees each algorithm's optimum as it is found."""
     M = resolve_M(args.M, args.gpu, args.dtype)
+    l2 = l2_options(args)
     algorithms = covered(args)
     check_backward(algorithms, args.pass_)
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
-                                       page_size=args.page_size))
+                                       page_size=args.page_size, l2=l2))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
