@@ -5,8 +5,9 @@ query blocks of a head and backward on odd ones, so that a block starts on the K
 predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
 script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and the same grid
 with odd query blocks reversed through ``iosim.l2_simulate.simulate`` at shapes where K and V of one
-head reach past the H100's effective L2, and reports the DRAM bytes of both. Nothing here
-is measured on a GPU.
+head reach past the H100's effective L2, and reports the DRAM bytes of both, with the first
+blocks started in lockstep (the model's default) and staggered (``iosim.l2.SCHEDULES``): the
+two ends of how far apart blocks of equal work run. Nothing here is measured on a GPU.
 
 Usage: python experiments/sawtooth.py [--out experiments/results/sawtooth.json]
 """
@@ -64,15 +65,21 @@ def main() -> None:
         Tr = -(-n // TILING.Br)
         start = time.perf_counter()
         plain, saw = simulate(g, config), simulate(sawtooth(g, Tr), config)
+        staggered = replace(config, schedule="staggered")
+        plain_st, saw_st = simulate(g, staggered), simulate(sawtooth(g, Tr), staggered)
         row = dict(batch_heads=bh, N=n, d=d, Br=TILING.Br, Bc=TILING.Bc, concurrent=config.concurrent,
                    l2_bytes=config.capacity, kv_bytes_per_head=4 * n * d,
                    kv_read_plain=plain.tensor("K").reads + plain.tensor("V").reads,
                    kv_read_sawtooth=saw.tensor("K").reads + saw.tensor("V").reads,
-                   dram_read_plain=plain.reads, dram_read_sawtooth=saw.reads, seconds=time.perf_counter() - start)
+                   dram_read_plain=plain.reads, dram_read_sawtooth=saw.reads,
+                   kv_read_plain_staggered=plain_st.tensor("K").reads + plain_st.tensor("V").reads,
+                   kv_read_sawtooth_staggered=saw_st.tensor("K").reads + saw_st.tensor("V").reads,
+                   seconds=time.perf_counter() - start)
         rows.append(row)
         print(f"bh={bh} N={n} d={d}: K/V read {row['kv_read_plain'] / 1e6:,.1f} MB in order, "
-              f"{row['kv_read_sawtooth'] / 1e6:,.1f} MB sawtooth ({row['kv_read_sawtooth'] / row['kv_read_plain']:.3f}x), "
-              f"K/V of a head {row['kv_bytes_per_head'] / 1e6:,.1f} MB, {row['seconds']:.1f} s", flush=True)
+              f"{row['kv_read_sawtooth'] / 1e6:,.1f} MB sawtooth ({row['kv_read_sawtooth'] / row['kv_read_plain']:.3f}x); "
+              f"staggered {row['kv_read_plain_staggered'] / 1e6:,.1f} and {row['kv_read_sawtooth_staggered'] / 1e6:,.1f} "
+              f"MB; K/V of a head {row['kv_bytes_per_head'] / 1e6:,.1f} MB, {row['seconds']:.1f} s", flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     args.out.write_text(json.dumps(dict(command="python experiments/sawtooth.py", commit=commit, gpu=GPU,
                                         l2_effective=GPUS[GPU].l2_effective.value, machine=platform.machine(),
