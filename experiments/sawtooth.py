@@ -3,9 +3,10 @@
 The "sawtooth" order (arXiv 2601.16032, FlashAttention on GB10) scans K/V forward on even
 query blocks of a head and backward on odd ones, so that a block starts on the K_j, V_j its
 predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
-script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and the same grid
-with odd query blocks reversed through ``iosim.l2_simulate.simulate`` at shapes where K and V of one
-head reach past the H100's effective L2, and reports the DRAM bytes of both, with the first
+script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and its sawtooth grid
+(``flash_swapped.sawtooth_grid``: odd query blocks reversed, as the kernel's ``sawtooth=True``
+runs them) through ``iosim.l2_simulate.simulate`` at shapes where K and V of one head reach
+past the H100's effective L2, and reports the DRAM bytes of both, with the first
 blocks started in lockstep (the model's default) and staggered (``iosim.l2.SCHEDULES``): the
 two ends of how far apart blocks of equal work run. Nothing here is measured on a GPU.
 
@@ -23,7 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from iosim.gpus import GPUS
-from iosim.l2 import Grid, l2_config
+from iosim.algorithms.flash_swapped import sawtooth_grid
+from iosim.l2 import l2_config
 from iosim.l2_simulate import simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
@@ -36,23 +38,6 @@ CASES = [(1, 65_536, 128), (1, 131_072, 128), (1, 262_144, 128), (4, 131_072, 12
 TILING = Tiling(64, 64)  # a float16 tile of the size FlashAttention-2 uses at d = 128
 
 
-def sawtooth(grid: Grid, Tr: int) -> Grid:
-    """``grid`` with the K/V steps of every odd query block in reverse: Q_i still first, O_i and lse_i last."""
-
-    def steps(b: int):
-        plain = list(grid.steps(b))
-        if b % Tr % 2 == 0 or len(plain) < 2:
-            yield from plain
-            return
-        kv = [plain[0][1:], *plain[1:-1], plain[-1][:2]]  # the first step is Q_i + (K_j, V_j), the last adds O_i, lse_i
-        kv.reverse()
-        yield plain[0][:1] + kv[0]
-        yield from kv[1:-1]
-        yield kv[-1] + plain[-1][2:]
-
-    return replace(grid, steps=steps)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/sawtooth.json"))
@@ -62,11 +47,11 @@ def main() -> None:
         pb = Problem(AttentionShape(1, bh, n, n, d), tau=1.0, dtype="float16")
         g = algo.grid(pb, TILING)
         config = l2_config(g, GPU)
-        Tr = -(-n // TILING.Br)
         start = time.perf_counter()
-        plain, saw = simulate(g, config), simulate(sawtooth(g, Tr), config)
+        saw_g = sawtooth_grid(pb, TILING)
+        plain, saw = simulate(g, config), simulate(saw_g, config)
         staggered = replace(config, schedule="staggered")
-        plain_st, saw_st = simulate(g, staggered), simulate(sawtooth(g, Tr), staggered)
+        plain_st, saw_st = simulate(g, staggered), simulate(saw_g, staggered)
         row = dict(batch_heads=bh, N=n, d=d, Br=TILING.Br, Bc=TILING.Bc, concurrent=config.concurrent,
                    l2_bytes=config.capacity, kv_bytes_per_head=4 * n * d,
                    kv_read_plain=plain.tensor("K").reads + plain.tensor("V").reads,

@@ -55,6 +55,7 @@ class Implementation(Protocol):
     BFLOAT16: bool  # whether the API may hand it bfloat16; if so it is also a TakesBfloat16
     GROUPED_FORWARD: bool  # whether its forward takes k, v of b·kv_heads heads for q of b·heads (grouped-query)
     SPLITS: bool  # whether its forward splits K/V and takes splits= (attention(splits=...); split-kv)
+    SAWTOOTH: bool  # whether its forward takes sawtooth= (odd query blocks scan K/V backward; flash-swapped)
     FORWARD_TILES: Sequence  # tilings the forward prefers, best first; the API takes the first that fits d
     BACKWARD_TILES: Sequence  # the same for the backward
 
@@ -63,7 +64,7 @@ class Implementation(Protocol):
 
     def forward(self, q, k, v, *, tau: float, causal: bool, dropout: Dropout, config):
         """(O (bh, N_q, d) in q's dtype, lse (bh, N_q) float32: log Σ_j exp(S_ij), −inf on fully masked rows).
-        A SPLITS module's forward also takes splits (an int the API has checked)."""
+        A SPLITS module's forward also takes splits (an int the API has checked), a SAWTOOTH one sawtooth."""
 
     def backward(self, q, k, v, out, lse, dout, *, tau: float, causal: bool, dropout: Dropout, config):
         """(dQ, dK, dV) in q's dtype, from forward's out and lse for the same inputs and options."""
@@ -238,7 +239,7 @@ def _check_heads(shape: AttentionShape, impl: str | None = None) -> AttentionSha
 
 def attention(
     q, k, v, *, impl="flash-swapped", causal=False, scale=None, dropout_p=0.0, seed=0, config=None, dtype=None,
-    splits=None,
+    splits=None, sawtooth=False,
 ):
     """Attention forward on the GPU: O = dropout(softmax(MASK(tau Q Kᵀ))) V and its logsumexp.
 
@@ -250,12 +251,17 @@ def attention(
     standard.MatmulConfig for impl="standard"). dtype="bfloat16" runs bfloat16 (see the
     module docstring for the inputs it takes); None runs the inputs' dtype. `splits` is
     impl="split-kv"'s number of K/V splits, 1 to ⌈N_k/B_c⌉ (None: enough to fill the device's
-    SMs, kernels/split_kv.py). Returns KernelOutput(out, lse).
+    SMs, kernels/split_kv.py). `sawtooth=True` has impl="flash-swapped"'s odd query blocks visit
+    their key blocks last to first (the same attention; docs/gpu.md says what the L2 makes of it).
+    Returns KernelOutput(out, lse).
     """
     module = implementation(impl)
     if splits is not None and not module.SPLITS:
         raise InputError(f"splits={splits!r}: impl={impl!r} does not split K/V; splits= is for "
                          f"{[name for name, m in IMPLS.items() if m.SPLITS]}")
+    if _check_bool("sawtooth", sawtooth) and not module.SAWTOOTH:
+        raise InputError(f"sawtooth=True: impl={impl!r} has one K/V order; sawtooth= is for "
+                         f"{[name for name, m in IMPLS.items() if m.SAWTOOTH]}")
     q, k, v = (_as_array(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     shape = _check_heads(check_qkv(q, k, v), impl)
     widen = False
@@ -269,6 +275,8 @@ def attention(
     dropout = Dropout.checked(dropout_p, seed)
     config = resolve_config(impl, shape.d, False, config)
     options = {"splits": module.resolve_splits(splits, shape, causal, config)} if module.SPLITS else {}
+    if sawtooth:
+        options["sawtooth"] = True
 
     on_host = isinstance(q, np.ndarray)
     qd = _to_device("q", q, (shape.bh, shape.n_q, shape.d))

@@ -36,6 +36,7 @@ ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its thread block per batch·head indexes K/V by the query head
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
+SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO

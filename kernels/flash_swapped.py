@@ -45,6 +45,7 @@ ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
 GROUPED_FORWARD = True  # grouped-query attention (k, v with fewer heads than q): its forward reads each query head's K/V head by index (kernels.api)
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
+SAWTOOTH = True  # its forward can scan K/V backward on odd query blocks (kernels.attention(..., sawtooth=True))
 
 NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
@@ -99,7 +100,8 @@ def lse_from_log2(m2, l):
 
 
 @functools.lru_cache(maxsize=None)
-def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, splits: int = 1, packed: bool = False):
+def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, splits: int = 1, packed: bool = False,
+                   sawtooth: bool = False):
     """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads().
 
     q, out are flat (batch·heads·N_q·d) arrays and k, v flat (batch·heads·N_k·d), so every
@@ -114,6 +116,10 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
     visits ``split_kv.deal(range(T_c), S, s)``'s key blocks and writes its partial O_s (normalised by its own ℓ)
     and lse_s to out, lse at rows (h·S + s)·rows + r, out in float32 (a split that gets no key block writes
     O_s = 0, lse_s = −inf).
+
+    ``sawtooth``: odd query blocks visit their key blocks last to first (the "sawtooth" order of arXiv
+    2601.16032), so that a block starts on the K_j, V_j its even predecessor ended on; the online softmax gives
+    the same attention in any order. ``iosim.algorithms.flash_swapped.sawtooth_grid`` declares its grid.
     """
     lay = layout(config, d, False)
     t = tiles(lay)
@@ -121,7 +127,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
     W, PW, LANES = lay.W, lay.PW, lay.copy_lanes
     ACC_COLS = VEC * G
     RED_ROWS, RED_COLS = (Br, TC) if dev.simulator_enabled() else (1, 1)
-    SPLITS, PACKED = splits, packed
+    SPLIT_COUNT, PACKED, REVERSE_ODD = splits, packed, sawtooth
 
     @cuda.jit(device=True)
     def query(row, n_q):
@@ -174,8 +180,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
         Tr = (rows + Br - 1) // Br
         unit = cuda.blockIdx.x // Tr  # (head, split) h·S + s
         i = cuda.blockIdx.x - unit * Tr
-        bh = unit // SPLITS
-        split = unit - bh * SPLITS
+        bh = unit // SPLIT_COUNT
+        split = unit - bh * SPLIT_COUNT
         kvh = bh if PACKED else bh // group  # grouped-query attention: the K/V head of this query head
         tid = cuda.threadIdx.x
         ty = tid // TC
@@ -209,16 +215,19 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
 
         Tc = (n_k + Bc - 1) // Bc
         j_first = 0
-        if SPLITS > 1:  # split s's share of the key blocks, split_kv.deal(range(T_c), S, s)
-            per = Tc // SPLITS
-            extra = Tc - per * SPLITS
+        if SPLIT_COUNT > 1:  # split s's share of the key blocks, split_kv.deal(range(T_c), S, s)
+            per = Tc // SPLIT_COUNT
+            extra = Tc - per * SPLIT_COUNT
             j_first = split * per + min(split, extra)
             Tc = j_first + per + (1 if split < extra else 0)
-        if causal and SPLITS == 1 and not PACKED:
+        if causal and SPLIT_COUNT == 1 and not PACKED:
             # the block's last row sees keys up to last_row + N_k − N_q; later blocks are all masked
             last_key = min(row0 + Br, n_q) - 1 + (n_k - n_q)
             Tc = min(Tc, (last_key + Bc) // Bc) if last_key >= 0 else 0
-        for j in range(j_first, Tc):
+        for step in range(j_first, Tc):
+            j = step
+            if REVERSE_ODD and i % 2 == 1:  # odd query blocks scan K/V backward
+                j = Tc - 1 - (step - j_first)
             col0 = j * Bc
             cuda.syncthreads()  # the previous step's readers of K_s, V_s, P_s are done
             t.load_col_tile(K_s, k, kvh * n_k + col0, n_k - col0, ONE, cr, cc)  # Alg. 1 line 6
@@ -357,20 +366,20 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     return kernel
 
 
-def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig):
+def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig, sawtooth: bool = False):
     """O and lse of attention on device arrays q (bh, N_q, d), k, v (b·kv_heads, N_k, d).
 
     Under grouped-query attention each group of bh / (b·kv_heads) consecutive query heads reads one K/V head,
     by its index, with one thread block per (query block, query head) as without groups (per-head blocks: a
-    group's blocks share its K_j, V_j only in the L2). Returns (out (bh, N_q, d) in q's dtype, lse (bh, N_q)
-    float32). Inputs are checked by kernels.api before this is called.
+    group's blocks share its K_j, V_j only in the L2). ``sawtooth``: odd query blocks scan K/V backward. Returns
+    (out (bh, N_q, d) in q's dtype, lse (bh, N_q) float32). Inputs are checked by kernels.api before this is called.
     """
     n_bh, n_q, d = q.shape
     n_k = k.shape[1]
     group = n_bh // k.shape[0]
     out = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float32)
-    kernel = forward_kernel(d, config, bool(causal), dropout.enabled)
+    kernel = forward_kernel(d, config, bool(causal), dropout.enabled, sawtooth=bool(sawtooth))
     Tr = -(-n_q // config.Br)
     kernel[n_bh * Tr, config.threads()](
         flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, group, np.float32(tau), *dropout.kernel_args()

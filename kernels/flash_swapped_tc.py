@@ -66,6 +66,7 @@ ALGORITHM = flash_swapped.ALGORITHM
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
 GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its 16-bit kernels index K/V by the query head
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
+SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 WARPS = tc.WARPS  # each owning one m16 row tile of Q_i
 THREADS = tc.THREADS
 BR = mma.M * WARPS  # 64 query rows per block

@@ -44,6 +44,7 @@ ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # float32 or float16, as flash-swapped's kernel
 GROUPED_FORWARD = True  # the point of it: a group's query heads are rows of one head
 SPLITS = True  # kernels.attention(..., splits=S) is for it
+SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 FORWARD_TILES = flash_swapped.FORWARD_TILES
 BACKWARD_TILES = ()  # no backward pass
 COMBINE_THREADS = 128

@@ -787,3 +787,28 @@ def test_row_dot_sums_each_row_over_the_chunks_of_the_grid_stride(dtype, launch)
     dev.row_dot_kernel[launch](do, o, got)
     want = (do.astype(np.float64) * o.astype(np.float64)).sum(axis=-1)
     assert np.max(np.abs(got - want)) <= 70 * np.finfo(np.float32).eps * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("case", [Case(1, 2, 70, 50, 8, causal=True, dropout_p=0.2, seed=9),  # fully masked rows
+                                  Case(2, 1, 50, 70, 12)])
+def test_the_sawtooth_order_gives_the_same_attention(case, dtype):
+    # odd query blocks scan their key blocks last to first (kernels.attention(..., sawtooth=True)); N_q = 50 and 70
+    # give 4 and 5 query blocks of 16, and N_k = 70 (50) a ragged last key block that odd blocks meet first
+    q, k, v, do = make_inputs(case, dtype)
+    opts = case.options()
+    saw = kernels.attention(q, k, v, impl="flash-swapped", config=SIM_CONFIGS["flash-swapped"], sawtooth=True, **opts)
+    ref = attention_ref(q, k, v, **opts)
+    lowp = attention_in_dtype(dtype, q, k, v, do, **opts)
+    for name, got, want, low in zip(("out", "lse"), saw, (ref.out, ref.lse), lowp):
+        assert_close(f"sawtooth {name}", got, want, low, dtype)
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_sawtooth_is_refused_where_the_impl_has_one_kv_order():
+    q = np.zeros((1, 1, 8, 8), np.float32)
+    with pytest.raises(iosim.InputError, match=r"sawtooth=True: impl='flash' has one K/V order; sawtooth= is for "
+                                               r"\['flash-swapped'\]"):
+        kernels.attention(q, q, q, impl="flash", sawtooth=True)
+    with pytest.raises(TypeError, match=r"sawtooth='yes' must be a bool"):
+        kernels.attention(q, q, q, sawtooth="yes")

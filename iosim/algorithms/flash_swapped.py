@@ -185,6 +185,31 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
 
 
+def sawtooth_grid(pb: Problem, tiling: Tiling) -> Grid:
+    """``grid`` with the odd query blocks of each head visiting their key blocks last to first, as the forward kernel
+    compiled with ``sawtooth`` runs (kernels/flash_swapped.py; the order of arXiv 2601.16032): block (bh, i) with i
+    odd reads Q_i with its last key block, ends with its first and O_i, lse_i. The two-level count is flash-swapped's:
+    only the order, which the L2 sees, differs."""
+    tiles = Tiles(GRID_TENSORS)
+    accesses = block_accesses(tiles, pb, tiling)
+    Tr = -(-pb.shape.n_q // tiling.Br)
+    backward: dict[int, list] = {}  # a head's (K_j, V_j) steps, last first: the same step objects, shared
+
+    def steps(b: int):
+        q, kv, run, out = accesses(b)
+        n = len(run)
+        if b % Tr % 2 == 0 or n <= 1:
+            j0 = run.start
+            if n <= 1:
+                return iter((q + (kv[j0] if n else ()) + out,))
+            return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
+        rev = backward.setdefault(id(kv), kv[::-1])  # rev[k] = kv[T_c − 1 − k]
+        a = len(kv) - run.stop  # the run's last key block, first in rev
+        return SharedSteps((q + rev[a],), rev, a + 1, a + n - 1, (rev[a + n - 1] + out,))
+
+    return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
+
+
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
     """Closed form of ``iosim.l2_simulate.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
     reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
