@@ -15,12 +15,13 @@ Writes OUT.json and OUT.md with the versions, the git commit and the command.
     python experiments/kernel_resources.py --check [--pairwise] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
-each kernel that failed, if any did. With --pairwise it compiles a covering subset (35 of
-the 66): of each family whose specialisations vary in dtype, head dim and causal+dropout
+each kernel that failed, if any did. With --pairwise it compiles a covering subset (36 of
+the 68): of each family whose specialisations vary in dtype, head dim and causal+dropout
 (flash-swapped and flash-swapped-tc, forward and backward), half, chosen so that every
 pair of those settings is compiled together at least once; of standard's four matmuls
 each once, the two dtypes alternating; of split-kv's split kernel one split count (the
-others differ only in that constant), its combine at both d; flash and the small kernels all.
+others differ only in that constant), its combine at both d; the sawtooth forward at one d;
+flash and the small kernels all.
 tests/test_kernels_compile.py runs --check --pairwise in CI, whose other kernel tests
 run under Numba's CUDA simulator, which neither type-checks a kernel nor lowers it to
 PTX. Without NVVM or nvJitLink either form exits with status 77 (TOOLCHAIN_MISSING).
@@ -178,6 +179,15 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1), pairwise=(product + dt_level) % 2 == 0,
             ))
     out += split_kv_cases(d_values)
+    for d in d_values:  # the sawtooth order, float16 (call3-sawtooth's kernels); in --pairwise, the last
+        c = _first_fit(flash_swapped, flash_swapped.FORWARD_TILES, d, False)
+        out.append(KernelCase(
+            f"sawtooth flash-swapped forward d={d} fp16 {c}",
+            flash_swapped.forward_kernel(d, c, False, False, sawtooth=True),
+            (arr(F16, 1),) * 4 + (arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
+            c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
+            pairwise=d == d_values[-1],
+        ))
     m = standard.MatmulConfig()
     out += [
         KernelCase("standard softmax (causal+dropout)", standard.softmax_kernel(m.row_threads, True, True),

@@ -81,6 +81,7 @@ class LaunchConfig:
     dropout_p: float = 0.0
     kv_heads: int | None = None  # K/V heads under grouped-query attention (flash-swapped's forward); None: heads
     splits: int | None = None  # split-kv's K/V splits, fixed here so that the launch does not depend on the SMs
+    sawtooth: bool = False  # flash-swapped's forward with odd query blocks scanning K/V backward
 
     @property
     def kv(self) -> int:
@@ -237,19 +238,31 @@ def call3_split_kv_grid() -> list[LaunchConfig]:
     return configs
 
 
+# The sawtooth order against the plain one (issue 17, item 5): flash-swapped's forward, float16, full attention, one
+# and four heads, N 32,768 to 131,072 (K and V of a head 8.4 to 67 MB at d = 128: under, near and over the L2), d 64
+# and 128, each shape in both orders. The lockstep and the staggered schedule disagree on whether it pays.
+CALL3_SAWTOOTH_BH = (1, 4)
+CALL3_SAWTOOTH_N = (32768, 65536, 131072)
+
+
+def call3_sawtooth_grid() -> list[LaunchConfig]:
+    return [LaunchConfig("flash-swapped", "forward", 1, bh, n, n, d, "float16", sawtooth=sawtooth)
+            for d in (64, 128) for bh in CALL3_SAWTOOTH_BH for n in CALL3_SAWTOOTH_N for sawtooth in (False, True)]
+
+
 def call3_grid() -> list[LaunchConfig]:
     """Call 3: the forward rows first (their indices as predictions-2502058 numbered them), then flash-swapped's
     backward (as predictions-80f2354 numbered them), then flash-swapped-tc's, then grouped-query forwards, then
-    split-kv decoding."""
+    split-kv decoding, then the sawtooth order beside the plain one."""
     return (call3_forward_grid() + call3_backward_grid() + call3_tc_backward_grid() + call3_gqa_grid()
-            + call3_split_kv_grid())
+            + call3_split_kv_grid() + call3_sawtooth_grid())
 
 
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
-         "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid}
+         "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -273,6 +286,8 @@ def launch(configs: list[LaunchConfig]) -> None:
         opts = dict(impl=cfg.impl, causal=cfg.causal, dropout_p=cfg.dropout_p, seed=index)
         if cfg.splits is not None:
             opts["splits"] = cfg.splits
+        if cfg.sawtooth:
+            opts["sawtooth"] = True
         if cfg.dtype == "bfloat16":
             opts["dtype"] = "bfloat16"  # the inputs are bit patterns (uint16): the results come back as them
         saved = kernels.attention(q, k, v, **opts) if cfg.direction == "backward" else None
@@ -367,7 +382,8 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
     }
 
 
-JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads", "splits")
+JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads", "splits",
+        "sawtooth")
 
 
 def join_predictions(rows: list[dict], path: Path) -> None:

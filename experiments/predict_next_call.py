@@ -275,6 +275,8 @@ def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     tiling = Tiling(tile["Br"], tile["Bc"])
     per_sm = blocks_per_sm(cfg)
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
+    if cfg.sawtooth:
+        return predict_sawtooth(cfg, pb, tiling, per_sm, schedule)
     out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
                  "method": "simulation" if tc or cfg.causal or cfg.kv_heads or schedule != "lockstep"
                  else "closed form (flash_swapped.dram)"}
@@ -290,6 +292,18 @@ def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     if tc and not cfg.causal:  # the declared grid at the same tiles: what the one-step-early fetch changes
         declared = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, blocks_per_sm=per_sm)
         out["declared_grid_effective"] = {k: v for k, v in _counts(declared).items() if k != "by_tensor"}
+    return out
+
+
+def predict_sawtooth(cfg: LaunchConfig, pb: Problem, tiling: Tiling, per_sm: int, schedule: str) -> dict:
+    """flash-swapped's forward in the sawtooth order: ``flash_swapped.sawtooth_grid`` at the kernel's blocks per SM
+    (the sawtooth build's, which the report gives as the plain one's), simulated."""
+    out: dict = {"grid": "iosim.algorithms.flash_swapped.sawtooth_grid", "method": "simulation"}
+    for label, capacity in capacities(schedule):
+        start = time.perf_counter()
+        g = replace(flash_swapped.sawtooth_grid(pb, tiling), blocks_per_sm=per_sm)
+        dram = simulate(g, l2_config(g, GPU, capacity, schedule=schedule))
+        out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
     return out
 
 
@@ -309,7 +323,7 @@ def _key(cfg: LaunchConfig) -> tuple:
     """Configurations with equal bytes: float16 and bfloat16 of one kernel are the same grid."""
     width = "16-bit" if cfg.dtype in ("float16", "bfloat16") else cfg.dtype
     return (cfg.impl, cfg.direction, cfg.n_q, cfg.n_k, cfg.d, cfg.batch, cfg.heads, cfg.kv_heads, cfg.causal, width,
-            cfg.splits)
+            cfg.splits, cfg.sawtooth)
 
 
 def _git(*args: str) -> str:
@@ -344,7 +358,8 @@ def markdown(record: dict) -> str:
         bh = str(r["batch"] * r["heads"]) + (f" / {r['batch'] * r['kv_heads']} kv" if r.get("kv_heads") else "")
         cells = [str(r["index"]), r["impl"], r["direction"], r["dtype"], bh, str(r["n_q"]), str(r["d"]),
                  "yes" if r["causal"] else "no",
-                 f"{r['tiling']['Br']}×{r['tiling']['Bc']}" + (f", S={r['splits']}" if r.get("splits") else ""),
+                 f"{r['tiling']['Br']}×{r['tiling']['Bc']}" + (f", S={r['splits']}" if r.get("splits") else "")
+                 + (", sawtooth" if r.get("sawtooth") else ""),
                  str(r["blocks_per_sm"]),
                  _mb(eff["reads"]), _mb(eff["writes"]), _mb(eff["dirty_at_end"]), sweep,
                  _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]

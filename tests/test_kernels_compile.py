@@ -8,9 +8,9 @@ pairwise subset of the specialisations experiments/kernel_resources.py reports o
 flash-swapped and flash-swapped-tc, forward and backward, every dtype (float32/float16,
 float16/bfloat16 on tensor cores), head dim (64, 128) and causal+dropout setting, and
 every pair of them, at least once; every standard matmul, flash kernel and small kernel; split-kv's
-split kernel at one split count and its combine. 35 of the 66 kernels, about half the time; a fault
-that needs three settings at once to show is left to `python experiments/kernel_resources.py --check`,
-which compiles all 66.
+split kernel at one split count and its combine; the sawtooth forward at one d. 36 of the 68 kernels,
+about half the time; a fault that needs three settings at once to show is left to
+`python experiments/kernel_resources.py --check`, which compiles all 68.
 A second test reads the tensor-core kernels' machine code with the static model
 (nvdisasm, also in the test extra) and holds it to the kernels' own MMA counts.
 
@@ -70,8 +70,10 @@ def test_the_pairwise_kernels_cover_every_pair_of_settings():
     # split-kv's split kernel differs between split counts only in that constant: one count, and both combines
     splits = [case for case in kernel_resources.cases() if case.name.startswith("split-kv split")]
     assert len(splits) > 2 and sum(case.pairwise for case in splits) == 1, [c.name for c in splits if c.pairwise]
+    sawtooth = [case for case in kernel_resources.cases() if case.name.startswith("sawtooth")]
+    assert len(sawtooth) == 2 and sum(case.pairwise for case in sawtooth) == 1, [c.name for c in sawtooth]
     assert all(case.pairwise for case in kernel_resources.cases() if case.name in rest
-               and not case.name.startswith(("standard matmul", "split-kv split"))), rest
+               and not case.name.startswith(("standard matmul", "split-kv split", "sawtooth"))), rest
 
 
 def test_the_pairwise_kernels_compile_for_sm90():

@@ -28,10 +28,13 @@ def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and
     grid = ncu.GRIDS["call3"]()
     forward = [c for c in grid if c.direction == "forward"]
     tc, gqa, split = ncu.GRIDS["call3-tc-backward"](), ncu.GRIDS["call3-gqa"](), ncu.GRIDS["call3-split-kv"]()
-    forward = forward[:len(forward) - len(gqa) - len(split)]
-    backward = grid[len(forward):len(grid) - len(tc) - len(gqa) - len(split)]
-    # then flash-swapped-tc's backward, the grouped-query forwards, split-kv's decoding, the indices before each kept
-    assert grid[len(grid) - len(tc) - len(gqa) - len(split):] == tc + gqa + split
+    saw = ncu.GRIDS["call3-sawtooth"]()
+    later = len(gqa) + len(split) + len(saw)  # forward parts after the backward ones
+    forward = forward[:len(forward) - later]
+    backward = grid[len(forward):len(grid) - len(tc) - later]
+    # then flash-swapped-tc's backward, the grouped-query forwards, split-kv's decoding, the sawtooth order, the
+    # indices before each kept
+    assert grid[len(grid) - len(tc) - later:] == tc + gqa + split + saw
     # the forward rows keep the indices predictions-2502058 gave them: 176 of them, first
     assert grid[:len(forward)] == ncu.call3_forward_grid() and len(forward) == 176, len(forward)
     assert backward == ncu.GRIDS["call3-backward"]()
@@ -221,3 +224,19 @@ def test_committed_backward_predictions_stand_for_the_coalesced_row_dot(path, in
         want = row["predicted"][label]
         assert (got[label]["reads"], got[label]["writes"], got[label]["dirty_at_end"]) == (
             want["reads"], want["writes"], want["dirty_at_end"]), (label, cfg)
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "staggered"])
+def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_plain_one(schedule):
+    from iosim.algorithms.flash_swapped import sawtooth_grid
+
+    rows = ncu.GRIDS["call3-sawtooth"]()
+    assert len(rows) == 24 and [c.sawtooth for c in rows[:2]] == [False, True]
+    assert all(replace(a, sawtooth=True) == b for a, b in zip(rows[::2], rows[1::2]))  # each shape in both orders
+    cfg = ncu.LaunchConfig("flash-swapped", "forward", 1, 3, 300, 300, 64, "float16", sawtooth=True)
+    pb, tiling = _problem(cfg)
+    grid = replace(sawtooth_grid(pb, tiling), blocks_per_sm=predict.blocks_per_sm(cfg))
+    want = simulate(grid, l2_config(grid, "h100", schedule=schedule))
+    got = predict.predict(cfg, schedule)
+    assert got["grid"] == "iosim.algorithms.flash_swapped.sawtooth_grid"
+    assert (got["effective"]["reads"], got["effective"]["writes"]) == (want.reads, want.writes)
