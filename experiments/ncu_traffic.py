@@ -384,14 +384,19 @@ def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
 
 JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "causal", "dropout_p", "kv_heads", "splits",
         "sawtooth")
+JOIN_DEFAULTS = {"sawtooth": False}  # fields added later, whose absence means this (kv_heads, splits: None)
 
 
 def join_predictions(rows: list[dict], path: Path) -> None:
     """Put the L2 model's predicted DRAM bytes (a file written before the measurement) beside each row."""
     document = json.loads(path.read_text())
-    predicted = {tuple(r.get(k) for k in JOIN): r["predicted"]["effective"] for r in document["rows"]}
-    for row in rows:  # a file or row from before grouped heads (splits) has no kv_heads (splits): None, as without
-        pred = predicted.get(tuple(row.get(k) for k in JOIN))
+
+    def key(r: dict) -> tuple:  # a file or row from before a field has none (or null): its default
+        return tuple(JOIN_DEFAULTS.get(k) if r.get(k) is None else r[k] for k in JOIN)
+
+    predicted = {key(r): r["predicted"]["effective"] for r in document["rows"]}
+    for row in rows:
+        pred = predicted.get(key(row))
         if pred is None:
             continue
         m = row["measured"]

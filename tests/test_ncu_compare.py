@@ -103,11 +103,14 @@ def test_a_csv_that_cannot_be_attributed_in_bytes_is_rejected(tmp_path, lines, w
 def test_compare_joins_the_predictions_made_before_the_run_on_every_key(tmp_path):
     folder = _folder(tmp_path, [*_marker(0, 0), *_rows(1, "kernel[v29,x]", 8, "30,000", "1,000"),
                                 *_marker(2, 1), *_rows(3, "kernel[v33,x]", 8, "500", "0")])
-    keys = {k: CONFIGS[0].get(k) for k in ncu.JOIN}  # configs written before grouped heads have no kv_heads
+    # configs and predictions written before grouped heads, splits and the sawtooth order have none of them
+    keys = {k: CONFIGS[0][k] for k in ncu.JOIN if k in CONFIGS[0]}
+    assert "sawtooth" not in keys and "kv_heads" not in keys
     predicted = {"commit": "abc1234", "rows": [
         {**keys, "predicted": {"effective": {"reads": 24_000, "writes": 2_000}}},
         {**keys, "causal": True, "predicted": {"effective": {"reads": 1, "writes": 1}}},  # another key: not joined
         {**keys, "kv_heads": 1, "predicted": {"effective": {"reads": 2, "writes": 2}}},  # grouped heads: not joined
+        {**keys, "sawtooth": True, "predicted": {"effective": {"reads": 3, "writes": 3}}},  # the other order
     ]}
     path = tmp_path / "predictions-abc1234.json"
     path.write_text(json.dumps(predicted))
