@@ -8,9 +8,9 @@
 #   float16, 20 rows;
 # - predictions-69c24cc.json (grid call3-split-kv): split-kv decoding, its split kernel and its combine, float16,
 #   40 rows;
-# - predictions-<commit>.json (grid call3-sawtooth): flash-swapped's forward in both K/V orders, float16, 24 rows;
+# - predictions-159b338.json (grid call3-sawtooth): flash-swapped's forward in both K/V orders, float16, 24 rows;
 # and every row again with the first blocks started staggered: predictions-92a2cc8-staggered.json (the first 364)
-# and predictions-<commit>-sawtooth-staggered.json.
+# and predictions-159b338-staggered.json (call3-sawtooth).
 # Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward
 #                                               | call3-gqa | call3-split-kv | call3-sawtooth]
 # The seven parts (88, 88, 64, 64, 20, 40 and 24 rows) can run as separate device commands if one exceeds the 10-minute
