@@ -169,20 +169,7 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
     """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
     ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
     it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last."""
-    tiles = Tiles(GRID_TENSORS)
-    accesses = block_accesses(tiles, pb, tiling)
-
-    def steps(b: int):
-        q, kv, run, out = accesses(b)
-        j0, n = run.start, len(run)
-        if n <= 1:
-            return iter((q + (kv[j0] if n else ()) + out,))
-        # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
-        # that start together run as one cohort in the simulation (iosim.l2_simulate)
-        return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
-
-    Tr = -(-pb.shape.n_q // tiling.Br)
-    return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
+    return _grid(pb, tiling, sawtooth=False)
 
 
 def sawtooth_grid(pb: Problem, tiling: Tiling) -> Grid:
@@ -190,6 +177,11 @@ def sawtooth_grid(pb: Problem, tiling: Tiling) -> Grid:
     compiled with ``sawtooth`` runs (kernels/flash_swapped.py; the order of arXiv 2601.16032): block (bh, i) with i
     odd reads Q_i with its last key block, ends with its first and O_i, lse_i. The two-level count is flash-swapped's:
     only the order, which the L2 sees, differs."""
+    return _grid(pb, tiling, sawtooth=True)
+
+
+def _grid(pb: Problem, tiling: Tiling, sawtooth: bool) -> Grid:
+    """The forward grid, its odd query blocks' key blocks in reverse where ``sawtooth``."""
     tiles = Tiles(GRID_TENSORS)
     accesses = block_accesses(tiles, pb, tiling)
     Tr = -(-pb.shape.n_q // tiling.Br)
@@ -197,15 +189,15 @@ def sawtooth_grid(pb: Problem, tiling: Tiling) -> Grid:
 
     def steps(b: int):
         q, kv, run, out = accesses(b)
-        n = len(run)
-        if b % Tr % 2 == 0 or n <= 1:
-            j0 = run.start
-            if n <= 1:
-                return iter((q + (kv[j0] if n else ()) + out,))
-            return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
-        rev = backward.setdefault(id(kv), kv[::-1])  # rev[k] = kv[T_c − 1 − k]
-        a = len(kv) - run.stop  # the run's last key block, first in rev
-        return SharedSteps((q + rev[a],), rev, a + 1, a + n - 1, (rev[a + n - 1] + out,))
+        j0, n = run.start, len(run)
+        if n <= 1:
+            return iter((q + (kv[j0] if n else ()) + out,))
+        if sawtooth and b % Tr % 2:
+            kv = backward.setdefault(id(kv), kv[::-1])  # kv[k] is now K/V block T_c − 1 − k
+            j0 = len(kv) - run.stop  # the run's last key block, first in this order
+        # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
+        # that start together run as one cohort in the simulation (iosim.l2_simulate)
+        return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
 
     return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
 
