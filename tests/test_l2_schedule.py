@@ -1,6 +1,7 @@
 """The staggered schedule of the L2 simulation (``L2Config.schedule``): the first W blocks start s/W of a mean block
 apart instead of together, and from then on the same dynamic dispatch; the counts equal a plain schedule written out
-by hand, and differ from lockstep where the blocks' interleaving decides what the L2 holds."""
+by hand (tests/test_l2_cohorts.py's schedule_by_hand), and differ from lockstep where the blocks' interleaving
+decides what the L2 holds."""
 
 from dataclasses import replace
 
@@ -8,55 +9,15 @@ import pytest
 from hypothesis import given, settings
 
 from iosim.errors import InputError
-from iosim.l2 import LRU, READ, Grid, L2Config, Tiles, l2_config
+from iosim.l2 import READ, Grid, L2Config, Tiles, l2_config
 from iosim.l2_counts import dram_counts
 from iosim.l2_simulate import dram_traffic, simulate
 from iosim.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tiling import Tiling
-from test_l2_cohorts import block_by_block, grids
+from test_l2_cohorts import block_by_block, grids, schedule_by_hand
 
 SWAPPED = ALGORITHMS["flash-swapped"]
-
-
-def staggered_by_hand(grid: Grid, config: L2Config):
-    """The staggered schedule written out plainly: slot s of the first W waits ⌊s·L/W⌋ rounds (L the mean steps of
-    the first W blocks), then takes the next block in grid order; otherwise as tests/test_l2_cohorts.py's
-    schedule_by_hand (a finished block's slot goes to the next block, whose first step comes next round)."""
-    l2 = LRU(config.capacity, len(grid.tiles.tensors))
-    pending = iter(range(grid.blocks))
-    first = min(config.concurrent, grid.blocks)
-    mean = sum(len(list(grid.steps(b))) for b in range(first)) / max(first, 1)
-
-    def start(b):
-        steps = iter(grid.steps(b))
-        return [steps, next(steps, None)]
-
-    slots = []
-    for s in range(first):
-        wait = int(s * mean / config.concurrent)
-        slots.append(start(next(pending)) if wait == 0 else ["wait", wait])
-    last = None
-    while slots:
-        for slot in slots:
-            if slot[0] == "wait":
-                slot[1] -= 1
-                if slot[1] == 0:
-                    b = next(pending, None)
-                    slot[:] = [None, None] if b is None else start(b)
-                continue
-            if slot[1] is None:
-                continue
-            if slot[1] is not last or not l2.fits(slot[1]):
-                l2.step(slot[1])
-            last = slot[1]
-            slot[1] = next(slot[0], None)
-            if slot[1] is None:
-                b = next(pending, None)
-                if b is not None:
-                    slot[:] = start(b)
-        slots = [slot for slot in slots if slot[0] == "wait" or slot[1] is not None]
-    return l2.counts(grid.tiles, config)
 
 
 @settings(max_examples=200)
@@ -64,7 +25,7 @@ def staggered_by_hand(grid: Grid, config: L2Config):
 def test_the_staggered_schedule_counts_what_it_does_written_out_by_hand(case):
     grid, config = case
     staggered = replace(config, schedule="staggered")
-    assert simulate(grid, staggered) == simulate(block_by_block(grid), staggered) == staggered_by_hand(grid, config)
+    assert simulate(grid, staggered) == simulate(block_by_block(grid), staggered) == schedule_by_hand(grid, staggered)
 
 
 TILES = Tiles(("K",))
