@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
-from iosim.gpus import GPUS  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -2,7 +2,7 @@
 
 Decoding is N_q = 1 query (or a few speculative tokens) against a KV cache of N_k keys;
 prefill is N_q = N_k. Every number comes from ``iosim.count`` (count-only, exact, equal
-to the closed forms) and ``iosim.gpus.roofline``; nothing here runs on a GPU.
+to the closed forms) and ``iosim.core.gpus.roofline``; nothing here runs on a GPU.
 
 The parallelism model for split-KV is an assumption stated in docs/decode.md: a kernel
 with u work units (thread blocks) on a GPU of SM streaming multiprocessors keeps
@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
-from iosim.gpus import GPUS, roofline  # noqa: E402
+from iosim.core.gpus import GPUS, roofline  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -21,8 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from iosim.gpus import GPUS, resolve_M  # noqa: E402
-from iosim.sweep import sweep_row  # noqa: E402
+from iosim.core.gpus import GPUS, resolve_M  # noqa: E402
+from iosim.reports.sweep import sweep_row  # noqa: E402
 
 # The experiment, declared as data: the shape and the hardware of the paper's table.
 SHAPE = dict(N=1024, d=64, heads=16, batch=64, dtype="float16")

@@ -53,7 +53,7 @@ import numba  # noqa: E402
 import numba.cuda.dispatcher  # noqa: E402
 from numba import cuda, types  # noqa: E402
 
-from iosim.gpus import GPUS  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
 from iosim.kernels import _device as dev  # noqa: E402
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard  # noqa: E402
 
@@ -61,8 +61,8 @@ CC = (9, 0)
 ARCH = "sm_90"
 TOOLCHAIN_MISSING = 77  # exit status without NVVM or nvJitLink: automake's "test skipped"
 H100 = GPUS["h100"]
-# One H100 SM: its shared memory (228 KiB) from iosim.gpus, with its source; the rest, which
-# iosim.gpus does not hold, from the CUDA C Programming Guide's compute capability 9.0 table
+# One H100 SM: its shared memory (228 KiB) from iosim.core.gpus, with its source; the rest, which
+# iosim.core.gpus does not hold, from the CUDA C Programming Guide's compute capability 9.0 table
 SM_REGISTERS = 65536
 SM_SHARED_BYTES = int(H100.smem_per_sm.value)
 SHARED_RESERVED_PER_BLOCK = 1024  # sm_90 reserves 1 KiB per block; ptxas counts it in "smem"

@@ -45,13 +45,13 @@ if str(EXPERIMENTS) not in sys.path:
 
 import kernel_resources as resources  # noqa: E402
 
-from iosim.gpus import GPUS  # noqa: E402  (kernel_resources puts the repository on sys.path)
+from iosim.core.gpus import GPUS  # noqa: E402  (kernel_resources puts the repository on sys.path)
 
 H100 = GPUS["h100"]
 TERA = 1e12
-# H100 SXM dense peaks from iosim.gpus (with their sources there), in whole TFLOP/s as this
+# H100 SXM dense peaks from iosim.core.gpus (with their sources there), in whole TFLOP/s as this
 # report has always stated them: FP32 67 on CUDA cores, FP16/BF16 with FP32 accumulation 989
-# on tensor cores (989.4 in iosim.gpus; to the decimal it would move each tensor-core ceiling
+# on tensor cores (989.4 in iosim.core.gpus; to the decimal it would move each tensor-core ceiling
 # by 0.04 %, below what a ceiling read from an instruction share can tell).
 PEAK_TFLOPS = {"FFMA": float(round(H100.fp32.value / TERA)), "HMMA": float(round(H100.fp16_tensor.value / TERA))}
 

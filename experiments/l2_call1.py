@@ -1,4 +1,4 @@
-"""The L2-aware prediction (iosim.l2) beside every row of call 1's ncu measurement, forward and backward.
+"""The L2-aware prediction (iosim.gpu.l2) beside every row of call 1's ncu measurement, forward and backward.
 
     python experiments/l2_call1.py [--folder experiments/results/gpu/call1/ncu]
                                    [--out experiments/results/gpu/l2_call1] [--jobs 2]
@@ -20,7 +20,7 @@ where it applies, and the time each simulation took.
 
     python experiments/l2_call1.py --schedule staggered     # -> experiments/results/gpu/l2_call1-staggered
 
-runs the same grids with their first blocks started staggered (``iosim.l2.SCHEDULES``), at the
+runs the same grids with their first blocks started staggered (``iosim.gpu.l2.SCHEDULES``), at the
 effective L2 only. That schedule was added after call 1 was measured, to explain its largest
 forward miss, so these rows are not its validation: call 3's predictions under both schedules,
 committed before that run, are.
@@ -42,12 +42,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import SCHEDULES, kernels, l2_config  # noqa: E402
-from iosim.l2_simulate import simulate  # noqa: E402
-from iosim.problem import AttentionShape, Problem  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
+from iosim.gpu.l2 import SCHEDULES, kernels, l2_config  # noqa: E402
+from iosim.gpu.schedule import simulate  # noqa: E402
+from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.registry import ALGORITHMS  # noqa: E402
-from iosim.tiling import Tiling  # noqa: E402
+from iosim.core.tiling import Tiling  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_traffic import parse_ncu_csv  # noqa: E402

@@ -60,7 +60,7 @@ from iosim import kernels  # noqa: E402
 from iosim.kernels import bfloat16 as bf16  # noqa: E402
 from iosim.kernels import flash_swapped_tc, split_kv  # noqa: E402
 from iosim.kernels.api import BACKWARD_IMPLS  # noqa: E402
-from iosim.problem import AttentionShape  # noqa: E402
+from iosim.core.problem import AttentionShape  # noqa: E402
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")
@@ -220,7 +220,7 @@ def call3_gqa_grid() -> list[LaunchConfig]:
 CALL3_SPLITKV_HEADS = ((32, 8), (32, 32), (32, 1))
 CALL3_SPLITKV_BATCH = (1, 8, 64)
 CALL3_SPLITKV_N = (4096, 16384, 65536, 131072)
-H100_SMS = 132  # iosim.gpus' h100 preset (SXM5), which the predictions take; fixed, so a PCIe card launches the same
+H100_SMS = 132  # iosim.core.gpus' h100 preset (SXM5), which the predictions take; fixed, so a PCIe card launches the same
 
 
 def call3_split_kv_grid() -> list[LaunchConfig]:

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
-from iosim.optimize import constant  # noqa: E402
+from iosim.reports.optimize import constant  # noqa: E402
 
 # The experiment, declared as data: the issue's audit shape, M from the FlashAttention
 # loops' smallest working set (4d + 7) to N·d.

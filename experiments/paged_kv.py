@@ -1,7 +1,7 @@
 """Paged KV cache: decode traffic against the page size (docs/results.md).
 
 One decoding step (N_q = 1) against a cache of N_k keys held in pages of p tokens, read
-by rows through a block table of int32 entries (``iosim.paging``); exact counts of the
+by rows through a block table of int32 entries (``iosim.variants.paging``); exact counts of the
 algorithms that read pages, each with the fit tiling aligned to the pages. Nothing here
 runs on a GPU.
 
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
-from iosim.gpus import GPUS  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -9,7 +9,7 @@
   Θ(Nd + N²) and Θ(N²d²/M).
 
 All counts are count-only and equal their closed forms (checked). Times use the A100
-preset and are lower bounds (``iosim/gpus.py``). Writes three PNGs and their numbers as
+preset and are lower bounds (``iosim/core/gpus.py``). Writes three PNGs and their numbers as
 JSON.
 
 Usage: python experiments/paper_figures.py [--out docs/figures]
@@ -27,8 +27,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
-from iosim.flops import Flops  # noqa: E402
-from iosim.gpus import GPUS, roofline  # noqa: E402
+from iosim.core.flops import Flops  # noqa: E402
+from iosim.core.gpus import GPUS, roofline  # noqa: E402
 
 # The experiments, declared as data.
 GPU = GPUS["a100"]

@@ -15,7 +15,7 @@ beside the two-level count (``Algorithm.traffic``: every load and store is HBM t
 The grids. flash-swapped's kernel is the grid ``iosim.algorithms.flash_swapped.grid`` declares
 (block bh·T_r + i, Q_i read, K_j and V_j per step, O_i in the input dtype and lse_i float32 written
 once, a causal query block stopping at its last visible key block), so its rows go through
-``iosim.l2_counts.dram_counts`` (the closed form for full attention, the simulation for causal)
+``iosim.gpu.lockstep.dram_counts`` (the closed form for full attention, the simulation for causal)
 with the blocks per SM given explicitly: the grid's own default is call 1's kernels' occupancy.
 flash-swapped-tc's 16-bit forward has the same blocks, tiles and writes but fetches K_(j+1),
 V_(j+1) into registers during step j (kernels/flash_swapped_tc.py): each block's K/V accesses come
@@ -25,7 +25,7 @@ closed form at the same tiles is recorded beside it where it applies (full atten
 The backward rows run ``ALGORITHMS["flash-swapped"].backward``'s kernels
 (``flash_swapped_backward.launches``: row_dot, fill, the main kernel, and in float16 the cast of dQ),
 each from a cold L2 as ``ncu --cache-control all`` measures them, through
-``iosim.l2_counts.dram_counts_by_kernel`` (their sum is ``dram_counts``; every kernel here is
+``iosim.gpu.lockstep.dram_counts_by_kernel`` (their sum is ``dram_counts``; every kernel here is
 simulated). ``dram_counts``'s ``blocks_per_sm`` would set all four kernels at once, so the report's
 counts replace the grids' own (call 1's kernels' 5) in ``backward_algorithm``: the main kernel's, and
 row_dot's 3 (80 registers × 256 threads since 8eb2624, which made its loads coalesced); fill and cast
@@ -61,14 +61,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from iosim.algorithm import Algorithm  # noqa: E402
+from iosim.algorithms.algorithm import Algorithm  # noqa: E402
 from iosim.algorithms import flash_swapped, flash_swapped_backward, split_kv  # noqa: E402
-from iosim.gpus import GPUS  # noqa: E402
-from iosim.l2 import SCHEDULES, Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
-from iosim.l2_simulate import simulate  # noqa: E402
-from iosim.l2_counts import dram_counts, dram_counts_by_kernel  # noqa: E402
-from iosim.problem import AttentionShape, Problem  # noqa: E402
-from iosim.tiling import Tiling  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
+from iosim.gpu.l2 import SCHEDULES, Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
+from iosim.gpu.schedule import simulate  # noqa: E402
+from iosim.gpu.lockstep import dram_counts, dram_counts_by_kernel  # noqa: E402
+from iosim.core.problem import AttentionShape, Problem  # noqa: E402
+from iosim.core.tiling import Tiling  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
@@ -398,7 +398,7 @@ def main() -> None:
     parser.add_argument("--grid", default="call3", choices=sorted(g for g in GRIDS if g.startswith("call")))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--schedule", default="lockstep", choices=SCHEDULES,
-                        help="how the first blocks start (iosim.l2.SCHEDULES); staggered writes OUT-staggered, at the "
+                        help="how the first blocks start (iosim.gpu.l2.SCHEDULES); staggered writes OUT-staggered, at the "
                              "effective L2 only")
     parser.add_argument("--out", type=Path, default=None,
                         help="write OUT.json and OUT.md (default experiments/results/gpu/predictions-<short commit>)")

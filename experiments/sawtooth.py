@@ -5,9 +5,9 @@ query blocks of a head and backward on odd ones, so that a block starts on the K
 predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
 script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and its sawtooth grid
 (``flash_swapped.sawtooth_grid``: odd query blocks reversed, as the kernel's ``sawtooth=True``
-runs them) through ``iosim.l2_simulate.simulate`` at shapes where K and V of one head reach
+runs them) through ``iosim.gpu.schedule.simulate`` at shapes where K and V of one head reach
 past the H100's effective L2, and reports the DRAM bytes of both, with the first
-blocks started in lockstep (the model's default) and staggered (``iosim.l2.SCHEDULES``): the
+blocks started in lockstep (the model's default) and staggered (``iosim.gpu.l2.SCHEDULES``): the
 two ends of how far apart blocks of equal work run. Nothing here is measured on a GPU.
 
 Usage: python experiments/sawtooth.py [--out experiments/results/sawtooth.json]
@@ -23,13 +23,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from iosim.gpus import GPUS
+from iosim.core.gpus import GPUS
 from iosim.algorithms.flash_swapped import sawtooth_grid
-from iosim.l2 import l2_config
-from iosim.l2_simulate import simulate
-from iosim.problem import AttentionShape, Problem
+from iosim.gpu.l2 import l2_config
+from iosim.gpu.schedule import simulate
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 GPU = "h100"
 # (batch·heads, N, d): K and V of one head in float16 are 4·N·d bytes: 33.6 MB at N = 65,536, d = 128 (just under

@@ -1,7 +1,7 @@
 """Shared-prefix decoding: cascade attention against each request reading its whole cache (docs/results.md).
 
 One decoding step (N_q = 1) for a batch of B requests that share a prompt prefix of P
-tokens in a paged cache and each hold U = 256 tokens of their own (``iosim.cascade``):
+tokens in a paged cache and each hold U = 256 tokens of their own (``iosim.serving.cascade``):
 exact counts of cascade attention (the batch's queries against the shared pages once,
 each request against its own, then the merge) and of the same algorithm decoding each
 request on its own. The floor is every byte touched once: the shared prefix's K and V,
@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from figure_cli import run  # noqa: E402
-from iosim.cascade import kv_reads  # noqa: E402
-from iosim.gpus import GPUS  # noqa: E402
+from iosim.serving.cascade import kv_reads  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,7 +41,7 @@ ALGORITHMS = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_si
 
 
 def record(algorithm: str, prefix: int, batch: int) -> dict:
-    r = iosim.cascade(algorithm, batch=batch, prefix=prefix, suffix=SUFFIX, d=D, M=M, heads=HEADS, kv_heads=KV_HEADS,
+    r = iosim.serving.cascade(algorithm, batch=batch, prefix=prefix, suffix=SUFFIX, d=D, M=M, heads=HEADS, kv_heads=KV_HEADS,
                       dtype=DTYPE, page_size=PAGE, gpu="h100")
     item = r.problem.itemsize()
     floor = (2 * KV_HEADS * (prefix + batch * SUFFIX) * D + 2 * batch * HEADS * D) * item

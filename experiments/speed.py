@@ -13,7 +13,7 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   of M under 30 s;
 - a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
   without them (records are written in time linear in the rows);
-- the L2 model's DRAM bytes (``iosim.l2_counts.dram_counts``, the H100 preset) of any
+- the L2 model's DRAM bytes (``iosim.gpu.lockstep.dram_counts``, the H100 preset) of any
   configuration of call 1, forward or backward, under 2 s (issue 17), in process.
 
 Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json] [--only l2]
@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.l2 import kernels, l2_config
-from iosim.l2_counts import dram_counts
-from iosim.problem import AttentionShape, Problem
-from iosim.tiling import Tiling
+from iosim.gpu.l2 import kernels, l2_config
+from iosim.gpu.lockstep import dram_counts
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
 
 # (name, iosim command line, target seconds): timed as fresh processes.
 COMMANDS = [

@@ -19,8 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
-from iosim.problem import AttentionShape  # noqa: E402
-from iosim.problem import Problem  # noqa: E402
+from iosim.core.problem import AttentionShape  # noqa: E402
+from iosim.core.problem import Problem  # noqa: E402
 
 
 def smallest_M(N: int, d: int) -> int:

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from iosim.gpus import GPUS  # noqa: E402
+from iosim.core.gpus import GPUS  # noqa: E402
 
 DTYPE = "float16"
 M = GPUS["h100"].M(DTYPE)  # one SM's shared memory in elements: 116,736

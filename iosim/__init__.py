@@ -6,24 +6,24 @@
     True
 """
 
-from iosim.algorithm import Algorithm, Tensor
+from iosim.algorithms.algorithm import Algorithm, Tensor
 from iosim.api import count, predict, simulate
-from iosim.cascade import Cascade, cascade, simulate_cascade
-from iosim.chunked import ChunkedPrefill, chunked_prefill
-from iosim.counts import Counts, TensorCounts
-from iosim.dram_level import DramResult, dram
-from iosim.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
+from iosim.serving.cascade import Cascade, cascade, simulate_cascade
+from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
+from iosim.core.counts import Counts, TensorCounts
+from iosim.gpu.dram import DramResult, dram
+from iosim.core.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
 from iosim.gradients import GradResult, gradients
-from iosim.memory import CapacityError
-from iosim.model_cost import ModelReport, model
-from iosim.models import PRESETS as MODELS
-from iosim.models import ModelConfig, load_config
-from iosim.problem import Band
+from iosim.core.memory import CapacityError
+from iosim.models.cost import ModelReport, model
+from iosim.models.presets import PRESETS as MODELS
+from iosim.models.presets import ModelConfig, load_config
+from iosim.core.problem import Band
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.results import PredictResult, SimResult
-from iosim.sparsity import BlockSparsity
-from iosim.tiling import Tiling
+from iosim.variants.sparsity import BlockSparsity
+from iosim.core.tiling import Tiling
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Cascade", "ChunkedPrefill",

@@ -1,7 +1,7 @@
 """The Python API: ``simulate`` (numeric), ``count`` (count-only) and ``predict`` (closed form).
 
 ``algorithm`` is a registered name (``iosim.ALGORITHMS``) or an ``iosim.Algorithm``.
-The tiling is chosen by ``block_policy`` (``iosim.policies.POLICIES``) unless an
+The tiling is chosen by ``block_policy`` (``iosim.tilings.policies.POLICIES``) unless an
 explicit ``tiling=iosim.Tiling(Br, Bc)`` is given. ``count`` and ``predict`` take
 ``pass_="bwd"`` for an algorithm's backward pass (``iosim.gradients`` runs it
 numerically) and ``pass_="fwd+bwd"`` for both, a training step; each pass chooses its
@@ -16,90 +16,29 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from iosim.algorithm import Algorithm
-from iosim.counts import Counts, combined
-from iosim.errors import InputError, InputTypeError
-from iosim.flops import Flops
-from iosim.gpus import DEFAULT, get_gpu
-from iosim.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
-from iosim.memory import Memory
-from iosim.paging import check_page_size
-from iosim.policies import choose_tiling
-from iosim.problem import AttentionShape, Problem, check_window
+from iosim.algorithms.algorithm import Algorithm
+from iosim.core.counts import combined
+from iosim.core.errors import InputError, InputTypeError
+from iosim.core.gpus import DEFAULT, get_gpu
+from iosim.core.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
+from iosim.core.memory import Memory
+from iosim.variants.paging import check_page_size
+from iosim.tilings.policies import choose_tiling
+from iosim.core.problem import AttentionShape, Problem, check_window
 from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.plans import Plan, Request
 from iosim.results import PredictResult, SimResult
-from iosim.sparsity import check_block_sparsity
-from iosim.tiling import Tiling
-from iosim.units import parse_size
-from iosim.varlen import check_seqlens, documents, gather, packed, scatter
+from iosim.variants.sparsity import check_block_sparsity
+from iosim.core.tiling import Tiling
+from iosim.core.units import parse_size
+from iosim.variants.varlen import check_seqlens, gather, packed, scatter
 
 
 PASSES = ("fwd", "bwd", "fwd+bwd")  # the forward pass, the backward pass that reads what it saved, or both
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One pass of one algorithm on one problem, resolved once: what a run and a closed form both need."""
-
-    algorithm: Algorithm  # the pass's own: a forward algorithm, or its backward pass
-    problem: Problem  # the caller's
-    M: int  # SRAM capacity, elements
-    tiling: Tiling
-
-    @property
-    def run_problem(self) -> Problem:
-        """The problem as the algorithm runs it (``Algorithm.run_problem``)."""
-        return self.algorithm.run_problem(self.problem)
-
-    def parts(self) -> tuple[Plan, ...]:
-        """The plain plans it adds up: one per distinct document length of packed documents (iosim.varlen), each
-        at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; else itself."""
-        if self.problem.seqlens is None:
-            return (self,)
-        return tuple(Plan(self.algorithm, pb, self.M, self.tiling.capped(self.algorithm.run_problem(pb)))
-                     for pb in documents(self.problem))
-
-    def exact(self) -> Counts:
-        return combined(*(self.algorithm.traffic(p.run_problem, p.tiling, p.M) for p in self.parts()))
-
-    def flops(self) -> Flops | None:
-        algo = self.algorithm
-        parts = [algo.flops(p.run_problem, p.tiling, p.M) for p in self.parts()] if algo.flops else [None]
-        return None if None in parts else sum(parts[1:], parts[0])
-
-    def paper(self) -> float:
-        return sum(self.algorithm.paper_form(p.run_problem, self.M) for p in self.parts())
-
-
-@dataclass(frozen=True)
-class Request:
-    """What one call asks for: the forward algorithm it names, the pass, and the plan of each pass run."""
-
-    algorithm: Algorithm  # the forward algorithm named
-    pass_: str  # one of PASSES
-    forward: Plan | None  # None with pass "bwd"
-    backward: Plan | None  # None with pass "fwd"
-
-    @property
-    def plans(self) -> tuple[Plan, ...]:
-        return tuple(p for p in (self.forward, self.backward) if p is not None)
-
-    @property
-    def name(self) -> str:
-        """The name results carry: the forward's, or the backward pass's own when it runs alone."""
-        return self.backward.algorithm.name if self.pass_ == "bwd" else self.algorithm.name
-
-    @property
-    def problem(self) -> Problem:
-        return self.plans[0].problem
-
-    @property
-    def M(self) -> int:
-        return self.plans[0].M
 
 
 def backward_of(algo: Algorithm) -> Algorithm:
@@ -124,7 +63,7 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     passes share one (``Algorithm.step_shares_tiling``) runs both on the backward's, which
     fits the forward too; an explicit ``tiling`` is used for every pass. ``splits`` sets the
     K/V splits of every pass (an algorithm that does not split takes only 1); ``gpu`` names
-    the preset whose SMs an algorithm's default splits fill (``iosim.gpus.DEFAULT`` when
+    the preset whose SMs an algorithm's default splits fill (``iosim.core.gpus.DEFAULT`` when
     None). A block mask on an algorithm that has none is refused, like any option that
     does not apply.
     """
@@ -168,7 +107,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
                   cu_seqlens=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data. Packed documents (``seqlens`` or
-    ``cu_seqlens``, iosim.varlen) set N and N_k, which must then be None."""
+    ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None."""
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and (N, N_k) != (None, None):
         raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
@@ -283,7 +222,7 @@ def _tiling(p: Plan | None) -> Tiling | None:
 def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
                    allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask); with packed
-    documents (iosim.varlen), q, k, v are (1, heads, Σ L_b, d)."""
+    documents (iosim.variants.varlen), q, k, v are (1, heads, Σ L_b, d)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
     q, k, v = (np.asarray(x) for x in (q, k, v))
@@ -325,8 +264,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     bottom-right aligned; with ``causal=True`` its right side is 0. Q, K and V must be real and finite
     unless ``allow_nonfinite`` asks to propagate inf and NaN to the output.
     ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
-    ``page_size`` reads K and V from a paged cache of pages of that many tokens (iosim.paging).
-    ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.varlen): q, k, v are (1, heads, Σ L_b, d)
+    ``page_size`` reads K and V from a paged cache of pages of that many tokens (iosim.variants.paging).
+    ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.variants.varlen): q, k, v are (1, heads, Σ L_b, d)
     and so is the output, each document attending only to itself.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
@@ -359,8 +298,8 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
     the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
-    from a paged cache through a block table (iosim.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
-    packed end to end instead of N (iosim.varlen); the result's ``padded`` is their traffic padded to the longest.
+    from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
+    packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the longest.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,

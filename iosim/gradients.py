@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from iosim.api import Progress, execute_parts, numeric_inputs, plan, unpacked, work
-from iosim.counts import Counts, combined
-from iosim.flops import Flops
-from iosim.inputs import check_dout, check_values
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.varlen import gather, tokens
+from iosim.core.counts import Counts, combined
+from iosim.core.flops import Flops
+from iosim.core.inputs import check_dout, check_values
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.variants.varlen import gather, tokens
 
 
 @dataclass(frozen=True)

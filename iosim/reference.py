@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.errors import InputError
-from iosim.inputs import check_dout, check_mask, check_qkv, check_scale, check_values
-from iosim.problem import AttentionShape, check_window
-from iosim.rng import check_dropout_p, dropout_tile
+from iosim.core.errors import InputError
+from iosim.core.inputs import check_dout, check_mask, check_qkv, check_scale, check_values
+from iosim.core.problem import AttentionShape, check_window
+from iosim.core.rng import check_dropout_p, dropout_tile
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
 def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, rows: slice | None = None,
                          first_batch: int = 0) -> np.ndarray | float:
     """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k). ``first_batch`` is
-    the Philox batch index of the first batch entry: a document's place among packed documents (iosim.varlen)."""
+    the Philox batch index of the first batch entry: a document's place among packed documents (iosim.variants.varlen)."""
     p = check_dropout_p(dropout_p)
     if isinstance(first_batch, bool) or not isinstance(first_batch, (int, np.integer)) or first_batch < 0:
         raise InputError(f"first_batch={first_batch!r} must be an integer >= 0 (the dropout streams' batch index of "

@@ -6,10 +6,10 @@ algorithm defined elsewhere joins with ``register``.
 
 from __future__ import annotations
 
-from iosim.algorithm import Algorithm
+from iosim.algorithms.algorithm import Algorithm
 from iosim.algorithms import (block_sparse, block_sparse_skip, flash, flash_swapped, small_cache, split_kv,
                               standard, standard_eager)
-from iosim.errors import InputError
+from iosim.core.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {
     standard.ALGORITHM.name: standard.ALGORITHM,

@@ -9,21 +9,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from iosim.algorithms.tile_ops import logsumexp
-from iosim.counts import Counts, combined
-from iosim.errors import InputError
-from iosim.flops import Flops
-from iosim.l2 import DramCounts, L2Options
-from iosim.l2_counts import passes_dram
-from iosim.problem import Problem
-from iosim.tiling import Tiling, one_pass
-from iosim.varlen import padded
+from iosim.core.counts import Counts, combined
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops
+from iosim.gpu.l2 import DramCounts, L2Options
+from iosim.gpu.lockstep import passes_dram
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling, one_pass
+from iosim.variants.varlen import padded
 
 if TYPE_CHECKING:
-    from iosim.api import Plan
+    from iosim.plans import Plan
 
 
 class Packing:
-    """What packed documents (``Problem.seqlens``, iosim.varlen) save against padding each to the longest."""
+    """What packed documents (``Problem.seqlens``, iosim.variants.varlen) save against padding each to the longest."""
 
     problem: Problem
     plans: tuple[Plan, ...]
@@ -69,10 +69,10 @@ class SimResult(Packing):
 
     @cached_property
     def dram(self) -> DramCounts | None:
-        """The DRAM bytes behind the ``gpu`` preset's L2 (iosim.l2), worked out when first asked: ``reads``,
+        """The DRAM bytes behind the ``gpu`` preset's L2 (iosim.gpu.l2), worked out when first asked: ``reads``,
         ``writes`` during the kernels and ``dirty_at_end``, per tensor. None without a ``gpu``, and where the L2
         model does not cover the run: an algorithm with no kernel grid, an option no kernel takes (a mask, a
-        sliding window, pages, packed documents: ``iosim.l2.check_launchable``), or a tiling its kernel does not
+        sliding window, pages, packed documents: ``iosim.gpu.l2.check_launchable``), or a tiling its kernel does not
         launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
         return self.dram_with(L2Options())
 

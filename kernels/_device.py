@@ -17,7 +17,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda, float32
 
-from iosim.rng import MASK32, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
+from iosim.core.rng import MASK32, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 # Module-level numpy scalars are frozen into the kernels as typed constants. Mixing a
 # uint64 with a Python int would make Numba promote to float64, so every integer the
@@ -48,7 +48,7 @@ class DropoutArgs(NamedTuple):
 def philox_word(seed_lo, seed_hi, bh, row, col):
     """First output word of Philox4x32-10 at counter (col, row, bh, 0), key (seed_lo, seed_hi).
 
-    The device twin of ``iosim.rng.philox_word``: same rounds, same word order, so the
+    The device twin of ``iosim.core.rng.philox_word``: same rounds, same word order, so the
     two agree bit for bit. seed_lo, seed_hi are uint64 holding 32-bit values.
     """
     c0 = np.uint64(col)

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 from numba import cuda
 
-from iosim.errors import InputError
-from iosim.inputs import AttentionShape, check_dout, check_qkv, check_scale
+from iosim.core.errors import InputError
+from iosim.core.inputs import AttentionShape, check_dout, check_qkv, check_scale
 from iosim.kernels import bfloat16 as bf16
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
 from iosim.kernels.config import Dropout
 
 if TYPE_CHECKING:
-    from iosim.algorithm import Algorithm
+    from iosim.algorithms.algorithm import Algorithm
 
 
 @runtime_checkable
@@ -246,7 +246,7 @@ def attention(
     q (batch, heads, N_q, d), k and v (batch, kv_heads, N_k, d), kv_heads = heads but for an implementation
     that takes grouped-query attention (kv_heads dividing heads; flash-swapped); causal masking is aligned
     bottom-right (query i sees key j iff j <= i + N_k − N_q); scale defaults to 1/sqrt(d);
-    dropout uses iosim.rng's Philox stream, so the mask equals the simulator's bit for bit.
+    dropout uses iosim.core.rng's Philox stream, so the mask equals the simulator's bit for bit.
     `config` overrides the implementation's tile sizes (a TileConfig, or a
     standard.MatmulConfig for impl="standard"). dtype="bfloat16" runs bfloat16 (see the
     module docstring for the inputs it takes); None runs the inputs' dtype. `splits` is

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.rng import MASK32, check_dropout_p, check_seed, keep_threshold
+from iosim.core.rng import MASK32, check_dropout_p, check_seed, keep_threshold
 
 # Statically allocated shared memory per thread block (cuda.shared.array). Kernels that
 # need more must use dynamic shared memory and an opt-in attribute, which these do not.
@@ -82,7 +82,7 @@ class TileConfig:
 class Dropout:
     """Host-side dropout parameters in the form the kernels take them.
 
-    The key is the 64-bit seed split into two 32-bit words (iosim.rng); an element is
+    The key is the 64-bit seed split into two 32-bit words (iosim.core.rng); an element is
     kept when its Philox word is >= threshold, and kept values are scaled by inv_keep.
     """
 

@@ -32,13 +32,13 @@ import numpy as np
 from numba import cuda
 
 from iosim.algorithms import split_kv as simulated
-from iosim.errors import InputError
-from iosim.gpus import GPUS
+from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS
 from iosim.kernels import _device as dev
 from iosim.kernels import flash_swapped
 from iosim.kernels.config import TileConfig
-from iosim.problem import AttentionShape, Problem
-from iosim.tiling import Tiling, ceil_div
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling, ceil_div
 
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # float32 or float16, as flash-swapped's kernel
@@ -48,7 +48,7 @@ SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 FORWARD_TILES = flash_swapped.FORWARD_TILES
 BACKWARD_TILES = ()  # no backward pass
 COMBINE_THREADS = 128
-# Under Numba's CUDA simulator, which has no SMs, the default splits fill an H100 (iosim.gpus).
+# Under Numba's CUDA simulator, which has no SMs, the default splits fill an H100 (iosim.core.gpus).
 SIMULATOR_SMS = int(GPUS["h100"].sms.value)
 
 NEG_INF = dev.NEG_INF

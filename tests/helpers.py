@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.problem import AttentionShape
-from iosim.problem import Problem
+from iosim.core.problem import AttentionShape
+from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
-from iosim.policies import shape_rule
+from iosim.tilings.policies import shape_rule
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import BACKWARD_NAMES, problem, random_qkv, relative_error
-from iosim.policies import choose_tiling
+from iosim.tilings.policies import choose_tiling
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 
@@ -208,7 +208,7 @@ def test_a_training_step_is_both_passes_added(algorithm):
     fwd = iosim.count(algorithm, tiling=step.forward_tiling, **shape)
     bwd = iosim.count(algorithm, pass_="bwd", **shape)
     assert step.backward_tiling == bwd.tiling == pred.backward_tiling and step.forward_tiling == pred.forward_tiling
-    assert step.traffic == pred.exact == iosim.counts.combined(fwd.traffic, bwd.traffic)
+    assert step.traffic == pred.exact == iosim.core.counts.combined(fwd.traffic, bwd.traffic)
     assert step.flops == pred.flops == fwd.flops + bwd.flops
     assert step.traffic.peak_sram == max(fwd.traffic.peak_sram, bwd.traffic.peak_sram)
 

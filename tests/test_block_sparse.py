@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import iosim
 from helpers import problem, random_qkv, relative_error
 from iosim.cli import build_parser, main, run
-from iosim.sparsity import PATTERNS
+from iosim.variants.sparsity import PATTERNS
 
 VARIANTS = ["block-sparse", "block-sparse-skip"]
 TOL = 1e-10
@@ -112,7 +112,7 @@ def test_paper_form_scales_the_quadratic_terms_by_s():
 def test_an_element_mask_reduces_to_its_block_mask():
     mask = np.zeros((10, 10), dtype=bool)
     mask[0, 9] = mask[5, 4] = True
-    blocks = np.array(iosim.sparsity.reduce_element_mask(mask, iosim.Tiling(4, 3)).blocks)
+    blocks = np.array(iosim.variants.sparsity.reduce_element_mask(mask, iosim.Tiling(4, 3)).blocks)
     assert blocks.shape == (3, 4) and sorted(zip(*np.nonzero(blocks))) == [(0, 3), (1, 1)]
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import iosim
-from iosim.bound import M_grid, bound, lower_bound
+from iosim.reports.bound import M_grid, bound, lower_bound
 from iosim.cli import build_parser, main, run
 
 

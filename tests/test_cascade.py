@@ -1,4 +1,4 @@
-"""Cascade attention over a shared prefix (iosim.cascade, iosim cascade): exact outputs, exact counts, the shared
+"""Cascade attention over a shared prefix (iosim.serving.cascade, iosim cascade): exact outputs, exact counts, the shared
 K/V read once."""
 
 import json
@@ -39,7 +39,7 @@ def test_outputs_equal_the_reference(algorithm, n_q, prefix, suffix, causal):
     assert np.abs(r.out - ref.out).max() < 1e-12, np.abs(r.out - ref.out).max()
     assert np.abs(r.lse - ref.lse).max() < 1e-12, np.abs(r.lse - ref.lse).max()
     assert r.traffic == r.predicted, (without_peak(r.traffic), without_peak(r.predicted))
-    count = iosim.cascade(algorithm, batch=3, prefix=prefix, suffix=suffix, d=17, M=1500, N=n_q, heads=4, kv_heads=2,
+    count = iosim.serving.cascade(algorithm, batch=3, prefix=prefix, suffix=suffix, d=17, M=1500, N=n_q, heads=4, kv_heads=2,
                           causal=causal)
     assert count.traffic == r.traffic and count.flops == r.flops
 
@@ -63,7 +63,7 @@ def test_by_hand_four_requests():
     # (64·8 = 512 each) and writes O_prefix (4·8), ℓ, m (4); the suffix level reads Q again, each request's 16 keys
     # (4·16·8 = 512 of K and of V) and writes O_suffix, ℓ, m likewise; the merge reads both states and writes O,
     # ℓ, m. Separately, each request reads its 80 keys: 4·80·8 = 2560 of K and of V.
-    r = iosim.cascade("flash-swapped", batch=4, prefix=64, suffix=16, d=8, M=100_000)
+    r = iosim.serving.cascade("flash-swapped", batch=4, prefix=64, suffix=16, d=8, M=100_000)
     assert [lv.result.tiling for lv in r.levels] == [iosim.Tiling(4, 64), iosim.Tiling(1, 16)]
     state = {"O": 32, "l": 4, "m": 4}
     expected = {"Q": (64, 0), "K": (1024, 0), "V": (1024, 0),
@@ -93,7 +93,7 @@ def batches(draw):
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_counts_equal_closed_forms(case):
-    r = iosim.cascade(**case)
+    r = iosim.serving.cascade(**case)
     assert r.traffic == r.predicted, (case, without_peak(r.traffic), without_peak(r.predicted))
     # each level is the algorithm's own count of its problem
     options = dict(d=case["d"], M=case["M"], heads=case["heads"], kv_heads=case["kv_heads"],
@@ -110,7 +110,7 @@ def test_counts_equal_closed_forms(case):
 @given(batches())
 def test_one_request_with_all_shared_is_the_plain_decode(case):
     # batch 1 and U = 0: the prefix level is the plain problem and there is nothing to merge
-    r = iosim.cascade(**{**case, "batch": 1, "suffix": 0, "causal": False})
+    r = iosim.serving.cascade(**{**case, "batch": 1, "suffix": 0, "causal": False})
     assert r.merge is None and len(r.levels) == 1 and r.traffic == r.separate.traffic
 
 
@@ -120,7 +120,7 @@ def test_the_shared_keys_are_read_once_per_query_block(case):
     # the prefix level reads the P shared keys once per query block of its packed rows (flash-swapped, split-kv: all
     # splits of a block together) and no more; the separate decode reads them once per request at least
     case = {**case, "algorithm": case["algorithm"] if case["algorithm"] in PAGED else "split-kv"}
-    r = iosim.cascade(**case)
+    r = iosim.serving.cascade(**case)
     top = r.levels[0].result
     groups = 1 if case["algorithm"] == "flash-swapped" else case["heads"] // case["kv_heads"]
     rows = groups * case["batch"] * case["N"]  # query rows of one head as the level runs it
@@ -141,7 +141,7 @@ def test_the_shared_keys_are_read_once_per_query_block(case):
 def test_refusals_name_the_parameter(kwargs, message):
     args = dict(algorithm="split-kv", batch=2, prefix=64, suffix=8, d=8, M=2000) | kwargs
     with pytest.raises(iosim.InputError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        iosim.cascade(args.pop("algorithm"), **args)
+        iosim.serving.cascade(args.pop("algorithm"), **args)
 
 
 def test_numeric_run_refuses_prefixes_that_differ():
@@ -163,7 +163,7 @@ def test_cli_table_and_records(tmp_path, capsys):
     records = json.loads(path.read_text())
     assert [(r["batch"], r["prefix"]) for r in records] == [(1, 4096), (8, 4096)]
     for rec, r in zip(records, outcome.results):
-        api = iosim.cascade(batch=rec["batch"], prefix=4096, suffix=256, d=128, M=r.M, heads=32, kv_heads=8,
+        api = iosim.serving.cascade(batch=rec["batch"], prefix=4096, suffix=256, d=128, M=r.M, heads=32, kv_heads=8,
                             page_size=16, gpu="h100")
         assert rec["total"] == api.traffic.total and rec["separate_total"] == api.separate.traffic.total
     # one request gains nothing from sharing (a little lost to the merge); eight read the prefix once, not 8 times
@@ -179,8 +179,8 @@ def test_cli_bad_input_is_one_line(capsys):
 
 
 def test_sizes_take_units_as_everywhere():
-    plain = iosim.cascade(batch=4, prefix=4096, suffix=1024, N=2, d=16, M="20k")
-    units = iosim.cascade(batch="4", prefix="4Ki", suffix="1Ki", N=2.0, d=16, M="20k")
+    plain = iosim.serving.cascade(batch=4, prefix=4096, suffix=1024, N=2, d=16, M="20k")
+    units = iosim.serving.cascade(batch="4", prefix="4Ki", suffix="1Ki", N=2.0, d=16, M="20k")
     assert units.traffic == plain.traffic and units.suffix == 1024
 
 

@@ -58,7 +58,7 @@ def test_run_checks_gradients_against_the_reference(pass_, tmp_path):
     assert record["pass"] == pass_ and record["total"] == out.traffic.total
     predicted = iosim.predict("flash-swapped", N=90, N_k=61, d=12, M="6k", causal=True, pass_="bwd").exact
     if pass_ == "fwd+bwd":
-        predicted = iosim.counts.combined(
+        predicted = iosim.core.counts.combined(
             iosim.predict("flash-swapped", N=90, N_k=61, d=12, M="6k", causal=True).exact, predicted)
         assert (record["bwd_Br"], record["bwd_Bc"]) == (out.result.backward_tiling.Br, out.result.backward_tiling.Bc)
     assert out.traffic == predicted

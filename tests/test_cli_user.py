@@ -15,7 +15,7 @@ from helpers import random_qkv
 from iosim.cli import build_parser, main, run, run_cmd, sweep_cmd
 from iosim.cli.render import eng, nbytes
 from iosim.cli.run_cmd import check_against_reference
-from iosim.units import parse_size
+from iosim.core.units import parse_size
 
 
 def parse(*argv):

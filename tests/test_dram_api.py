@@ -7,7 +7,7 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.l2 import in_sequence
+from iosim.gpu.l2 import in_sequence
 
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import ALGORITHM_NAMES, BACKWARD_NAMES, random_qkv
-from iosim.flops import Flops
+from iosim.core.flops import Flops
 
 
 @st.composite

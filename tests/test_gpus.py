@@ -7,8 +7,8 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.flops import Flops
-from iosim.gpus import GPUS, Spec, roofline
+from iosim.core.flops import Flops
+from iosim.core.gpus import GPUS, Spec, roofline
 from iosim.registry import ALGORITHMS
 
 

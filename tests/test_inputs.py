@@ -5,9 +5,10 @@ import pytest
 
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv
-from iosim.api import Plan, new_memory
-from iosim.memory import Memory
-from iosim.units import parse_size
+from iosim.api import new_memory
+from iosim.plans import Plan
+from iosim.core.memory import Memory
+from iosim.core.units import parse_size
 
 
 @pytest.mark.parametrize("text, dtype, elements", [

@@ -18,10 +18,10 @@ from numba import cuda
 
 import iosim
 from iosim import kernels
-from iosim.inputs import check_qkv, check_scale
-from iosim.problem import causal_keep
+from iosim.core.inputs import check_qkv, check_scale
+from iosim.core.problem import causal_keep
 from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
-from iosim.rng import dropout_tile, philox_word
+from iosim.core.rng import dropout_tile, philox_word
 from iosim.kernels import MatmulConfig, TileConfig
 from iosim.kernels import _device as dev
 
@@ -443,7 +443,7 @@ def test_fully_masked_rows_give_zero_and_minus_inf():
 
 
 # ---------------------------------------------------------------------------------------
-# Dropout: the device generator reproduces iosim.rng bit for bit.
+# Dropout: the device generator reproduces iosim.core.rng bit for bit.
 # ---------------------------------------------------------------------------------------
 
 
@@ -474,7 +474,7 @@ def test_device_philox_equals_host_philox(seed):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_dropout_mask_is_the_simulators_bit_for_bit(impl):
-    """Recover Z from the kernels' own outputs and compare it with iosim.rng's mask.
+    """Recover Z from the kernels' own outputs and compare it with iosim.core.rng's mask.
 
     With Q = 0 every visible P_ij = 1/N_k. With V = I (one-hot rows) O_ij = P_ij Z_ij, and
     with dO = I, dV_ji = P_ij Z_ij: the kept entries are exactly the non-zero ones.

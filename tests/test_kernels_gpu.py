@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from iosim import kernels
-from iosim.problem import AttentionShape, causal_keep
+from iosim.core.problem import AttentionShape, causal_keep
 from iosim.reference import dropout_scale_matrix
 from iosim.kernels._device import simulator_enabled
 

@@ -15,9 +15,9 @@ from iosim import kernels
 from iosim.algorithms import split_kv as simulated
 from iosim.kernels import TileConfig
 from iosim.kernels import split_kv
-from iosim.problem import AttentionShape
+from iosim.core.problem import AttentionShape
 from iosim.reference import attention_ref
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 from test_kernels import SIM_M, assert_close, attention_in_dtype
 
 CONFIG = TileConfig(Br=16, Bc=16, TM=2, TN=4)

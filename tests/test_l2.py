@@ -1,4 +1,4 @@
-"""The L2 model (iosim.l2): the LRU by hand, the schedule, the grids against iosim's counts, the closed form."""
+"""The L2 model (iosim.gpu.l2): the LRU by hand, the schedule, the grids against iosim's counts, the closed form."""
 
 import dataclasses
 
@@ -7,14 +7,14 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import iosim
-from iosim.errors import InputError
-from iosim.gpus import GPUS
-from iosim.l2 import READ, WRITE, Grid, L2Config, Tiles, kernels, l2_config, sectors
-from iosim.l2_simulate import dram_traffic, simulate
-from iosim.l2_counts import dram_counts, lockstep, lockstep_hits
-from iosim.problem import AttentionShape, Problem
+from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS
+from iosim.gpu.l2 import READ, WRITE, Grid, L2Config, Tiles, kernels, l2_config, sectors
+from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.gpu.lockstep import dram_counts, lockstep, lockstep_hits
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 FLASH, SWAPPED = ALGORITHMS["flash"], ALGORITHMS["flash-swapped"]
 TILES = Tiles(("A", "B", "C"))

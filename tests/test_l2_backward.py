@@ -1,4 +1,4 @@
-"""The L2 model (iosim.l2) of the backward passes: flash's one kernel, flash-swapped's three, by hand and against
+"""The L2 model (iosim.gpu.l2) of the backward passes: flash's one kernel, flash-swapped's three, by hand and against
 iosim's two-level count at the same tiling."""
 
 from dataclasses import replace
@@ -8,14 +8,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from iosim.errors import InputError
-from iosim.l2 import SECTOR, L2Config, in_sequence, kernels, l2_config, sectors
-from iosim.l2_simulate import dram_traffic, simulate
-from iosim.l2_counts import dram_counts, lockstep
-from iosim.problem import AttentionShape, Problem
+from iosim.core.errors import InputError
+from iosim.gpu.l2 import SECTOR, L2Config, in_sequence, kernels, l2_config, sectors
+from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.gpu.lockstep import dram_counts, lockstep
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.algorithms.flash_swapped_backward import cast_grid, fill_grid, row_dot_grid
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 FLASH_BW, SWAPPED_BW = ALGORITHMS["flash"].backward, ALGORITHMS["flash-swapped"].backward
 

@@ -1,4 +1,4 @@
-"""Cohorts in the L2 simulation (iosim.l2_simulate.simulate): blocks that share a run of steps (``SharedSteps``) and
+"""Cohorts in the L2 simulation (iosim.gpu.schedule.simulate): blocks that share a run of steps (``SharedSteps``) and
 start in one round advance together, and the counts are those of the schedule run block by block."""
 
 from dataclasses import replace
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iosim import l2_simulate
-from iosim.l2 import LRU, READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles
-from iosim.l2_simulate import simulate
-from iosim.problem import AttentionShape, Problem
+from iosim.gpu import schedule
+from iosim.gpu.l2 import LRU, READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles
+from iosim.gpu.schedule import simulate
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 SWAPPED_BW = ALGORITHMS["flash-swapped"].backward
 TILES = Tiles(("A", "B", "C"))
@@ -126,13 +126,13 @@ def test_the_swapped_backward_grid_counts_the_same_with_cohorts(bh, n_q, n_k, B,
 def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
     # full attention: the key blocks of a head that start in one round join one cohort (heads of 8 blocks)
     joined = []
-    join = l2_simulate._Cohort.join
+    join = schedule._Cohort.join
 
     def spy(self, other):
         joined.append(join(self, other))
         return joined[-1]
 
-    monkeypatch.setattr(l2_simulate._Cohort, "join", spy)
+    monkeypatch.setattr(schedule._Cohort, "join", spy)
     pb = Problem(AttentionShape(1, 5, 128, 128, 16), tau=1.0, dtype="float32")
     grid = SWAPPED_BW.grid(pb, Tiling(16, 16))
     config = L2Config(30_000, concurrent)

@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 
-from iosim.errors import InputError
-from iosim.l2 import READ, Grid, L2Config, Tiles, l2_config
-from iosim.l2_counts import dram_counts
-from iosim.l2_simulate import dram_traffic, simulate
-from iosim.problem import AttentionShape, Problem
+from iosim.core.errors import InputError
+from iosim.gpu.l2 import READ, Grid, L2Config, Tiles, l2_config
+from iosim.gpu.lockstep import dram_counts
+from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 from test_l2_cohorts import block_by_block, grids, schedule_by_hand
 
 SWAPPED = ALGORITHMS["flash-swapped"]

@@ -1,4 +1,4 @@
-"""split-kv on the L2 model (iosim.l2): Flash-Decoding's split kernel and its combine, as flash-attn launches them."""
+"""split-kv on the L2 model (iosim.gpu.l2): Flash-Decoding's split kernel and its combine, as flash-attn launches them."""
 
 import pytest
 from hypothesis import given
@@ -6,12 +6,12 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.algorithms.split_kv import GRID_TENSORS
-from iosim.l2 import L2Config, kernels, l2_config, sectors
-from iosim.l2_simulate import dram_traffic, simulate
-from iosim.l2_counts import dram_counts
-from iosim.problem import AttentionShape, Problem
+from iosim.gpu.l2 import L2Config, kernels, l2_config, sectors
+from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.gpu.lockstep import dram_counts
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 SPLIT_KV = ALGORITHMS["split-kv"]
 

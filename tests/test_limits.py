@@ -4,10 +4,10 @@ import pytest
 
 import iosim
 from iosim.cli import main
-from iosim.optimize import optimize
+from iosim.reports.optimize import optimize
 from iosim.registry import ALGORITHMS
-from iosim.search import MAX_BLOCK_SIZES
-from iosim.units import MAX_COUNT
+from iosim.tilings.search import MAX_BLOCK_SIZES
+from iosim.core.units import MAX_COUNT
 
 
 @pytest.mark.parametrize("name", [n for n, a in ALGORITHMS.items() if a.listed_by_default(())])

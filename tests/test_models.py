@@ -8,14 +8,14 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.gpus import resolve_M
-from iosim.model_cost import layer_window, records
-from iosim.models import GLOBAL, LOCAL, PRESETS, LayerKind, from_hf_config, load_config
+from iosim.core.gpus import resolve_M
+from iosim.models.cost import layer_window, records
+from iosim.models.presets import GLOBAL, LOCAL, PRESETS, LayerKind, from_hf_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 H100_M = resolve_M(None, "h100", "float16")  # 228 KiB of float16: 116,736 elements
 
-# Written out by hand from each model's config.json (the URL), independently of iosim/models.py:
+# Written out by hand from each model's config.json (the URL), independently of iosim/models/presets.py:
 # (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, max_position_embeddings,
 #  sliding_window of the local layers, how many layers are local)
 PUBLISHED = {

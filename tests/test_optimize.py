@@ -12,12 +12,12 @@ from rich.console import Console
 import iosim
 from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 from iosim.cli import OptimizeOutcome, build_parser, main, optimize_cmd, run
-from iosim.problem import AttentionShape
-from iosim.optimize import evaluate, optimize, ranked
-from iosim.problem import Problem
+from iosim.core.problem import AttentionShape
+from iosim.reports.optimize import evaluate, optimize, ranked
+from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
-from iosim.search import MAX_EXHAUSTIVE
-from iosim.sparsity import PATTERNS
+from iosim.tilings.search import MAX_EXHAUSTIVE
+from iosim.variants.sparsity import PATTERNS
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)

@@ -6,10 +6,10 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.l2_counts import dram_counts
-from iosim.optimize import DRAM_CANDIDATES, Optimum, optimize
+from iosim.gpu.lockstep import dram_counts
+from iosim.reports.optimize import DRAM_CANDIDATES, Optimum, optimize
 from iosim.registry import ALGORITHMS
-from iosim.search import ranked
+from iosim.tilings.search import ranked
 
 SHAPE = dict(N=600, N_k=900, d=32, M="40k", heads=6, dtype="float32")
 

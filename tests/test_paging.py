@@ -11,8 +11,8 @@ import iosim
 from helpers import relative_error
 from iosim.api import count_problem
 from iosim.cli import build_parser, main, run
-from iosim.optimize import optimize
-from iosim.tiling import Tiling
+from iosim.reports.optimize import optimize
+from iosim.core.tiling import Tiling
 
 PAGED = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_size")]
 UNPAGED = [name for name in iosim.ALGORITHMS if name not in PAGED]

@@ -16,7 +16,7 @@ import pytest
 
 import iosim
 from iosim.api import count_problem
-from iosim.problem import Problem
+from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
 
 

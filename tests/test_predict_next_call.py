@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from helpers import load_experiment
 
-from iosim.gpus import GPUS
-from iosim.l2 import L2Config, in_sequence, l2_config
-from iosim.l2_simulate import dram_traffic, simulate
-from iosim.problem import AttentionShape, Problem
+from iosim.core.gpus import GPUS
+from iosim.gpu.l2 import L2Config, in_sequence, l2_config
+from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 ncu = load_experiment("ncu_traffic")
 predict = load_experiment("predict_next_call")
@@ -72,7 +72,7 @@ def test_a_backward_prediction_is_the_simulation_of_its_kernels(dtype):
         rd = predict.ROW_DOT_BLOCKS_PER_SM
         assert [k["concurrent"] for k in got["kernels"]] == [rd * sms, 5 * sms, main * sms] + [5 * sms] * (
             dtype != "float32"), got["kernels"]
-    # as iosim.l2_simulate.dram_traffic of the registered backward would run it, with two grids changed by hand
+    # as iosim.gpu.schedule.dram_traffic of the registered backward would run it, with two grids changed by hand
     grids = BACKWARD.launches(pb, tiling)
     hand = in_sequence([simulate(g, l2_config(g, "h100", None, {0: rd, 2: main}.get(k))) for k, g in enumerate(grids)])
     assert row["effective"]["reads"] == hand.reads and row["effective"]["writes"] == hand.writes

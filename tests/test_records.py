@@ -6,7 +6,7 @@ import json
 import pytest
 
 from iosim.cli import build_parser, main, run
-from iosim.records import RecordWriter
+from iosim.reports.records import RecordWriter
 
 
 def parse(*argv):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import iosim
-from iosim.rng import dropout_tile
+from iosim.core.rng import dropout_tile
 
 
 def visibility(n_q, n_k, *, causal=False, mask=None, batch=1, heads=1):
@@ -144,7 +144,7 @@ def test_causal_outputs_by_hand():
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7])
 def test_dropout_by_hand(seed):
     # The two-key case above with p = 1/2: each kept probability is scaled by 1/(1 − p) = 2, so
-    # O = 2·(z_0·1/4·2 + z_1·3/4·6) = z_0 + 9·z_1 with z the keep decisions of iosim.rng
+    # O = 2·(z_0·1/4·2 + z_1·3/4·6) = z_0 + 9·z_1 with z the keep decisions of iosim.core.rng
     q = np.array([1.0]).reshape(1, 1, 1, 1)
     k = np.array([0.0, math.log(3.0)]).reshape(1, 1, 2, 1)
     v = np.array([2.0, 6.0]).reshape(1, 1, 2, 1)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import ALGORITHM_NAMES, M_for_block, random_qkv
-from iosim.rng import dropout_keep, dropout_tile, keep_threshold, philox4x32
+from iosim.core.rng import dropout_keep, dropout_tile, keep_threshold, philox4x32
 
 
 @pytest.mark.parametrize("counter, key, expected", [

@@ -6,11 +6,11 @@ from collections import Counter
 import pytest
 
 from iosim.algorithms.flash_swapped import sawtooth_grid
-from iosim.l2 import L2Config
-from iosim.l2_simulate import simulate
-from iosim.problem import AttentionShape, Problem
+from iosim.gpu.l2 import L2Config
+from iosim.gpu.schedule import simulate
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.tiling import Tiling
+from iosim.core.tiling import Tiling
 
 
 

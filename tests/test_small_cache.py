@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 import iosim
 from helpers import random_qkv, relative_error
-from iosim.problem import AttentionShape
-from iosim.optimize import ranked
-from iosim.problem import Problem
+from iosim.core.problem import AttentionShape
+from iosim.reports.optimize import ranked
+from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
 
 TOL = 1e-10  # float64 on both sides; only the order of summation differs

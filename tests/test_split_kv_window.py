@@ -148,7 +148,7 @@ def test_windowed_counts_take_constant_time_in_N(n_q, heads, kv_heads, Br):
 @pytest.mark.parametrize("n_q, heads, kv_heads, window, S", itertools.product(
     [1, 3], [4], [1, 4], [(20, 0), (30, 3)], [1, 3]))
 def test_the_gpu_grid_deals_the_same_blocks(n_q, heads, kv_heads, window, S):
-    # the split kernel's K loads, step by step, are the K blocks the count reads (iosim.l2 itself refuses windows)
+    # the split kernel's K loads, step by step, are the K blocks the count reads (iosim.gpu.l2 itself refuses windows)
     algo = iosim.ALGORITHMS["split-kv"]
     shape = dict(N=n_q, N_k=113, d=D, heads=heads, kv_heads=kv_heads, M="4k", window=window, splits=S,
                  tiling=iosim.Tiling(2, 8), dtype="float32")

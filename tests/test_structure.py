@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 import iosim
 from helpers import ALGORITHM_NAMES, problem
 from iosim.cli import main
-from iosim.memory import Memory
-from iosim.problem import AttentionShape, Problem
-from iosim.visits import floor_sum, visits
+from iosim.core.memory import Memory
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.visits import floor_sum, visits
 
 
 def visible_pairs_by_elements(n_q, n_k, Br, Bc, causal):

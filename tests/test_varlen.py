@@ -18,7 +18,7 @@ import iosim
 from helpers import load_experiment
 from iosim.api import count_problem, plan
 from iosim.cli import build_parser, main, run
-from iosim.counts import combined
+from iosim.core.counts import combined
 from iosim.registry import ALGORITHMS
 
 PACKING = [name for name, a in ALGORITHMS.items() if a.accepts("seqlens")]

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 import iosim
 from helpers import load_experiment
 from iosim.api import count_problem
-from iosim.counts import combined
-from iosim.problem import Band
+from iosim.core.counts import combined
+from iosim.core.problem import Band
 from iosim.registry import ALGORITHMS
-from iosim.visits import visits
+from iosim.core.visits import visits
 
 WINDOWED = [name for name, a in ALGORITHMS.items() if a.accepts("window")]
 WINDOWED_BACKWARD = [name for name in WINDOWED if ALGORITHMS[name].backward is not None]  # split-kv decodes only

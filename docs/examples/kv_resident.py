@@ -13,13 +13,13 @@ scale, a causal mask and dropout; an explicit mask is refused.
 from __future__ import annotations
 
 import iosim
-from iosim.algorithm import OUTPUT, Algorithm, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, exact_counts
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, safe_divide, scores
-from iosim.counts import Counts
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.counts import Counts
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 TENSORS = (OUTPUT,)  # what it writes beside the inputs Q, K, V
 

@@ -1,1 +1,1 @@
-"""The attention algorithms, one module each, written against ``iosim.memory.Memory``."""
+"""The attention algorithms, one module each, written against ``iosim.core.memory.Memory``."""

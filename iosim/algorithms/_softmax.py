@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms.tile_ops import exp_diff, safe_divide
-from iosim.flops import Flops
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Axis, Visits, visits
+from iosim.core.flops import Flops
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import Axis, Visits, visits
 
 
 def softmax_rows(M: int, n_q: int, n_k: int) -> int:

@@ -1,7 +1,7 @@
 """Block-sparse FlashAttention (Dao et al. 2022, section 3.3, Algorithm 5), forward and backward.
 
 Algorithms 2 and 4 run over the tiles a block mask M̃ leaves nonzero
-(``iosim.sparsity``): a zero tile is never computed, so its keys are masked out of
+(``iosim.variants.sparsity``): a zero tile is never computed, so its keys are masked out of
 every query row of the block. As the paper writes it, the outer loop still loads K_j
 and V_j (Alg. 2 line 7; Alg. 4 lines 7 and 24 write dK_j, dV_j) before the inner loop
 finds the column's nonzero tiles, so only the inner steps are skipped. ``block-sparse-skip``
@@ -17,14 +17,14 @@ Deviations: as ``flash`` and ``flash backward`` (see their modules).
 
 from __future__ import annotations
 
-from iosim.algorithm import Algorithm, Needs
+from iosim.algorithms.algorithm import Algorithm, Needs
 from iosim.algorithms import flash, flash_backward
-from iosim.counts import Counts
-from iosim.flops import Flops
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.sparsity import sparse_visits
-from iosim.tiling import Tiling
+from iosim.core.counts import Counts
+from iosim.core.flops import Flops
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.variants.sparsity import sparse_visits
+from iosim.core.tiling import Tiling
 
 
 def fraction(pb: Problem) -> float:

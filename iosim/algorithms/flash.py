@@ -10,7 +10,7 @@ S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m̃_ij, ℓ̃_ij, m_i^new,
 (B_r each), and the mask tile (B_r × B_c) when a mask is given.
 
 Deviations: the RNG state R is the seed itself (dropout is counter-based, see
-``iosim.rng``), so nothing is written for it (lines 1, 19). With a band (causal, or
+``iosim.core.rng``), so nothing is written for it (lines 1, 19). With a band (causal, or
 a sliding window), an inner step whose tile is entirely hidden is skipped (it would
 leave O_i, ℓ_i, m_i unchanged), and so is a key block no query sees, as
 FlashAttention's kernels do; an explicit mask is not inspected, so
@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
-from iosim.counts import Counts
-from iosim.l2_counts import lockstep_hits
-from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Visits, visits
+from iosim.core.counts import Counts
+from iosim.gpu.lockstep import lockstep_hits
+from iosim.core.flops import Flops, matmul
+from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import Visits, visits
 
 TENSORS = (OUTPUT, *STATISTICS)
 
@@ -147,7 +147,7 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (12 * n_q * n_k * d * d / M + 16 * n_q * n_k * d / M + 3 * n_q * d)
 
 
-# --- on a GPU: the grid of kernels/flash.py (iosim.l2) ------------------------------------------------------
+# --- on a GPU: the grid of kernels/flash.py (iosim.gpu.l2) ------------------------------------------------------
 
 # Resident blocks per H100 SM of the forward kernel as call 1 ran it (d4169c1, float32), by (d, B_r, B_c).
 # d = 64, 32x32: 3 (153 registers x 128 threads; the sm_90 resource report, git show
@@ -204,12 +204,12 @@ def grid(pb: Problem, tiling: Tiling) -> Grid:
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.l2_simulate.simulate(grid(pb, tiling), ...)`` for full attention (no causal mask, no GQA),
+    """Closed form of ``iosim.gpu.schedule.simulate(grid(pb, tiling), ...)`` for full attention (no causal mask, no GQA),
     every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None elsewhere.
 
     Every block has the same steps (its own head's tiles), so blocks run in waves of w = ``concurrent`` (the
     last w = batch·heads mod W) in lockstep, and a wave's hits depend on w alone. An access by the block at
-    position p of its wave hits when its stack distance is at most the capacity (iosim.l2): the bytes its own
+    position p of its wave hits when its stack distance is at most the capacity (iosim.gpu.l2): the bytes its own
     block touched since the tile's last use (own, the tile included), plus (w−1−p)·F1 + p·F2, what one other
     block touches in the rounds between (F1: blocks after p, from the round of the last use to the one before
     this; F2: blocks before p, one round later). Per head, with A_i = Q_i + O_i + ℓ_i + m_i, LO_i = lse_i (+ out_i),

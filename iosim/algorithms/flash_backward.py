@@ -11,7 +11,7 @@ On-chip buffers per head: K_j, V_j, dK_j, dV_j (B_c × d each), Q_i, O_i, dO_i, 
 dP_ij (B_r × B_c, overwritten by dS_ij), and the mask tile (B_r × B_c) when a mask
 is given.
 
-Deviations: the RNG state R is the seed itself (``iosim.rng``), so line 1 reads
+Deviations: the RNG state R is the seed itself (``iosim.core.rng``), so line 1 reads
 nothing. Line 2's block sizes are the block policy's, as in the forward pass. With
 a band (causal, or a sliding window), an inner step whose tile is entirely hidden is
 skipped (it would add zero to dQ_i, dK_j and dV_j), and so is a key block no query
@@ -21,16 +21,16 @@ as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
+from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
-from iosim.counts import Counts
-from iosim.errors import InputError
-from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, Tiles
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Visits, visits
+from iosim.core.counts import Counts
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops, matmul
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, Tiles
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import Visits, visits
 
 TENSORS = (*saved(OUTPUT, *STATISTICS), DOUT, *GRADIENTS)
 
@@ -141,7 +141,7 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (20 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d)
 
 
-# --- on a GPU: the backward grid of kernels/flash.py (iosim.l2) ---------------------------------------------
+# --- on a GPU: the backward grid of kernels/flash.py (iosim.gpu.l2) ---------------------------------------------
 
 # Resident blocks per H100 SM of the backward kernel as call 1 ran it (d4169c1, float32), by (d, B): d = 64,
 # 32x32: 5 (196 registers x 64 threads, 43,008 B shared; the sm_90 resource report, git show

@@ -23,17 +23,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
-from iosim.counts import Counts
-from iosim.flops import Flops, matmul
-from iosim.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, SharedSteps, Step, Tiles, sectors
-from iosim.memory import Memory
-from iosim.paging import entries
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.counts import Counts
+from iosim.core.flops import Flops, matmul
+from iosim.gpu.l2 import READ, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, SharedSteps, Step, Tiles, sectors
+from iosim.core.memory import Memory
+from iosim.variants.paging import entries
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 TENSORS = (OUTPUT, *STATISTICS)
 
@@ -112,7 +112,7 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (8 * n_q * n_k * d * d / M + 3 * d * n_q + 2 * n_q)
 
 
-# --- on a GPU: the grid of kernels/flash_swapped.py and its L2 traffic (iosim.l2) ----------------------------
+# --- on a GPU: the grid of kernels/flash_swapped.py and its L2 traffic (iosim.gpu.l2) ----------------------------
 
 # Resident blocks per H100 SM of the forward kernel as call 1 ran it (d4169c1, float32, full attention), by
 # (d, B_r, B_c): the sm_90 resource report at c325e6e, whose kernels are d4169c1's (git show
@@ -132,7 +132,7 @@ def _blocks_per_sm(pb: Problem, tiling: Tiling) -> int | SharedMemoryBound:
 
 def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], list]:
     """The steps (K_j, V_j) of each K/V head, built once: one object per j for every block of the head, so that
-    ``iosim.l2`` sees a repeated step and skips it."""
+    ``iosim.gpu.l2`` sees a repeated step and skips it."""
     s, Bc = pb.shape, tiling.Bc
     Tc, data = -(-s.n_k // Bc), pb.itemsize("data")
     shared: dict[int, list] = {}  # K/V head -> its steps
@@ -196,16 +196,16 @@ def _grid(pb: Problem, tiling: Tiling, sawtooth: bool) -> Grid:
             kv = backward.setdefault(id(kv), kv[::-1])  # kv[k] is now K/V block T_c − 1 − k
             j0 = len(kv) - run.stop  # the run's last key block, first in this order
         # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
-        # that start together run as one cohort in the simulation (iosim.l2_simulate)
+        # that start together run as one cohort in the simulation (iosim.gpu.schedule)
         return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
 
     return Grid(pb.shape.bh * Tr, steps, tiles, _blocks_per_sm(pb, tiling))
 
 
 def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.l2_simulate.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
+    """Closed form of ``iosim.gpu.schedule.simulate(grid(pb, tiling), ...)`` for full attention (no mask, no GQA):
     reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
-    O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.l2`` has it.
+    O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.gpu.l2`` has it.
 
     Blocks run in waves of W = ``concurrent``, in lockstep. Q_i is read once, O_i and lse_i written once.
     K_j, V_j of a head are read at the first wave that holds one of its query blocks; a head whose blocks
@@ -246,7 +246,7 @@ def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramFor
         D = D + np.where(np.arange(Tc) >= 1, q_next, q_of[w % Tr])
         kv_reads += int(kv[D > capacity].sum())
     q, lse = s.bh * sum(q_of), s.bh * sum(lse_of)
-    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.l2)
+    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.gpu.l2)
     fetched = {"O": s.bh * sum(q_of[i] for i, r in enumerate(rows) if r * s.d * data % SECTOR),
                "lse": s.bh * sum(lse_of[i] for i, r in enumerate(rows) if r * stat % SECTOR)}
     dirty = _dirty_at_end(np.array(q_of), np.array(lse_of), kv, Tr, blocks, W, capacity)

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
+from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
-from iosim.counts import Counts
-from iosim.errors import InputError
-from iosim.flops import Flops, matmul
-from iosim.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, SharedSteps, Tiles
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.counts import Counts
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops, matmul
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, SharedSteps, Tiles
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 TENSORS = (
     *saved(OUTPUT, *STATISTICS), DOUT,
@@ -151,7 +151,7 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (16 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d + 4 * n_q)
 
 
-# --- on a GPU: the backward kernels of kernels/flash_swapped.py (iosim.l2) ------------------------------------
+# --- on a GPU: the backward kernels of kernels/flash_swapped.py (iosim.gpu.l2) ------------------------------------
 
 # The host's backward at d4169c1 (call 1) launches three kernels, in order: row_dot_kernel (D = rowsum(dO ∘ O)),
 # fill_kernel (dq_acc = 0, float32) and the main kernel; a fourth, cast_kernel, converts dQ for float16 only.

@@ -32,15 +32,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, masked
-from iosim.counts import Counts
-from iosim.flops import matmul
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Axis, ceil_div, visits
+from iosim.core.counts import Counts
+from iosim.core.flops import matmul
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import Axis, ceil_div, visits
 
 TENSORS = (Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", "intermediate"), OUTPUT)
 

@@ -18,7 +18,7 @@ O_s and lse_s and the new max, which is less.
 
 With a sliding window (``Problem.window``) each query block's splits are dealt over the
 run of key blocks its band meets (``Visits.key_run``; on the packed problem the hull of
-its queries' runs, ``iosim.visits.PackedVisits``), so K/V outside the window are never
+its queries' runs, ``iosim.core.visits.PackedVisits``), so K/V outside the window are never
 read, as flash-attn's split kernel deals n_block_min … n_block_max. The band is skipped
 whole, its causal side included. A split that gets no block (a query block whose run
 is shorter than S, or that sees no key) still exists and writes an empty partial,
@@ -40,18 +40,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iosim.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, SplitRule, Tensor, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, SplitRule, Tensor, exact_counts
 from iosim.algorithms.flash_swapped import kv_step_cache
 from iosim.algorithms.tile_ops import (absorb_block, exp_diff, load_mask, logsumexp, read_block_table, safe_divide,
                                        scores)
-from iosim.counts import Counts
-from iosim.flops import Flops, matmul
-from iosim.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
-from iosim.memory import Memory
-from iosim.paging import entries
-from iosim.problem import Problem
-from iosim.tiling import Tiling, ceil_div
-from iosim.visits import Axis, Blocks, PackedVisits, Visits, visits
+from iosim.core.counts import Counts
+from iosim.core.flops import Flops, matmul
+from iosim.gpu.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
+from iosim.core.memory import Memory
+from iosim.variants.paging import entries
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling, ceil_div
+from iosim.core.visits import Axis, Blocks, PackedVisits, Visits, visits
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
 PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"),
@@ -259,7 +259,7 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (2 * pb.shape.n_k * pb.shape.d + 2 * pb.shape.n_q * pb.shape.d)
 
 
-# --- on a GPU: Flash-Decoding's two kernels as flash-attn launches them (iosim.l2) ---------------------------
+# --- on a GPU: Flash-Decoding's two kernels as flash-attn launches them (iosim.gpu.l2) ---------------------------
 
 # The kernels write lse = m + log ℓ instead of ℓ and m, as flash_fwd_splitkv_kernel and its combine do, and keep
 # the partials O_split, lse_split in float32 whatever the dtype (flash-attn's oaccum and softmax_lseaccum).

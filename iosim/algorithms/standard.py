@@ -23,16 +23,16 @@ chip, so that P in HBM is the softmax the backward pass needs (``standard_backwa
 
 from __future__ import annotations
 
-from iosim.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms import standard_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, scores
-from iosim.counts import Counts
-from iosim.flops import matmul
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.counts import Counts
+from iosim.core.flops import matmul
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 TENSORS = (Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", "intermediate"), OUTPUT)
 

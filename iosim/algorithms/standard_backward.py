@@ -25,14 +25,14 @@ where it hides a key.
 
 from __future__ import annotations
 
-from iosim.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Needs, Tensor, exact_counts, saved
+from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import apply_dropout, row_dot, transpose
-from iosim.counts import Counts
-from iosim.flops import Flops, matmul
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import visits
+from iosim.core.counts import Counts
+from iosim.core.flops import Flops, matmul
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 
 TENSORS = (
     *saved(Tensor("P", "N_q", "N_k", "intermediate"), OUTPUT), DOUT,

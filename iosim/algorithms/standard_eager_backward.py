@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithm import DOUT, GRADIENTS, Algorithm, Needs, Tensor, exact_counts, saved
+from iosim.algorithms.algorithm import DOUT, GRADIENTS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
-from iosim.counts import Counts
-from iosim.flops import matmul
-from iosim.memory import Memory
-from iosim.problem import Problem
-from iosim.tiling import Tiling
-from iosim.visits import Axis, Visits, visits
+from iosim.core.counts import Counts
+from iosim.core.flops import matmul
+from iosim.core.memory import Memory
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import Axis, Visits, visits
 
 TENSORS = (
     *saved(Tensor("P", "N_q", "N_k", "intermediate"), Tensor("Z", "N_q", "N_k", "intermediate", "mask"),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.memory import Memory, Tile
-from iosim.paging import pages_read
-from iosim.problem import Problem
-from iosim.rng import dropout_tile
+from iosim.core.memory import Memory, Tile
+from iosim.variants.paging import pages_read
+from iosim.core.problem import Problem
+from iosim.core.rng import dropout_tile
 
 
 def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -21,8 +21,8 @@ from iosim.cli.common import Parser, UsageError, package_version
 from iosim.cli.optimize_cmd import OptimizeOutcome
 from iosim.cli.run_cmd import RunOutcome
 from iosim.cli.sweep_cmd import SweepOutcome
-from iosim.errors import InputError
-from iosim.memory import CapacityError
+from iosim.core.errors import InputError
+from iosim.core.memory import CapacityError
 
 COMMANDS = {"sweep": sweep_cmd, "run": run_cmd, "optimize": optimize_cmd, "bound": bound_cmd, "prefill": prefill_cmd,
             "cascade": cascade_cmd, "model": model_cmd}

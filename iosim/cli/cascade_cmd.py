@@ -1,5 +1,5 @@
 """``iosim cascade``: decoding a batch that shares a prompt prefix, the shared K/V read once, against each request
-reading its whole cache (iosim.cascade)."""
+reading its whole cache (iosim.serving.cascade)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cascade import Cascade, cascade, kv_reads
+from iosim.serving.cascade import Cascade, cascade, kv_reads
 from iosim.cli.common import add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
-from iosim.gpus import GPUS, resolve_M
-from iosim.policies import POLICIES
-from iosim.records import check_distinct, check_output_path, write_records
+from iosim.core.gpus import GPUS, resolve_M
+from iosim.tilings.policies import POLICIES
+from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
 
 DEFAULT_ALGOS = ("split-kv",)  # Flash-Decoding: what a serving engine decodes with

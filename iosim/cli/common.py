@@ -6,16 +6,16 @@ import argparse
 from importlib.metadata import PackageNotFoundError, version
 
 from iosim.api import PASSES, backward_of
-from iosim.errors import InputError
-from iosim.gpus import GPUS
-from iosim.l2 import SCHEDULES, L2Options
-from iosim.inputs import check_tokens
-from iosim.policies import POLICIES
-from iosim.problem import Problem
+from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS
+from iosim.gpu.l2 import SCHEDULES, L2Options
+from iosim.core.inputs import check_tokens
+from iosim.tilings.policies import POLICIES
+from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
-from iosim.rng import check_seed
-from iosim.sparsity import PATTERNS, BlockSparsity
-from iosim.units import DTYPE_ITEMSIZE, parse_count
+from iosim.core.rng import check_seed
+from iosim.variants.sparsity import PATTERNS, BlockSparsity
+from iosim.core.units import DTYPE_ITEMSIZE, parse_count
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
 

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from iosim.cli.common import add_outputs, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes, seconds
-from iosim.errors import InputError
-from iosim.gpus import DEFAULT, GPUS
-from iosim.model_cost import (ATTENTION_ONLY, PHASES, AlgorithmCost, ModelReport, PhaseCost, check_algorithms, model,
+from iosim.core.errors import InputError
+from iosim.core.gpus import DEFAULT, GPUS
+from iosim.models.cost import (ATTENTION_ONLY, PHASES, AlgorithmCost, ModelReport, PhaseCost, check_algorithms, model,
                               plan_phases, records)
-from iosim.models import PRESETS, ModelConfig, get_model, load_config
-from iosim.records import RecordWriter
+from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
+from iosim.reports.records import RecordWriter
 from iosim.registry import ALGORITHMS
-from iosim.units import DTYPE_ITEMSIZE
+from iosim.core.units import DTYPE_ITEMSIZE
 
 
 def add_parser(sub) -> None:

@@ -11,11 +11,11 @@ from iosim.cli.common import (PASS_TITLES, add_l2_options, add_outputs, add_prob
                               check_backward, count_arg, l2_options, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
-from iosim.errors import InputError
-from iosim.gpus import GPUS, resolve_M
-from iosim.l2 import dram_record
-from iosim.optimize import DRAM_CANDIDATES, OBJECTIVES, TOP_DEFAULT, Optimum, optimize
-from iosim.records import check_distinct, check_output_path, write_records
+from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS, resolve_M
+from iosim.gpu.l2 import dram_record
+from iosim.reports.optimize import DRAM_CANDIDATES, OBJECTIVES, TOP_DEFAULT, Optimum, optimize
+from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
 
 

@@ -15,17 +15,17 @@ from iosim.cli.common import (add_simulation, block_sparsity, check_backward, co
                               seed_arg, window_of)
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
-from iosim.counts import Counts, combined
-from iosim.errors import InputError
-from iosim.gpus import resolve_M
+from iosim.core.counts import Counts, combined
+from iosim.core.errors import InputError
+from iosim.core.gpus import resolve_M
 from iosim.gradients import GradResult, gradients
-from iosim.l2 import DramCounts, L2Options, dram_record
-from iosim.records import check_distinct, check_output_path, write_document
+from iosim.gpu.l2 import DramCounts, L2Options, dram_record
+from iosim.reports.records import check_distinct, check_output_path, write_document
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.results import SimResult
-from iosim.sparsity import element_mask
-from iosim.tiling import Tiling
+from iosim.variants.sparsity import element_mask
+from iosim.core.tiling import Tiling
 
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
@@ -246,7 +246,7 @@ def render_check(console, outcome: RunOutcome) -> None:
         console.print(f"forward + backward: {outcome.traffic.total:,} elements, {nbytes(outcome.traffic.total_bytes)}")
     if outcome.dram is not None:
         d = outcome.dram
-        console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.l2): {nbytes(d.reads)} read, "
+        console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.gpu.l2): {nbytes(d.reads)} read, "
                       f"{nbytes(d.writes)} written during the kernel, {nbytes(d.dirty_at_end)} dirty at its end")
     if outcome.padded is not None:
         p, t = outcome.padded, outcome.traffic

@@ -10,12 +10,12 @@ from iosim.cli.common import (PASS_TITLES, add_simulation, algorithms_of, block_
                               l2_options, lengths_of, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
-from iosim.errors import InputError
-from iosim.gpus import resolve_M
-from iosim.records import RecordWriter
+from iosim.core.errors import InputError
+from iosim.core.gpus import resolve_M
+from iosim.reports.records import RecordWriter
 from iosim.registry import ALGORITHMS
-from iosim.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
-from iosim.units import DTYPE_ITEMSIZE
+from iosim.reports.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
+from iosim.core.units import DTYPE_ITEMSIZE
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
         options.append(f"paged K/V cache of {paged.page_size}-token pages, read by rows (the algorithms that read one)")
     if first.roofline is not None:
         options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
-                       f"is declared (iosim.l2), and the roofline time, a lower bound, from them (else from HBM "
+                       f"is declared (iosim.gpu.l2), and the roofline time, a lower bound, from them (else from HBM "
                        f"bytes)")
     if first.pass_ != "fwd":
         options.append(PASS_TITLES[first.pass_])

@@ -1,0 +1,241 @@
+"""What an algorithm declares about itself: its tensors, its run function and its closed forms.
+
+Each module in ``iosim/algorithms/`` builds one ``Algorithm`` and the registry lists
+it; nothing else in iosim names an algorithm. The closed forms may share the tiling
+and the visited tiles (``iosim.core.visits``) with the run function, never the simulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from iosim.core.counts import Counts, TensorCounts
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops
+from iosim.core.problem import ELEMENTS, Problem
+from iosim.core.tiling import Tiling, ceil_div
+
+if TYPE_CHECKING:
+    from iosim.gpu.l2 import DramForm, Grid
+    from iosim.core.memory import Memory
+
+ROLES = ("input", "output", "intermediate")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """An HBM tensor of rows × cols per batch·head, sizes named as ``Problem.dim`` names them."""
+
+    name: str
+    rows: str  # "N_q", "N_k", "d" or "1", or "S·N_q": one block of N_q rows per K/V split (Tiling.splits)
+    cols: str
+    role: str  # one of ROLES: read only, returned, or written and read back within the run
+    element: str = "data"  # one of ELEMENTS: sets the bytes per element
+    kv: bool = False  # one per batch·kv_head (K, V under grouped-query attention), not per batch·head
+
+    def __post_init__(self):
+        if self.role not in ROLES or self.element not in ELEMENTS:
+            raise ValueError(f"tensor {self.name}: role {self.role!r} must be one of {ROLES} and element "
+                             f"{self.element!r} one of {ELEMENTS}")
+
+    def shape(self, pb: Problem, tiling: Tiling | None = None) -> tuple[int, int]:
+        """Rows and columns per head; a factor S is the tiling's number of K/V splits (1 without a tiling)."""
+        def size(dims: str) -> int:
+            n = 1
+            for name in dims.split("·"):
+                n *= (tiling.splits if tiling is not None else 1) if name == "S" else pb.dim(name)
+            return n
+        return size(self.rows), size(self.cols)
+
+
+# What every algorithm reads: Q, K, V, and the boolean mask when the problem has one.
+# K and V have kv_heads heads (grouped-query attention); every algorithm that runs per query head reads
+# its group's K/V as its own, so its K/V reads are counted per query head.
+INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input", kv=True),
+          Tensor("V", "N_k", "d", "input", kv=True))
+MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
+# A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving engine,
+# held here per K/V head, which its heads read as their own (no count depends on the copies)
+BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
+# What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
+OUTPUT = Tensor("O", "N_q", "d", "output")
+STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
+# What every backward pass reads beside Q, K, V, and what it returns.
+DOUT = Tensor("dO", "N_q", "d", "input")
+GRADIENTS = (Tensor("dQ", "N_q", "d", "output"), Tensor("dK", "N_k", "d", "output"), Tensor("dV", "N_k", "d", "output"))
+
+
+def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The forward pass's tensors as a backward pass reads them: inputs, taken from the forward's HBM."""
+    return tuple(replace(t, role="input") for t in tensors)
+
+
+# Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens")
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """How an algorithm that splits K/V (``Tiling.splits``) counts its splits: its default and their range."""
+
+    # the default number of splits given the problem, the blocks and the GPU's SM count
+    default: Callable[[Problem, Tiling, int], int]
+    # the most keys one query block deals to its splits (N_k when it reads every key; fewer under a sliding window)
+    keys: Callable[[Problem, Tiling], int]
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an algorithm asks of the generic layers beyond Q, K, V and a tiling; the default asks for nothing.
+
+    Declared once, in the algorithm's module. Generic code never reads these fields: it
+    asks the ``Algorithm`` (``accepts``, ``listed_by_default``, ``run_problem``,
+    ``with_splits``, ``step_shares_tiling``), the one place where their rules live.
+    """
+
+    # it skips the zero tiles of the problem's block mask (Problem.block_sparsity, defined on its tiles): its
+    # backward pass must then run on the forward's tiles, so a training step uses one tiling for both passes
+    block_mask: bool = False
+    # it serves each GQA group of query heads from one K/V load: it runs on the problem packed by group
+    # (Problem.packed_by_group: batch·kv_heads heads of G·N_q query rows), so its counts show the saving
+    packs_groups: bool = False
+    # it takes a sliding window (Problem.window): it skips the tiles outside the band, or masks S with it
+    window: bool = False
+    # how it chooses and bounds its K/V splits (Tiling.splits); None when it does not split K/V
+    splits: SplitRule | None = None
+    # it reads K and V from a paged cache through a block table (Problem.page_size, iosim.variants.paging)
+    pages: bool = False
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One attention algorithm: how it runs on a ``Memory`` and what it moves, in closed form.
+
+    All callables take the problem, the tiling and the SRAM capacity M in elements.
+    ``traffic`` returns the exact ``Counts`` (peak SRAM included) that a run must measure.
+
+    A backward pass is an ``Algorithm`` too, held by its forward's ``backward``: its
+    tensors declare dO and what it reads of the forward's HBM (O, ℓ, m or P) as inputs,
+    and dQ, dK, dV as outputs. The registry lists forward algorithms only.
+    """
+
+    name: str
+    run: Callable[[Memory, Problem, Tiling], None]
+    tensors: tuple[Tensor, ...]  # what it writes to HBM, beside the inputs
+    outer: str  # the block of the outer loop, "Br" or "Bc": block policies size it first
+    working_set: Callable[[Problem, Tiling, int], int]  # on-chip elements per head with full blocks
+    traffic: Callable[[Problem, Tiling, int], Counts]
+    paper_form: Callable[[Problem, int], float]  # the paper's asymptotic form, elements
+    paper_label: str
+    baseline: bool = False  # the algorithm the others are compared with
+    backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
+    flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
+    needs: Needs = field(default_factory=Needs)  # what it asks of the generic layers
+    # its GPU kernel's thread blocks and their tile steps (iosim.gpu.l2); None when no kernel's grid is declared
+    grid: Callable[[Problem, Tiling], Grid] | None = None
+    # closed form of the L2 model's DRAM bytes given (problem, tiling, L2 bytes, blocks at once); None off its domain
+    dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
+    # every kernel the pass launches, in launch order, where that is more than ``grid``'s one (a pre-pass before
+    # it): each runs from a cold L2, as ncu --cache-control all measures it; None when ``grid`` is the only one
+    launches: Callable[[Problem, Tiling], tuple[Grid, ...]] | None = None
+
+    def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
+        return hbm_tensors(self.tensors, pb)
+
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors if t.role == "output")
+
+    def saved_inputs(self) -> tuple[str, ...]:
+        """Inputs beside Q, K, V and the mask: for a backward pass, dO and what its forward saved."""
+        return tuple(t.name for t in self.tensors if t.role == "input")
+
+    # --- the seam: what the generic layers ask of an algorithm ---------------------------------------------
+    @property
+    def is_backward(self) -> bool:
+        """A backward pass: it reads dO and returns the gradients (see ``Algorithm``)."""
+        return DOUT.name in self.saved_inputs()
+
+    def accepts(self, option: str) -> bool:
+        """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
+        if option not in OPTIONS:
+            raise ValueError(f"option {option!r} is not one of {OPTIONS}")
+        # packed documents (iosim.variants.varlen) are a sum of plain problems at the longest's tiling, which every algorithm
+        # counts, except one that splits K/V: its splits are sized per sequence, and one count of splits cannot serve
+        # documents of every length (a short one has fewer K/V blocks than splits)
+        return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
+                "window": self.needs.window, "page_size": self.needs.pages,
+                "seqlens": self.needs.splits is None}[option]
+
+    def listed_by_default(self, given: Collection[str]) -> bool:
+        """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
+        block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
+        (or no packed documents) is left out when a window (documents) is set."""
+        return (not self.needs.block_mask or "block_sparsity" in given) and ("window" not in given or self.needs.window) \
+            and ("seqlens" not in given or self.accepts("seqlens"))
+
+    def run_problem(self, pb: Problem) -> Problem:
+        """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
+        return pb.packed_by_group() if self.needs.packs_groups else pb
+
+    def follows_block_mask(self, pb: Problem) -> bool:
+        """Whether its traffic on ``pb`` follows a block mask drawn on each tiling's own tiles.
+
+        Then a change of block size redraws which tiles are visited, so traffic need not
+        fall as a block grows, nor be the same for every block of one block count: the
+        ``optimal`` search (``iosim.tilings.search``) evaluates every tiling that fits.
+        """
+        return self.needs.block_mask and pb.block_sparsity is not None
+
+    @property
+    def step_shares_tiling(self) -> bool:
+        """A training step runs both passes on one tiling (the backward's, which fits the forward too)."""
+        return self.needs.block_mask
+
+    def with_splits(self, pb: Problem, tiling: Tiling, splits: int | None, default: bool, sms: int,
+                    fixed: bool = False) -> Tiling:
+        """``tiling`` with its K/V splits: ``splits`` when given, else (``default``) its own policy's count for a
+        GPU of ``sms`` SMs, else 1. One that does not split takes only 1; one that does, over the K keys its widest
+        query block deals to its splits (``SplitRule.keys``: N_k without a window), 1 to ⌈K/B_c⌉ of a ``fixed``
+        (user-given) tiling, else 1 to K: a policy's K/V blocks are shortened to ⌊K/S⌋ where they are fewer than the
+        S splits, as a decode kernel sizes its splits first."""
+        n_k = pb.shape.n_k
+        rule = self.needs.splits
+        if splits is None and rule is not None and default:
+            splits = rule.default(pb, tiling, sms)
+        if splits is None:
+            return tiling
+        keys = rule.keys(pb, tiling) if rule is not None else n_k
+        blocks = ceil_div(keys, tiling.Bc)  # a run of K keys meets at least ⌈K/B_c⌉ blocks
+        most = (blocks if fixed else keys) if rule is not None else 1
+        if isinstance(splits, bool) or not isinstance(splits, int) or not 1 <= splits <= max(most, 1):
+            seen = "" if keys == n_k else f" in the {keys} keys a query block sees"
+            what = f" (the number of K/V blocks of B_c={tiling.Bc}{seen})" if fixed else \
+                f" ({'the keys a query block sees' if seen else 'N_k'})"
+            raise InputError(f"splits={splits!r} for {self.name} at N_k={n_k}; allowed: 1"
+                             f"{f' to {max(most, 1)}{what}' if rule is not None else ''}")
+        if 0 < blocks < splits:
+            tiling = replace(tiling, Bc=keys // splits)  # at least S blocks in the widest run
+        return replace(tiling, splits=splits)
+
+
+def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
+    """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
+    return INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ()) + own
+
+
+def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],
+                 peak_sram: int) -> Counts:
+    """Counts from per-head element counts by tensor name (absent means 0), scaled to all batch·heads.
+
+    Every head of the run counts its reads of K and V, its group's under grouped-query
+    attention, as the memory does.
+    """
+    tensors = hbm_tensors(own, pb)
+    unknown = (set(reads) | set(writes)) - {t.name for t in tensors}
+    if unknown:
+        raise ValueError(f"counts name tensors the algorithm does not declare: {sorted(unknown)}")
+    bh = pb.shape.bh
+    return Counts(tuple(TensorCounts(t.name, reads.get(t.name, 0) * bh, writes.get(t.name, 0) * bh,
+                                     pb.itemsize(t.element)) for t in tensors), peak_sram)

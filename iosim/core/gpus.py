@@ -1,0 +1,187 @@
+"""GPU presets and the roofline estimate they give: declarative data, each number with its source.
+
+A preset sets the SRAM capacity M (one SM's shared memory, in elements of the run's
+dtype) and turns a run's bytes and FLOPs into a time:
+
+    T = max(matmul FLOPs / peak FLOP/s, HBM bytes / HBM bandwidth)
+
+and which of the two bounds it. This is a lower bound on the time a kernel takes: it
+assumes every SM busy and every byte moved at full bandwidth, and ignores occupancy,
+the L2 cache (which may serve some re-reads without HBM traffic, the one way a real
+kernel can beat it), latency, launch overheads, synchronization, the exponentials and
+other elementwise work (they run off the tensor cores), and the overlap a kernel fails
+to get between loading and computing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops
+from iosim.core.units import DTYPE_ITEMSIZE, parse_size
+
+KiB = 1024
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One number of a preset and where it comes from."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU's numbers that the roofline needs. Peak rates are dense (no 2:4 sparsity)."""
+
+    name: str
+    smem_per_sm: Spec  # bytes of shared memory of one SM; one thread block may use 1 KiB less (H100: 227 of 228 KiB)
+    hbm_bandwidth: Spec  # bytes per second
+    fp16_tensor: Spec  # FLOP/s, tensor cores, float16 inputs with float32 accumulation
+    bf16_tensor: Spec | None  # FLOP/s, tensor cores, bfloat16; None where the GPU has none
+    fp32: Spec  # FLOP/s, CUDA cores (not TF32 tensor cores)
+    sms: Spec  # streaming multiprocessors: how many thread blocks run at once, one per SM (split-kv's default)
+    l2: Spec  # bytes of L2 cache, nominal (the datasheet's or whitepaper's figure)
+    l2_effective: Spec  # bytes of L2 that DRAM traffic sees (iosim.gpu.l2's default capacity), from a published measurement
+
+    def M(self, dtype: str) -> int:
+        """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
+        return int(self.smem_per_sm.value) // DTYPE_ITEMSIZE[dtype]
+
+    def peak(self, dtype: str) -> float:
+        """Peak matmul FLOP/s for ``dtype``."""
+        spec = {"float16": self.fp16_tensor, "bfloat16": self.bf16_tensor, "float32": self.fp32}.get(dtype)
+        if spec is None:
+            allowed = [t for t, s in (("float16", 1), ("bfloat16", self.bf16_tensor), ("float32", 1)) if s]
+            raise InputError(f"dtype={dtype!r} has no peak FLOP/s in the {self.name} preset; allowed: {allowed}")
+        return spec.value
+
+
+A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB), dense"
+H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense"
+H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"
+T4_DATASHEET = "NVIDIA T4 Tensor Core GPU datasheet"
+MB = 10**6
+MiB = 2**20
+# The L2 of A100 and H100 is two partitions; a line that SMs of both halves read is held in both, so the
+# capacity DRAM sees is below the nominal one. RRZE-HPC gpu-benches (github.com/RRZE-HPC/gpu-benches, the
+# gpu-l2-cache benchmark: L2 bandwidth against data volume) shows the L2 plateau ending near 37 MB on an H100
+# PCIe and 28 MB on an A100 80 GB, as quoted in issue 17. FlashAttention-3's scheduler budgets 32 MB of the
+# H100's 50 MB for K and V (Shah et al., 2024), a design margin rather than a measurement: iosim takes the
+# measurement, and experiments/l2_call1.py reports every row's sensitivity over 0.5-1.0x nominal.
+L2_PLATEAU = "RRZE-HPC gpu-benches gpu-l2-cache, end of the L2 bandwidth plateau"
+B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
+
+GPUS: dict[str, GPU] = {
+    "a100": GPU(
+        "A100",
+        Spec(164 * KiB, "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM"),
+        # the FlashAttention paper's A100 (section 2.1 gives 1.5-2.0 TB/s for 40-80 GB)
+        Spec(1555e9, f"{A100_DATASHEET}: 1,555 GB/s HBM2"),
+        Spec(312e12, f"{A100_DATASHEET}: FP16 Tensor Core 312 TFLOPS"),
+        Spec(312e12, f"{A100_DATASHEET}: BF16 Tensor Core 312 TFLOPS"),
+        Spec(19.5e12, f"{A100_DATASHEET}: FP32 19.5 TFLOPS"),
+        Spec(108, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
+        Spec(40 * MiB, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 (cudaDeviceProp.l2CacheSize 40 MiB)"),
+        Spec(28 * MB, f"{L2_PLATEAU}: near 28 MB on an A100 80 GB (same 40 MB L2 as the 40 GB SXM4)"),
+    ),
+    "h100": GPU(
+        "H100",
+        Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM"),
+        Spec(3.35e12, f"{H100_DATASHEET}: 3.35 TB/s HBM3"),
+        Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
+        Spec(132, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 132 SMs (SXM5)"),
+        Spec(50 * MiB, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 50 MB L2 (SXM5; cudaDeviceProp.l2CacheSize "
+             "50 MiB)"),
+        Spec(37 * MB, f"{L2_PLATEAU}: near 37 MB on an H100 PCIe, whose L2 is the same 50 MB of the same GH100"),
+    ),
+    "h200": GPU(
+        "H200",
+        Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM (same GH100 SM as H100)"),
+        Spec(4.8e12, f"{H200_DATASHEET}: 4.8 TB/s HBM3e"),
+        Spec(989.4e12, f"{H200_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(989.4e12, f"{H200_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
+             "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        Spec(67e12, f"{H200_DATASHEET}: FP32 67 TFLOPS"),
+        Spec(132, "the H100 SXM5's GH100 configuration, 132 SMs (the H200 changes the memory only)"),
+        Spec(50 * MiB, "the H100 SXM5's 50 MiB L2 (the H200 changes the memory only)"),
+        Spec(37 * MB, f"the H100's: {L2_PLATEAU}, near 37 MB on an H100 PCIe (same GH100 L2); not measured on H200"),
+    ),
+    "t4": GPU(
+        "T4",
+        Spec(64 * KiB, "NVIDIA Turing tuning guide: up to 64 KB shared memory per SM"),
+        Spec(320e9, f"{T4_DATASHEET}: 320 GB/s GDDR6"),
+        Spec(65e12, f"{T4_DATASHEET}: mixed-precision (FP16/FP32) 65 TFLOPS"),
+        None,  # Turing tensor cores have no bfloat16
+        Spec(8.1e12, f"{T4_DATASHEET}: single-precision 8.1 TFLOPS"),
+        Spec(40, "NVIDIA Turing architecture whitepaper: the T4's TU104 with 40 SMs"),
+        Spec(4 * MiB, "NVIDIA Turing architecture whitepaper: TU104, 4096 KB L2"),
+        Spec(4 * MiB, "no published measurement of the capacity DRAM sees: the nominal 4096 KB"),
+    ),
+    "b200": GPU(
+        "B200",
+        Spec(228 * KiB, "NVIDIA Blackwell tuning guide: up to 228 KB shared memory per SM"),
+        Spec(8e12, f"{B200_DATASHEET}: 8 TB/s HBM3e"),
+        Spec(2.25e15, f"{B200_DATASHEET}: FP16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
+        Spec(2.25e15, f"{B200_DATASHEET}: BF16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
+        Spec(80e12, f"{B200_DATASHEET}: FP32 80 TFLOPS"),
+        Spec(148, "NVIDIA Blackwell B200: 148 SMs over its two dies"),
+        Spec(126 * MiB, "not in NVIDIA's B200 datasheet: 126 MB over its two dies is the figure third-party "
+             "device queries report, unverified here"),
+        Spec(126 * MiB, "no published measurement of the capacity DRAM sees: the nominal 126 MB"),
+    ),
+}
+
+
+def get_gpu(name: str) -> GPU:
+    if not isinstance(name, str) or name not in GPUS:
+        raise InputError(f"gpu={name!r} is not one of {sorted(GPUS)}")
+    return GPUS[name]
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A run's time on a GPU by the roofline model: a lower bound, see the module docstring."""
+
+    gpu: str
+    seconds: float
+    bound: str  # "memory" or "compute"
+    intensity: float  # matmul FLOPs per HBM byte
+
+
+def roofline(gpu: GPU, dtype: str, hbm_bytes: int, flops: Flops) -> Roofline:
+    """T = max(matmul FLOPs / peak, HBM bytes / bandwidth) for a run in ``dtype``."""
+    compute = flops.matmul / gpu.peak(dtype)
+    memory = hbm_bytes / gpu.hbm_bandwidth.value
+    return Roofline(gpu.name, max(compute, memory), "compute" if compute > memory else "memory",
+                    flops.matmul / hbm_bytes if hbm_bytes else float("inf"))
+
+
+def resolve_M(M, gpu: str | None, dtype: str, default="100k") -> int:
+    """The SRAM capacity M of a run, in elements, from ``M`` and a GPU preset.
+
+    Without a preset, ``M`` (or ``default``). With one, M is its shared memory per SM
+    unless ``M`` is given too, which then wins if it fits the SM (a kernel may use
+    less shared memory than there is); an M above the SM's shared memory is refused.
+    """
+    if gpu is None:
+        return parse_size(default if M is None else M, dtype)
+    preset = get_gpu(gpu)
+    smem = preset.M(dtype)
+    if M is None:
+        return smem
+    m = parse_size(M, dtype)
+    if m > smem:
+        raise InputError(f"M={M!r} is {m:,} elements of {dtype}, more than the {preset.name}'s shared memory per SM "
+                         f"({smem:,} elements); allowed with gpu={gpu!r}: M <= {smem:,}, or no M to use all of it")
+    return m
+
+
+DEFAULT = "h100"  # the preset of a run that names none: split-kv's default splits fill its SMs

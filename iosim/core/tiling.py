@@ -1,0 +1,53 @@
+"""A tiling: the block sizes of a run.
+
+A ``Tiling`` says how many query rows (B_r) and key rows (B_c) one tile holds, and into
+how many chunks the K/V blocks are split; it can grow further dimensions (a d-tile)
+without changing its callers. Tilings never exceed the sequence they split
+(B_r ≤ N_q, B_c ≤ N_k); this changes no count, only how much SRAM sits idle. The
+policies that choose one are in ``iosim.tilings.policies``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from iosim.core.units import parse_count
+
+if TYPE_CHECKING:
+    from iosim.core.problem import Problem
+
+
+def ceil_div(a: int, b: int) -> int:
+    """⌈a/b⌉ in integers, exact at any size (b ≥ 1)."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Block sizes of a run: tiles of B_r query rows by B_c key rows.
+
+    ``splits``: how many chunks the K/V blocks are dealt into, each processed on its own
+    and combined at the end (Flash-Decoding, the ``split-kv`` algorithm); 1 for every
+    algorithm that does not split K/V.
+    """
+
+    Br: int
+    Bc: int
+    splits: int = 1
+
+    def __post_init__(self):
+        parse_count("Br", self.Br)
+        parse_count("Bc", self.Bc)
+        parse_count("splits", self.splits)
+
+    def capped(self, pb: Problem) -> Tiling:
+        """The same tiling with no block longer than the sequence it splits."""
+        return Tiling(min(self.Br, pb.shape.n_q), min(self.Bc, pb.shape.n_k), self.splits)
+
+
+def one_pass(forward: Tiling | None, backward: Tiling | None) -> Tiling | None:
+    """The tiling of a result that ran one pass; None when it ran both (each has its own)."""
+    if forward is not None and backward is not None:
+        return None
+    return forward or backward

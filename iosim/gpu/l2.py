@@ -1,0 +1,330 @@
+"""The GPU's L2 between SRAM and DRAM, and the thread blocks that share it.
+
+The two-level ``Memory`` counts every load and store as HBM traffic. On a GPU they go
+through an L2 shared by all SMs, and many thread blocks run at once, so a tile one
+block loads may already be there because another loaded it (issue 17, docs/gpu.md).
+This module runs an algorithm's grid of thread blocks, declared in its own module as a
+``Grid``, against such an L2 and reports the DRAM bytes:
+
+- **Schedule.** W = SMs × blocks per SM blocks run at once. They start in grid order,
+  and a new one starts in the slot of one that finishes, in the next round (dynamic
+  dispatch). Each round, every running block makes one tile step, in slot order
+  (round robin).
+- **L2.** Least-recently-used replacement of whole tiles, fully associative; a tile's
+  size is rounded up to 32-byte sectors. Write-back: a written tile is dirty until it
+  is evicted, when it goes to DRAM. A write that covers whole sectors fetches nothing;
+  one that does not (a size that is not a multiple of 32 B) is read first.
+- **Reports**, per tensor, in bytes: DRAM reads (misses of reads), DRAM writes while
+  the kernel runs (evictions of dirty tiles, what ncu counts) and the dirty bytes still
+  in the L2 at the end (written later, outside the kernel).
+
+LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
+exactly when the distinct bytes touched since its last use, itself included, are at most
+the capacity (its stack distance). The closed forms that algorithms give beside the
+simulation (``Algorithm.dram``) use that rule; ``iosim.gpu.lockstep`` holds the faster paths to the
+same counts and ``dram_counts``, which picks the fastest that applies.
+
+``iosim.gpu.schedule`` runs a grid against it (``simulate``, ``dram_traffic``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain, islice
+from typing import TYPE_CHECKING
+
+from iosim.core.counts import PerTensor
+from iosim.core.errors import InputError
+from iosim.core.gpus import get_gpu
+from iosim.core.units import parse_count
+
+if TYPE_CHECKING:
+    from iosim.algorithms.algorithm import Algorithm
+    from iosim.core.problem import Problem
+    from iosim.core.tiling import Tiling
+
+SECTOR = 32  # bytes: the L2's unit of transfer to DRAM (NVIDIA CUDA C++ best practices guide, "Coalesced access")
+READ, WRITE, READ_WRITE = 1, 2, 3  # what an access does to its tile
+
+# One access: (key, bytes rounded to sectors, READ/WRITE/READ_WRITE); ``Tiles.access`` builds it.
+Access = tuple[int, int, int]
+Step = tuple[Access, ...]  # what one thread block moves in one step of its loop
+
+
+# Occupancy of a kernel that iosim.kernels does not implement (or whose resources were not measured): the
+# preset's shared memory per SM (iosim.core.gpus) over the block's, with the 1 KiB per block the driver reserves
+# ("NVIDIA Hopper tuning guide": 228 KB per SM, 227 KB at most per block; the Ampere guide: 164 KB and 1 KB),
+# and at most 32 resident blocks per SM (CUDA C++ programming guide, "Features and technical specifications",
+# compute capabilities 8.0 and 9.0).
+SMEM_RESERVED_PER_BLOCK = 1024
+MAX_BLOCKS_PER_SM = 32
+
+
+@dataclass(frozen=True)
+class SharedMemoryBound:
+    """The occupancy of a kernel known only by its shared memory per block: as many blocks as one SM of the GPU
+    holds, an upper bound (registers may allow fewer)."""
+
+    block_bytes: int
+
+    def on(self, gpu: str) -> int:
+        per_sm = int(get_gpu(gpu).smem_per_sm.value)
+        return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (self.block_bytes + SMEM_RESERVED_PER_BLOCK)))
+
+
+def sectors(nbytes: int) -> int:
+    """Bytes rounded up to whole 32-byte sectors."""
+    return -(-nbytes // SECTOR) * SECTOR
+
+
+class Tiles:
+    """Keys of the tiles of a grid's tensors: tile ``index`` of ``tensor`` is one L2 entry."""
+
+    def __init__(self, tensors: tuple[str, ...]):
+        self.tensors = tensors
+        self._id = {name: k for k, name in enumerate(tensors)}
+
+    def access(self, tensor: str, index: int, nbytes: int, mode: int) -> Access:
+        """An access of ``nbytes`` to tile ``index`` of ``tensor``; a write of part of a sector reads it first."""
+        if mode == WRITE and nbytes % SECTOR:
+            mode = READ_WRITE
+        return index * len(self.tensors) + self._id[tensor], sectors(nbytes), mode
+
+
+@dataclass(frozen=True)
+class SharedSteps:
+    """A block's steps: its own ``head``, then ``body[start:stop]``, a run of step objects it shares with other
+    blocks (the same ``body`` object for all of them), then its own ``tail``. Iterating gives them in order."""
+
+    head: tuple[Step, ...]
+    body: Sequence[Step]
+    start: int
+    stop: int
+    tail: tuple[Step, ...]
+
+    def __post_init__(self):
+        if not 0 <= self.start <= self.stop <= len(self.body):
+            raise ValueError(f"SharedSteps run {self.start}:{self.stop} must lie within its body of {len(self.body)} "
+                             f"steps")
+
+    def __iter__(self) -> Iterator[Step]:
+        return chain(self.head, islice(self.body, self.start, self.stop), self.tail)
+
+    @property
+    def total(self) -> int:
+        return len(self.head) + self.stop - self.start + len(self.tail)
+
+    def runs_with(self, other: SharedSteps) -> bool:
+        """Whether the two, started in one round, make every step in the same rounds and share every body step."""
+        return (self.body is other.body and self.start == other.start and self.stop == other.stop
+                and len(self.head) == len(other.head) and len(self.tail) == len(other.tail))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An algorithm's thread blocks as its kernel launches them.
+
+    ``steps(b)`` yields block b's tile steps in order (blocks are numbered in launch
+    order, the order they start in), as an iterator or a ``SharedSteps``; ``blocks_per_sm`` is how many of them one SM holds
+    at once: measured from the kernel's registers and shared memory, or bounded by its
+    shared memory on each GPU (``per_sm``).
+    """
+
+    blocks: int
+    steps: Callable[[int], Iterator[Step] | SharedSteps]
+    tiles: Tiles
+    blocks_per_sm: int | SharedMemoryBound
+    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.gpu.lockstep.lockstep)
+
+    def per_sm(self, gpu: str) -> int:
+        """Blocks one SM of ``gpu`` holds at once."""
+        return self.blocks_per_sm if isinstance(self.blocks_per_sm, int) else self.blocks_per_sm.on(gpu)
+
+
+@dataclass(frozen=True)
+class DramTensor:
+    """One tensor's DRAM bytes: read (L2 misses), written during the kernel, dirty in the L2 at its end."""
+
+    name: str
+    reads: int
+    writes: int
+    dirty_at_end: int
+
+
+@dataclass(frozen=True)
+class DramCounts(PerTensor):
+    """DRAM bytes of one kernel behind an L2 of ``capacity`` bytes with ``concurrent`` blocks at once."""
+
+    tensors: tuple[DramTensor, ...]
+    capacity: int
+    concurrent: int
+
+    @property
+    def dirty_at_end(self) -> int:
+        return sum(t.dirty_at_end for t in self.tensors)
+
+    @property
+    def moved(self) -> int:
+        """Every byte the kernel makes cross the DRAM bus: reads, writes, and the dirty bytes written back after."""
+        return self.reads + self.writes + self.dirty_at_end
+
+
+def dram_record(dram: DramCounts | None) -> dict:
+    """A record's DRAM keys: read, written during the kernel and dirty bytes; null where the model does not apply."""
+    return {"dram_read_bytes": getattr(dram, "reads", None), "dram_write_bytes": getattr(dram, "writes", None),
+            "dram_dirty_bytes": getattr(dram, "dirty_at_end", None)}
+
+
+@dataclass(frozen=True)
+class DramForm:
+    """A closed form's DRAM bytes per tensor: ``reads``, ``written`` = writes during the kernel + dirty at its
+    end, and ``dirty_at_end``, the part of ``written`` still in the L2 at the end."""
+
+    reads: dict[str, int]
+    written: dict[str, int]
+    dirty_at_end: dict[str, int]
+
+    def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
+        """As ``simulate`` reports them."""
+        left = self.dirty_at_end
+        return DramCounts(tuple(DramTensor(name, self.reads.get(name, 0),
+                                           self.written.get(name, 0) - left.get(name, 0), left.get(name, 0))
+                                for name in tiles.tensors), config.capacity, config.concurrent)
+
+
+@dataclass(frozen=True)
+class L2Config:
+    """What the L2 model needs of a GPU: the L2 bytes DRAM sees, the blocks that run at once, and how the first of
+    them start (``SCHEDULES``)."""
+
+    capacity: int
+    concurrent: int
+    schedule: str = "lockstep"
+
+
+# How the first W blocks start (iosim.gpu.schedule). "lockstep": all in the first round, so equal blocks run in
+# waves that start and end together (the model's rule since call 1). "staggered": slot s's first block starts
+# s/W of a mean block's steps late, so that blocks finish one after another and the running blocks are a window
+# sliding along the grid, the steady state of dynamic dispatch once blocks of equal work drift apart.
+SCHEDULES = ("lockstep", "staggered")
+
+
+def check_schedule(schedule) -> str:
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule={schedule!r} is not one of {list(SCHEDULES)}")
+    return schedule
+
+
+@dataclass(frozen=True)
+class L2Options:
+    """The user's overrides of the L2 model (``--l2-bytes``, ``--blocks-per-sm``, ``--schedule``): the L2 bytes DRAM
+    sees (None: the preset's effective capacity), the blocks of every kernel one SM holds (None: each kernel's
+    own) and how the first blocks start (``SCHEDULES``). Checked when built."""
+
+    capacity: int | None = None
+    blocks_per_sm: int | None = None
+    schedule: str = "lockstep"
+
+    def __post_init__(self):
+        if self.capacity is not None:
+            object.__setattr__(self, "capacity", parse_count("l2_bytes", self.capacity))
+        if self.blocks_per_sm is not None:
+            object.__setattr__(self, "blocks_per_sm", parse_count("blocks_per_sm", self.blocks_per_sm))
+        check_schedule(self.schedule)
+
+
+def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
+              blocks_per_sm: int | None = None, schedule: str = "lockstep") -> L2Config:
+    """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""
+    preset = get_gpu(gpu)
+    cap = int(preset.l2_effective.value) if capacity is None else parse_count("capacity", capacity)
+    per_sm = grid.per_sm(gpu) if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
+    return L2Config(cap, int(preset.sms.value) * per_sm, check_schedule(schedule))
+
+
+class LRU:
+    """A write-back L2 of whole tiles with least-recently-used replacement; counts DRAM bytes per tensor."""
+
+    def __init__(self, capacity: int, n_tensors: int):
+        if capacity < SECTOR:
+            raise InputError(f"L2 capacity={capacity} bytes; allowed: at least one {SECTOR}-byte sector")
+        self.capacity, self.n = capacity, n_tensors
+        self.resident: OrderedDict[int, int] = OrderedDict()  # key -> bytes, least recent first
+        self.dirty: set[int] = set()
+        self.used = 0
+        self.reads = [0] * n_tensors
+        self.writes = [0] * n_tensors
+
+    def step(self, step: Step) -> None:
+        resident, dirty, reads, writes = self.resident, self.dirty, self.reads, self.writes
+        capacity, n, used = self.capacity, self.n, self.used  # locals: this loop is the simulation's hot spot
+        for key, nbytes, mode in step:
+            if key in resident:
+                resident.move_to_end(key)
+            else:
+                if mode & READ:
+                    reads[key % n] += nbytes
+                if nbytes > capacity:  # never fits: goes straight through
+                    if mode & WRITE:
+                        writes[key % n] += nbytes
+                    continue
+                used += nbytes
+                while used > capacity:
+                    old, size = resident.popitem(last=False)
+                    used -= size
+                    if old in dirty:
+                        dirty.discard(old)
+                        writes[old % n] += size
+                resident[key] = nbytes
+            if mode & WRITE:
+                dirty.add(key)
+        self.used = used
+
+    def fits(self, step: Step) -> bool:
+        return sum(nbytes for _, nbytes, _ in step) <= self.capacity
+
+    def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
+        left = [0] * self.n
+        for key in self.dirty:
+            left[key % self.n] += self.resident[key]
+        return DramCounts(tuple(DramTensor(name, self.reads[k], self.writes[k], left[k])
+                                for k, name in enumerate(tiles.tensors)), config.capacity, config.concurrent)
+
+
+def check_launchable(pb: Problem) -> None:
+    """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
+    read no explicit or block mask and no block table, skip no tiles outside a sliding window, and launch one
+    sequence per batch entry, not varlen's packed documents."""
+    if pb.has_mask or pb.block_sparsity is not None:
+        raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
+                         "for it; allowed: has_mask=False, block_sparsity=None")
+    if pb.band.sliding:
+        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
+                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
+    if pb.page_size is not None:
+        raise InputError(f"page_size={pb.page_size}: the L2 model's grids read no block table; allowed: None")
+    if pb.seqlens is not None:
+        raise InputError("seqlens: the L2 model's grids launch one sequence per batch entry, not packed documents; "
+                         "allowed: None")
+
+
+def kernels(algorithm: Algorithm, pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+    """The grids of every kernel a pass launches, in order (``Algorithm.launches``, else its one ``grid``)."""
+    if algorithm.grid is None:
+        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
+    check_launchable(pb)
+    return algorithm.launches(pb, tiling) if algorithm.launches is not None else (algorithm.grid(pb, tiling),)
+
+
+def in_sequence(parts: list[DramCounts]) -> DramCounts:
+    """Kernels run one after another, each from a cold L2 (as ncu measures them): per tensor sums; the blocks at
+    once are the most of any kernel."""
+    names = list(dict.fromkeys(t.name for p in parts for t in p.tensors))
+    total = {name: [0, 0, 0] for name in names}
+    for p in parts:
+        for t in p.tensors:
+            total[t.name] = [a + b for a, b in zip(total[t.name], (t.reads, t.writes, t.dirty_at_end))]
+    return DramCounts(tuple(DramTensor(name, *total[name]) for name in names), parts[0].capacity,
+                      max(p.concurrent for p in parts))

@@ -1,0 +1,281 @@
+"""A whole model's attention: HBM bytes, FLOPs and roofline time per layer and for every layer, in three phases.
+
+For a model (``iosim.models.presets``), a batch, a GPU preset and a sequence length N, every
+algorithm of the registry is counted (``iosim.count``, checked against
+``iosim.predict``) in:
+
+- a **training step**: forward and backward (``pass_="fwd+bwd"``) at N_q = N_k = N;
+- **prefill**: the forward pass at N_q = N_k = N;
+- **decoding**: one new token against a context of C keys, N_q = 1, N_k = C;
+
+all causal. Each distinct kind of layer (global, or local with a sliding window) is
+counted once and multiplied by its number of layers, so a model costs a few counts, each
+O(1) in N. The time is the preset's roofline (``iosim.core.gpus.roofline``, the sweep's) from
+the two-level HBM bytes (not the L2 model's DRAM bytes, so every algorithm is timed on the
+same footing), and layers run one after another, so times add.
+An algorithm that refuses a phase (no backward pass, a shape it does not take) is listed
+with the reason. Attention only: no MLP, no KV-cache capacity.
+
+Deviations from the model as it runs:
+- Grouped-query attention in a training step is counted with K/V expanded to every query
+  head: iosim's backward passes take no K/V groups. Transformers' eager and SDPA paths
+  expand K and V so (``repeat_kv``); FlashAttention-2's GQA backward reads the same K/V
+  bytes and writes dK, dV per query head, then sums them over the group, which is not
+  counted.
+- A local layer whose keys all fit its window (N_k <= W) is counted as the causal
+  attention it then equals; one whose window clips passes ``window=(W - 1, 0)``
+  (flash-attn's convention for Hugging Face's W) to ``iosim.count``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from iosim.api import count, predict
+from iosim.core.counts import Counts
+from iosim.core.errors import InputError
+from iosim.core.flops import Flops
+from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
+from iosim.models.presets import LayerKind, ModelConfig, get_model
+from iosim.registry import ALGORITHMS
+from iosim.core.tiling import Tiling
+from iosim.core.units import check_dtype, parse_count
+
+PHASES = ("training", "prefill", "decode")
+ATTENTION_ONLY = "attention only: no MLP, no KV-cache capacity"
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What one phase runs in every layer: the pass and the query and key lengths."""
+
+    name: str  # one of PHASES
+    pass_: str  # "fwd+bwd" or "fwd"
+    n_q: int
+    n_k: int
+
+    @property
+    def title(self) -> str:
+        return {"training": f"training step (forward + backward), N = {self.n_q:,}",
+                "prefill": f"prefill (forward), N = {self.n_q:,}",
+                "decode": f"decoding one token, context {self.n_k:,} (N_q = 1)"}[self.name]
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One algorithm on one layer of a kind: its counts over the batch and every head."""
+
+    kind: LayerKind
+    kv_heads: int  # as counted (every query head's in a training step; see the module docstring)
+    window: tuple[int, int] | None  # the window= passed to iosim.count; None when the layer is counted as causal
+    forward_tiling: Tiling | None
+    backward_tiling: Tiling | None
+    counts: Counts  # one layer, measured count-only
+    exact: bool  # the count equals the closed form (iosim.predict)
+    flops: Flops
+    roofline: Roofline
+
+
+@dataclass(frozen=True)
+class AlgorithmCost:
+    """One algorithm in one phase: a cost per kind of layer, or the reason it does not run."""
+
+    algorithm: str
+    layers: tuple[LayerCost, ...]  # one per kind of layer; () when skipped
+    skipped: str | None = None
+
+    @property
+    def total_bytes(self) -> int | None:
+        """HBM bytes of every layer of the model."""
+        return None if self.skipped else sum(c.counts.total_bytes * c.kind.layers for c in self.layers)
+
+    @property
+    def flops(self) -> Flops | None:
+        return None if self.skipped else sum((c.flops.scaled(c.kind.layers) for c in self.layers), Flops())
+
+    @property
+    def seconds(self) -> float | None:
+        """Roofline time of every layer, one after another."""
+        return None if self.skipped else sum(c.roofline.seconds * c.kind.layers for c in self.layers)
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    phase: Phase
+    algorithms: tuple[AlgorithmCost, ...]
+
+    @property
+    def ran(self) -> tuple[AlgorithmCost, ...]:
+        return tuple(a for a in self.algorithms if a.skipped is None)
+
+    @property
+    def least(self) -> AlgorithmCost | None:
+        """The algorithm that moves the fewest HBM bytes over the model; None when none ran."""
+        return min(self.ran, key=lambda a: a.total_bytes, default=None)
+
+    def ratio(self, a: AlgorithmCost) -> float | None:
+        """``a``'s bytes over the least's."""
+        least = self.least
+        return None if a.skipped or least is None else a.total_bytes / least.total_bytes
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    model: ModelConfig
+    batch: int
+    gpu: str  # the preset's name
+    dtype: str
+    M: int  # SRAM capacity, elements
+    phases: tuple[PhaseCost, ...]
+    notes: tuple[str, ...]  # what the numbers leave out or assume
+
+
+def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = DEFAULT, dtype="float16", M=None,
+          algorithms: Iterable[str] | None = None, phases: Iterable[str] = PHASES,
+          on_step: Callable[[AlgorithmCost], None] | None = None) -> ModelReport:
+    """Count a model's attention in each phase, at each N (an int or a list; default its max context) and decode
+    context (default: each N). ``name`` is a preset (``iosim.models.presets.PRESETS``) or a ``ModelConfig``
+    (``iosim.models.presets.load_config`` reads a Hugging Face config.json). M defaults to the preset's shared memory
+    per SM; ``algorithms`` to every registered one that needs no block mask. ``on_step`` sees each
+    (phase, algorithm) as it is done."""
+    cfg = name if isinstance(name, ModelConfig) else get_model(name)
+    check_dtype(dtype)
+    preset = get_gpu(gpu)
+    preset.peak(dtype)  # a dtype without a peak FLOP/s on this GPU is refused before anything runs
+    M = resolve_M(M, gpu, dtype)
+    batch = parse_count("batch", batch)
+    names = check_algorithms(algorithms)
+    plan = plan_phases(cfg, N, context, phases)
+    out = []
+    for phase in plan:
+        costs = []
+        for a in names:
+            cost = algorithm_cost(a, cfg, phase, batch=batch, M=M, gpu=gpu, dtype=dtype)
+            costs.append(cost)
+            if on_step is not None:
+                on_step(cost)
+        out.append(PhaseCost(phase, tuple(costs)))
+    return ModelReport(cfg, batch, preset.name, dtype, M, tuple(out), report_notes(cfg, names, plan))
+
+
+def default_algorithms() -> list[str]:
+    """Every registered algorithm that needs nothing a model lacks (the block-sparse ones need a block mask)."""
+    return [name for name, a in ALGORITHMS.items() if a.listed_by_default(())]
+
+
+def check_algorithms(algorithms: Iterable[str] | None) -> list[str]:
+    """The algorithms named, each registered, or by default ``default_algorithms()``."""
+    names = default_algorithms() if algorithms is None else list(algorithms)
+    for a in names:
+        if a not in ALGORITHMS:
+            raise InputError(f"algorithm={a!r} is not one of {sorted(ALGORITHMS)}")
+    return names
+
+
+def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = PHASES) -> list[Phase]:
+    """The phases a report counts, in order: training and prefill at each N (default: the model's max context),
+    then decoding at each context (default: each N)."""
+    Ns = _lengths("N", cfg.max_context if N is None else N)
+    contexts = Ns if context is None else _lengths("context", context)
+    chosen = list(phases)
+    for p in chosen:
+        if p not in PHASES:
+            raise InputError(f"phase={p!r} is not one of {list(PHASES)}")
+    return [Phase(p, "fwd+bwd" if p == "training" else "fwd", n, n) for n in Ns for p in ("training", "prefill")
+            if p in chosen] + [Phase("decode", "fwd", 1, c) for c in contexts if "decode" in chosen]
+
+
+def algorithm_cost(algorithm: str, cfg: ModelConfig, phase: Phase, *, batch: int, M: int, gpu: str,
+                   dtype: str) -> AlgorithmCost:
+    """Every kind of layer of ``cfg`` counted for one algorithm, or the first refusal (an InputError) as its
+    reason."""
+    try:
+        layers = tuple(layer_cost(algorithm, cfg, kind, phase, batch=batch, M=M, gpu=gpu, dtype=dtype)
+                       for kind in cfg.kinds())
+    except InputError as err:
+        return AlgorithmCost(algorithm, (), str(err))
+    return AlgorithmCost(algorithm, layers)
+
+
+def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, *, batch: int, M: int, gpu: str,
+               dtype: str) -> LayerCost:
+    """One layer of ``kind``: counted, checked against its closed form, and timed on the preset."""
+    training = phase.pass_ != "fwd"
+    kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
+    window = layer_window(kind, phase.n_k)
+    options = dict(N=phase.n_q, N_k=phase.n_k, d=cfg.head_dim, M=M, batch=batch, heads=cfg.heads, kv_heads=kv_heads,
+                   causal=True, dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, pass_=phase.pass_, gpu=gpu,
+                   **({} if window is None else {"window": window}))
+    measured, exact = count(algorithm, **options), predict(algorithm, **options)
+    return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
+                     measured.traffic == exact.exact, measured.flops,
+                     roofline(get_gpu(gpu), dtype, measured.traffic.total_bytes, measured.flops))
+
+
+def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
+    """flash-attn's ``window_size`` for a layer of ``kind`` at N_k keys; None where the window hides no key.
+
+    Hugging Face's sliding window W lets query i see keys i − W < j <= i: W keys, itself
+    included, which is flash-attn's (W − 1, 0). With the causal diagonal at the bottom
+    right, the window clips only when N_k > W.
+    """
+    if kind.window is None or n_k <= kind.window:
+        return None
+    return kind.window - 1, 0
+
+
+def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> tuple[str, ...]:
+    notes = [ATTENTION_ONLY + "; roofline times from the two-level HBM bytes (an L2 that serves re-reads is not "
+                              "modelled), summed over the layers"]
+    left = [a for a in ALGORITHMS if a not in algorithms and not ALGORITHMS[a].listed_by_default(())]
+    if left:
+        notes.append(f"{', '.join(left)}: not counted, they need a block mask and a model's attention has none")
+    if cfg.grouped and any(p.name == "training" for p in plan):
+        notes.append(f"training: K/V counted for all {cfg.heads} query heads (iosim's backward passes take no K/V "
+                     f"groups; as transformers' repeat_kv expands them); the group sum of dK, dV is not counted")
+    if cfg.dropout_p and any(p.name == "training" for p in plan):
+        notes.append(f"training: attention dropout {cfg.dropout_p:g}, as the config sets; none in prefill and decoding")
+    if cfg.sliding_window is not None:
+        notes.append(f"local layers: a query sees the last {cfg.sliding_window:,} keys, itself included (Hugging "
+                     f"Face's sliding_window; flash-attn's window ({cfg.sliding_window - 1}, 0)); where N_k <= "
+                     f"{cfg.sliding_window:,} that is causal attention")
+    longest = max(max(p.n_q, p.n_k) for p in plan) if plan else 0
+    if longest > cfg.max_context:
+        notes.append(f"{longest:,} keys is beyond the {cfg.max_context:,} of max_position_embeddings")
+    return tuple(notes)
+
+
+def records(report: ModelReport) -> list[dict]:
+    """One record per (phase, algorithm, kind of layer): the layer's counts, and the model's totals beside them.
+
+    A skipped algorithm has one record per phase, its reason under ``status``.
+    """
+    cfg, out = report.model, []
+    base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim,
+                gpu=report.gpu, dtype=report.dtype, M=report.M)
+    for pc in report.phases:
+        ph = pc.phase
+        for a in pc.algorithms:
+            head = dict(base, phase=ph.name, **{"pass": ph.pass_}, N=ph.n_q, N_k=ph.n_k, algorithm=a.algorithm)
+            model_totals = dict(model_total_bytes=a.total_bytes, model_matmul_flops=getattr(a.flops, "matmul", None),
+                                model_roofline_s=a.seconds, ratio_to_least=pc.ratio(a),
+                                least=pc.least is not None and pc.least.algorithm == a.algorithm)
+            if a.skipped:
+                out.append(dict(head, **model_totals, status=a.skipped))
+            for c in a.layers:
+                f, b = c.forward_tiling, c.backward_tiling
+                out.append(dict(head, layer_kind=c.kind.label, layers=c.kind.layers, window=c.kind.window,
+                                counted_window=None if c.window is None else list(c.window), kv_heads=c.kv_heads,
+                                Br=f and f.Br, Bc=f and f.Bc, bwd_Br=b and b.Br, bwd_Bc=b and b.Bc,
+                                **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,
+                                roofline_s=c.roofline.seconds, bound=c.roofline.bound,
+                                intensity=c.roofline.intensity, **model_totals, status="ok"))
+    return out
+
+
+def _lengths(name: str, value) -> list[int]:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise InputError(f"{name}=[] is empty; give at least one length")
+    return [parse_count(name, v) for v in values]

@@ -1,0 +1,249 @@
+"""Whole models' attention, as declarative data: presets of published models and Hugging Face config files.
+
+A model, to iosim, is the attention of each of its layers: how many query heads, how
+many K/V heads (grouped-query attention), the head dimension, and whether the layer
+attends to every earlier key (a global layer) or to a sliding window of the last W keys
+(a local layer). Everything else a model has (the MLP, the norms, the embeddings, the
+KV cache's capacity) is out of scope: ``iosim.models.cost`` counts attention only.
+
+Each preset's numbers come from the model's published ``config.json`` on the Hugging
+Face Hub, cited by URL beside it. ``from_hf_config`` reads such a file (the user passes
+it; nothing is downloaded) with these fields:
+
+- ``num_attention_heads`` (GPT-2: ``n_head``), ``num_hidden_layers`` (``n_layer``):
+  required;
+- ``num_key_value_heads``: default ``num_attention_heads`` (multi-head attention);
+- ``head_dim``, else ``hidden_size`` (``n_embd``) / ``num_attention_heads``;
+- ``max_position_embeddings`` (``n_positions``): the longest context it was trained for,
+  the default sequence length;
+- ``attention_dropout`` (``attn_pdrop``): the attention dropout of a training step, default 0;
+- ``sliding_window``: W, the keys a local layer sees, itself included (Hugging Face's
+  convention: query i sees key j when i − W < j ≤ i, flash-attn's ``window_size=(W − 1, 0)``);
+  which layers are local:
+  - ``layer_types``, one entry a layer, "sliding_attention" or "full_attention";
+  - else ``model_type`` "gemma2": layers 0, 2, 4, ... local, the others global (transformers'
+    ``Gemma2Attention``: ``is_sliding = not layer_idx % 2``);
+  - else ``use_sliding_window: false`` (Qwen2) makes every layer global, and with it true,
+    layers from ``max_window_layers`` on are local (transformers' Qwen2 rule);
+  - else every layer is local (Mistral).
+  A ``sliding_window_pattern`` without ``layer_types`` (Gemma 3) is refused by name, as is
+  any other entry of ``layer_types`` (``chunked_attention``): iosim does not guess them.
+
+GPT-2's field names are those its ``GPT2Config.attribute_map`` maps to the common ones.
+A missing or malformed field raises ``iosim.InputError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from iosim.core.errors import InputError
+
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # Hugging Face's names of a layer's attention (layer_types)
+
+
+def _check_count(name: str, value, least: int = 1) -> int:
+    if type(value) is not int or value < least:
+        raise InputError(f"{name}={value!r} must be a whole number >= {least}")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """The attention of a group of layers that count the same: a global layer, or a local one of window W."""
+
+    window: int | None  # W, the keys a query sees, itself included (HF's sliding_window); None: every earlier key
+    layers: int  # how many of the model's layers are of this kind
+
+    @property
+    def label(self) -> str:
+        return "global" if self.window is None else f"local {self.window}"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The attention of one decoder model, every layer causal. Numbers as its config.json states them."""
+
+    name: str
+    layers: int  # num_hidden_layers
+    heads: int  # num_attention_heads
+    kv_heads: int  # num_key_value_heads: K/V heads shared by the query heads (grouped-query attention)
+    head_dim: int  # head_dim, or hidden_size / num_attention_heads
+    max_context: int  # max_position_embeddings
+    source: str  # where the numbers come from: the config.json's URL, or the file given
+    sliding_window: int | None = None  # W of the local layers; None when no layer is local
+    layer_types: tuple[str, ...] = ()  # GLOBAL or LOCAL, one a layer; () means every layer GLOBAL
+    dropout_p: float = 0.0  # attention_dropout, applied in a training step only
+
+    def __post_init__(self):
+        for name in ("layers", "heads", "kv_heads", "head_dim", "max_context"):
+            _check_count(name, getattr(self, name))
+        if self.heads % self.kv_heads:
+            raise InputError(f"num_key_value_heads={self.kv_heads} must divide num_attention_heads={self.heads}")
+        if self.layer_types and len(self.layer_types) != self.layers:
+            raise InputError(f"layer_types has {len(self.layer_types)} entries; num_hidden_layers={self.layers}")
+        unknown = sorted(set(self.layer_types) - {GLOBAL, LOCAL})
+        if unknown:
+            raise InputError(f"layer_types holds {unknown}; iosim counts {GLOBAL!r} and {LOCAL!r} layers only")
+        if LOCAL in self.layer_types:
+            _check_count("sliding_window", self.sliding_window)
+        if not 0 <= self.dropout_p < 1:
+            raise InputError(f"attention_dropout={self.dropout_p!r} is outside the allowed range [0, 1)")
+
+    def kinds(self) -> tuple[LayerKind, ...]:
+        """The distinct kinds of layer and how many layers each: what is counted once and multiplied."""
+        counts = Counter(self.layer_types or (GLOBAL,) * self.layers)
+        return tuple(LayerKind(self.sliding_window if kind == LOCAL else None, counts[kind])
+                     for kind in (LOCAL, GLOBAL) if counts[kind])
+
+    @property
+    def grouped(self) -> bool:
+        return self.kv_heads != self.heads
+
+
+def uniform(layers: int, kind: str = GLOBAL) -> tuple[str, ...]:
+    return (kind,) * layers
+
+
+def alternating(layers: int) -> tuple[str, ...]:
+    """Gemma 2's layers: local first, then global, alternating (transformers' ``is_sliding = not layer_idx % 2``)."""
+    return tuple(LOCAL if i % 2 == 0 else GLOBAL for i in range(layers))
+
+
+HF = "https://huggingface.co"
+
+# Every number below is the model's config.json at the URL beside it; head_dim is hidden_size / num_attention_heads
+# where the file has no head_dim field.
+PRESETS: dict[str, ModelConfig] = {
+    # n_layer 24, n_head 16, n_embd 1024 (head_dim 64), n_positions 1024, attn_pdrop 0.1: the paper's GPT-2 medium
+    "gpt2-medium": ModelConfig("GPT-2 medium", layers=24, heads=16, kv_heads=16, head_dim=64, max_context=1024,
+                               source=f"{HF}/openai-community/gpt2-medium/blob/main/config.json", dropout_p=0.1),
+    # num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, hidden_size 4096 (head_dim 128),
+    # max_position_embeddings 8192
+    "llama-3-8b": ModelConfig("Llama-3-8B", layers=32, heads=32, kv_heads=8, head_dim=128, max_context=8192,
+                              source=f"{HF}/meta-llama/Meta-Llama-3-8B/blob/main/config.json"),
+    # num_hidden_layers 80, num_attention_heads 64, num_key_value_heads 8, hidden_size 8192 (head_dim 128),
+    # max_position_embeddings 8192
+    "llama-3-70b": ModelConfig("Llama-3-70B", layers=80, heads=64, kv_heads=8, head_dim=128, max_context=8192,
+                               source=f"{HF}/meta-llama/Meta-Llama-3-70B/blob/main/config.json"),
+    # num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8, hidden_size 4096 (head_dim 128),
+    # max_position_embeddings 32768, sliding_window 4096 on every layer
+    "mistral-7b": ModelConfig("Mistral-7B-v0.1", layers=32, heads=32, kv_heads=8, head_dim=128, max_context=32768,
+                              source=f"{HF}/mistralai/Mistral-7B-v0.1/blob/main/config.json", sliding_window=4096,
+                              layer_types=uniform(32, LOCAL)),
+    # num_hidden_layers 42, num_attention_heads 16, num_key_value_heads 8, head_dim 256, max_position_embeddings
+    # 8192, sliding_window 4096, model_type gemma2: local and global layers alternate
+    "gemma-2-9b": ModelConfig("Gemma-2-9B", layers=42, heads=16, kv_heads=8, head_dim=256, max_context=8192,
+                              source=f"{HF}/google/gemma-2-9b/blob/main/config.json", sliding_window=4096,
+                              layer_types=alternating(42)),
+    # num_hidden_layers 28, num_attention_heads 28, num_key_value_heads 4, hidden_size 3584 (head_dim 128),
+    # max_position_embeddings 131072; sliding_window 131072 but use_sliding_window false: every layer global
+    "qwen2.5-7b": ModelConfig("Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128, max_context=131072,
+                              source=f"{HF}/Qwen/Qwen2.5-7B/blob/main/config.json"),
+}
+
+# GPT-2's names of the common fields (transformers' GPT2Config.attribute_map)
+ALIASES = {"num_attention_heads": "n_head", "num_hidden_layers": "n_layer", "hidden_size": "n_embd",
+           "max_position_embeddings": "n_positions", "attention_dropout": "attn_pdrop"}
+
+
+def get_model(name: str) -> ModelConfig:
+    if not isinstance(name, str) or name not in PRESETS:
+        raise InputError(f"model={name!r} is not one of {sorted(PRESETS)}; or give a config file")
+    return PRESETS[name]
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """A Hugging Face-style config.json as a model (the module docstring lists the fields read)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as err:
+        raise InputError(f"config={str(path)!r} cannot be read: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"config={str(path)!r} is not JSON: {err}") from None
+    return from_hf_config(data, source=str(path), name=p.stem)
+
+
+def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelConfig:
+    """A model from a Hugging Face config dict; ``source`` says where it came from."""
+    if not isinstance(config, dict):
+        raise InputError(f"config {source!r} is a JSON {type(config).__name__}; a config.json holds an object")
+    heads = _count(config, "num_attention_heads")
+    layers = _count(config, "num_hidden_layers")
+    kv_heads = _count(config, "num_key_value_heads", default=heads)
+    if config.get("head_dim") is not None:
+        head_dim = _count(config, "head_dim")
+    else:
+        hidden = _count(config, "hidden_size")
+        if hidden % heads:
+            raise InputError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, and there is "
+                             f"no head_dim field")
+        head_dim = hidden // heads
+    window = _count(config, "sliding_window", default=None)
+    types = _layer_types(config, layers, window)
+    return ModelConfig(str(config.get("_name_or_path") or name), layers=layers, heads=heads, kv_heads=kv_heads,
+                       head_dim=head_dim, max_context=_count(config, "max_position_embeddings"), source=source,
+                       sliding_window=window if LOCAL in types else None, layer_types=types,
+                       dropout_p=_fraction(config, "attention_dropout"))
+
+
+def _layer_types(config: dict, layers: int, window: int | None) -> tuple[str, ...]:
+    """Which layers are local, by the rules of the module docstring, in that order."""
+    if "layer_types" in config:
+        types = config["layer_types"]
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise InputError(f"layer_types={types!r} must be a list of strings, one a layer")
+        if LOCAL in types and window is None:
+            raise InputError("layer_types names sliding_attention layers but sliding_window is missing or null")
+        return tuple(types)
+    if window is None:
+        return uniform(layers)
+    if "sliding_window_pattern" in config:
+        raise InputError(f"sliding_window_pattern={config['sliding_window_pattern']!r} without layer_types: iosim "
+                         f"reads which layers are local from layer_types (or model_type gemma2); add layer_types")
+    if config.get("model_type") == "gemma2":
+        return alternating(layers)
+    use = config.get("use_sliding_window", True)
+    if not isinstance(use, bool):
+        raise InputError(f"use_sliding_window={use!r} must be true or false")
+    if not use:
+        return uniform(layers)
+    first = _count(config, "max_window_layers", default=0, least=0)
+    return tuple(LOCAL if i >= first else GLOBAL for i in range(layers))
+
+
+def _field(config: dict, name: str):
+    """The value of ``name``, or of GPT-2's alias for it; absent is missing."""
+    alias = ALIASES.get(name)
+    if name not in config and alias in config:
+        return alias, config[alias]
+    return name, config.get(name, _MISSING)
+
+
+_MISSING = object()
+
+
+def _count(config: dict, name: str, default=_MISSING, least: int = 1):
+    """A whole number >= ``least`` from ``config``, or ``default`` when absent or null (a required field has
+    none)."""
+    shown, value = _field(config, name)
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            alias = f" (or {ALIASES[name]})" if name in ALIASES else ""
+            raise InputError(f"{name}{alias} is missing from the config; it is required")
+        return default
+    return _check_count(shown, value, least)
+
+
+def _fraction(config: dict, name: str) -> float:
+    shown, value = _field(config, name)
+    if value is _MISSING or value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise InputError(f"{shown}={value!r} must be a probability in [0, 1)")
+    return float(value)
+

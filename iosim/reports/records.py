@@ -1,0 +1,213 @@
+"""Where records go: one writer for every command's ``--json`` and ``--csv``.
+
+A record is a flat dict (a value that is a list or a dict goes into CSV as JSON text).
+Records are journaled as they finish, so an interrupted run keeps its work, and each
+output is replaced whole, atomically, when its content is ready.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable, Hashable
+from pathlib import Path
+
+from iosim.core.errors import InputError
+
+
+def check_output_path(what: str, path: str | None) -> Path | None:
+    """A file path that records can be written to, or an InputError naming ``what``."""
+    if path is None:
+        return None
+    if not path.strip():
+        raise InputError(f"{what}={path!r} is an empty path; give a file name")
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{what}={path!r} is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise InputError(f"{what}={path!r}: the directory {str(p.parent)!r} does not exist")
+    return p
+
+
+def check_distinct(paths: dict[str, Path | None]) -> None:
+    """Refuse two options that name the same file."""
+    seen: dict[Path, str] = {}
+    for what, p in paths.items():
+        if p is None:
+            continue
+        if p.resolve() in seen:
+            raise InputError(f"{seen[p.resolve()]} and {what} name the same file {str(p)!r}; give each its own path")
+        seen[p.resolve()] = what
+
+
+class RecordWriter:
+    """Writes records to JSON and/or CSV, in time linear in their number, losing none on an interrupt.
+
+    Each record is appended to a journal beside the first output (``<path>.partial``, one
+    JSON object a line) as it comes. ``close`` writes every output whole (the records kept
+    from the files and the new ones) to a temporary file and moves it into place, so an
+    output is replaced only when its content is ready, and then removes the journal. A run
+    that fails before its first record leaves the files as they were; one interrupted
+    after it keeps what finished; one killed leaves the journal, which ``resume`` reads.
+
+    With ``resume``, the records already in the outputs (and in a journal left behind)
+    are kept and ``done`` maps ``key`` of each to it; every output gets all of them.
+    """
+
+    def __init__(self, json_path: str | None = None, csv_path: str | None = None, *, resume: bool = False,
+                 key: Callable[[dict], Hashable] | None = None):
+        self.outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
+        check_distinct(self.outputs)
+        named = [p for p in self.outputs.values() if p is not None]
+        self.journal = named[0].with_name(named[0].name + ".partial") if named else None
+        if resume and key is None:
+            raise ValueError("resume needs the key that tells records apart")
+        self.resume = resume
+        self.done: dict[Hashable, dict] = {}
+        for record in _read_all(self.outputs, self.journal) if resume else []:
+            self.done.setdefault(key(record), record)  # a record in the JSON and the CSV is kept once
+        self.kept: list[dict] = list(self.done.values())
+        self.new: list[dict] = []
+        self._journal_file = None
+
+    @property
+    def records(self) -> list[dict]:
+        """Every record the outputs will hold: those kept, then the new ones."""
+        return self.kept + self.new
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None or exc_type is KeyboardInterrupt or self.new:
+            self.close()
+        else:  # failed before a record finished: leave every file as it was
+            self._close_journal()
+
+    def add(self, record: dict) -> None:
+        self.new.append(record)
+        if self.journal is None:
+            return
+        if self._journal_file is None:
+            self._journal_file = self.journal.open("w" if not self.resume else "a")
+        self._journal_file.write(json.dumps(record) + "\n")
+        self._journal_file.flush()
+
+    def close(self) -> None:
+        """Write every output whole, atomically, then drop the journal."""
+        self._close_journal()
+        records = self.records
+        try:
+            if self.outputs["json"]:
+                _replace(self.outputs["json"], json.dumps(records, indent=1) + "\n")
+            if self.outputs["csv"]:
+                _replace(self.outputs["csv"], _csv_text(records))
+        except OSError as err:
+            if self.new:
+                raise OSError(f"{err}; the {len(self.new)} records finished are kept in {self.journal}, which "
+                              f"--resume reads") from None
+            raise
+        if self.journal is not None:
+            self.journal.unlink(missing_ok=True)
+
+    def _close_journal(self) -> None:
+        if self._journal_file is not None:
+            self._journal_file.close()
+            self._journal_file = None
+
+
+def write_document(json_path: str | None, csv_path: str | None, document: dict, rows: list[dict]) -> None:
+    """One JSON object, and its ``rows`` as CSV: what a single run saves."""
+    outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
+    check_distinct(outputs)
+    if outputs["json"]:
+        _replace(outputs["json"], json.dumps(document, indent=1) + "\n")
+    if outputs["csv"]:
+        _replace(outputs["csv"], _csv_text(rows))
+
+
+def write_records(json_path: str | None, csv_path: str | None, records: list[dict]) -> None:
+    """A finished list of records as a JSON list and CSV rows."""
+    with RecordWriter(json_path, csv_path) as writer:
+        for record in records:
+            writer.add(record)
+
+
+def _csv_text(records: list[dict]) -> str:
+    """Records as CSV: the union of their keys, in order of first appearance; a list or dict as JSON text."""
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns)
+    writer.writeheader()
+    for r in records:
+        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+    return out.getvalue() if records else ""
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a reader sees the old file or the new, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"cannot write records to {path}: {err.strerror or err}") from None
+
+
+def _read_all(outputs: dict[str, Path | None], journal: Path | None) -> list[dict]:
+    """The records a resumed run keeps: the JSON file's, a journal's left by a killed run, then the CSV's."""
+    records = _read_json(outputs["json"]) if outputs["json"] else []
+    if journal is not None:
+        records += _read_journal(journal)
+    if outputs["csv"]:
+        records += _read_csv(outputs["csv"])
+    return records
+
+
+def _read_json(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    try:
+        records = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records ({err})") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise InputError(f"cannot resume from {str(path)!r}: not a JSON list of records")
+    return records
+
+
+def _read_journal(path: Path) -> list[dict]:
+    """Every whole line of a journal; a last line cut off by a kill is dropped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _read_csv(path: Path) -> list[dict]:
+    """A CSV's rows with the types CSV loses restored: empty is None, True/False bools, numbers and JSON parsed."""
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    with path.open(newline="") as f:
+        return [{k: _from_csv(v) for k, v in row.items() if k is not None} for row in csv.DictReader(f)]
+
+
+def _from_csv(text: str | None):
+    if text is None or text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -1,0 +1,292 @@
+"""Count-only sweeps over (algorithm, N, d), with measured and predicted traffic side by side.
+
+Rows go to a ``iosim.reports.records.RecordWriter`` as they finish, so an interrupted sweep
+keeps its work, and a resumed one skips the configurations its files already hold. Each record
+carries the whole configuration (the problem and its options), the tiling, the
+totals, the exact prediction, the paper's form and every tensor's traffic; the keys
+are listed in README.md ("Saved records").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from iosim.api import count, predict
+from iosim.core.counts import Counts
+from iosim.core.errors import BlockSizeError
+from iosim.core.flops import Flops
+from iosim.core.gpus import Roofline, get_gpu, roofline
+from iosim.core.inputs import check_scale
+from iosim.gpu.l2 import DramCounts, L2Options, dram_record
+from iosim.core.problem import check_window
+from iosim.registry import get_algorithm
+from iosim.variants.sparsity import BlockSparsity
+from iosim.core.tiling import Tiling, one_pass
+from iosim.core.units import parse_size
+
+if TYPE_CHECKING:
+    from iosim.reports.records import RecordWriter
+
+DEFAULT_N = tuple(2**e for e in range(8, 17))  # 256 ... 65536
+DEFAULT_D = (64, 128)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One configuration of a sweep and what it moves; ``counts`` is None when it does not run."""
+
+    algorithm: str
+    N: int  # N_q
+    N_k: int
+    d: int
+    M: int  # SRAM capacity, elements
+    batch: int
+    heads: int
+    causal: bool
+    mask: bool  # an explicit mask is read from HBM
+    dropout_p: float
+    dtype: str
+    block_policy: str
+    forward_tiling: Tiling | None  # None for a row without a forward pass, or one that does not run
+    counts: Counts | None  # measured, all batch·heads
+    predicted: int | None  # exact closed form, elements
+    paper: float  # the paper's asymptotic form, elements
+    paper_label: str
+    status: str  # "ok", or why the configuration does not run
+    pass_: str = "fwd"  # one of PASSES; with "fwd+bwd", counts, predicted and paper add the two passes
+    backward_tiling: Tiling | None = None  # None for a row without a backward pass
+    sparsity: float | None = None  # a block-sparse row's fraction of nonzero tiles; None when dense
+    sparsity_pattern: str | None = None
+    flops: Flops | None = None  # the arithmetic the count measured, None when it does not run
+    roofline: Roofline | None = None  # with a GPU preset: the estimated time
+    kv_heads: int | None = None  # K/V heads under grouped-query attention; None when equal to heads
+    sparsity_seed: int | None = None  # a block-sparse row's mask seed; None when dense
+    requested_splits: int | None = None  # split-kv's --splits as given; None: its default policy, or no splits
+    gpu: str | None = None  # the preset's name: its roofline, and the SMs split-kv's default splits fill
+    dram: DramCounts | None = None  # with a preset, a forward pass whose kernel grid is declared: bytes behind L2
+    window_left: int | None = None  # the sliding window (left, right) as given; None without one
+    window_right: int | None = None
+    page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
+    seqlens: str | None = None  # packed documents' lengths, space-separated (iosim.variants.varlen); N is the longest; else None
+    padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
+    l2_bytes: int | None = None  # with a preset, the L2 capacity given for its DRAM level; None: the preset's
+    blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
+    schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.l2.SCHEDULES); None: lockstep
+
+    @property
+    def tiling(self) -> Tiling | None:
+        """The tiling of a one-pass row; None when both passes ran, or when it does not run."""
+        return one_pass(self.forward_tiling, self.backward_tiling)
+
+    @property
+    def reads(self) -> int | None:
+        return None if self.counts is None else self.counts.reads
+
+    @property
+    def writes(self) -> int | None:
+        return None if self.counts is None else self.counts.writes
+
+    @property
+    def total(self) -> int | None:
+        return None if self.counts is None else self.counts.total
+
+    @property
+    def total_bytes(self) -> int | None:
+        return None if self.counts is None else self.counts.total_bytes
+
+    @property
+    def dram_bytes(self) -> int | None:
+        """Bytes the L2 model moves to and from DRAM: reads, writes during the kernel and the dirty bytes written
+        back after it; None without one."""
+        return None if self.dram is None else self.dram.moved
+
+    @property
+    def ratio(self) -> float | None:
+        """Measured over predicted traffic: 1 exactly when the closed form holds."""
+        return None if self.counts is None else self.counts.total / self.predicted
+
+    @property
+    def packing_ratio(self) -> float | None:
+        """Packed documents' traffic over that of padding each to the longest; None without documents."""
+        return None if self.padded is None or self.counts is None else self.counts.total / self.padded
+
+    @property
+    def peak_sram(self) -> int | None:
+        return None if self.counts is None else self.counts.peak_sram
+
+    @property
+    def peak_fraction(self) -> float | None:
+        return None if self.counts is None else self.counts.peak_sram / self.M
+
+    def record(self) -> dict:
+        """The row as one JSON record: the configuration, the tiling, the counts and every tensor's traffic."""
+        config = {name: getattr(self, "pass_" if name == "pass" else name) for name in CONFIG_KEYS}
+        first = self.forward_tiling or self.backward_tiling  # records keep the first pass's under Br, Bc, splits
+        second = self.backward_tiling if self.forward_tiling is not None else None
+        tiling = {f.name: getattr(first, f.name, None) for f in fields(Tiling)}
+        counts = self.counts.as_dict() if self.counts is not None else {
+            key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
+                                  "peak_sram", "tensors")}
+        backward = {f"bwd_{f.name}": getattr(second, f.name, None) for f in fields(Tiling)}
+        arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
+                      "roofline_s": getattr(self.roofline, "seconds", None),
+                      "bound": getattr(self.roofline, "bound", None),
+                      "intensity": getattr(self.roofline, "intensity", None), **dram_record(self.dram)}
+        return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
+                "predicted": self.predicted,
+                "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
+                "paper_label": self.paper_label, "padded_total": self.padded, "packing_ratio": self.packing_ratio,
+                "status": self.status}
+
+
+CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
+               "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
+               "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
+               "blocks_per_sm", "schedule")  # every option that changes a row: what --resume tells rows apart by
+CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
+
+
+def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
+              dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
+              block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
+              page_size=None, seqlens=None, l2: L2Options | None = None) -> SweepRow:
+    """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
+
+    ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
+    ``iosim.count`` chooses them. ``gpu`` names a preset (``iosim.core.gpus.GPUS``) whose
+    roofline time the row carries and whose SMs split-kv's default splits fill.
+    ``block_sparsity`` is the block mask of the block-sparse algorithms and ``splits``
+    split-kv's K/V splits: a sweep covers many algorithms, so each goes only to those it
+    applies to (``ignored_options`` names the others). ``kv_heads`` shares K/V heads
+    among the query heads. With ``gpu``, a forward row of an algorithm whose kernel grid
+    is declared (``Algorithm.grid``) also carries its DRAM bytes behind the preset's L2
+    (``iosim.gpu.l2``), and its roofline time uses them instead of the two-level bytes.
+    ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
+    ``seqlens`` counts documents packed end to end instead of N (iosim.variants.varlen), and the row carries their traffic
+    padded to the longest. ``l2`` overrides the L2 model's capacity, blocks per SM and schedule (with ``gpu``).
+    """
+    preset = None if gpu is None else get_gpu(gpu)
+    config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
+                        dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
+                        block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
+                        page_size=page_size, seqlens=seqlens, l2=l2)
+    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
+                   window=window,
+                   dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
+                   block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu,
+                   page_size=config["page_size"])
+    try:
+        measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
+    except BlockSizeError as err:
+        if block_policy == "fit":
+            raise
+        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})  # M in elements, paper's form
+        return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
+                        paper_label=fit.paper_label, status=f"does not fit: {err}")
+    counts, flops = measured.traffic, measured.flops
+    # a backward pass is simulated: too slow for a sweep
+    dram = measured.dram_with(l2 or L2Options()) if pass_ == "fwd" else None
+    moved = counts.total_bytes if dram is None else dram.moved
+    return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
+                    counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
+                    status="ok", backward_tiling=measured.backward_tiling, flops=flops,
+                    roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram,
+                    padded=None if measured.padded is None else measured.padded.total)
+
+
+def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
+               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
+               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
+               page_size=None, seqlens=None, l2: L2Options | None = None) -> dict:
+    """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
+    option the algorithm does not take set to None, and the L2 model's overrides None where not given (the
+    schedule None for lockstep), as rows written before they existed have them."""
+    algo = get_algorithm(algorithm)
+    sparse = block_sparsity is not None and algo.accepts("block_sparsity")
+    band = check_window(window)
+    N = max(seqlens) if seqlens else N
+    return dict(N=N, N_k=N if N_k is None else N_k, d=d, seqlens=" ".join(map(str, seqlens)) if seqlens else None, batch=batch, heads=heads, causal=causal, mask=mask,
+                dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
+                kv_heads=None if kv_heads in (None, heads) else kv_heads,
+                sparsity=block_sparsity.sparsity if sparse else None,
+                sparsity_pattern=block_sparsity.pattern if sparse else None,
+                sparsity_seed=block_sparsity.seed if sparse else None,
+                requested_splits=splits if algo.accepts("splits") else None,
+                page_size=page_size if algo.accepts("page_size") else None,
+                gpu=None if gpu is None else get_gpu(gpu).name,
+                window_left=None if band is None else band.left, window_right=None if band is None else band.right,
+                l2_bytes=getattr(l2, "capacity", None), blocks_per_sm=getattr(l2, "blocks_per_sm", None),
+                schedule=None if l2 is None or l2.schedule == "lockstep" else l2.schedule)
+
+
+def config_key(config: dict) -> tuple[str, ...]:
+    """A configuration as text, the same whether it comes from a row, a JSON record or a CSV row."""
+    values = (config.get(name, CONFIG_DEFAULTS.get(name)) for name in CONFIG_KEYS)
+    return tuple("" if value is None else str(value) for value in values)  # CSV writes None as ""
+
+
+def sweep_configs(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int]) -> list[tuple[str, int, int]]:
+    """The (algorithm, N, d) grid in the order a sweep runs it."""
+    return [(algorithm, N, d) for algorithm in algorithms for d in ds for N in Ns]
+
+
+def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M, *, N_k=None, batch=1, heads=1,
+              causal=False, mask=False, dtype="float16", block_policy="fit", writer: RecordWriter | None = None,
+              on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
+              gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
+              splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None,
+              l2: L2Options | None = None) -> list[SweepRow]:
+    """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
+
+    ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
+    ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row. With ``seqlens``
+    (packed documents, iosim.variants.varlen) each row counts them, and ``Ns`` should be their longest alone.
+    """
+    rows = []
+    options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
+                   block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
+                   splits=splits, window=window, page_size=page_size, seqlens=seqlens, l2=l2)
+    for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
+        config = row_config(algorithm, N, d, **options)
+        done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})
+        if writer and done in writer.done:
+            if kept is not None:
+                kept.append(writer.done[done])
+            if on_row:
+                on_row(None)
+            continue
+        row = sweep_row(algorithm, N, d, M, **options)
+        rows.append(row)
+        if writer:
+            writer.add(row.record())
+        if on_row:
+            on_row(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """At one (N, d): the algorithm that moves least, and every algorithm's traffic over its."""
+
+    N: int
+    d: int
+    best: str
+    ratios: dict[str, float]  # algorithm → its traffic ÷ the least
+
+
+def rank_by_traffic(records: Iterable[dict]) -> list[Ranking]:
+    """The least traffic at each (N, d) where some algorithm ran, and each algorithm's ratio to it.
+
+    ``records`` are rows' records (``SweepRow.record``), or those a resumed file kept.
+    """
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for r in records:
+        if r["total"] is not None:
+            groups.setdefault((r["d"], r["N"]), []).append(r)
+    out = []
+    for (d, N), group in sorted(groups.items()):
+        best = min(group, key=lambda r: r["total"])
+        out.append(Ranking(N, d, best["algorithm"], {r["algorithm"]: r["total"] / best["total"] for r in group}))
+    return out

@@ -1,0 +1,1 @@
+"""Choosing a tiling: the block policies and the optimizer's search over tilings."""
