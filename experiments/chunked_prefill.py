@@ -4,8 +4,8 @@ Each chunk of C query tokens attends causally to the K/V of every token before i
 to itself (``iosim.chunked_prefill``: the exact sum of one count per chunk, each with
 the tiling the ``fit`` policy chooses for it). Nothing here runs on a GPU.
 
-Usage: python experiments/chunked_prefill.py [--out docs/figures/chunked_prefill.png]
-                                              [--json experiments/results/chunked_prefill.json]
+Usage: python -m experiments.chunked_prefill [--figures docs/figures]
+                                             [--json experiments/results/chunked_prefill.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from figure_cli import run  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ def plot(data: dict) -> Figure:
         ax.legend(fontsize=8)
     fig.suptitle(f"Chunked prefill, {HEADS} heads, d = {D}, causal, {DTYPE}, {data['gpu']} preset's M = {M:,} "
                  f"elements, fit tiling per chunk; exact counts")
+    fig.tight_layout()
     return fig
 
 

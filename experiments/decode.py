@@ -8,7 +8,7 @@ The parallelism model for split-KV is an assumption stated in docs/decode.md: a 
 with u work units (thread blocks) on a GPU of SM streaming multiprocessors keeps
 min(u, SM) of them busy, and each busy SM draws an equal 1/SM share of the HBM bandwidth.
 
-Usage: python experiments/decode.py [--out docs/figures/decode.png] [--json experiments/results/decode.json]
+Usage: python -m experiments.decode [--figures docs/figures] [--json experiments/results/decode.json]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from figure_cli import run  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS, roofline  # noqa: E402
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ def plot(data: dict) -> Figure:
     ax.set(title="decode, N_k = 32768, batch 1: HBM time with idle SMs",
            xlabel="µs (model: each busy SM draws 1/SM of the bandwidth)")
     fig.suptitle(f"Decoding against prefill on the {data['gpu']} preset (M = {M:,} elements of {DTYPE}); exact counts")
+    fig.tight_layout()
     return fig
 
 

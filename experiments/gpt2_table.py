@@ -7,22 +7,25 @@ float16 elements, HBM bandwidth and peak FLOP/s from the datasheet), in four set
 GPT-2 as trained (causal, dropout 0.1) and with the mask and the dropout left out.
 Writes the numbers as JSON and a bar chart beside the paper's.
 
-Usage: python experiments/gpt2_table.py [--out docs/figures]
+Usage: python -m experiments.gpt2_table [--figures docs/figures] [--json experiments/results/gpt2_table.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS, resolve_M  # noqa: E402
 from iosim.reports.sweep import sweep_row  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The experiment, declared as data: the shape and the hardware of the paper's table.
 SHAPE = dict(N=1024, d=64, heads=16, batch=64, dtype="float16")
@@ -50,7 +53,7 @@ def measure() -> list[dict]:
             if r.total != r.predicted:
                 raise RuntimeError(f"{algorithm} {setting}: measured {r.total} != predicted {r.predicted}")
             rows.append(dict(setting=setting, algorithm=algorithm, causal=causal, dropout_p=dropout_p, M=M,
-                             fwd_tiling=[r.tiling.Br, r.tiling.Bc], bwd_tiling=[r.backward_tiling.Br,
+                             fwd_tiling=[r.forward_tiling.Br, r.forward_tiling.Bc], bwd_tiling=[r.backward_tiling.Br,
                                                                                 r.backward_tiling.Bc],
                              GB=r.total_bytes / 1e9, GFLOPs=r.flops.matmul / 1e9, Gexp=r.flops.exp / 1e9,
                              ms=r.roofline.seconds * 1e3, bound=r.roofline.bound,
@@ -58,8 +61,12 @@ def measure() -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    main = [r for r in rows if r["setting"] == next(iter(SETTINGS))]
+def collect() -> dict:
+    return dict(shape=SHAPE, gpu=GPUS[GPU].name, paper=PAPER, rows=measure())
+
+
+def plot(data: dict) -> Figure:
+    main = [r for r in data["rows"] if r["setting"] == next(iter(SETTINGS))]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
     for ax, key, label in zip(axes, ("GB", "GFLOPs", "ms"),
                               ("HBM reads + writes (GB)", "matmul GFLOPs", "runtime (ms): roofline bound vs paper")):
@@ -79,20 +86,11 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.suptitle("GPT-2 medium attention, forward + backward (N = 1024, d = 64, 16 heads, batch 64, fp16), "
                  "causal, dropout 0.1", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/figures", type=Path)
-    args = parser.parse_args()
-    rows = measure()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpt2_table.json").write_text(json.dumps(
-        dict(shape=SHAPE, gpu=GPUS[GPU].name, paper=PAPER, rows=rows), indent=1) + "\n")
-    plot(rows, args.out / "gpt2_table.png")
-    for r in rows:
+def main(argv: Sequence[str] | None = None) -> None:
+    for r in run(__doc__, "gpt2_table", collect, plot, argv, dpi=120)["rows"]:
         print(f"{r['setting']:40s} {r['algorithm']:15s} {r['GB']:7.2f} GB {r['GFLOPs']:7.1f} GFLOPs "
               f"{r['ms']:6.2f} ms ({r['bound']})")
 

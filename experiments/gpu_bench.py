@@ -18,9 +18,9 @@ Implementations: the kernels with a backward pass (kernels.api.BACKWARD_IMPLS: a
 forward-only split-kv), and where PyTorch is installed "torch" (eager matmul-softmax-matmul,
 TF32 off) and "torch-sdpa" (F.scaled_dot_product_attention).
 
-    python experiments/gpu_bench.py --impl flash-swapped torch --seq-len 1024 2048 4096 \\
+    python -m experiments.gpu_bench --impl flash-swapped torch --seq-len 1024 2048 4096 \\
         --batch-size 16 --num-heads 16 --emb-dim 1024
-    python experiments/plot_gpu_bench.py experiments/results/kernels_bench
+    python -m experiments.plot_gpu_bench experiments/results/kernels_bench
 
 --smoke runs tiny sizes through every kernel impl; it also runs under Numba's CUDA
 simulator (NUMBA_ENABLE_CUDASIM=1), where times are host wall-clock and meaningless.
@@ -43,14 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
+from iosim import kernels
+from iosim.kernels._device import simulator_enabled
+from iosim.kernels.api import BACKWARD_IMPLS
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from iosim import kernels  # noqa: E402
-from iosim.kernels._device import simulator_enabled  # noqa: E402
-from iosim.kernels.api import BACKWARD_IMPLS  # noqa: E402
-
 TORCH_IMPLS = ("torch", "torch-sdpa")
 # --smoke: tiles sized for the simulator (32 threads a block), as in tests/test_kernels.py
 SMOKE_TILES = {
@@ -438,7 +435,8 @@ def metadata(args: argparse.Namespace) -> dict:
     from numba import cuda
 
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]) if args.command is None else args.command,
+        "command": (" ".join([Path(sys.executable).name, "-m", "experiments.gpu_bench", *sys.argv[1:]])
+                    if args.command is None else args.command),
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "numpy": np.__version__,

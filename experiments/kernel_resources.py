@@ -8,11 +8,11 @@ predicts (the d-too-large check relies on it), threads per block and the occupan
 numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 threads).
 
     pip install -e '.[test]'      # numba-cuda[cu13]: NVRTC, NVVM and nvJitLink
-    python experiments/kernel_resources.py [--out experiments/results/kernels_resources_sm90] [--jobs N]
+    python -m experiments.kernel_resources [--out experiments/results/kernels_resources_sm90] [--jobs N]
 
 Writes OUT.json and OUT.md with the versions, the git commit and the command.
 
-    python experiments/kernel_resources.py --check [--pairwise] [--jobs N]
+    python -m experiments.kernel_resources --check [--pairwise] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
 each kernel that failed, if any did. With --pairwise it compiles a covering subset (36 of
@@ -45,18 +45,16 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
+import numba.cuda.dispatcher
+from numba import cuda, types
+
+from experiments.ncu_traffic import call3_split_kv_grid
+from iosim.core.gpus import GPUS
+from iosim.kernels import _device as dev
+from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import numba  # noqa: E402
-import numba.cuda.dispatcher  # noqa: E402
-from numba import cuda, types  # noqa: E402
-
-from iosim.core.gpus import GPUS  # noqa: E402
-from iosim.kernels import _device as dev  # noqa: E402
-from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard  # noqa: E402
-
 CC = (9, 0)
 ARCH = "sm_90"
 TOOLCHAIN_MISSING = 77  # exit status without NVVM or nvJitLink: automake's "test skipped"
@@ -211,9 +209,6 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
 def split_kv_cases(d_values) -> list[KernelCase]:
     """split-kv's two kernels, float16, at every split count the call3-split-kv grid launches (each count is a
     compile-time constant of the split kernel, kernels/split_kv.py); in --pairwise, one split count and the combine."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ncu_traffic import call3_split_kv_grid
-
     counts = sorted({cfg.splits for cfg in call3_split_kv_grid()})
     out = []
     for d in d_values:
@@ -461,11 +456,18 @@ def main() -> None:
     write_report(args.out, {"versions": versions(), "kernels": rows}, markdown)
 
 
+def command_line() -> str:
+    """This process's command as run from the repository root: ``python -m experiments.NAME ARGS``."""
+    spec = sys.modules["__main__"].__spec__  # None when run as a file
+    program = f"-m {spec.name}" if spec is not None else Path(sys.argv[0]).as_posix()
+    return " ".join(["python", program, *sys.argv[1:]])
+
+
 def write_report(out: Path, fields: dict, to_markdown) -> None:
     """OUT.json and OUT.md of a report on the kernels for ARCH: `fields` with the architecture, command and commit."""
     report = {
         "arch": ARCH,
-        "command": "python " + " ".join(Path(a).as_posix() if i == 0 else a for i, a in enumerate(sys.argv)),
+        "command": command_line(),
         "git_commit": git_commit(),
         **fields,
     }

@@ -1,6 +1,6 @@
 """Static performance model of the kernels on sm_90, made without a GPU.
 
-Each kernel is compiled as experiments/kernel_resources.py compiles it (numba-cuda to
+Each kernel is compiled as experiments.kernel_resources compiles it (numba-cuda to
 PTX, nvJitLink to an sm_90 cubin, ptxas's resource report), the cubin is disassembled
 with nvdisasm, and the machine code is read:
 
@@ -25,7 +25,7 @@ with nvdisasm, and the machine code is read:
   For HMMA the same share bounds the tensor pipe's issue rate, against the fp16 peak.
 
     pip install -e '.[gpu]'     # numba-cuda[cu13] and nvidia-cuda-nvdisasm
-    python experiments/kernel_static_model.py [--out experiments/results/kernels_static_model_sm90]
+    python -m experiments.kernel_static_model [--out experiments/results/kernels_static_model_sm90]
 
 Writes OUT.json and OUT.md with the versions, the git commit and the command.
 """
@@ -39,14 +39,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from experiments import kernel_resources as resources
+from iosim.core.gpus import GPUS
+
 EXPERIMENTS = Path(__file__).resolve().parent
-if str(EXPERIMENTS) not in sys.path:
-    sys.path.insert(0, str(EXPERIMENTS))
-
-import kernel_resources as resources  # noqa: E402
-
-from iosim.core.gpus import GPUS  # noqa: E402  (kernel_resources puts the repository on sys.path)
-
 H100 = GPUS["h100"]
 TERA = 1e12
 # H100 SXM dense peaks from iosim.core.gpus (with their sources there), in whole TFLOP/s as this

@@ -10,7 +10,7 @@ M = the H100's 228 KiB of shared memory per SM, the preset's effective 37 MB L2)
 - grouped-query attention with per-head blocks (the packing of split-kv aside): K/V DRAM
   reads over one read per K/V head, 32 query heads sharing kv_heads K/V heads.
 
-Usage: python experiments/l2_analysis.py [--out experiments/results/l2_analysis.json]
+Usage: python -m experiments.l2_analysis [--out experiments/results/l2_analysis.json]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> None:
         gqa.append(dict(kv_heads=kv, N=n, kv_once=kv * 2 * n * SHAPE["d"] * ITEM, kv_dram_read=kv_reads(r),
                         kv_hbm_read=r.hbm.tensor("K").read_bytes + r.hbm.tensor("V").read_bytes))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    args.out.write_text(json.dumps(dict(command="python experiments/l2_analysis.py", commit=commit,
+    args.out.write_text(json.dumps(dict(command="python -m experiments.l2_analysis", commit=commit,
                                         machine=platform.machine(), shape=SHAPE, loop_order=order, kv_fit=fit,
                                         gqa=gqa), indent=1) + "\n")
     mb = 1e6

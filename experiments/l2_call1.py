@@ -1,6 +1,6 @@
 """The L2-aware prediction (iosim.gpu.l2) beside every row of call 1's ncu measurement, forward and backward.
 
-    python experiments/l2_call1.py [--folder experiments/results/gpu/call1/ncu]
+    python -m experiments.l2_call1 [--folder experiments/results/gpu/call1/ncu]
                                    [--out experiments/results/gpu/l2_call1] [--jobs 2]
 
 For each configuration that call 1 profiled (flash and flash-swapped, float32, full
@@ -18,7 +18,7 @@ dirty bytes left at the end, their ratio to ncu's ``dram__bytes_read.sum`` and
 and 1.0 × the nominal 50 MiB (the sensitivity to the capacity), flash-swapped's closed form
 where it applies, and the time each simulation took.
 
-    python experiments/l2_call1.py --schedule staggered     # -> experiments/results/gpu/l2_call1-staggered
+    python -m experiments.l2_call1 --schedule staggered     # -> experiments/results/gpu/l2_call1-staggered
 
 runs the same grids with their first blocks started staggered (``iosim.gpu.l2.SCHEDULES``), at the
 effective L2 only. That schedule was added after call 1 was measured, to explain its largest
@@ -39,43 +39,45 @@ from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 
 from iosim.core.gpus import GPUS  # noqa: E402
-from iosim.gpu.l2 import SCHEDULES, kernels, l2_config  # noqa: E402
-from iosim.gpu.schedule import simulate  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
-from iosim.registry import ALGORITHMS  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
+from iosim.gpu import call1  # noqa: E402
+from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
+from iosim.gpu.kernel import Kernel, Launch  # noqa: E402
+from iosim.gpu.schedule import simulate  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ncu_traffic import parse_ncu_csv  # noqa: E402
+from experiments.ncu_traffic import parse_ncu_csv  # noqa: E402
 
 GPU = "h100"
 FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2: the sensitivity of each row to the capacity
 MISS = 0.10  # a row whose prediction is off by more than this is a miss, explained in docs/gpu.md
 
 
-def simulate_pass(algo, pb: Problem, tiling: Tiling, capacity: int | None, schedule: str = "lockstep") -> list:
+KERNELS = {"flash": call1.FLASH, "flash-swapped": call1.FLASH_SWAPPED}  # the run's kernels, by implementation
+
+
+def simulate_pass(kernel: Kernel, launch: Launch, hw: Hardware) -> list:
     """DRAM bytes of each kernel the pass launches, in order, each from a cold L2."""
-    return [simulate(g, l2_config(g, GPU, capacity, schedule=schedule)) for g in kernels(algo, pb, tiling)]
+    return [simulate(g, hw.config(g)) for g in kernel.grids(launch)]
 
 
 def predict(row: dict, schedule: str = "lockstep") -> dict:
-    """The L2 model's DRAM bytes for one configuration, at the effective and the swept capacities."""
-    algo = ALGORITHMS[row["impl"]]
-    if row["direction"] == "backward":
-        algo = algo.backward
+    """The L2 model's DRAM bytes for one configuration, at the effective and the swept capacities, on the run's
+    kernels (``iosim.gpu.call1``)."""
+    kernel = KERNELS[row["impl"]]
     pb = Problem(AttentionShape(row["batch"], row["heads"], row["n_q"], row["n_k"], row["d"]), tau=1.0,
                  dtype=row["dtype"], causal=row["causal"], dropout_p=row["dropout_p"])
     tiling = Tiling(row["tiling"]["Br"], row["tiling"]["Bc"])
+    launch = Launch(pb, tiling, row["direction"] == "backward")
     nominal = int(GPUS[GPU].l2.value)
+    hw = hardware(GPU, schedule=schedule)
     out = {}
-    sweep = [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS] if schedule == "lockstep" else []
-    for label, capacity in [("effective", None)] + sweep:
+    sweep = [(f"{f:g}x", hw.with_l2_bytes(int(f * nominal))) for f in FRACTIONS] if schedule == "lockstep" else []
+    for label, at in [("effective", hw)] + sweep:
         start = time.perf_counter()
-        kernels = simulate_pass(algo, pb, tiling, capacity, schedule)
+        kernels = simulate_pass(kernel, launch, at)
         by_tensor: dict[str, dict] = {}
         for dram in kernels:
             for t in dram.tensors:
@@ -89,9 +91,10 @@ def predict(row: dict, schedule: str = "lockstep") -> dict:
                       "per_kernel": [{"reads": k.reads, "writes": k.writes, "dirty_at_end": k.dirty_at_end,
                                       "concurrent": k.concurrent} for k in kernels],
                       "by_tensor": list(by_tensor.values())}
-    if algo.dram is not None and schedule == "lockstep":
-        config = l2_config(algo.grid(pb, tiling), GPU)
-        form = algo.dram(pb, tiling, config.capacity, config.concurrent)
+    form = kernel.closed_form(launch)
+    if form is not None and schedule == "lockstep":
+        config = hw.config(kernel.grids(launch)[0])
+        form = form(pb, tiling, config.capacity, config.concurrent)
         out["closed_form"] = None if form is None else {"reads": sum(form.reads.values()),
                                                         "written": sum(form.written.values())}
     return out
@@ -186,7 +189,7 @@ def main() -> None:
     rows = compare(args.folder, args.jobs, args.schedule)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     record = {
-        "command": "python experiments/l2_call1.py " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.l2_call1 " + " ".join(sys.argv[1:]),
         "commit": commit,
         "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "jobs": args.jobs},

@@ -2,10 +2,10 @@
 
 Three steps, each a subcommand:
 
-    python experiments/ncu_traffic.py profile --grid traffic --out DIR   # on a GPU: runs ncu
-    python experiments/ncu_traffic.py compare DIR [--out PREFIX] [--predictions FILE]
+    python -m experiments.ncu_traffic profile --grid traffic --out DIR   # on a GPU: runs ncu
+    python -m experiments.ncu_traffic compare DIR [--out PREFIX] [--predictions FILE]
                                                                          # anywhere: ratios
-    python experiments/ncu_traffic.py launch --grid sanitize             # the program ncu or
+    python -m experiments.ncu_traffic launch --grid sanitize             # the program ncu or
                                                                          # compute-sanitizer runs
 
 `profile` runs `launch` under
@@ -29,9 +29,9 @@ simulated tensor moved once (Q, K, V read, O, ℓ, m written): the traffic left 
 holds everything. iosim counts the forward pass only, so backward rows carry the
 measurement alone.
 
-`--predictions FILE` joins the L2 model's DRAM bytes (experiments/predict_next_call.py's
+`--predictions FILE` joins the L2 model's DRAM bytes (experiments.predict_next_call's
 predictions-<commit>.json, committed before the run it predicts; for call 1,
-experiments/l2_call1.py's l2_call1.json, made after that run but not fitted to it) to every row they share impl, direction, dtype, batch, heads,
+experiments.l2_call1's l2_call1.json, made after that run but not fitted to it) to every row they share impl, direction, dtype, batch, heads,
 N_q, N_k, d, causal and dropout with: keys `dram_read_pred_bytes` and
 `dram_write_pred_bytes` (DRAM writes during the kernels, what ncu counts), the ratios
 measured / predicted `dram_read_ratio` and `dram_write_ratio`, and the file and commit
@@ -51,17 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
+import iosim
+from iosim import kernels
+from iosim.kernels import bfloat16 as bf16
+from iosim.kernels import flash_swapped_tc, split_kv
+from iosim.kernels.api import BACKWARD_IMPLS
+from iosim.core.problem import AttentionShape
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-import iosim  # noqa: E402
-from iosim import kernels  # noqa: E402
-from iosim.kernels import bfloat16 as bf16  # noqa: E402
-from iosim.kernels import flash_swapped_tc, split_kv  # noqa: E402
-from iosim.kernels.api import BACKWARD_IMPLS  # noqa: E402
-from iosim.core.problem import AttentionShape  # noqa: E402
-
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")
 MARKER = "ncu_config_marker"
@@ -307,7 +304,7 @@ def ncu_command(ncu: str, grid: str, log_file: Path) -> list[str]:
     return [
         ncu, "--metrics", ",".join(METRICS), "--cache-control", "all", "--csv", "--print-units", "base",
         "--profile-from-start", "off", "--log-file", str(log_file),
-        sys.executable, str(Path(__file__).resolve()), "launch", "--grid", grid,
+        sys.executable, "-m", "experiments.ncu_traffic", "launch", "--grid", grid,  # run from REPO (profile)
     ]
 
 

@@ -2,17 +2,17 @@
 
 Algorithm 1 with the paper's blocks has c → 12 and the seed's swapped loop c → 8;
 with free block shapes the FlashAttention loops reach about 6 and 4. Writes
-docs/figures/optimal_constants.png and the numbers as JSON beside it, and prints the
+docs/figures/optimal_constants.png and the numbers as experiments/results/optimal_constants.json, and prints the
 table that docs/optimizer.md shows.
 
-Usage: python experiments/optimal_constants.py [--out docs/figures]
+Usage: python -m experiments.optimal_constants [--figures docs/figures]
+                                               [--json experiments/results/optimal_constants.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -20,7 +20,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
-from iosim.reports.optimize import constant  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
+from iosim.tilings.search import constant  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The experiment, declared as data: the issue's audit shape, M from the FlashAttention
 # loops' smallest working set (4d + 7) to N·d.
@@ -55,7 +59,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def collect() -> dict:
+    return dict(case=CASE, rows=measure())
+
+
+def plot(data: dict) -> Figure:
+    rows = data["rows"]
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     Ms = [r["M"] for r in rows]
     for i, algo in enumerate(ALGOS[:2]):
@@ -73,19 +82,11 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="docs/figures")
-    args = parser.parse_args()
-    out = Path(args.out)
-    rows = measure()
-    (out / "optimal_constants.json").write_text(json.dumps(dict(case=CASE, rows=rows), indent=1) + "\n")
-    plot(rows, out / "optimal_constants.png")
-    print(table(rows))
+def main(argv: Sequence[str] | None = None) -> None:
+    print(table(run(__doc__, "optimal_constants", collect, plot, argv, dpi=120)["rows"]))
 
 
 if __name__ == "__main__":

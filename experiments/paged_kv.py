@@ -5,7 +5,7 @@ by rows through a block table of int32 entries (``iosim.variants.paging``); exac
 algorithms that read pages, each with the fit tiling aligned to the pages. Nothing here
 runs on a GPU.
 
-Usage: python experiments/paged_kv.py [--out docs/figures/paged_kv.png] [--json experiments/results/paged_kv.json]
+Usage: python -m experiments.paged_kv [--figures docs/figures] [--json experiments/results/paged_kv.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from figure_cli import run  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ def plot(data: dict) -> Figure:
         ax.legend(fontsize=7)
     fig.suptitle(f"One decoding step from a paged KV cache: {HEADS} query heads, {KV_HEADS} K/V heads, d = {D}, "
                  f"{DTYPE}, {data['gpu']} preset's M = {M:,}; exact counts")
+    fig.tight_layout()
     return fig
 
 

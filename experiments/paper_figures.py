@@ -10,16 +10,15 @@
 
 All counts are count-only and equal their closed forms (checked). Times use the A100
 preset and are lower bounds (``iosim/core/gpus.py``). Writes three PNGs and their numbers as
-JSON.
+experiments/results/paper_figures.json.
 
-Usage: python experiments/paper_figures.py [--out docs/figures]
+Usage: python -m experiments.paper_figures [--figures docs/figures] [--json experiments/results/paper_figures.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -27,8 +26,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.flops import Flops  # noqa: E402
 from iosim.core.gpus import GPUS, roofline  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The experiments, declared as data.
 GPU = GPUS["a100"]
@@ -92,7 +95,13 @@ def theorem5() -> list[dict]:
     return rows
 
 
-def plot(blocks: list[dict], sparse: list[dict], thm: list[dict], out: Path) -> None:
+def collect() -> dict:
+    return dict(gpu=GPU.name, shape=GPT2, block_size=block_size(), block_sparse=sparsity(), theorem5=theorem5())
+
+
+def plot(data: dict) -> dict[str, Figure]:
+    blocks, sparse, thm = data["block_size"], data["block_sparse"], data["theorem5"]
+    figures = {}
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ax.bar([str(r["Bc"]) for r in blocks], [r["GB"] for r in blocks], color="C0", label="HBM GB")
     ax.set_xlabel("key block B_c (B_r = 64)")
@@ -104,8 +113,7 @@ def plot(blocks: list[dict], sparse: list[dict], thm: list[dict], out: Path) -> 
     ax.set_title("flash forward, N = 1024, d = 64, 16 heads, batch 64", fontsize=9)
     fig.legend(loc="upper right", bbox_to_anchor=(0.85, 0.88), fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "fig2_block_size.png", dpi=120)
-    plt.close(fig)
+    figures["fig2_block_size"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     flash = next(r for r in sparse if r["algorithm"] == "flash")
@@ -124,8 +132,7 @@ def plot(blocks: list[dict], sparse: list[dict], thm: list[dict], out: Path) -> 
     fig.suptitle("block-sparse FlashAttention, forward + backward, N = 4096, d = 64, 16 heads, batch 64, random mask",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "fig2_block_sparse.png", dpi=120)
-    plt.close(fig)
+    figures["fig2_block_sparse"] = fig
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     N, d = THEOREM5["N"], THEOREM5["d"]
@@ -141,22 +148,15 @@ def plot(blocks: list[dict], sparse: list[dict], thm: list[dict], out: Path) -> 
     ax.set_title(f"Theorem 5: backward traffic, N = {N}, d = {d}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "theorem5_backward.png", dpi=120)
-    plt.close(fig)
+    figures["theorem5_backward"] = fig
+    return figures
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/figures", type=Path)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    blocks, sparse, thm = block_size(), sparsity(), theorem5()
-    (args.out / "paper_figures.json").write_text(json.dumps(
-        dict(gpu=GPU.name, shape=GPT2, block_size=blocks, block_sparse=sparse, theorem5=thm), indent=1) + "\n")
-    plot(blocks, sparse, thm, args.out)
-    for r in blocks:
+def main(argv: Sequence[str] | None = None) -> None:
+    data = run(__doc__, "paper_figures", collect, plot, argv, dpi=120)
+    for r in data["block_size"]:
         print(f"B_c = {r['Bc']:4d}: {r['GB']:.2f} GB, {r['ms']:.2f} ms ({r['bound']})")
-    for r in sparse:
+    for r in data["block_sparse"]:
         print(f"{r['algorithm']:18s} s = {r['sparsity']:.2f}: {r['GB']:.2f} GB, {r['ms']:.2f} ms ({r['bound']})")
 
 

@@ -1,6 +1,6 @@
-"""Plot the JSON files written by experiments/gpu_bench.py: TFLOP/s and peak memory against N.
+"""Plot the JSON files written by experiments.gpu_bench: TFLOP/s and peak memory against N.
 
-    python experiments/plot_gpu_bench.py experiments/results/kernels_bench [--out figure.png]
+    python -m experiments.plot_gpu_bench experiments/results/kernels_bench [--out figure.png]
 
 One line per (impl, dtype, causal); panels for forward, backward, forward+backward
 TFLOP/s and for peak memory (log-log, so linear growth in N has slope 1 and quadratic

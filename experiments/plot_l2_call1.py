@@ -1,6 +1,6 @@
 """Call 1's forward DRAM reads against N: two-level count, L2-aware prediction, ncu measurement.
 
-Usage: python experiments/plot_l2_call1.py [--out docs/figures/l2_call1.png]
+Usage: python -m experiments.plot_l2_call1 [--figures docs/figures] [--json experiments/results/l2_call1.json]
 
 Issue 17, item 2's figure, for docs/gpu.md ("The L2 model: call 1's forward rows"). It runs
 nothing: it reads the measured ncu ``dram__bytes_read.sum`` and the L2 model's prediction
@@ -11,20 +11,26 @@ tiles, ``simulated.read_bytes``) from experiments/results/gpu/ncu_traffic_call1.
 joined on (impl, direction, batch, heads, N_q, N_k, d), and the two files' measured bytes must
 agree. One panel per (batch·heads, d), both loop orders in each: `flash` (one thread block
 per batch·head) and `flash-swapped` (FlashAttention-2's order). Nothing in the prediction is
-fitted to the measurements.
+fitted to the measurements. The joined rows it plots are written to experiments/results/l2_call1.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+
+from experiments.figure_cli import run  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results" / "gpu"
@@ -51,7 +57,7 @@ def key(row: dict) -> tuple:
     return (row["impl"], row["direction"], row["batch"], row["heads"], row["n_q"], row["n_k"], row["d"])
 
 
-def load_rows() -> tuple[list[dict], int]:
+def collect() -> dict:
     """Call 1's forward rows (impl, batch·heads, N, d, the three read-byte numbers) and the L2 capacity used."""
     l2 = json.loads(L2_JSON.read_text())
     l2_rows = l2["rows"]
@@ -69,10 +75,11 @@ def load_rows() -> tuple[list[dict], int]:
         rows.append({"impl": r["impl"], "bh": r["batch"] * r["heads"], "N": r["n_q"], "d": r["d"],
                      "count": c["simulated"]["read_bytes"], "pred": r["predicted"]["effective"]["reads"],
                      "meas": r["measured"]["read_bytes"]})
-    return rows, l2["l2_effective"]
+    return {"l2_effective": l2["l2_effective"], "rows": rows}
 
 
-def plot(rows: list[dict], l2_effective: int, out: Path) -> None:
+def plot(data: dict) -> Figure:
+    rows, l2_effective = data["rows"], data["l2_effective"]
     bhs = sorted({r["bh"] for r in rows})
     ds = sorted({r["d"] for r in rows})
     fig, axes = plt.subplots(len(bhs), len(ds), figsize=(11, 8.6), squeeze=False)
@@ -109,18 +116,11 @@ def plot(rows: list[dict], l2_effective: int, out: Path) -> None:
                  f"L2-aware prediction at the preset's effective {l2_effective / MB:g} MB L2, not fitted to the measurements",
                  fontsize=11.5)
     fig.tight_layout(rect=(0, 0.085, 1, 0.95))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "l2_call1.png")
-    args = ap.parse_args(argv)
-    rows, l2_effective = load_rows()
-    plot(rows, l2_effective, args.out)
-    print(f"wrote {args.out}")
+def main(argv: Sequence[str] | None = None) -> None:
+    run(__doc__, "l2_call1", collect, plot, argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The L2 model's DRAM bytes for every configuration the next GPU call profiles, committed before it runs.
 
-    python experiments/predict_next_call.py [--grid call3] [--jobs 2]
+    python -m experiments.predict_next_call [--grid call3] [--jobs 2]
                                             [--out experiments/results/gpu/predictions-<short commit>]
 
 Issue 17, item 4: predictions first, measurements second. For each configuration of
@@ -53,163 +53,44 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
 
-from iosim.algorithms.algorithm import Algorithm  # noqa: E402
-from iosim.algorithms import flash_swapped, flash_swapped_backward, split_kv  # noqa: E402
+from iosim.algorithms import flash_swapped, split_kv  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
-from iosim.gpu.l2 import SCHEDULES, Grid, SharedSteps, Tiles, in_sequence, l2_config  # noqa: E402
-from iosim.gpu.schedule import simulate  # noqa: E402
-from iosim.gpu.lockstep import dram_counts, dram_counts_by_kernel  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
+from iosim.gpu.dram import kernel_counts, pass_counts  # noqa: E402
+from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
+from iosim.gpu.kernel import Launch  # noqa: E402
+from iosim.gpu.kernels import KERNELS  # noqa: E402
+from iosim.gpu.l2 import in_sequence  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
+from experiments.ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
 
 GPU = "h100"
 FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2, as l2_call1.py
 REPORT = "experiments/results/kernels_resources_sm90.md"
-# Resident blocks per H100 SM of the current kernels, by (impl, direction, dtype, d): the report above
-# (commit ecb846a; the kernel commits since are refactors: 2abe7c7, 25c39d7, a42bc67, 9b56a74, 30f4a3b),
-# column "blocks/SM (limit)", all limited by registers. Causal rows use the "causal+dropout" row of the
-# same kernel (no causal-only variant is compiled there); it gives the same count in every case. For the
-# backward it is the main kernel's; row_dot runs ROW_DOT_BLOCKS_PER_SM, fill and cast their grids' own (see the
-# docstring).
-BLOCKS_PER_SM = {
-    ("flash-swapped", "forward", "float32", 64): 2,  # 255 registers × 128 threads, 64×32
-    ("flash-swapped", "forward", "float32", 128): 4,  # 245 (255 causal) registers × 64 threads, 32×16
-    ("flash-swapped", "forward", "float16", 64): 2,  # 255 × 128, 64×32
-    ("flash-swapped", "forward", "float16", 128): 4,  # 245 (255 causal) × 64, 32×16
-    ("flash-swapped-tc", "forward", "float16", 64): 2,  # 203 (255 causal) × 128, 64×64
-    ("flash-swapped-tc", "forward", "bfloat16", 64): 2,
-    ("flash-swapped-tc", "forward", "float16", 128): 2,  # 230 (255 causal) × 128, 64×32
-    ("flash-swapped-tc", "forward", "bfloat16", 128): 2,
-    ("flash-swapped", "backward", "float32", 64): 4,  # 255 × 64 (causal: 12 B spilled), 32×32
-    ("flash-swapped", "backward", "float32", 128): 4,  # 244 (254 causal) × 64, 16×16
-    ("flash-swapped", "backward", "float16", 64): 4,  # 255 × 64 (causal: 12 B spilled), 32×32
-    ("flash-swapped", "backward", "float16", 128): 4,  # 244 (254 causal) × 64, 16×16
-    ("flash-swapped-tc", "backward", "float16", 64): 2,  # 250 (255 causal) × 128, 64 keys × 64 queries
-    ("flash-swapped-tc", "backward", "bfloat16", 64): 2,
-    ("flash-swapped-tc", "backward", "float16", 128): 2,  # 255 × 128, 64 keys × 16 queries
-    ("flash-swapped-tc", "backward", "bfloat16", 128): 2,
-    # split-kv's split kernel (flash-swapped's forward compiled packed, with S splits; the same count at every S of
-    # call3-split-kv, report rows "split-kv split", commit SPLIT_KV_REPORT_COMMIT); its combine: SPLIT_KV_COMBINE_BLOCKS
-    ("split-kv", "forward", "float16", 64): 2,  # 220 registers × 128 threads, 64×32
-    ("split-kv", "forward", "float16", 128): 4,  # 241 × 64, 32×16
-}
-# split-kv's combine kernel (kernels/split_kv.combine_kernel): 48 registers × 128 threads at d = 64 and 128
-SPLIT_KV_COMBINE_BLOCKS = 10
-SPLIT_KV_REPORT_COMMIT = "cd9c224"  # the report's commit for split-kv's rows (its kernels are those of 5961c3a)
-SPLIT_KV_KERNELS = ("split", "combine")  # split_kv.launches, in launch order
-BACKWARD = flash_swapped_backward.ALGORITHM
-BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash_swapped_backward.launches, in launch order
-# row_dot since 8eb2624 (kernels/_device.py, coalesced): 80 registers × 256 threads, the report at e43361e
-ROW_DOT_BLOCKS_PER_SM = 3
+# The blocks per SM of every kernel come from the committed resource report (iosim.gpu.occupancy, read by the kernel
+# descriptions of iosim.gpu.kernels): the main kernel's build at the row's dtype, d and tile, its causal+dropout build
+# for a causal row, the sawtooth build for a sawtooth row; the backward's row_dot, fill and cast their own builds.
+# The report's commit for the rows recorded in each prediction's source (the kernels have changed registers since
+# only where a later report says so: split-kv's rows are cd9c224's).
+SPLIT_KV_REPORT_COMMIT = "cd9c224"
+SPLIT_KV_KERNELS = ("split", "combine")  # the split-kv kernel's launches, in order
+BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash-swapped's backward launches, in order
 
 
-def tc_forward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
-    """flash-swapped-tc's 16-bit forward: block bh·T_r + i as flash_swapped.grid, K/V one step early.
-
-    Step 0 reads Q_i, K_0, V_0 (the fetch before the loop) and K_1, V_1 (fetched during step 0); step r
-    reads K_(r+1), V_(r+1) while there is one (``keys_end`` stops the fetch at the last key block the
-    query block sees); the last step writes O_i (input dtype) and lse_i (float32). A query block that
-    sees no key reads Q_i and writes O_i, lse_i.
-    """
-    tiles = Tiles(flash_swapped.GRID_TENSORS)
-    accesses = flash_swapped.block_accesses(tiles, pb, tiling)
-
-    def steps(b: int):
-        q, kv, run, out = accesses(b)
-        j0, n = run.start, len(run)
-        if n <= 1:
-            return iter((q + (kv[j0] if n else ()) + out,))
-        # step r fetches K_(r+1), V_(r+1), the head's shared steps; the last computes on K_(n−1), V_(n−1), fetched
-        # the step before, and writes O_i, lse_i
-        return SharedSteps((q + kv[j0] + kv[j0 + 1],), kv, j0 + 2, j0 + n, (out,))
-
-    return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, blocks_per_sm)
-
-
-def tc_backward_order(pb: Problem, tiling: Tiling):
-    """The query blocks flash-swapped-tc's 16-bit backward visits for key block j, in its order: those whose
-    every query sees every key of the block whole (``plain_step``, from whole_from to whole_to), then the
-    masked ones (the causal edge from i_start, then the ragged last query block), as its kernel loops."""
-    n_q, n_k, BQ, BKB = pb.shape.n_q, pb.shape.n_k, tiling.Br, tiling.Bc
-    Tr, full_rows, shift = -(-n_q // BQ), n_q // BQ, n_k - n_q
-
-    def order(j: int):
-        col0 = j * BKB
-        i_start = max(0, col0 - shift) // BQ if pb.causal else 0
-        whole_from = i_start
-        if pb.causal:  # the block's last key is seen from query col0 + BKB − 1 − (N_k − N_q) on
-            whole_from = max(i_start, -(-max(0, col0 + BKB - 1 - shift) // BQ))
-        whole_from = min(whole_from, Tr)
-        whole_to = max(whole_from, full_rows) if col0 + BKB <= n_k else whole_from
-        if whole_from == i_start:  # nothing masked before the whole ones: one ascending run
-            return range(i_start, Tr)
-        return [*range(whole_from, whole_to), *range(i_start, whole_from), *range(whole_to, Tr)]
-
-    return order
-
-
-def tc_backward_grid(pb: Problem, tiling: Tiling, blocks_per_sm: int) -> Grid:
-    """flash-swapped-tc's 16-bit main backward kernel: flash-swapped's blocks (bh·T_c + j, key block fastest) at
-    its tile, 64 keys by queries_per_step(d) queries, each visiting its query blocks in ``tc_backward_order``."""
-    return flash_swapped_backward.key_block_grid(pb, tiling, tc_backward_order(pb, tiling), blocks_per_sm)
-
-
-def backward_algorithm(main_blocks_per_sm: int, tc: bool = False) -> Algorithm:
-    """flash-swapped's backward with its main kernel at ``main_blocks_per_sm`` per SM (flash-swapped-tc's main
-    kernel where ``tc``) and row_dot at ROW_DOT_BLOCKS_PER_SM; fill and cast keep their grids' own (the tc
-    kernels' are the same grid-stride kernels, kernels/_device.py)."""
-    def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-        row_dot = replace(flash_swapped_backward.row_dot_grid(pb), blocks_per_sm=ROW_DOT_BLOCKS_PER_SM)
-        if tc:  # 16-bit only: its float32 runs flash-swapped's kernels
-            return (row_dot, flash_swapped_backward.fill_grid(pb), tc_backward_grid(pb, tiling, main_blocks_per_sm),
-                    flash_swapped_backward.cast_grid(pb))
-        _, fill, main, *cast = flash_swapped_backward.launches(pb, tiling)
-        return (row_dot, fill, replace(main, blocks_per_sm=main_blocks_per_sm), *cast)
-
-    return replace(BACKWARD, launches=launches)
-
-
-def split_kv_algorithm(split_blocks_per_sm: int) -> Algorithm:
-    """split-kv with its split kernel at ``split_blocks_per_sm`` per SM and its combine at SPLIT_KV_COMBINE_BLOCKS,
-    as the resource report measures the kernels of kernels/split_kv.py (the package's default is the shared
-    memory bound)."""
-    def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-        per_sm = (split_blocks_per_sm, SPLIT_KV_COMBINE_BLOCKS)
-        return tuple(replace(g, blocks_per_sm=n) for g, n in zip(split_kv.launches(pb, tiling), per_sm))
-
-    return replace(split_kv.ALGORITHM, launches=launches)
-
-
-def split_kv_run(cfg: LaunchConfig) -> tuple[Problem, Tiling]:
-    """The problem split-kv's kernels run (packed by GQA group) and its tiling with the row's splits."""
+def launch(cfg: LaunchConfig) -> Launch:
+    """The pass the row's kernel runs: the problem as it runs it (packed by GQA group for split-kv), its tile and
+    splits, the direction and the sawtooth option."""
     tile = cfg.tile()
-    return problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits)
-
-
-def predict_split_kv(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
-    """The L2 model's DRAM bytes of split-kv's two kernels, each from a cold L2, and their sum."""
-    pb, tiling = split_kv_run(cfg)
-    algorithm = split_kv_algorithm(blocks_per_sm(cfg))
-    out: dict = {"grid": "iosim.algorithms.split_kv.launches (split, then combine where S > 1), each from a cold L2",
-                 "method": "simulation, kernel by kernel"}
-    for label, capacity in capacities(schedule):
-        start = time.perf_counter()
-        parts = dram_counts_by_kernel(algorithm, pb, tiling, GPU, capacity, schedule=schedule)
-        out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
-                      "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
-                                  for name, part in zip(SPLIT_KV_KERNELS, parts)]}
-    return out
+    if cfg.impl == "split-kv":
+        return Launch(problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits))
+    return Launch(problem(cfg), Tiling(tile["Br"], tile["Bc"]), cfg.direction == "backward", bool(cfg.sawtooth))
 
 
 def report_commit(cfg: LaunchConfig) -> str:
@@ -218,7 +99,8 @@ def report_commit(cfg: LaunchConfig) -> str:
 
 
 def blocks_per_sm(cfg: LaunchConfig) -> int:
-    return BLOCKS_PER_SM[(cfg.impl, cfg.direction, cfg.dtype, cfg.d)]
+    """The row's main kernel's blocks per SM (the split kernel's for split-kv), as the resource report gives it."""
+    return KERNELS[cfg.impl].grids(launch(cfg))[0 if cfg.direction == "forward" else 2].per_sm(GPUS[GPU])
 
 
 def problem(cfg: LaunchConfig) -> Problem:
@@ -232,89 +114,62 @@ def _counts(dram) -> dict:
             "by_tensor": [asdict(t) for t in dram.tensors]}
 
 
-def capacities(schedule: str = "lockstep") -> list[tuple[str, int | None]]:
-    """The L2 bytes each prediction is made at: the preset's effective (None), then fractions of the nominal; the
-    effective alone for the staggered schedule, which is always simulated."""
+def capacities(schedule: str = "lockstep") -> list[tuple[str, Hardware]]:
+    """The L2 each prediction is made at: the preset's effective, then fractions of the nominal; the effective
+    alone for the staggered schedule, which is always simulated."""
+    hw = hardware(GPU, schedule=schedule)
     if schedule != "lockstep":
-        return [("effective", None)]
+        return [("effective", hw)]
     nominal = int(GPUS[GPU].l2.value)
-    return [("effective", None)] + [(f"{f:g}x", int(f * nominal)) for f in FRACTIONS]
+    return [("effective", hw)] + [(f"{f:g}x", hw.with_l2_bytes(int(f * nominal))) for f in FRACTIONS]
 
 
-def backward_counts(cfg: LaunchConfig, capacity: int | None, schedule: str = "lockstep") -> list:
-    """The DRAM counts of a backward configuration's kernels, in launch order, each from a cold L2."""
-    tile = cfg.tile()
-    tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
-    return dram_counts_by_kernel(backward_algorithm(blocks_per_sm(cfg), tc), problem(cfg),
-                                 Tiling(tile["Br"], tile["Bc"]), GPU, capacity, schedule=schedule)
-
-
-def predict_backward(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
-    """The L2 model's DRAM bytes of a backward configuration: the sum of its kernels, and each of them."""
-    tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
-    main = "predict_next_call.tc_backward_grid" if tc else "main"
-    out: dict = {"grid": f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
-                         f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2",
-                 "method": "simulation, kernel by kernel"}
-    for label, capacity in capacities(schedule):
+def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str, schedule: str) -> dict:
+    """The DRAM bytes of a pass of several kernels, each from a cold L2: their sum, and each of them."""
+    out: dict = {"grid": grid, "method": "simulation, kernel by kernel"}
+    for label, hw in capacities(schedule):
         start = time.perf_counter()
-        parts = backward_counts(cfg, capacity, schedule)
+        parts = kernel_counts(KERNELS[cfg.impl], launch(cfg), hw)
         out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
                       "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
-                                  for name, part in zip(BACKWARD_KERNELS, parts)]}
+                                  for name, part in zip(names, parts)]}
     return out
 
 
 def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
-    if cfg.direction == "backward":
-        return predict_backward(cfg, schedule)
-    if cfg.impl == "split-kv":
-        return predict_split_kv(cfg, schedule)
-    pb, tile = problem(cfg), cfg.tile()
-    tiling = Tiling(tile["Br"], tile["Bc"])
-    per_sm = blocks_per_sm(cfg)
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
+    if cfg.direction == "backward":
+        main = "predict_next_call.tc_backward_grid" if tc else "main"
+        return by_kernel(cfg, BACKWARD_KERNELS, f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
+                         f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2", schedule)
+    if cfg.impl == "split-kv":
+        return by_kernel(cfg, SPLIT_KV_KERNELS, "iosim.algorithms.split_kv.launches (split, then combine where S > 1), "
+                         "each from a cold L2", schedule)
     if cfg.sawtooth:
-        return predict_sawtooth(cfg, pb, tiling, per_sm, schedule)
-    out: dict = {"grid": "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid",
-                 "method": "simulation" if tc or cfg.causal or cfg.kv_heads or schedule != "lockstep"
-                 else "closed form (flash_swapped.dram)"}
-    for label, capacity in capacities(schedule):
+        grid, method = "iosim.algorithms.flash_swapped.sawtooth_grid", "simulation"
+    else:
+        grid = "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid"
+        method = "simulation" if tc or cfg.causal or cfg.kv_heads or schedule != "lockstep" \
+            else "closed form (flash_swapped.dram)"
+    out: dict = {"grid": grid, "method": method}
+    for label, hw in capacities(schedule):
         start = time.perf_counter()
-        if tc:
-            g = tc_forward_grid(pb, tiling, per_sm)
-            dram = simulate(g, l2_config(g, GPU, capacity, schedule=schedule))
-        else:
-            dram = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, capacity, blocks_per_sm=per_sm,
-                               schedule=schedule)
+        dram = pass_counts(KERNELS[cfg.impl], launch(cfg), hw)
         out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
     if tc and not cfg.causal:  # the declared grid at the same tiles: what the one-step-early fetch changes
-        declared = dram_counts(flash_swapped.ALGORITHM, pb, tiling, GPU, blocks_per_sm=per_sm)
+        declared = pass_counts(KERNELS["flash-swapped"], launch(cfg), hardware(GPU, blocks_per_sm=blocks_per_sm(cfg)))
         out["declared_grid_effective"] = {k: v for k, v in _counts(declared).items() if k != "by_tensor"}
-    return out
-
-
-def predict_sawtooth(cfg: LaunchConfig, pb: Problem, tiling: Tiling, per_sm: int, schedule: str) -> dict:
-    """flash-swapped's forward in the sawtooth order: ``flash_swapped.sawtooth_grid`` at the kernel's blocks per SM
-    (the sawtooth build's, which the report gives as the plain one's), simulated."""
-    out: dict = {"grid": "iosim.algorithms.flash_swapped.sawtooth_grid", "method": "simulation"}
-    for label, capacity in capacities(schedule):
-        start = time.perf_counter()
-        g = replace(flash_swapped.sawtooth_grid(pb, tiling), blocks_per_sm=per_sm)
-        dram = simulate(g, l2_config(g, GPU, capacity, schedule=schedule))
-        out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
     return out
 
 
 def two_level(cfg: LaunchConfig) -> dict:
     """The two-level count at the kernel's tiles: ``Algorithm.traffic`` with M the peak those tiles need."""
-    pb, tile = problem(cfg), cfg.tile()
-    algorithm = BACKWARD if cfg.direction == "backward" else flash_swapped.ALGORITHM
+    run = launch(cfg)
+    algorithm = flash_swapped.ALGORITHM.backward if cfg.direction == "backward" else flash_swapped.ALGORITHM
     if cfg.impl == "split-kv":
-        counts = split_kv.ALGORITHM.traffic(*split_kv_run(cfg), 2**50)
-    else:
-        counts = algorithm.traffic(pb, Tiling(tile["Br"], tile["Bc"]), 2**50)
+        algorithm = split_kv.ALGORITHM
+    counts = algorithm.traffic(run.problem, run.tiling, 2**50)
     return {"read_bytes": counts.read_bytes, "write_bytes": counts.write_bytes, "peak_sram": counts.peak_sram,
             "by_tensor": {t.name: {"read_bytes": t.read_bytes, "write_bytes": t.write_bytes} for t in counts.tensors}}
 
@@ -367,7 +222,7 @@ def markdown(record: dict) -> str:
     backward = [r for r in record["rows"] if r["direction"] == "backward"]
     if backward:
         text += ("\nThe backward rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
-                 f"main kernel's, row_dot runs {ROW_DOT_BLOCKS_PER_SM}, fill and cast 5), read / write / dirty MB:\n\n"
+                 "main kernel's, row_dot runs 3, fill and cast 5), read / write / dirty MB:\n\n"
                  "| # | dtype | b·h | N | d | causal | " + " | ".join(BACKWARD_KERNELS) + " |\n"
                  "| ---: | --- | ---: | ---: | ---: | --- |" + " --- |" * len(BACKWARD_KERNELS) + "\n")
         for r in backward:
@@ -379,8 +234,8 @@ def markdown(record: dict) -> str:
             text += "| " + " | ".join(cells) + " |\n"
     split = [r for r in record["rows"] if r["impl"] == "split-kv"]
     if split:
-        text += (f"\nThe split-kv rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
-                 f"split kernel's, the combine runs {SPLIT_KV_COMBINE_BLOCKS}), read / write / dirty MB:\n\n"
+        text += ("\nThe split-kv rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
+                 "split kernel's, the combine runs 10), read / write / dirty MB:\n\n"
                  "| # | b·h / kv | N_k | d | S | " + " | ".join(SPLIT_KV_KERNELS) + " |\n"
                  "| ---: | --- | ---: | ---: | ---: |" + " --- |" * len(SPLIT_KV_KERNELS) + "\n")
         for r in split:
@@ -416,12 +271,12 @@ def main() -> None:
              "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]
     commit = _git("rev-parse", "HEAD")
     record = {
-        "command": "python experiments/predict_next_call.py " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.predict_next_call " + " ".join(sys.argv[1:]),
         "commit": commit, "kernels_commit": _git("log", "-1", "--format=%H", "--", "kernels/"),
         "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "jobs": args.jobs},
         "grid": args.grid, "schedule": args.schedule,
-        "measure_with": f"NCU=ncu python experiments/ncu_traffic.py profile --grid {args.grid} --out DIR "
+        "measure_with": f"NCU=ncu python -m experiments.ncu_traffic profile --grid {args.grid} --out DIR "
                         f"(experiments/results/gpu/call3.sh)",
         "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value), "l2_effective": int(GPUS[GPU].l2_effective.value),
         "l2_effective_source": GPUS[GPU].l2_effective.source, "fractions_of_nominal": list(FRACTIONS),

@@ -3,14 +3,14 @@
 The "sawtooth" order (arXiv 2601.16032, FlashAttention on GB10) scans K/V forward on even
 query blocks of a head and backward on odd ones, so that a block starts on the K_j, V_j its
 predecessor ended on, which are still in the L2 once K and V of a head exceed it. This
-script runs flash-swapped's grid (``iosim.algorithms.flash_swapped.grid``) and its sawtooth grid
-(``flash_swapped.sawtooth_grid``: odd query blocks reversed, as the kernel's ``sawtooth=True``
+script runs flash-swapped's forward grid (``iosim.gpu.grids.flash_swapped.forward``) in both orders
+(``sawtooth=True``: odd query blocks reversed, as the kernel's ``sawtooth=True``
 runs them) through ``iosim.gpu.schedule.simulate`` at shapes where K and V of one head reach
 past the H100's effective L2, and reports the DRAM bytes of both, with the first
 blocks started in lockstep (the model's default) and staggered (``iosim.gpu.l2.SCHEDULES``): the
 two ends of how far apart blocks of equal work run. Nothing here is measured on a GPU.
 
-Usage: python experiments/sawtooth.py [--out experiments/results/sawtooth.json]
+Usage: python -m experiments.sawtooth [--out experiments/results/sawtooth.json]
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ import json
 import platform
 import subprocess
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from iosim.core.gpus import GPUS
-from iosim.algorithms.flash_swapped import sawtooth_grid
-from iosim.gpu.l2 import l2_config
-from iosim.gpu.schedule import simulate
 from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
 from iosim.core.tiling import Tiling
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.schedule import simulate
 
 GPU = "h100"
 # (batch·heads, N, d): K and V of one head in float16 are 4·N·d bytes: 33.6 MB at N = 65,536, d = 128 (just under
@@ -42,15 +41,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/sawtooth.json"))
     args = parser.parse_args()
-    algo, rows = ALGORITHMS["flash-swapped"], []
+    kernel, rows = KERNELS["flash-swapped"], []
     for bh, n, d in CASES:
         pb = Problem(AttentionShape(1, bh, n, n, d), tau=1.0, dtype="float16")
-        g = algo.grid(pb, TILING)
-        config = l2_config(g, GPU)
+        (g,) = kernel.grids(Launch(pb, TILING))
+        config = hardware(GPU).config(g)
         start = time.perf_counter()
-        saw_g = sawtooth_grid(pb, TILING)
+        (saw_g,) = kernel.grids(Launch(pb, TILING, sawtooth=True))
         plain, saw = simulate(g, config), simulate(saw_g, config)
-        staggered = replace(config, schedule="staggered")
+        staggered = hardware(GPU, schedule="staggered").config(g)
         plain_st, saw_st = simulate(g, staggered), simulate(saw_g, staggered)
         row = dict(batch_heads=bh, N=n, d=d, Br=TILING.Br, Bc=TILING.Bc, concurrent=config.concurrent,
                    l2_bytes=config.capacity, kv_bytes_per_head=4 * n * d,
@@ -66,7 +65,7 @@ def main() -> None:
               f"staggered {row['kv_read_plain_staggered'] / 1e6:,.1f} and {row['kv_read_sawtooth_staggered'] / 1e6:,.1f} "
               f"MB; K/V of a head {row['kv_bytes_per_head'] / 1e6:,.1f} MB, {row['seconds']:.1f} s", flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    args.out.write_text(json.dumps(dict(command="python experiments/sawtooth.py", commit=commit, gpu=GPU,
+    args.out.write_text(json.dumps(dict(command="python -m experiments.sawtooth", commit=commit, gpu=GPU,
                                         l2_effective=GPUS[GPU].l2_effective.value, machine=platform.machine(),
                                         rows=rows), indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -7,7 +7,7 @@ each request against its own, then the merge) and of the same algorithm decoding
 request on its own. The floor is every byte touched once: the shared prefix's K and V,
 each request's own, Q and O. Nothing here runs on a GPU.
 
-Usage: python experiments/shared_prefix.py [--out docs/figures/shared_prefix.png]
+Usage: python -m experiments.shared_prefix [--figures docs/figures]
                                            [--json experiments/results/shared_prefix.json]
 """
 
@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
-from figure_cli import run  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.serving.cascade import kv_reads  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
 
@@ -41,7 +41,7 @@ ALGORITHMS = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_si
 
 
 def record(algorithm: str, prefix: int, batch: int) -> dict:
-    r = iosim.serving.cascade(algorithm, batch=batch, prefix=prefix, suffix=SUFFIX, d=D, M=M, heads=HEADS, kv_heads=KV_HEADS,
+    r = iosim.cascade(algorithm, batch=batch, prefix=prefix, suffix=SUFFIX, d=D, M=M, heads=HEADS, kv_heads=KV_HEADS,
                       dtype=DTYPE, page_size=PAGE, gpu="h100")
     item = r.problem.itemsize()
     floor = (2 * KV_HEADS * (prefix + batch * SUFFIX) * D + 2 * batch * HEADS * D) * item
@@ -84,6 +84,7 @@ def plot(data: dict) -> Figure:
     fig.suptitle(f"Decoding over a shared prefix of P tokens, {SUFFIX} own tokens a request; exact counts\n"
                  f"{HEADS} query heads, {KV_HEADS} K/V heads, d = {D}, {DTYPE}, pages of {PAGE}, {data['gpu']} "
                  f"preset's M = {M:,}")
+    fig.tight_layout()
     return fig
 
 

@@ -13,10 +13,10 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   of M under 30 s;
 - a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
   without them (records are written in time linear in the rows);
-- the L2 model's DRAM bytes (``iosim.gpu.lockstep.dram_counts``, the H100 preset) of any
+- the L2 model's DRAM bytes (``iosim.gpu.dram.pass_counts`` on call 1's kernels, the H100 preset) of any
   configuration of call 1, forward or backward, under 2 s (issue 17), in process.
 
-Usage: python experiments/speed.py [--repeats 3] [--out experiments/results/speed.json] [--only l2]
+Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2]
 (``--only l2`` measures the L2 cases alone.)
 """
 
@@ -35,8 +35,10 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.gpu.l2 import kernels, l2_config
-from iosim.gpu.lockstep import dram_counts
+from iosim.gpu import call1
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Kernel, Launch
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 
@@ -144,29 +146,31 @@ def records_overhead(repeats: int) -> dict:
                 seconds_with_json_and_csv=saving_s, ratio=saving_s / bare_s, target_ratio=RECORDS_TARGET)
 
 
-def l2_path(algo, pb: Problem, tiling: Tiling) -> str:
-    """Which of ``dram_counts``'s paths each kernel of the pass takes."""
-    grids = kernels(algo, pb, tiling)
+def l2_path(kernel: Kernel, launch: Launch) -> str:
+    """Which of ``kernel_counts``'s paths each kernel of the pass takes."""
+    grids = kernel.grids(launch)
+    closed = kernel.closed_form(launch) if len(grids) == 1 else None
     paths = []
     for g in grids:
-        config = l2_config(g, "h100")
-        form = None if algo.dram is None or len(grids) > 1 else algo.dram(pb, tiling, config.capacity,
-                                                                           config.concurrent)
+        config = hardware("h100").config(g)
+        form = None if closed is None else closed(launch.problem, launch.tiling, config.capacity, config.concurrent)
         paths.append("closed form" if form is not None else "lockstep" if g.uniform else "simulation")
     return ", ".join(paths)
 
 
 def l2_cases(repeats: int) -> list[dict]:
-    """``dram_counts`` of each of call 1's configurations on the H100 preset, and which path each kernel took."""
+    """``pass_counts`` of each of call 1's configurations on its kernels (``iosim.gpu.call1``) and the H100 preset, and
+    which path each kernel took."""
     out = []
+    kernels = {"flash": call1.FLASH, "flash-swapped": call1.FLASH_SWAPPED}
     for impl, direction, batch, heads, n, d in L2_CASES:
-        algo = iosim.ALGORITHMS[impl]
-        algo = algo if direction == "forward" else algo.backward
         pb = Problem(AttentionShape(batch, heads, n, n, d), tau=1.0, dtype="float32")
         tiling = Tiling(*L2_TILES[impl, direction, d])
-        seconds = best_of(repeats, lambda: dram_counts(algo, pb, tiling, "h100"))
+        launch = Launch(pb, tiling, direction == "backward")
+        seconds = best_of(repeats, lambda: pass_counts(kernels[impl], launch, hardware("h100")))
         out.append(dict(impl=impl, direction=direction, batch_heads=batch * heads, N=n, d=d, Br=tiling.Br,
-                        Bc=tiling.Bc, path=l2_path(algo, pb, tiling), seconds=seconds, target_seconds=L2_TARGET))
+                        Bc=tiling.Bc, path=l2_path(kernels[impl], launch), seconds=seconds,
+                        target_seconds=L2_TARGET))
     for direction in ("forward", "backward"):
         rows = [r for r in out if r["direction"] == direction]
         slowest = max(rows, key=lambda r: r["seconds"])
@@ -191,7 +195,7 @@ def main() -> None:
     load_before = os.getloadavg()
     if args.only == "l2":
         result = {"l2": l2_cases(args.repeats), "machine": machine(load_before), "commit": git_commit(),
-                  "command": "python experiments/speed.py " + " ".join(sys.argv[1:]), "repeats": args.repeats,
+                  "command": "python -m experiments.speed " + " ".join(sys.argv[1:]), "repeats": args.repeats,
                   "statistic": "best of repeats, wall-clock seconds"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -218,7 +222,7 @@ def main() -> None:
         "huge_count_case": HUGE_COUNT, "huge_count_seconds": huge, "huge_count_target_seconds": HUGE_TARGET,
         "machine": machine(load_before),
         "commit": git_commit(),
-        "command": "python experiments/speed.py " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.speed " + " ".join(sys.argv[1:]),
         "repeats": args.repeats,
         "statistic": "best of repeats, wall-clock seconds",
     }

@@ -2,16 +2,15 @@
 
 Points are the simulator's count-only measurements; lines are the exact closed forms
 and, dashed, the paper's asymptotic forms. Writes docs/figures/traffic_vs_N.png and
-docs/figures/traffic_vs_M.png plus the data as JSON beside them.
+docs/figures/traffic_vs_M.png, and the data as experiments/results/traffic.json.
 
-Usage: python experiments/traffic_plots.py [--out docs/figures]
+Usage: python -m experiments.traffic_plots [--figures docs/figures] [--json experiments/results/traffic.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -19,8 +18,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 import iosim  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.problem import AttentionShape  # noqa: E402
 from iosim.core.problem import Problem  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def smallest_M(N: int, d: int) -> int:
@@ -44,13 +47,18 @@ def measure(algorithm: str, N: int, d: int, M: int) -> dict:
                 predicted=p.exact.total, paper=p.paper)
 
 
-def plot_vs_N(out: Path) -> list[dict]:
-    rows = []
+def collect() -> dict:
+    """Every point of both figures: against N for each d, then against M."""
+    vs_N = [measure(algo, N, d, VS_N["M"]) for d in VS_N["ds"] for algo in DENSE for N in VS_N["Ns"]]
+    vs_M = [measure(algo, VS_M["N"], VS_M["d"], M) for algo in DENSE for M in VS_M["Ms"]]
+    return {"vs_N": vs_N, "vs_M": vs_M}
+
+
+def plot_vs_N(rows: list[dict]) -> Figure:
     fig, axes = plt.subplots(1, len(VS_N["ds"]), figsize=(11, 4.2), sharey=True)
     for ax, d in zip(axes, VS_N["ds"]):
         for algo in DENSE:
-            pts = [measure(algo, N, d, VS_N["M"]) for N in VS_N["Ns"]]
-            rows += pts
+            pts = [p for p in rows if p["d"] == d and p["algorithm"] == algo]
             Ns = [p["N"] for p in pts]
             ax.plot(Ns, [p["predicted"] for p in pts], "-", color=COLORS[algo], lw=1.2, label=f"{algo} exact")
             ax.plot(Ns, [p["measured"] for p in pts], "o", color=COLORS[algo], ms=4, label=f"{algo} measured")
@@ -61,18 +69,14 @@ def plot_vs_N(out: Path) -> list[dict]:
     axes[0].set_ylabel("HBM traffic (elements, one head)")
     axes[0].legend(fontsize=7, ncol=1)
     fig.tight_layout()
-    fig.savefig(out / "traffic_vs_N.png", dpi=120)
-    plt.close(fig)
-    return rows
+    return fig
 
 
-def plot_vs_M(out: Path) -> list[dict]:
+def plot_vs_M(rows: list[dict]) -> Figure:
     N, d = VS_M["N"], VS_M["d"]
-    rows = []
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for algo in DENSE:
-        pts = [measure(algo, N, d, M) for M in VS_M["Ms"]]
-        rows += pts
+        pts = [p for p in rows if p["algorithm"] == algo]
         Ms = [p["M"] for p in pts]
         ax.plot(Ms, [p["measured"] for p in pts], "o-", color=COLORS[algo], ms=4, label=f"{algo} measured = exact")
         if not iosim.ALGORITHMS[algo].baseline:
@@ -84,19 +88,15 @@ def plot_vs_M(out: Path) -> list[dict]:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "traffic_vs_M.png", dpi=120)
-    plt.close(fig)
-    return rows
+    return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="docs/figures")
-    out = Path(parser.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = {"vs_N": plot_vs_N(out), "vs_M": plot_vs_M(out), "command": "python experiments/traffic_plots.py"}
-    (out / "traffic.json").write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {out}/traffic_vs_N.png, {out}/traffic_vs_M.png and {out}/traffic.json")
+def plot(data: dict) -> dict[str, Figure]:
+    return {"traffic_vs_N": plot_vs_N(data["vs_N"]), "traffic_vs_M": plot_vs_M(data["vs_M"])}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(__doc__, "traffic", collect, plot, argv, dpi=120)
 
 
 if __name__ == "__main__":

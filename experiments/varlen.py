@@ -9,14 +9,13 @@ d = 128, causal, M = an H100's shared memory per SM in float16 elements: packed 
 flash-attn's varlen kernels are picked by max_seqlen) against every document padded to the
 longest (``.padded``). Every number is an exact count; nothing here runs on a GPU.
 
-Usage: python experiments/varlen.py [--out docs/figures/varlen.png] [--json PATH]
+Usage: python -m experiments.varlen [--figures docs/figures] [--json experiments/results/varlen.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 import numpy as np
@@ -25,7 +24,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DTYPE = "float16"
 M = GPUS["h100"].M(DTYPE)  # one SM's shared memory in elements: 116,736
@@ -61,7 +64,12 @@ def records() -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def collect() -> dict:
+    return dict(gpu=GPUS["h100"].name, dtype=DTYPE, M=M, tokens=TOKENS, documents=DOCUMENTS, d=D, rows=records())
+
+
+def plot(data: dict) -> Figure:
+    rows = data["rows"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
     for algorithm, color in zip(ALGORITHMS, ("C0", "C1")):
         mine = [r for r in rows if r["algorithm"] == algorithm]
@@ -79,19 +87,11 @@ def plot(rows: list[dict], out: Path) -> None:
     bottom.set_ylim(0, 1.05)
     bottom.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/figures/varlen.png"))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    rows = records()
-    plot(rows, args.out)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    for r in rows:
+def main(argv: Sequence[str] | None = None) -> None:
+    for r in run(__doc__, "varlen", collect, plot, argv, dpi=130)["rows"]:
         print(f"{r['algorithm']:14} σ {r['sigma']:4.2f}  cv {r['cv']:5.2f}  longest {r['longest']:6}  "
               f"{r['forward_tiling']:>22} / {r['backward_tiling']:>22}  packed {r['packed_bytes'] / 1e9:7.2f} GB  "
               f"padded {r['padded_bytes'] / 1e9:8.2f} GB  ÷ {r['ratio']:.3f}")

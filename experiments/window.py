@@ -5,14 +5,13 @@ memory per SM in float16 elements, for windows (W, 0) of W = 128 … N keys back
 full and causal attention. Every number is an exact count (``iosim.count``, count-only,
 equal to the closed form); nothing here runs on a GPU.
 
-Usage: python experiments/window.py [--out docs/figures/window.png] [--json PATH]
+Usage: python -m experiments.window [--figures docs/figures] [--json experiments/results/window.json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -20,7 +19,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DTYPE = "float16"
 M = GPUS["h100"].M(DTYPE)  # one SM's shared memory in elements: 116,736
@@ -43,7 +46,12 @@ def records() -> list[dict]:
     return out
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def collect() -> dict:
+    return dict(gpu=GPUS["h100"].name, dtype=DTYPE, M=M, N=N, d=D, rows=records())
+
+
+def plot(data: dict) -> Figure:
+    rows = data["rows"]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for algorithm, color in zip(ALGORITHMS, ("C0", "C1")):
         mine = [r for r in rows if r["algorithm"] == algorithm]
@@ -61,19 +69,11 @@ def plot(rows: list[dict], out: Path) -> None:
     ax.set_title(f"Sliding-window attention, N = {N:,}, d = {D}, M = {M:,} (H100, float16)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    return fig
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/figures/window.png"))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    rows = records()
-    plot(rows, args.out)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    for r in rows:
+def main(argv: Sequence[str] | None = None) -> None:
+    for r in run(__doc__, "window", collect, plot, argv, dpi=130)["rows"]:
         print(f"{r['algorithm']:14} window {r['window']!s:>7}  {r['Br']}x{r['Bc']}  {r['hbm_bytes'] / 1e6:9.1f} MB")
 
 

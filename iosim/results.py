@@ -10,10 +10,7 @@ import numpy as np
 
 from iosim.algorithms.tile_ops import logsumexp
 from iosim.core.counts import Counts, combined
-from iosim.core.errors import InputError
 from iosim.core.flops import Flops
-from iosim.gpu.l2 import DramCounts, L2Options
-from iosim.gpu.lockstep import passes_dram
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.variants.varlen import padded
@@ -60,30 +57,12 @@ class SimResult(Packing):
     l: np.ndarray | None = None  # (batch, heads, N_q): softmax normalizer ℓ
     m: np.ndarray | None = None  # (batch, heads, N_q): row max m
     flops: Flops | None = None  # the arithmetic the run counted
-    gpu: str | None = None  # the preset behind ``dram``; None: no DRAM level
-    plans: tuple[Plan, ...] = field(default=(), repr=False, compare=False)  # the passes run, for ``dram``
+    gpu: str | None = None  # the preset whose SMs split-kv's default splits filled; None: the default's
+    plans: tuple[Plan, ...] = field(default=(), repr=False, compare=False)  # the passes run (iosim.gpu.dram runs them)
 
     @property
     def tiling(self) -> Tiling | None:
         return one_pass(self.forward_tiling, self.backward_tiling)
-
-    @cached_property
-    def dram(self) -> DramCounts | None:
-        """The DRAM bytes behind the ``gpu`` preset's L2 (iosim.gpu.l2), worked out when first asked: ``reads``,
-        ``writes`` during the kernels and ``dirty_at_end``, per tensor. None without a ``gpu``, and where the L2
-        model does not cover the run: an algorithm with no kernel grid, an option no kernel takes (a mask, a
-        sliding window, pages, packed documents: ``iosim.gpu.l2.check_launchable``), or a tiling its kernel does not
-        launch (``iosim.dram`` says which). A backward pass is simulated: seconds to minutes at scale."""
-        return self.dram_with(L2Options())
-
-    def dram_with(self, l2: L2Options) -> DramCounts | None:
-        """``dram`` with the user's overrides of the L2 model (capacity, blocks per SM, schedule), not kept."""
-        if self.gpu is None or not self.plans:
-            return None
-        try:
-            return passes_dram(self.plans, self.gpu, l2.capacity, l2.blocks_per_sm, l2.schedule)
-        except InputError:  # the L2 model refuses the run by name: it has nothing to say
-            return None
 
     @property
     def traffic_total(self) -> int:

@@ -18,7 +18,6 @@ from iosim.core.problem import ELEMENTS, Problem
 from iosim.core.tiling import Tiling, ceil_div
 
 if TYPE_CHECKING:
-    from iosim.gpu.l2 import DramForm, Grid
     from iosim.core.memory import Memory
 
 ROLES = ("input", "output", "intermediate")
@@ -133,13 +132,6 @@ class Algorithm:
     backward: Algorithm | None = None  # its backward pass, itself an Algorithm; None when it has none
     flops: Callable[[Problem, Tiling, int], Flops] | None = None  # exact arithmetic, as the run counts it
     needs: Needs = field(default_factory=Needs)  # what it asks of the generic layers
-    # its GPU kernel's thread blocks and their tile steps (iosim.gpu.l2); None when no kernel's grid is declared
-    grid: Callable[[Problem, Tiling], Grid] | None = None
-    # closed form of the L2 model's DRAM bytes given (problem, tiling, L2 bytes, blocks at once); None off its domain
-    dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
-    # every kernel the pass launches, in launch order, where that is more than ``grid``'s one (a pre-pass before
-    # it): each runs from a cold L2, as ncu --cache-control all measures it; None when ``grid`` is the only one
-    launches: Callable[[Problem, Tiling], tuple[Grid, ...]] | None = None
 
     def hbm_tensors(self, pb: Problem) -> tuple[Tensor, ...]:
         return hbm_tensors(self.tensors, pb)

@@ -25,9 +25,7 @@ from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exa
 from iosim.algorithms import flash_backward
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.core.counts import Counts
-from iosim.gpu.lockstep import lockstep_hits
 from iosim.core.flops import Flops, matmul
-from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, Tiles
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
@@ -147,155 +145,8 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (12 * n_q * n_k * d * d / M + 16 * n_q * n_k * d / M + 3 * n_q * d)
 
 
-# --- on a GPU: the grid of kernels/flash.py (iosim.gpu.l2) ------------------------------------------------------
-
-# Resident blocks per H100 SM of the forward kernel as call 1 ran it (d4169c1, float32), by (d, B_r, B_c).
-# d = 64, 32x32: 3 (153 registers x 128 threads; the sm_90 resource report, git show
-# 8d6aafb:experiments/results/kernels_resources_sm90.md, at c325e6e, whose kernels are d4169c1's). d = 128,
-# 16x16 is not in the report: 64 threads of at most 255 registers take at most 2 x 8,192 of the SM's 65,536,
-# and its 25.7 KB of shared memory fit 8 times, so at least 4; 4 is used (call 1's 256 blocks are resident at
-# once either way).
-CALL1_BLOCKS_PER_SM = {(64, 32, 32): 3, (128, 16, 16): 4}
-GRID_TENSORS = ("Q", "K", "V", "O", "l", "m", "lse", "out")  # out: the float16 output, cast at the last step
-
-
-def grid(pb: Problem, tiling: Tiling) -> Grid:
-    """One thread block per batch·head, as the kernel's ``grid (batch·heads,)``. Its steps: line 3, zeros to
-    O_i, ℓ_i, m_i (and lse_i, out_i) for each query block; then for each K/V block j (K_j, V_j loaded with its
-    first query block) and each query block i that sees it, Q_i read and O_i, ℓ_i, m_i read and rewritten, lse_i
-    (and out_i) written at the last j. O stays float32 in HBM whatever the dtype (the kernel accumulates in it)."""
-    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
-    data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
-    cast = data != acc
-    tiles = Tiles(GRID_TENSORS)
-    met = visits(pb, tiling, skips_hidden=True)
-    runs = [met.key_run(i) for i in range(Tr)]  # the K/V blocks each query block meets (maybe none)
-
-    def steps(bh: int):
-        kvh = s.kv_head(bh)
-        rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
-        for i in range(Tr):  # line 3
-            t, r = bh * Tr + i, rows[i]
-            yield (tiles.access("O", t, r * s.d * acc, WRITE), tiles.access("l", t, r * stat, WRITE),
-                   tiles.access("m", t, r * stat, WRITE), tiles.access("lse", t, r * stat, WRITE)) + (
-                (tiles.access("out", t, r * s.d * data, WRITE),) if cast else ())
-        inner = [(tiles.access("Q", bh * Tr + i, r * s.d * data, READ),  # line 9
-                  tiles.access("O", bh * Tr + i, r * s.d * acc, READ_WRITE),  # lines 9, 15, 16
-                  tiles.access("l", bh * Tr + i, r * stat, READ_WRITE),
-                  tiles.access("m", bh * Tr + i, r * stat, READ_WRITE)) for i, r in enumerate(rows)]
-        final = [(tiles.access("lse", bh * Tr + i, r * stat, WRITE),) + (
-            (tiles.access("out", bh * Tr + i, r * s.d * data, WRITE),) if cast else ()) for i, r in enumerate(rows)]
-        for j in range(Tc):  # line 6
-            bc = min(Bc, s.n_k - j * Bc)
-            kv = (tiles.access("K", kvh * Tc + j, bc * s.d * data, READ),
-                  tiles.access("V", kvh * Tc + j, bc * s.d * data, READ))
-            for i in range(Tr):  # line 8
-                if j not in runs[i]:
-                    continue
-                step = kv + inner[i] if kv else inner[i]
-                yield step + final[i] if j == runs[i].stop - 1 else step
-                kv = ()
-
-    per_sm = CALL1_BLOCKS_PER_SM.get((s.d, Br, Bc))
-    if per_sm is None:  # as shared memory allows: Q_i, K_j, V_j, P_ij and row partials, float32
-        per_sm = SharedMemoryBound(4 * ((Br + 2 * Bc) * s.d + Br * (Bc + 1) + 4 * Br))
-    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
-
-
-def dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.gpu.schedule.simulate(grid(pb, tiling), ...)`` for full attention (no causal mask, no GQA),
-    every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None elsewhere.
-
-    Every block has the same steps (its own head's tiles), so blocks run in waves of w = ``concurrent`` (the
-    last w = batch·heads mod W) in lockstep, and a wave's hits depend on w alone. An access by the block at
-    position p of its wave hits when its stack distance is at most the capacity (iosim.gpu.l2): the bytes its own
-    block touched since the tile's last use (own, the tile included), plus (w−1−p)·F1 + p·F2, what one other
-    block touches in the rounds between (F1: blocks after p, from the round of the last use to the one before
-    this; F2: blocks before p, one round later). Per head, with A_i = Q_i + O_i + ℓ_i + m_i, LO_i = lse_i (+ out_i),
-    E_i = line 3's O_i, ℓ_i, m_i, lse_i (+ out_i), S = Σ A_i, L = Σ LO_i, KV = Σ K_j (sizes in 32-byte sectors):
-
-    - Q_i, O_i, ℓ_i, m_i at step (j ≥ 1, i), last used at (j−1, i): own = S + 2K_j + [j = T_c−1]·L_<i,
-      F1 = S + 2K_(j if i ≥ 1 else j−1) + [j = T_c−1]·L_<i, F2 = S + 2K_j + [j = T_c−1]·L_≤i.
-    - O_i, ℓ_i, m_i at (0, i), last used at line 3 (Q_i is new): own = E_≥i + A_<i + Q_i + 2K_0 + [T_c = 1]·L_<i,
-      F1 = E_≥i + A_<i + [i ≥ 1]·2K_0 + [T_c = 1]·L_<i, F2 = E_>i + A_≤i + 2K_0 + [T_c = 1]·L_≤i.
-    - lse_i (out_i) at (T_c−1, i), last used at line 3: as O_i at (0, i) when T_c = 1; else own = F2 = S + L + 2KV,
-      F1 = F2 − [i = 0]·2K_(T_c−1).
-    - Dirty at the end: an output tile last written at (T_c−1, i) stays when the bytes after it (its own block's
-      rest of the step and steps (T_c−1, >i); F1 = Σ_≥i (A + LO) + [i = 0]·2K_(T_c−1), F2 = Σ_>i (A + LO); every
-      tile of every block of later waves) fit with it.
-
-    A read-and-write that misses reads and starts a new dirty copy; line 3's writes always do; a write of part of
-    a sector reads it first. K, V and the first Q_i are always misses.
-    """
-    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
-    if not pb.band.full or pb.has_mask or pb.block_sparsity is not None or s.kv_heads != s.heads:
-        return None
-    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
-    data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
-    rows = np.minimum(Br, s.n_q - Br * np.arange(Tr))
-    raw = {"Q": rows * s.d * data, "O": rows * s.d * acc, "l": rows * stat, "m": rows * stat, "lse": rows * stat,
-           "out": rows * s.d * data * (data != acc)}
-    size = {x: -(-b // SECTOR) * SECTOR for x, b in raw.items()}  # (Tr,) each
-    fetch = {x: size[x] * (raw[x] % SECTOR != 0) for x in raw}  # a partial write reads first
-    kv = -(-np.minimum(Bc, s.n_k - Bc * np.arange(Tc)) * s.d * data // SECTOR) * SECTOR  # K_j (= V_j), (Tc,)
-    if max(int(kv.max()), *(int(v.max()) for v in size.values())) > capacity:
-        return None  # a tile larger than the L2 goes around it
-    A = size["Q"] + size["O"] + size["l"] + size["m"]
-    LO = size["lse"] + size["out"]
-    E = A - size["Q"] + LO
-    S, L, KV, T = int(A.sum()), int(LO.sum()), int(kv.sum()), int(A.sum() + LO.sum() + 2 * kv.sum())
-    lt = lambda x: np.cumsum(x) - x  # Σ over i' < i  # noqa: E731
-    ge = lambda x: np.cumsum(x[::-1])[::-1]  # Σ over i' ≥ i  # noqa: E731
-    i, one = np.arange(Tr), Tc == 1
-    j = np.arange(1, Tc)[:, None]  # steps j ≥ 1: (Tc−1, Tr)
-    last = j == Tc - 1
-    own_j = S + 2 * kv[j] + last * lt(LO)
-    F1_j = S + 2 * np.where(i >= 1, kv[j], kv[j - 1]) + last * lt(LO)
-    F2_j = S + 2 * kv[j] + last * (lt(LO) + LO)
-    own_0 = ge(E) + lt(A) + size["Q"] + 2 * kv[0] + one * lt(LO)
-    F1_0 = ge(E) + lt(A) + (i >= 1) * 2 * kv[0] + one * lt(LO)
-    F2_0 = ge(E) - E + lt(A) + A + 2 * kv[0] + one * (lt(LO) + LO)
-    F1_L = S + L + 2 * KV - (i == 0) * 2 * int(kv[-1])
-    after = ge(A + LO) - (A + LO)  # Σ over i' > i of A + LO
-    suffix = {"O": size["O"] + 2 * size["l"] + LO, "l": 2 * size["l"] + LO, "m": size["l"] + LO, "lse": LO,
-              "out": size["out"]}  # the tile and what follows it in its last step
-
-    def hits(own, F1, F2, w):
-        return lockstep_hits(own + (w - 1) * F1, F2 - F1, w, capacity)
-
-    W, blocks = concurrent, s.bh
-    waves = [W] * (blocks // W) + ([blocks % W] if blocks % W else [])
-    reads = {x: 0 for x in raw} | {"K": 0, "V": 0}
-    written, dirty = {x: 0 for x in raw}, {x: 0 for x in raw}
-    for w in sorted(set(waves)):
-        n = waves.count(w)
-        miss_j = (w - hits(own_j, F1_j, F2_j, w)).sum(axis=0)  # by i, over j ≥ 1
-        miss = miss_j + w - hits(own_0, F1_0, F2_0, w)  # O, ℓ, m
-        miss_L = w - (hits(own_0, F1_0, F2_0, w) if one else hits(S + L + 2 * KV, F1_L, S + L + 2 * KV, w))
-        miss_Q = miss_j + w  # the first Q_i always misses
-        reads["Q"] += n * int(size["Q"] @ miss_Q)
-        reads["K"] += n * w * KV
-        reads["V"] += n * w * KV
-        for x in ("O", "l", "m"):
-            reads[x] += n * int(w * fetch[x].sum() + size[x] @ miss)
-            written[x] += n * int(size[x] @ (w + miss))
-        for x in ("lse", "out"):
-            reads[x] += n * int(fetch[x] @ (w + miss_L))
-            written[x] += n * int(size[x] @ (w + miss_L))
-    later = 0
-    for w in reversed(waves):  # from the last wave back, while a later wave leaves room
-        if later >= capacity:
-            break
-        for x, tail in suffix.items():
-            dirty[x] += int(size[x] @ hits(tail + after + later, ge(A + LO) + (i == 0) * 2 * int(kv[-1]), after, w))
-        later += w * T
-    keep = lambda d: {x: v for x, v in d.items() if v}  # noqa: E731
-    return DramForm(reads=keep(reads), written=keep(written), dirty_at_end=keep(dirty))
-
-
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
-    flops=flops, grid=grid, dram=dram, needs=Needs(window=True),
+    flops=flops, needs=Needs(window=True),
 )

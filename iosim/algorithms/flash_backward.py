@@ -24,9 +24,7 @@ from __future__ import annotations
 from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
 from iosim.core.counts import Counts
-from iosim.core.errors import InputError
 from iosim.core.flops import Flops, matmul
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
@@ -141,61 +139,8 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (20 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d)
 
 
-# --- on a GPU: the backward grid of kernels/flash.py (iosim.gpu.l2) ---------------------------------------------
-
-# Resident blocks per H100 SM of the backward kernel as call 1 ran it (d4169c1, float32), by (d, B): d = 64,
-# 32x32: 5 (196 registers x 64 threads, 43,008 B shared; the sm_90 resource report, git show
-# 8d6aafb:experiments/results/kernels_resources_sm90.md, at c325e6e, whose kernels are d4169c1's). d = 128,
-# 16x16 is not in the report: 64 threads of at most 255 registers take at most 2 x 8,192 of the SM's 65,536,
-# so at least 4; 4 is used (call 1's at most 256 blocks are resident at once either way).
-CALL1_BLOCKS_PER_SM = {(64, 32): 5, (128, 16): 4}
-GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "dQ", "dK", "dV")  # dQ: the float32 accumulator dq_acc
-
-
-def grid(pb: Problem, tiling: Tiling) -> Grid:
-    """One thread block per batch·head, as the kernel's ``grid (batch·heads,)``, one kernel (float32: no cast
-    of dQ after it). Tile B × B with B = B_r = B_c, as the kernel has it. Its steps: line 5, zeros to dQ_i for
-    each query block; then for each K/V block j (K_j, V_j loaded with its first query block) and each query
-    block i that sees it (from the first one the causal mask leaves, as the kernel's i_start), Q_i, dO_i, lse_i
-    and O_i (for D_i = rowsum(dO_i ∘ O_i), recomputed at every step) read and dQ_i read and rewritten
-    (line 21); dK_j, dV_j written after the last (line 24). The kernel reads lse, not ℓ and m."""
-    if tiling.Br != tiling.Bc:
-        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the flash backward kernel's tile is square; "
-                         "allowed: Br == Bc")
-    s, B = pb.shape, tiling.Br
-    Tr, Tc = -(-s.n_q // B), -(-s.n_k // B)
-    data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
-    tiles = Tiles(GRID_TENSORS)
-    rows = [min(B, s.n_q - i * B) for i in range(Tr)]
-    cols = [min(B, s.n_k - j * B) for j in range(Tc)]
-    met = visits(pb, tiling, skips_hidden=True)
-
-    def steps(bh: int):
-        kvh = s.kv_head(bh)
-        for i in range(Tr):  # line 5
-            yield (tiles.access("dQ", bh * Tr + i, rows[i] * s.d * acc, WRITE),)
-        inner = [tuple(tiles.access(x, bh * Tr + i, r * s.d * data, READ) for x in ("Q", "dO", "O")) + (
-            tiles.access("lse", bh * Tr + i, r * stat, READ),
-            tiles.access("dQ", bh * Tr + i, r * s.d * acc, READ_WRITE)) for i, r in enumerate(rows)]
-        for j in range(Tc):  # line 6
-            kv = tuple(tiles.access(x, kvh * Tc + j, cols[j] * s.d * data, READ) for x in ("K", "V"))  # line 7
-            out = tuple(tiles.access(x, bh * Tc + j, cols[j] * s.d * data, WRITE) for x in ("dK", "dV"))  # line 24
-            run = met.query_run(j)
-            seen = inner[run.start:run.stop]  # from the kernel's i_start
-            if not seen:
-                yield kv + out
-                continue
-            for k, step in enumerate(seen):  # line 9
-                yield (kv if k == 0 else ()) + step + (out if k == len(seen) - 1 else ())
-
-    per_sm = CALL1_BLOCKS_PER_SM.get((s.d, B))
-    if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
-        per_sm = SharedMemoryBound(4 * (4 * B * s.d + 2 * B * (B + 1) + 2 * B))
-    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
-
-
 ALGORITHM = Algorithm(
     name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops, grid=grid,
+    paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops,
     needs=Needs(window=True),
 )

@@ -25,14 +25,11 @@ loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 
 from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.core.counts import Counts
-from iosim.core.errors import InputError
 from iosim.core.flops import Flops, matmul
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, Grid, SharedMemoryBound, SharedSteps, Tiles
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
@@ -151,126 +148,8 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (16 * n_q * n_k * d * d / M + 8 * n_q * n_k * d / M + 7 * n_q * d + 4 * n_q)
 
 
-# --- on a GPU: the backward kernels of kernels/flash_swapped.py (iosim.gpu.l2) ------------------------------------
-
-# The host's backward at d4169c1 (call 1) launches three kernels, in order: row_dot_kernel (D = rowsum(dO ∘ O)),
-# fill_kernel (dq_acc = 0, float32) and the main kernel; a fourth, cast_kernel, converts dQ for float16 only.
-# Resident blocks per H100 SM, from the sm_90 resource report of d4169c1's kernels (git show
-# 8d6aafb:experiments/results/kernels_resources_sm90.md, at c325e6e): the main kernel 5 at both of call 1's
-# tilings (d = 64, 32x32: 200 registers x 64 threads; d = 128, 16x16: 188), limited by registers; fill fp32 5
-# (48 registers x 256 threads); row_dot 5 (the report lists its float16 build, 48 registers x 256 threads; the
-# float32 build is taken to be the same).
-CALL1_BLOCKS_PER_SM = {(64, 32): 5, (128, 16): 5}
-GRID_STRIDE_BLOCKS_PER_SM = 5
-GRID_STRIDE_THREADS, GRID_STRIDE_MAX_BLOCKS = 256, 8192  # kernels/_device.py's grid_stride_launch at d4169c1
-# dQ: the float32 accumulator dq_acc; dQ_cast: dQ in the problem's dtype, which cast_kernel writes from it
-GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV", "dQ_cast")
-TILES = Tiles(GRID_TENSORS)
-
-
-def _grid_stride(items: int, chunk_steps) -> Grid:
-    """A grid-stride kernel over ``items``: min(8192, ⌈items/256⌉) blocks of 256 threads; block b takes chunks
-    b, b + G, b + 2G, ... of 256 consecutive items, one step each (``chunk_steps(c, n)`` for chunk c of n items).
-    Uniform (every block the same steps on chunks of its own) when the chunks are whole and G divides them."""
-    G = max(1, min(GRID_STRIDE_MAX_BLOCKS, -(-items // GRID_STRIDE_THREADS)))
-    chunks = -(-items // GRID_STRIDE_THREADS)
-
-    def steps(b: int):
-        for c in range(b, chunks, G):
-            first = c * GRID_STRIDE_THREADS
-            yield chunk_steps(c, min(GRID_STRIDE_THREADS, items - first))
-
-    uniform = items % GRID_STRIDE_THREADS == 0 and chunks % G == 0
-    return Grid(G, steps, TILES, GRID_STRIDE_BLOCKS_PER_SM, uniform=uniform)
-
-
-def row_dot_grid(pb: Problem) -> Grid:
-    """row_dot_kernel: one thread per query row of every batch·head (rows flattened), D_i = rowsum(dO_i ∘ O_i)."""
-    s, data, stat = pb.shape, pb.itemsize("data"), 4  # D is float32 whatever the dtype
-    return _grid_stride(s.bh * s.n_q, lambda c, n: (
-        TILES.access("dO", c, n * s.d * data, READ), TILES.access("O", c, n * s.d * data, READ),
-        TILES.access("D", c, n * stat, WRITE)))
-
-
-def cast_grid(pb: Problem) -> Grid:
-    """cast_kernel: one thread per element of dq_acc, read in float32 and written to dQ in the problem's dtype."""
-    s, data = pb.shape, pb.itemsize("data")
-    return _grid_stride(s.bh * s.n_q * s.d, lambda c, n: (TILES.access("dQ", c, n * 4, READ),
-                                                          TILES.access("dQ_cast", c, n * data, WRITE)))
-
-
-def fill_grid(pb: Problem) -> Grid:
-    """fill_kernel: one thread per element of the float32 dq_acc (bh, N_q, d), each set to zero."""
-    s = pb.shape
-    return _grid_stride(s.bh * s.n_q * s.d, lambda c, n: (TILES.access("dQ", c, n * 4, WRITE),))
-
-
-def grid(pb: Problem, tiling: Tiling) -> Grid:
-    """The main kernel: one thread block per (key block j, batch·head), j fastest: block bh·T_c + j, as the
-    kernel's ``grid (batch·heads · T_c,)``; tile B × B with B = B_r = B_c. Block (bh, j) loads K_j, V_j (lines
-    7-8), then for each query block i that sees K_j, in order from the kernel's i_start under a causal mask,
-    reads Q_i, dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the
-    L2), and writes dK_j, dV_j after the last (line 24)."""
-    if tiling.Br != tiling.Bc:
-        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the backward kernel's tile is square; allowed: Br == Bc")
-    B, d = tiling.Br, pb.shape.d
-    per_sm = CALL1_BLOCKS_PER_SM.get((d, B))
-    if per_sm is None:  # as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i, float32
-        per_sm = SharedMemoryBound(4 * (4 * B * d + 2 * B * (B + 1) + 2 * B))
-    return key_block_grid(pb, tiling, visits(pb, tiling, skips_hidden=True).query_run, per_sm)
-
-
-def key_block_grid(pb: Problem, tiling: Tiling, order: Callable[[int], Sequence[int]],
-                   per_sm: int | SharedMemoryBound) -> Grid:
-    """A backward kernel of one thread block per (key block j of B_c keys, batch·head), j fastest: block
-    bh·T_c + j loads K_j, V_j, then for each query block i of B_r rows in ``order(j)`` reads Q_i, dO_i, lse_i, D_i
-    and adds into dQ_i (a read-modify-write), and writes dK_j, dV_j after the last; ``grid``'s kernel visits
-    them in ascending order, a kernel variant may order them otherwise."""
-    s, Br, Bc = pb.shape, tiling.Br, tiling.Bc
-    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
-    data, stat, acc = pb.itemsize("data"), 4, 4  # lse, D and dq_acc are float32
-    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
-    shared: dict[int, list] = {}  # batch·head -> its steps over i, one object per i for all its blocks
-
-    def inner(bh: int) -> list:
-        if bh not in shared:
-            shared[bh] = [tuple(TILES.access(x, bh * Tr + i, r * s.d * data, READ) for x in ("Q", "dO")) + tuple(
-                TILES.access(x, bh * Tr + i, r * stat, READ) for x in ("lse", "D")) + (
-                TILES.access("dQ", bh * Tr + i, r * s.d * acc, READ_WRITE),) for i, r in enumerate(rows)]
-        return shared[bh]
-
-    def steps(b: int):
-        bh, j = divmod(b, Tc)
-        kvh = s.kv_head(bh)
-        bc = min(Bc, s.n_k - j * Bc)
-        kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
-        out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
-        run = order(j)
-        n = len(run)
-        if n == 0:
-            return iter(((*kv, *out),))
-        seen = inner(bh)
-        if n == 1:
-            return iter(((*kv, *seen[run[0]], *out),))
-        if isinstance(run, range) and run.step == 1:
-            # the first and last steps are the block's own, those between its head's, shared: the blocks of a head
-            # that start together run as one cohort in the simulation (its hot path)
-            i0 = run.start
-            return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
-        return iter([kv + seen[run[0]], *(seen[i] for i in run[1:-1]), seen[run[-1]] + out])
-
-    return Grid(s.bh * Tc, steps, TILES, per_sm)
-
-
-def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-    """The kernels of one backward, in launch order: row_dot, fill, the main kernel, and in a dtype narrower than
-    float32 the cast of dQ (kernels/flash_swapped.py's ``backward``)."""
-    kernels = (row_dot_grid(pb), fill_grid(pb), grid(pb, tiling))
-    return kernels if pb.dtype == "float32" else kernels + (cast_grid(pb),)
-
-
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
-    grid=grid, launches=launches, needs=Needs(window=True),
+    needs=Needs(window=True),
 )

@@ -41,12 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, SplitRule, Tensor, exact_counts
-from iosim.algorithms.flash_swapped import kv_step_cache
 from iosim.algorithms.tile_ops import (absorb_block, exp_diff, load_mask, logsumexp, read_block_table, safe_divide,
                                        scores)
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
-from iosim.gpu.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
 from iosim.core.memory import Memory
 from iosim.variants.paging import entries
 from iosim.core.problem import Problem
@@ -259,92 +257,8 @@ def paper_form(pb: Problem, M: int) -> float:
     return pb.shape.bh * (2 * pb.shape.n_k * pb.shape.d + 2 * pb.shape.n_q * pb.shape.d)
 
 
-# --- on a GPU: Flash-Decoding's two kernels as flash-attn launches them (iosim.gpu.l2) ---------------------------
-
-# The kernels write lse = m + log ℓ instead of ℓ and m, as flash_fwd_splitkv_kernel and its combine do, and keep
-# the partials O_split, lse_split in float32 whatever the dtype (flash-attn's oaccum and softmax_lseaccum).
-GRID_TENSORS = ("Q", "K", "V", "O_split", "lse_split", "O", "lse")
-TILES = Tiles(GRID_TENSORS)
-PARTIAL_ITEMSIZE = 4
-
-
-# Resident blocks per H100 SM of kernels/split_kv.py's kernels, from the sm_90 resource report at cd9c224
-# (experiments/results/kernels_resources_sm90.md, float16, both limited by registers): the split kernel by (d, B_r,
-# B_c), alike at every split count, 220 registers × 128 threads -> 2 (d = 64, 64×32) and 241 × 64 -> 4 (d = 128,
-# 32×16); the combine kernel, 48 registers × 128 threads -> 10, at both d (its tile is rows only, in registers).
-KERNEL_BLOCKS_PER_SM = {(64, 64, 32): 2, (128, 32, 16): 4}
-COMBINE_BLOCKS_PER_SM = 10
-
-
-def _per_sm(pb: Problem, tiling: Tiling) -> int | SharedMemoryBound:
-    """The split kernel's blocks per SM where the report measured its tiling, else as its tiles in shared memory
-    allow."""
-    known = KERNEL_BLOCKS_PER_SM.get((pb.shape.d, tiling.Br, tiling.Bc))
-    if known is not None:
-        return known
-    return SharedMemoryBound(working_set(pb, tiling, 0) * pb.itemsize("data"))
-
-
-def grid(pb: Problem, tiling: Tiling) -> Grid:
-    """The split kernel on the packed problem: one thread block per (query block i, split s, K/V head), i fastest,
-    then s: block (kvh·S + s)·T_r + i, as flash-attn's ``grid(num_m_block, num_splits, b·h)``. Block (i, s) loads
-    Q_i, then K_j, V_j at each of its split's blocks, and writes its partial O_split, lse_split after the last, in
-    float32 (O and lse themselves, O in the dtype, with one split)."""
-    s, Br, S = pb.shape, tiling.Br, tiling.splits
-    Tr = ceil_div(s.n_q, Br)
-    data, stat = pb.itemsize("data"), pb.itemsize("stat")
-    tiles = visited(pb, tiling)
-    kv_steps = kv_step_cache(TILES, pb, tiling)
-    o, lse = ("O_split", "lse_split") if S > 1 else ("O", "lse")
-
-    def steps(b: int):
-        kvh_split, i = divmod(b, Tr)
-        kvh, split = divmod(kvh_split, S)
-        rows = min(Br, s.n_q - i * Br)
-        run = deal(tiles.key_run(i), S, split)
-        kv = kv_steps(kvh)[run.start:run.stop]
-        q = (TILES.access("Q", kvh * Tr + i, rows * s.d * data, READ),)
-        out = (TILES.access(o, b, rows * s.d * (PARTIAL_ITEMSIZE if S > 1 else data), WRITE),
-               TILES.access(lse, b, rows * stat, WRITE))
-        if not kv:  # an empty split writes its empty partial (flash-attn exits before loading Q; iosim.run loads it)
-            yield q + out
-            return
-        yield q + kv[0] + (out if len(kv) == 1 else ())
-        yield from kv[1:-1]
-        if len(kv) > 1:
-            yield kv[-1] + out
-
-    # uniform with one query block and one split: the splits of a head share its Q_i, as query blocks share K_j
-    return Grid(s.bh * S * Tr, steps, TILES, _per_sm(pb, tiling), uniform=Tr == 1 and S == 1)
-
-
-def combine_grid(pb: Problem, tiling: Tiling) -> Grid:
-    """The combine kernel: one thread block per (query block i, K/V head), i fastest; block i reads the S partials
-    O_split, lse_split of its rows, one split a step, and writes O and lse after the last. Its blocks per SM are
-    kernels/split_kv.py's combine's, which holds no tile in shared memory."""
-    s, Br, S = pb.shape, tiling.Br, tiling.splits
-    Tr = ceil_div(s.n_q, Br)
-    data, stat = pb.itemsize("data"), pb.itemsize("stat")
-
-    def steps(b: int):
-        kvh, i = divmod(b, Tr)
-        rows = min(Br, s.n_q - i * Br)
-        parts = [(TILES.access("O_split", (kvh * S + split) * Tr + i, rows * s.d * PARTIAL_ITEMSIZE, READ),
-                  TILES.access("lse_split", (kvh * S + split) * Tr + i, rows * stat, READ)) for split in range(S)]
-        parts[-1] += (TILES.access("O", b, rows * s.d * data, WRITE), TILES.access("lse", b, rows * stat, WRITE))
-        yield from parts
-
-    return Grid(s.bh * Tr, steps, TILES, COMBINE_BLOCKS_PER_SM, uniform=s.n_q % Br == 0)
-
-
-def launches(pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-    """The split kernel, then the combine where there is more than one split."""
-    return (grid(pb, tiling), combine_grid(pb, tiling)) if tiling.splits > 1 else (grid(pb, tiling),)
-
-
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
-    needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True), grid=grid,
-    launches=launches,
+    needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True),
 )

@@ -8,7 +8,8 @@ from importlib.metadata import PackageNotFoundError, version
 from iosim.api import PASSES, backward_of
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
-from iosim.gpu.l2 import SCHEDULES, L2Options
+from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
+from iosim.gpu.kernels import KERNELS
 from iosim.core.inputs import check_tokens
 from iosim.tilings.policies import POLICIES
 from iosim.core.problem import Problem
@@ -134,21 +135,25 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", choices=SCHEDULES, default="lockstep",
                    help="with --gpu: how the first thread blocks start: lockstep (together, default) or staggered "
                         "(slot s s/W of a block late; always simulated)")
+    p.add_argument("--kernel", choices=sorted(KERNELS), default=None, metavar="NAME",
+                   help="with --gpu: the kernel description whose grids the DRAM level runs, for the algorithm it "
+                        "implements (default: the kernel of kernels/ named as the algorithm; `iosim kernels` lists "
+                        "them)")
 
 
-def l2_options(args: argparse.Namespace) -> L2Options | None:
-    """--l2-bytes, --blocks-per-sm and --schedule as the L2 model takes them; None when none is given. Refused
-    without --gpu, whose L2 they change."""
+def hardware_of(args: argparse.Namespace) -> Hardware | None:
+    """--gpu with --l2-bytes, --blocks-per-sm and --schedule, resolved once; None without --gpu. The overrides (and
+    --kernel) are refused without --gpu, whose L2 they change."""
     given = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm,
-             "--schedule": None if args.schedule == "lockstep" else args.schedule}
+             "--schedule": None if args.schedule == "lockstep" else args.schedule, "--kernel": args.kernel}
     given = {name: value for name, value in given.items() if value is not None}
-    if not given:
-        return None
     if args.gpu is None:
-        name, value = next(iter(given.items()))
-        raise InputError(f"{name} {value} without --gpu: it changes a GPU preset's L2 model; allowed: --gpu NAME "
-                         f"{name} {value}")
-    return L2Options(args.l2_bytes, args.blocks_per_sm, args.schedule)
+        if given:
+            name, value = next(iter(given.items()))
+            raise InputError(f"{name} {value} without --gpu: it changes a GPU preset's L2 model; allowed: --gpu NAME "
+                             f"{name} {value}")
+        return None
+    return hardware(args.gpu, l2_bytes=args.l2_bytes, blocks_per_sm=args.blocks_per_sm, schedule=args.schedule)
 
 
 def window_of(args: argparse.Namespace) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from iosim.api import backward_of
 from iosim.cli.common import (PASS_TITLES, add_l2_options, add_outputs, add_problem, algorithms_of, band_title,
-                              check_backward, count_arg, l2_options, window_of)
+                              check_backward, count_arg, hardware_of, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.core.errors import InputError
@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> OptimizeOutcome:
     """Search every algorithm's tilings; ``on_row`` sees each algorithm's optimum as it is found."""
     M = resolve_M(args.M, args.gpu, args.dtype)
-    l2 = l2_options(args)
+    hw = hardware_of(args)
     algorithms = covered(args)
     check_backward(algorithms, args.pass_)
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
-                                       page_size=args.page_size, l2=l2))
+                                       page_size=args.page_size, hw=hw, kernel=args.kernel))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import Progress, backward_of, count, simulate, simulation_bytes
-from iosim.cli.common import (add_simulation, block_sparsity, check_backward, count_arg, l2_options, lengths_of,
+from iosim.cli.common import (add_simulation, block_sparsity, check_backward, count_arg, hardware_of, lengths_of,
                               seed_arg, window_of)
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
@@ -19,7 +19,8 @@ from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.gradients import GradResult, gradients
-from iosim.gpu.l2 import DramCounts, L2Options, dram_record
+from iosim.gpu.dram import covered_dram
+from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.reports.records import check_distinct, check_output_path, write_document
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     the simulation's work as it goes."""
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = block_sparsity(args)
-    l2 = l2_options(args)
+    hw = hardware_of(args)
     if sparsity is not None and not ALGORITHMS[args.algo].accepts("block_sparsity"):
         raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
                          f"{[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         tops = [max(float(np.max(np.abs(ref[i]))) for ref in refs) for i in range(len(outputs))]
         err = max(errs)
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
-    dram = result.dram_with(l2 or L2Options()) if args.pass_ == "fwd" else None
+    dram = covered_dram(result.plans, hw, args.algo, args.kernel) if hw is not None and args.pass_ == "fwd" else None
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, M=M, heads=args.heads, kv_heads=args.kv_heads, causal=args.causal,
         window=window_of(args), dropout_p=args.dropout, dtype=args.dtype, block_policy=args.block_policy,
@@ -184,7 +185,7 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
         "l2_bytes": args.l2_bytes, "blocks_per_sm": args.blocks_per_sm,
-        "schedule": None if args.schedule == "lockstep" else args.schedule,
+        "schedule": None if args.schedule == "lockstep" else args.schedule, "kernel": args.kernel,
         **dram_record(outcome.dram), "seqlens": None if args.seqlens is None else " ".join(map(str, args.seqlens)),
         "padded_total": getattr(outcome.padded, "total", None),
         "packing_ratio": None if outcome.padded is None else outcome.traffic.total / outcome.padded.total,

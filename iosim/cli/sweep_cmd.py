@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.cli.common import (PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg,
-                              l2_options, lengths_of, window_of)
+                              hardware_of, lengths_of, window_of)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     """Count the grid; ``on_row`` sees each row as it finishes (None for one skipped by --resume)."""
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = block_sparsity(args)
-    l2 = l2_options(args)
+    hw = hardware_of(args)
     algorithms = algorithms_of(args)
     check_backward(algorithms, args.pass_)
     if args.seqlens is not None:
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          kv_heads=args.kv_heads, splits=args.splits, causal=args.causal, window=window_of(args),
                          dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
                          pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
-                         page_size=args.page_size, l2=l2)
+                         page_size=args.page_size, hw=hw, kernel=args.kernel)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 

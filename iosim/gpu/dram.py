@@ -1,9 +1,14 @@
 """The DRAM level of a request: the two-level count beside what a GPU's L2 lets through to DRAM.
 
-``dram`` counts a request with ``count`` (the algorithm, M, the tiling of the block
-policy on the GPU preset's SMs, on the two-level ``Memory``) and runs the
-algorithm's grid of thread blocks against the preset's L2 (``iosim.gpu.l2``). The model,
-its sources and its limits: docs/gpu.md.
+``dram`` is the entry point: it plans the request as ``iosim.count`` does (the algorithm, M, the tiling of the block
+policy on the GPU's SMs), counts it on the two-level ``Memory``, and runs its kernel's grids (``iosim.gpu.kernels``;
+the kernel in ``kernels/`` named as the algorithm unless ``kernel=`` names another) against the GPU's L2. Every
+kernel of a pass runs from a cold L2, as ncu measures it, and the passes one after another.
+
+``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds), the
+lockstep count where its blocks are equal (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``); all
+are equal where they apply (tests/test_l2.py). The closed forms and the lockstep count assume the lockstep schedule:
+a staggered one is always simulated. The model, its sources and its limits: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -13,17 +18,50 @@ from dataclasses import dataclass
 from iosim.api import count
 from iosim.core.counts import Counts
 from iosim.core.errors import InputError
-from iosim.gpu.l2 import DramCounts, L2Options
-from iosim.gpu.lockstep import passes_dram
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
+from iosim.gpu.hardware import Hardware, hardware
+from iosim.gpu.kernel import Kernel, Launch
+from iosim.gpu.kernels import get_kernel, kernel_for
+from iosim.gpu.l2 import DramCounts, in_sequence
+from iosim.gpu.lockstep import lockstep
+from iosim.gpu.schedule import simulate
+from iosim.plans import Plan
+
+
+def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware) -> list[DramCounts]:
+    """The DRAM counts of every kernel ``launch``'s pass launches, in launch order, each from a cold L2 (what ncu
+    reports kernel by kernel)."""
+    grids = kernel.grids(launch)
+    form = kernel.closed_form(launch) if len(grids) == 1 else None
+    parts = []
+    for g in grids:
+        config = hw.config(g)
+        counts = None
+        if config.schedule == "lockstep":
+            found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
+            counts = found.counts(g.tiles, config) if found is not None else lockstep(g, config) if g.uniform else None
+        parts.append(simulate(g, config) if counts is None else counts)
+    return parts
+
+
+def pass_counts(kernel: Kernel, launch: Launch, hw: Hardware) -> DramCounts:
+    """The DRAM bytes of one pass's kernels run one after another, each from a cold L2 (``in_sequence``)."""
+    return in_sequence(kernel_counts(kernel, launch, hw))
+
+
+def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth: bool = False) -> DramCounts:
+    """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another."""
+    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth), hw)
+                        for p in plans])
 
 
 @dataclass(frozen=True)
 class DramResult:
-    """A request on a GPU preset: the two-level HBM count (elements) and the DRAM bytes behind its L2."""
+    """A request on a GPU: the two-level HBM count (elements) and the DRAM bytes of its kernel behind the L2."""
 
     algorithm: str
+    kernel: str  # the kernel description that ran (iosim.gpu.kernels.KERNELS)
     problem: Problem
     M: int
     forward_tiling: Tiling | None  # None without a forward pass
@@ -40,22 +78,34 @@ class DramResult:
 
 def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
          tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None,
-         window=None, schedule="lockstep") -> DramResult:
+         window=None, schedule="lockstep", kernel: str | None = None, sawtooth: bool = False) -> DramResult:
     """The DRAM bytes of ``algorithm``'s kernels on ``gpu``, beside its two-level count.
 
-    Each pass's kernels run from a cold L2 (``iosim.gpu.l2.in_sequence``), as ncu measures
-    them. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm``
-    the kernels' residency and ``schedule`` how their first blocks start (``iosim.gpu.l2.SCHEDULES``); a pass whose algorithm declares no grid of thread blocks is
-    refused. The forward passes of flash and flash-swapped have closed forms
-    (milliseconds); a backward pass is simulated, which takes seconds to minutes at
-    batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count``
-    takes it, and a sliding window (other than causal's (−1, 0)) is refused: no kernel of
-    iosim takes one.
+    ``kernel`` names the kernel description (``iosim.gpu.kernels.KERNELS``; default the kernel of ``kernels/`` named
+    as the algorithm, with its occupancy from the resource report); ``sawtooth`` selects flash-swapped's sawtooth
+    order. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
+    ``schedule`` how their first blocks start (``iosim.gpu.hardware.SCHEDULES``). The forward passes of flash and
+    flash-swapped have closed forms (milliseconds); other passes are simulated, which takes seconds to minutes at
+    batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count`` takes it, and a sliding
+    window (other than causal's (−1, 0)) is refused: no kernel of iosim takes one.
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
-    l2 = L2Options(l2_bytes, blocks_per_sm, schedule)
+    hw = hardware(gpu, l2_bytes=l2_bytes, blocks_per_sm=blocks_per_sm, schedule=schedule)
     r = count(algorithm, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, dtype=dtype,
               block_policy=block_policy, tiling=tiling, kv_heads=kv_heads, pass_=pass_, gpu=gpu, window=window)
-    return DramResult(r.algorithm, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
-                      passes_dram(r.plans, gpu, l2.capacity, l2.blocks_per_sm, l2.schedule))
+    found = kernel_for(algorithm if isinstance(algorithm, str) else algorithm.name, kernel)
+    return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
+                      request_dram(r.plans, hw, found, sawtooth))
+
+
+def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
+                 sawtooth: bool = False) -> DramCounts | None:
+    """``request_dram`` of the kernel a request of ``algorithm`` runs (``kernel`` where it implements the algorithm,
+    else the algorithm's own), or None where the L2 model does not cover the request: an algorithm with no kernel,
+    an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name below."""
+    chosen = kernel if kernel is not None and get_kernel(kernel).algorithm == algorithm else None
+    try:
+        return request_dram(plans, hw, kernel_for(algorithm, chosen), sawtooth)
+    except InputError:  # the L2 model refuses the run by name: it has nothing to say
+        return None

@@ -2,9 +2,9 @@
 
 The two-level ``Memory`` counts every load and store as HBM traffic. On a GPU they go
 through an L2 shared by all SMs, and many thread blocks run at once, so a tile one
-block loads may already be there because another loaded it (issue 17, docs/gpu.md).
-This module runs an algorithm's grid of thread blocks, declared in its own module as a
-``Grid``, against such an L2 and reports the DRAM bytes:
+block loads may already be there because another loaded it (docs/gpu.md). A kernel's
+launch is a ``Grid`` of thread blocks (``iosim.gpu.grids``, one module per kernel); this
+module holds what the L2 model counts with, and the rules it follows:
 
 - **Schedule.** W = SMs × blocks per SM blocks run at once. They start in grid order,
   and a new one starts in the slot of one that finishes, in the next round (dynamic
@@ -21,10 +21,9 @@ This module runs an algorithm's grid of thread blocks, declared in its own modul
 LRU of variable sizes keeps the most recently used tiles that fit: a tile is resident
 exactly when the distinct bytes touched since its last use, itself included, are at most
 the capacity (its stack distance). The closed forms that algorithms give beside the
-simulation (``Algorithm.dram``) use that rule; ``iosim.gpu.lockstep`` holds the faster paths to the
-same counts and ``dram_counts``, which picks the fastest that applies.
-
-``iosim.gpu.schedule`` runs a grid against it (``simulate``, ``dram_traffic``).
+simulation (``iosim.gpu.grids``) use that rule; ``iosim.gpu.lockstep`` counts a grid of equal blocks from one
+block's steps, ``iosim.gpu.schedule`` runs any grid against the LRU, and ``iosim.gpu.dram`` picks the fastest path
+that applies.
 """
 
 from __future__ import annotations
@@ -33,17 +32,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, islice
-from typing import TYPE_CHECKING
 
 from iosim.core.counts import PerTensor
 from iosim.core.errors import InputError
-from iosim.core.gpus import get_gpu
-from iosim.core.units import parse_count
-
-if TYPE_CHECKING:
-    from iosim.algorithms.algorithm import Algorithm
-    from iosim.core.problem import Problem
-    from iosim.core.tiling import Tiling
+from iosim.core.gpus import GPU
 
 SECTOR = 32  # bytes: the L2's unit of transfer to DRAM (NVIDIA CUDA C++ best practices guide, "Coalesced access")
 READ, WRITE, READ_WRITE = 1, 2, 3  # what an access does to its tile
@@ -69,8 +61,8 @@ class SharedMemoryBound:
 
     block_bytes: int
 
-    def on(self, gpu: str) -> int:
-        per_sm = int(get_gpu(gpu).smem_per_sm.value)
+    def on(self, gpu: GPU) -> int:
+        per_sm = int(gpu.smem_per_sm.value)
         return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (self.block_bytes + SMEM_RESERVED_PER_BLOCK)))
 
 
@@ -124,7 +116,7 @@ class SharedSteps:
 
 @dataclass(frozen=True)
 class Grid:
-    """An algorithm's thread blocks as its kernel launches them.
+    """A kernel's thread blocks as it launches them.
 
     ``steps(b)`` yields block b's tile steps in order (blocks are numbered in launch
     order, the order they start in), as an iterator or a ``SharedSteps``; ``blocks_per_sm`` is how many of them one SM holds
@@ -138,7 +130,7 @@ class Grid:
     blocks_per_sm: int | SharedMemoryBound
     uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.gpu.lockstep.lockstep)
 
-    def per_sm(self, gpu: str) -> int:
+    def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""
         return self.blocks_per_sm if isinstance(self.blocks_per_sm, int) else self.blocks_per_sm.on(gpu)
 
@@ -204,46 +196,6 @@ class L2Config:
     schedule: str = "lockstep"
 
 
-# How the first W blocks start (iosim.gpu.schedule). "lockstep": all in the first round, so equal blocks run in
-# waves that start and end together (the model's rule since call 1). "staggered": slot s's first block starts
-# s/W of a mean block's steps late, so that blocks finish one after another and the running blocks are a window
-# sliding along the grid, the steady state of dynamic dispatch once blocks of equal work drift apart.
-SCHEDULES = ("lockstep", "staggered")
-
-
-def check_schedule(schedule) -> str:
-    if schedule not in SCHEDULES:
-        raise InputError(f"schedule={schedule!r} is not one of {list(SCHEDULES)}")
-    return schedule
-
-
-@dataclass(frozen=True)
-class L2Options:
-    """The user's overrides of the L2 model (``--l2-bytes``, ``--blocks-per-sm``, ``--schedule``): the L2 bytes DRAM
-    sees (None: the preset's effective capacity), the blocks of every kernel one SM holds (None: each kernel's
-    own) and how the first blocks start (``SCHEDULES``). Checked when built."""
-
-    capacity: int | None = None
-    blocks_per_sm: int | None = None
-    schedule: str = "lockstep"
-
-    def __post_init__(self):
-        if self.capacity is not None:
-            object.__setattr__(self, "capacity", parse_count("l2_bytes", self.capacity))
-        if self.blocks_per_sm is not None:
-            object.__setattr__(self, "blocks_per_sm", parse_count("blocks_per_sm", self.blocks_per_sm))
-        check_schedule(self.schedule)
-
-
-def l2_config(grid: Grid, gpu: str = "h100", capacity: int | None = None,
-              blocks_per_sm: int | None = None, schedule: str = "lockstep") -> L2Config:
-    """The preset's effective L2 and SM count, with the user's overrides; blocks per SM default to the grid's."""
-    preset = get_gpu(gpu)
-    cap = int(preset.l2_effective.value) if capacity is None else parse_count("capacity", capacity)
-    per_sm = grid.per_sm(gpu) if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
-    return L2Config(cap, int(preset.sms.value) * per_sm, check_schedule(schedule))
-
-
 class LRU:
     """A write-back L2 of whole tiles with least-recently-used replacement; counts DRAM bytes per tensor."""
 
@@ -291,31 +243,6 @@ class LRU:
             left[key % self.n] += self.resident[key]
         return DramCounts(tuple(DramTensor(name, self.reads[k], self.writes[k], left[k])
                                 for k, name in enumerate(tiles.tensors)), config.capacity, config.concurrent)
-
-
-def check_launchable(pb: Problem) -> None:
-    """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
-    read no explicit or block mask and no block table, skip no tiles outside a sliding window, and launch one
-    sequence per batch entry, not varlen's packed documents."""
-    if pb.has_mask or pb.block_sparsity is not None:
-        raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
-                         "for it; allowed: has_mask=False, block_sparsity=None")
-    if pb.band.sliding:
-        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
-                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
-    if pb.page_size is not None:
-        raise InputError(f"page_size={pb.page_size}: the L2 model's grids read no block table; allowed: None")
-    if pb.seqlens is not None:
-        raise InputError("seqlens: the L2 model's grids launch one sequence per batch entry, not packed documents; "
-                         "allowed: None")
-
-
-def kernels(algorithm: Algorithm, pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
-    """The grids of every kernel a pass launches, in order (``Algorithm.launches``, else its one ``grid``)."""
-    if algorithm.grid is None:
-        raise InputError(f"algorithm {algorithm.name!r} declares no GPU grid; the L2 model runs those that do")
-    check_launchable(pb)
-    return algorithm.launches(pb, tiling) if algorithm.launches is not None else (algorithm.grid(pb, tiling),)
 
 
 def in_sequence(parts: list[DramCounts]) -> DramCounts:

@@ -1,10 +1,8 @@
-"""Faster paths to ``iosim.gpu.schedule.simulate``'s DRAM bytes, equal to it where they apply, and the entry point.
+"""The stack-distance counts of a grid of equal blocks, equal to ``iosim.gpu.schedule.simulate``'s where they apply.
 
-- An algorithm's closed form (``Algorithm.dram``): milliseconds, on its domain (full attention, no GQA).
-- ``lockstep``: a grid whose blocks make the same steps on tiles of their own (``Grid.uniform``: flash,
-  causal or not, without GQA) counted from one block's steps: about 30 times faster than the simulation.
-- ``dram_counts`` takes the first of these that applies, and the simulation elsewhere; ``passes_dram`` runs
-  the passes of a request one after another.
+``lockstep`` counts a grid whose blocks make the same steps on tiles of their own (``Grid.uniform``: flash,
+causal or not, without GQA) from one block's steps, about 30 times faster than the simulation; the kernels'
+closed forms (``iosim.gpu.grids``) use ``lockstep_hits``. ``iosim.gpu.dram`` picks the fastest path that applies.
 
 Both rest on the stack-distance rule of ``iosim.gpu.l2`` and on blocks that run in lockstep: when the blocks of a
 wave have equal steps, an access by the block at position p of w has stack distance a + b·p, and
@@ -13,18 +11,9 @@ wave have equal steps, an access by the block at position p of w has stack dista
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from iosim.gpu.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config, in_sequence, kernels, l2_config
-from iosim.gpu.schedule import simulate
-
-if TYPE_CHECKING:
-    from iosim.algorithms.algorithm import Algorithm
-    from iosim.plans import Plan
-    from iosim.core.problem import Problem
-    from iosim.core.tiling import Tiling
+from iosim.gpu.l2 import READ, WRITE, DramCounts, DramTensor, Grid, L2Config
 
 
 def lockstep_hits(a: np.ndarray, b: np.ndarray, w: int, capacity: int) -> np.ndarray:
@@ -138,39 +127,3 @@ def lockstep(grid: Grid, config: L2Config) -> DramCounts | None:
         later += w * after
     return DramCounts(tuple(DramTensor(name, int(reads[i]), int(writes[i] - dirty[i]), int(dirty[i]))
                             for i, name in enumerate(grid.tiles.tensors)), config.capacity, config.concurrent)
-
-
-def dram_counts(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
-    """``iosim.gpu.schedule.dram_traffic``'s DRAM bytes, kernel by kernel: from the algorithm's closed form
-    (``Algorithm.dram``, for a pass of one kernel) where it applies, else from ``lockstep`` where the kernel's
-    grid is uniform, else from the simulation. All are equal where they apply (tests/test_l2.py); the closed
-    form takes milliseconds where the simulation takes minutes. Both assume the lockstep schedule: a staggered
-    one (``iosim.gpu.l2.SCHEDULES``) is always simulated."""
-    return in_sequence(dram_counts_by_kernel(algorithm, pb, tiling, gpu, capacity, blocks_per_sm, schedule))
-
-
-def dram_counts_by_kernel(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100",
-                          capacity: int | None = None, blocks_per_sm: int | None = None,
-                          schedule: str = "lockstep") -> list[DramCounts]:
-    """``dram_counts`` before the sum: one count per kernel of the pass, in launch order, each from a cold L2
-    (what ncu reports kernel by kernel)."""
-    grids = kernels(algorithm, pb, tiling)
-    parts = []
-    for g in grids:
-        config = l2_config(g, gpu, capacity, blocks_per_sm, schedule)
-        counts = None
-        if config.schedule == "lockstep":
-            form = None
-            if len(grids) == 1 and algorithm.dram is not None:
-                form = algorithm.dram(pb, tiling, config.capacity, config.concurrent)
-            counts = form.counts(g.tiles, config) if form is not None else lockstep(g, config) if g.uniform else None
-        parts.append(simulate(g, config) if counts is None else counts)
-    return parts
-
-
-def passes_dram(plans: tuple[Plan, ...], gpu: str, capacity: int | None = None,
-                blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
-    """The DRAM bytes of a request's passes run one after another, each from a cold L2 (``in_sequence``)."""
-    return in_sequence([dram_counts(p.algorithm, p.run_problem, p.tiling, gpu, capacity, blocks_per_sm, schedule)
-                        for p in plans])

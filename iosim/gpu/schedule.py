@@ -19,14 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from itertools import islice
-from typing import TYPE_CHECKING
 
-from iosim.gpu.l2 import LRU, DramCounts, Grid, L2Config, SharedSteps, Step, in_sequence, kernels, l2_config
-
-if TYPE_CHECKING:
-    from iosim.algorithms.algorithm import Algorithm
-    from iosim.core.problem import Problem
-    from iosim.core.tiling import Tiling
+from iosim.gpu.l2 import LRU, DramCounts, Grid, L2Config, SharedSteps, Step
 
 
 def simulate(grid: Grid, config: L2Config) -> DramCounts:
@@ -200,13 +194,3 @@ def _settled(out: list, fresh) -> list:
             out[i] = _Block(e.first)
         empty |= out[i].empty
     return [e for e in out if not e.empty] if empty else out
-
-
-def dram_traffic(algorithm: Algorithm, pb: Problem, tiling: Tiling, gpu: str = "h100", capacity: int | None = None,
-                 blocks_per_sm: int | None = None, schedule: str = "lockstep") -> DramCounts:
-    """Simulated DRAM bytes of ``algorithm``'s kernels on ``gpu``: its effective L2 unless ``capacity`` (bytes) is
-    given, its SMs × each kernel's blocks per SM unless ``blocks_per_sm`` is given, the blocks started as
-    ``schedule`` says (``iosim.gpu.l2.SCHEDULES``); a pass of several kernels runs each from a cold L2
-    (``in_sequence``)."""
-    grids = kernels(algorithm, pb, tiling)
-    return in_sequence([simulate(g, l2_config(g, gpu, capacity, blocks_per_sm, schedule)) for g in grids])

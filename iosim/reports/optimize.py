@@ -32,7 +32,7 @@ loops.
 Ranking: fewest HBM elements (the paper's unit), then fewest bytes, then the
 smaller working set, then the smaller blocks. With ``objective="dram"`` and a GPU preset,
 the ``DRAM_CANDIDATES`` tilings of least HBM traffic are run against the preset's L2
-(``iosim.gpu.lockstep.dram_counts``: the kernel's grid, its blocks at once, LRU) and ranked by
+(``iosim.gpu.dram.pass_counts``: the kernel's grid, its blocks at once, LRU) and ranked by
 the DRAM bytes they move (reads, writes and the dirty bytes written back after), then as
 above: the L2 model has no closed form over tilings, so this ranks a shortlist.
 """
@@ -46,8 +46,11 @@ from iosim.algorithms.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.core.counts import Counts
 from iosim.core.errors import BlockSizeError, InputError
-from iosim.gpu.l2 import DramCounts, L2Options, check_launchable
-from iosim.gpu.lockstep import dram_counts
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.hardware import Hardware, hardware
+from iosim.gpu.kernel import Launch, check_launchable
+from iosim.gpu.kernels import KERNELS, get_kernel, kernel_for
+from iosim.gpu.l2 import DramCounts
 from iosim.variants.paging import aligned
 from iosim.tilings.policies import POLICIES
 from iosim.core.problem import Problem
@@ -81,7 +84,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
              causal=False, mask=False, dtype="float16", kv_heads=None, top: int = TOP_DEFAULT,
              objective: str = "hbm", gpu: str | None = None, window=None, page_size=None,
              on_done: Callable[[Optimum | None], None] | None = None,
-             l2: L2Options | None = None) -> list[Optimum | InputError]:
+             hw: Hardware | None = None, kernel: str | None = None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
@@ -91,8 +94,9 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     With ``kv_heads`` < heads (grouped-query attention) each algorithm is searched on the
     problem as it runs it, packed by group where it serves a group from one K/V load.
     ``objective="dram"`` ranks by the DRAM bytes behind ``gpu``'s L2 instead (forward passes
-    of the algorithms that declare a kernel grid; the others get an ``InputError`` in their place), with ``l2``'s
-    overrides of the L2 model (capacity, blocks per SM, schedule) where given.
+    of the algorithms that have a GPU kernel, ``kernel`` for the algorithm it implements; the others get an
+    ``InputError`` in their place), on ``hw``: ``gpu`` resolved with the user's overrides of the L2 model (capacity,
+    blocks per SM, schedule), the preset's own when None.
     ``window=(left, right)`` is a sliding window and ``page_size`` a paged K/V cache (iosim.variants.paging: the search
     then takes K/V blocks of whole pages or within one); an algorithm that takes neither gives its
     ``InputError`` in its place.
@@ -103,6 +107,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         raise InputError(f"objective={objective!r}; allowed: {list(OBJECTIVES)}")
     if objective == "dram" and gpu is None:
         raise InputError("objective='dram' needs a GPU preset, such as gpu='h100': its L2 sets the DRAM bytes")
+    if objective == "dram" and hw is None:
+        hw = hardware(gpu)
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
                             window=window, page_size=page_size)
     M = parse_size(M, dtype)
@@ -118,7 +124,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
                 raise InputError(f"page_size={pb.page_size} for {algo.name}: it reads no paged K/V cache")
             searched, dram = ranked(algo, pb, M), None
             if objective == "dram":
-                searched, dram = by_dram(algo, pb, searched, gpu, l2 or L2Options())
+                searched, dram = by_dram(algo, pb, searched, hw, kernel)
         except InputError as err:  # no fit, a search too large, no window, or no kernel grid
             out.append(err)
             if on_done:
@@ -155,15 +161,18 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     return out
 
 
-def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], gpu: str, l2: L2Options = L2Options()
+def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], hw: Hardware, kernel: str | None = None
             ) -> tuple[tuple[Candidate, ...], list[DramCounts]]:
-    """The ``DRAM_CANDIDATES`` tilings of least HBM traffic, ranked by the DRAM bytes they move behind ``gpu``'s
-    L2, then as the HBM search ranks them; beside each, its DRAM counts."""
-    if algo.grid is None or algo.is_backward:
-        raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes that declare a GPU kernel grid: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.grid is not None]}")
+    """The ``DRAM_CANDIDATES`` tilings of least HBM traffic, ranked by the DRAM bytes their kernel (``kernel`` where it
+    implements the algorithm, else the algorithm's own) moves behind ``hw``'s L2, then as the HBM search ranks them;
+    beside each, its DRAM counts."""
+    with_kernel = sorted({k.algorithm for k in KERNELS.values()})
+    if algo.is_backward or algo.name not in with_kernel:
+        raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes of the algorithms with a GPU "
+                         f"kernel: {with_kernel}")
+    found = kernel_for(algo.name, kernel if kernel is not None and get_kernel(kernel).algorithm == algo.name else None)
     check_launchable(pb)  # before the shortlist: a mask, a window or documents no kernel takes
-    scored = sorted(((dram_counts(algo, pb, x.tiling, gpu, l2.capacity, l2.blocks_per_sm, l2.schedule), x)
+    scored = sorted(((pass_counts(found, Launch(pb, x.tiling), hw), x)
                      for x in searched[:DRAM_CANDIDATES]),
                     key=lambda s: (s[0].moved, rank_key(s[1])))
     return tuple(x for _, x in scored), [dram for dram, _ in scored]

@@ -13,13 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from iosim.api import count, predict
+from iosim.api import closed_form, count_problem, measure, plan, predict
 from iosim.core.counts import Counts
 from iosim.core.errors import BlockSizeError
 from iosim.core.flops import Flops
 from iosim.core.gpus import Roofline, get_gpu, roofline
 from iosim.core.inputs import check_scale
-from iosim.gpu.l2 import DramCounts, L2Options, dram_record
+from iosim.gpu.dram import covered_dram
+from iosim.gpu.hardware import Hardware, hardware
+from iosim.gpu.kernels import get_kernel
+from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.core.problem import check_window
 from iosim.registry import get_algorithm
 from iosim.variants.sparsity import BlockSparsity
@@ -73,7 +76,8 @@ class SweepRow:
     padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
     l2_bytes: int | None = None  # with a preset, the L2 capacity given for its DRAM level; None: the preset's
     blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
-    schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.l2.SCHEDULES); None: lockstep
+    schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.hardware.SCHEDULES); None: lockstep
+    kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
 
     @property
     def tiling(self) -> Tiling | None:
@@ -144,14 +148,14 @@ class SweepRow:
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
                "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
-               "blocks_per_sm", "schedule")  # every option that changes a row: what --resume tells rows apart by
+               "blocks_per_sm", "schedule", "kernel")  # every option that changes a row: what --resume tells rows apart by
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-              page_size=None, seqlens=None, l2: L2Options | None = None) -> SweepRow:
+              page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -160,34 +164,42 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     ``block_sparsity`` is the block mask of the block-sparse algorithms and ``splits``
     split-kv's K/V splits: a sweep covers many algorithms, so each goes only to those it
     applies to (``ignored_options`` names the others). ``kv_heads`` shares K/V heads
-    among the query heads. With ``gpu``, a forward row of an algorithm whose kernel grid
-    is declared (``Algorithm.grid``) also carries its DRAM bytes behind the preset's L2
-    (``iosim.gpu.l2``), and its roofline time uses them instead of the two-level bytes.
+    among the query heads. With ``gpu``, a forward row of an algorithm that has a GPU kernel
+    (``iosim.gpu.kernels``; ``kernel`` names one for the algorithm it implements) also carries its
+    DRAM bytes behind the preset's L2, and its roofline time uses them instead of the two-level bytes.
     ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
     ``seqlens`` counts documents packed end to end instead of N (iosim.variants.varlen), and the row carries their traffic
-    padded to the longest. ``l2`` overrides the L2 model's capacity, blocks per SM and schedule (with ``gpu``).
+    padded to the longest. ``hw`` is ``gpu`` resolved with the user's overrides of the L2 model (capacity,
+    blocks per SM, schedule); None: the preset's own.
     """
     preset = None if gpu is None else get_gpu(gpu)
+    if hw is None and gpu is not None:
+        hw = hardware(preset)
     config = row_config(algorithm, N, d, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
-                        page_size=page_size, seqlens=seqlens, l2=l2)
+                        page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel)
     options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
                    block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu,
                    page_size=config["page_size"])
-    try:
-        measured, pred = count(algorithm, pass_=pass_, **options), predict(algorithm, pass_=pass_, **options)
+    pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p,
+                       dtype=dtype, block_sparsity=options["block_sparsity"], kv_heads=kv_heads, window=window,
+                       page_size=config["page_size"], seqlens=seqlens)
+    try:  # planned once: the count and the closed form evaluate the same request
+        request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, splits=config["requested_splits"],
+                       gpu=gpu)
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
         fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})  # M in elements, paper's form
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
+    measured, pred = measure(request, gpu), closed_form(request)
     counts, flops = measured.traffic, measured.flops
     # a backward pass is simulated: too slow for a sweep
-    dram = measured.dram_with(l2 or L2Options()) if pass_ == "fwd" else None
+    dram = covered_dram(measured.plans, hw, algorithm, kernel) if hw is not None and pass_ == "fwd" else None
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
@@ -199,7 +211,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
 def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
                block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
-               page_size=None, seqlens=None, l2: L2Options | None = None) -> dict:
+               page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None, and the L2 model's overrides None where not given (the
     schedule None for lockstep), as rows written before they existed have them."""
@@ -217,8 +229,9 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 page_size=page_size if algo.accepts("page_size") else None,
                 gpu=None if gpu is None else get_gpu(gpu).name,
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
-                l2_bytes=getattr(l2, "capacity", None), blocks_per_sm=getattr(l2, "blocks_per_sm", None),
-                schedule=None if l2 is None or l2.schedule == "lockstep" else l2.schedule)
+                **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
+                kernel=kernel if hw is not None and kernel is not None and get_kernel(kernel).algorithm == algorithm
+                else None)
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -237,7 +250,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               on_row: Callable[[SweepRow | None], None] | None = None, pass_: str = "fwd",
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
               splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None,
-              l2: L2Options | None = None) -> list[SweepRow]:
+              hw: Hardware | None = None, kernel: str | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
@@ -245,9 +258,11 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     (packed documents, iosim.variants.varlen) each row counts them, and ``Ns`` should be their longest alone.
     """
     rows = []
+    if hw is None and gpu is not None:
+        hw = hardware(gpu)  # resolved once for every row
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
-                   splits=splits, window=window, page_size=page_size, seqlens=seqlens, l2=l2)
+                   splits=splits, window=window, page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel)
     for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})

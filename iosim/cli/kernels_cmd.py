@@ -1,0 +1,45 @@
+"""``iosim kernels``: the kernel descriptions the DRAM level runs, with the algorithm each implements and its sources."""
+
+from __future__ import annotations
+
+import argparse
+
+from iosim.cli.common import add_outputs
+from iosim.cli.render import compact_table
+from iosim.gpu.kernels import KERNELS, default_kernel
+from iosim.gpu.occupancy import report
+from iosim.reports.records import check_distinct, check_output_path, write_records
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("kernels", help="the GPU kernels the DRAM level describes (--kernel NAME): the algorithm each "
+                                       "implements, its passes, options and sources")
+    add_outputs(p, "one record per kernel")
+
+
+def records() -> list[dict]:
+    """One record per kernel description, the default of its algorithm first."""
+    rows = []
+    for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
+        rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
+                         passes="fwd, bwd" if k.backward else "fwd", options=" ".join(k.options) or None,
+                         closed_form=k.forward_dram is not None, source=k.source))
+    return rows
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
+    rows = records()
+    write_records(args.json, args.csv, rows)
+    return rows
+
+
+def main(args: argparse.Namespace, console) -> None:
+    rows = run(args)
+    table = compact_table(("kernel", "algorithm", "default", "passes", "options"), left="kernel")
+    for r in rows:
+        table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "")
+    console.print(table)
+    for r in rows:
+        console.print(f"{r['kernel']}: {r['source']}")
+    console.print(f"resource report: {report().path.name}, kernels at {report().commit[:7]}")

@@ -1,0 +1,224 @@
+"""The grids of kernels/flash_swapped.py: FlashAttention-2's forward (query blocks outer), with its sawtooth
+option, and the main kernel of its backward (key blocks outer, dQ accumulated with atomics), and the forward's
+closed form of the L2 model's DRAM bytes.
+
+The backward's other kernels (row_dot, fill, cast) are kernels/_device.py's (``iosim.gpu.grids._device``).
+Each grid takes the kernel's blocks per SM (``iosim.gpu.kernels`` reads them from the resource report); the
+``*_smem`` bounds are what shared memory allows where the report has no row for the tiling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from iosim.core.errors import InputError
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
+from iosim.gpu.grids._device import TILES
+from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, SharedSteps, Step, Tiles, sectors
+
+FORWARD_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
+
+
+def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], list]:
+    """The steps (K_j, V_j) of each K/V head, built once: one object per j for every block of the head, so that
+    ``iosim.gpu.l2`` sees a repeated step and skips it."""
+    s, Bc = pb.shape, tiling.Bc
+    Tc, data = -(-s.n_k // Bc), pb.itemsize("data")
+    shared: dict[int, list] = {}  # K/V head -> its steps
+
+    def kv_steps(kvh: int) -> list:
+        if kvh not in shared:
+            shared[kvh] = [tuple(tiles.access(x, kvh * Tc + j, min(Bc, s.n_k - j * Bc) * s.d * data, READ)
+                                 for x in ("K", "V")) for j in range(Tc)]
+        return shared[kvh]
+
+    return kv_steps
+
+
+def block_accesses(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], tuple[Step, list, range, Step]]:
+    """What forward block b = bh·T_r + i touches: (its Q_i read, the (K_j, V_j) steps of its K/V head, one list
+    shared by the head's blocks, the run of key blocks j it sees, its O_i and lse_i writes)."""
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    kv_steps = kv_step_cache(tiles, pb, tiling)
+    met = visits(pb, tiling, skips_hidden=True)
+
+    def accesses(b: int) -> tuple[Step, list, range, Step]:
+        bh, i = divmod(b, Tr)
+        rows = min(Br, s.n_q - i * Br)
+        q = (tiles.access("Q", b, rows * s.d * data, READ),)
+        out = (tiles.access("O", b, rows * s.d * data, WRITE), tiles.access("lse", b, rows * stat, WRITE))
+        return q, kv_steps(s.kv_head(bh)), met.key_run(i), out
+
+    return accesses
+
+
+def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound, sawtooth: bool = False) -> Grid:
+    """One thread block per (query block i, batch·head), i fastest: block bh·T_r + i, as the kernel's
+    ``grid (batch·heads · T_r,)``. Block (bh, i) loads Q_i, then K_j, V_j at each step j of the K/V blocks
+    it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last.
+
+    ``sawtooth``: the odd query blocks of each head visit their key blocks last to first, as the forward kernel
+    compiled with ``sawtooth`` runs (kernels/flash_swapped.py; the order of arXiv 2601.16032): block (bh, i) with i
+    odd reads Q_i with its last key block, ends with its first and O_i, lse_i. The two-level count is the same:
+    only the order, which the L2 sees, differs."""
+    tiles = Tiles(FORWARD_TENSORS)
+    accesses = block_accesses(tiles, pb, tiling)
+    Tr = -(-pb.shape.n_q // tiling.Br)
+    backward: dict[int, list] = {}  # a head's (K_j, V_j) steps, last first: the same step objects, shared
+
+    def steps(b: int):
+        q, kv, run, out = accesses(b)
+        j0, n = run.start, len(run)
+        if n <= 1:
+            return iter((q + (kv[j0] if n else ()) + out,))
+        if sawtooth and b % Tr % 2:
+            kv = backward.setdefault(id(kv), kv[::-1])  # kv[k] is now K/V block T_c − 1 − k
+            j0 = len(kv) - run.stop  # the run's last key block, first in this order
+        # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
+        # that start together run as one cohort in the simulation (iosim.gpu.schedule)
+        return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
+
+    return Grid(pb.shape.bh * Tr, steps, tiles, per_sm)
+
+
+def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
+    """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no mask, no GQA):
+    reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
+    O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.gpu.l2`` has it.
+
+    Blocks run in waves of W = ``concurrent``, in lockstep. Q_i is read once, O_i and lse_i written once.
+    K_j, V_j of a head are read at the first wave that holds one of its query blocks; a head whose blocks
+    cross from wave w into w+1 (the last head of w, the first of w+1) re-reads them at w+1 exactly when they
+    were evicted, i.e. when the distinct bytes touched between its two uses of K_j exceed the capacity:
+    D_j = K_j + V_j + the K/V of steps after j of every head of w + O, lse of w's blocks (j < T_c − 1; only the
+    last block's when j = T_c − 1) + the K/V of steps before j of every head of w+1 + Q of w+1's blocks (j ≥ 1;
+    only the first block's when j = 0).
+
+    Dirty at the end: O_i and lse_i are written once, at their block's last step, and never touched again; they
+    stay when the bytes touched after them fit with them: the rest of that round (O, lse and K_(T_c−1), V_(T_c−1)
+    of the blocks after it in its wave, and their Q when T_c = 1) and every tile of the later waves.
+    """
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
+    if not pb.band.full or pb.has_mask or s.kv_heads != s.heads:
+        return None
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    kv = np.array([sectors(min(Bc, s.n_k - j * Bc) * s.d * data) for j in range(Tc)])  # one K_j (= V_j)
+    q_of = [sectors(min(Br, s.n_q - i * Br) * s.d * data) for i in range(Tr)]  # Q_i (= O_i), by i
+    lse_of = [sectors(min(Br, s.n_q - i * Br) * stat) for i in range(Tr)]
+    blocks, W = s.bh * Tr, concurrent
+    if 2 * kv.max() + 2 * q_of[0] + lse_of[0] > capacity:
+        return None  # outside the domain: two blocks of a head in one round may not share K_j, V_j
+    after = np.concatenate((np.cumsum(kv[::-1])[::-1][1:], [0]))  # Σ_{r > j} kv(r)
+    before = np.concatenate(([0], np.cumsum(kv)[:-1]))  # Σ_{r < j} kv(r)
+    kv_reads = s.bh * int(kv.sum())  # once per head at its first wave
+    for w in range(W, blocks, W):  # wave boundaries: block w is the first of the next wave
+        first, last = w // Tr, (w - 1) // Tr  # heads of the first block of w+1 and the last block of w
+        if first != last:
+            continue  # no head crosses this boundary
+        heads_w = last - (w - W) // Tr + 1
+        heads_next = (min(w + W, blocks) - 1) // Tr - first + 1
+        out_w = sum(q_of[b % Tr] + lse_of[b % Tr] for b in range(w - W, w))
+        q_next = sum(q_of[b % Tr] for b in range(w, min(w + W, blocks)))
+        D = 2 * kv + 2 * heads_w * after + 2 * heads_next * before
+        D = D + np.where(np.arange(Tc) < Tc - 1, out_w, q_of[(w - 1) % Tr] + lse_of[(w - 1) % Tr])
+        D = D + np.where(np.arange(Tc) >= 1, q_next, q_of[w % Tr])
+        kv_reads += int(kv[D > capacity].sum())
+    q, lse = s.bh * sum(q_of), s.bh * sum(lse_of)
+    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.gpu.l2)
+    fetched = {"O": s.bh * sum(q_of[i] for i, r in enumerate(rows) if r * s.d * data % SECTOR),
+               "lse": s.bh * sum(lse_of[i] for i, r in enumerate(rows) if r * stat % SECTOR)}
+    dirty = _dirty_at_end(np.array(q_of), np.array(lse_of), kv, Tr, blocks, W, capacity)
+    return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse},
+                    dirty_at_end=dirty)
+
+
+def _dirty_at_end(q_of: np.ndarray, lse_of: np.ndarray, kv: np.ndarray, Tr: int, blocks: int, W: int,
+                  capacity: int) -> dict[str, int]:
+    """O_b, lse_b of each block b still in the L2 at the end: those whose stack distance at the end fits."""
+    b = np.arange(blocks)
+    head = np.arange(blocks + 1) // Tr  # head[blocks] = batch·heads: past the last block
+    q_b, lse_b = q_of[b % Tr], lse_of[b % Tr]  # Q_b (= O_b), lse_b
+
+    def suffix(x):  # Σ over blocks >= c, for c in 0..blocks
+        return np.concatenate((np.cumsum(x[::-1])[::-1], [0]))
+
+    last_round = suffix(q_b + lse_b + (len(kv) == 1) * q_b)  # what a block touches after its K, V in its last round
+    whole = suffix(2 * q_b + lse_b)  # Q, O, lse of a block
+    start = np.minimum((b // W + 1) * W, blocks)  # the first block of the next wave
+    later = whole[start] + 2 * int(kv.sum()) * (head[-1] - head[start])  # every tile of the later waves
+    # the heads of the blocks after b in its wave, less one that goes on into the next wave (counted there)
+    heads = np.maximum(0, head[start - 1] - (head[start] == head[start - 1]) - head[b + 1] + 1) * (b + 1 < start)
+    rest = last_round[b + 1] - last_round[start] + 2 * int(kv[-1]) * heads + later
+    return {"O": int(q_b @ (q_b + lse_b + rest <= capacity)), "lse": int(lse_b @ (lse_b + rest <= capacity))}
+
+
+def forward_smem(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
+    """The forward's occupancy as shared memory allows (float32 tiles): Q_i, K_j, V_j and S_ij."""
+    return SharedMemoryBound(4 * ((tiling.Br + 2 * tiling.Bc) * pb.shape.d + tiling.Br * (tiling.Bc + 1)))
+
+
+def backward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Grid:
+    """The main kernel: one thread block per (key block j, batch·head), j fastest: block bh·T_c + j, as the
+    kernel's ``grid (batch·heads · T_c,)``; tile B × B with B = B_r = B_c. Block (bh, j) loads K_j, V_j (lines
+    7-8), then for each query block i that sees K_j, in order from the kernel's i_start under a causal mask,
+    reads Q_i, dO_i, lse_i, D_i (line 10) and adds into dQ_i with atomics (line 21: a read-modify-write in the
+    L2), and writes dK_j, dV_j after the last (line 24)."""
+    if tiling.Br != tiling.Bc:
+        raise InputError(f"Br={tiling.Br}, Bc={tiling.Bc}: the backward kernel's tile is square; allowed: Br == Bc")
+    return key_block_grid(pb, tiling, visits(pb, tiling, skips_hidden=True).query_run, per_sm)
+
+
+def key_block_grid(pb: Problem, tiling: Tiling, order: Callable[[int], Sequence[int]],
+                   per_sm: int | SharedMemoryBound) -> Grid:
+    """A backward kernel of one thread block per (key block j of B_c keys, batch·head), j fastest: block
+    bh·T_c + j loads K_j, V_j, then for each query block i of B_r rows in ``order(j)`` reads Q_i, dO_i, lse_i, D_i
+    and adds into dQ_i (a read-modify-write), and writes dK_j, dV_j after the last; ``grid``'s kernel visits
+    them in ascending order, flash-swapped-tc's in its own (``iosim.gpu.grids.flash_swapped_tc``)."""
+    s, Br, Bc = pb.shape, tiling.Br, tiling.Bc
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat, acc = pb.itemsize("data"), 4, 4  # lse, D and dq_acc are float32
+    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
+    shared: dict[int, list] = {}  # batch·head -> its steps over i, one object per i for all its blocks
+
+    def inner(bh: int) -> list:
+        if bh not in shared:
+            shared[bh] = [tuple(TILES.access(x, bh * Tr + i, r * s.d * data, READ) for x in ("Q", "dO")) + tuple(
+                TILES.access(x, bh * Tr + i, r * stat, READ) for x in ("lse", "D")) + (
+                TILES.access("dQ", bh * Tr + i, r * s.d * acc, READ_WRITE),) for i, r in enumerate(rows)]
+        return shared[bh]
+
+    def steps(b: int):
+        bh, j = divmod(b, Tc)
+        kvh = s.kv_head(bh)
+        bc = min(Bc, s.n_k - j * Bc)
+        kv = tuple(TILES.access(x, kvh * Tc + j, bc * s.d * data, READ) for x in ("K", "V"))
+        out = tuple(TILES.access(x, b, bc * s.d * data, WRITE) for x in ("dK", "dV"))
+        run = order(j)
+        n = len(run)
+        if n == 0:
+            return iter(((*kv, *out),))
+        seen = inner(bh)
+        if n == 1:
+            return iter(((*kv, *seen[run[0]], *out),))
+        if isinstance(run, range) and run.step == 1:
+            # the first and last steps are the block's own, those between its head's, shared: the blocks of a head
+            # that start together run as one cohort in the simulation (its hot path)
+            i0 = run.start
+            return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
+        return iter([kv + seen[run[0]], *(seen[i] for i in run[1:-1]), seen[run[-1]] + out])
+
+    return Grid(s.bh * Tc, steps, TILES, per_sm)
+
+
+def backward_smem(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
+    """The main backward kernel's occupancy as shared memory allows: K_j, V_j, Q_i, dO_i, Pᵀ, dSᵀ, lse_i, D_i,
+    float32."""
+    B, d = tiling.Br, pb.shape.d
+    return SharedMemoryBound(4 * (4 * B * d + 2 * B * (B + 1) + 2 * B))

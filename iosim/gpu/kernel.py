@@ -1,0 +1,94 @@
+"""One kernel as the DRAM level sees it (``Kernel``), what a pass asks of it (``Launch``), and its occupancy.
+
+A grid is a mapping of an algorithm onto the GPU, so the DRAM level is keyed by kernel, not by algorithm:
+flash-swapped has a CUDA-core kernel and a tensor-core one, the sawtooth is an option of a kernel, split-kv
+launches a split kernel and a combine. ``iosim.gpu.kernels`` lists the descriptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from iosim.core.errors import InputError
+from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu.l2 import DramForm, Grid, SharedMemoryBound
+from iosim.gpu.occupancy import report
+
+OPTIONS = ("sawtooth",)  # kernel options: the sawtooth order of flash-swapped's forward (odd query blocks reversed)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one pass of a kernel is asked: the problem as the kernel runs it, the tiling, the pass and the options."""
+
+    problem: Problem
+    tiling: Tiling
+    backward: bool = False
+    sawtooth: bool = False
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a GPU implementation as the DRAM level sees it.
+
+    ``launches`` gives the grids of every kernel a pass launches, in launch order, each with its blocks per SM;
+    ``forward_dram`` is the closed form of the forward's one kernel (None where it has none), equal to the
+    simulation of its grid where it applies.
+    """
+
+    name: str
+    algorithm: str  # the registered algorithm whose HBM traffic it realises
+    source: str  # where its code and its occupancy come from
+    launches: Callable[[Launch], tuple[Grid, ...]]
+    backward: bool  # whether it has a backward pass
+    forward_dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
+    options: tuple[str, ...] = ()  # which of OPTIONS it takes
+
+    def grids(self, launch: Launch) -> tuple[Grid, ...]:
+        """The grids of ``launch``'s pass, refusing by name a pass or an option the kernel does not take."""
+        if launch.backward and not self.backward:
+            raise InputError(f"kernel={self.name!r} has no backward pass; allowed with it: pass 'fwd'")
+        if launch.sawtooth and "sawtooth" not in self.options:
+            raise InputError(f"sawtooth=True: kernel={self.name!r} takes no sawtooth order; allowed with it: "
+                             f"sawtooth=False")
+        check_launchable(launch.problem)
+        return self.launches(launch)
+
+    def closed_form(self, launch: Launch) -> Callable[[Problem, Tiling, int, int], DramForm | None] | None:
+        """The closed form of the pass's one kernel, where the kernel has one for it."""
+        return None if launch.backward or launch.sawtooth else self.forward_dram
+
+
+def check_launchable(pb: Problem) -> None:
+    """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
+    read no explicit or block mask and no block table, skip no tiles outside a sliding window, and launch one
+    sequence per batch entry, not varlen's packed documents."""
+    if pb.has_mask or pb.block_sparsity is not None:
+        raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
+                         "for it; allowed: has_mask=False, block_sparsity=None")
+    if pb.band.sliding:
+        raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
+                         f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")
+    if pb.page_size is not None:
+        raise InputError(f"page_size={pb.page_size}: the L2 model's grids read no block table; allowed: None")
+    if pb.seqlens is not None:
+        raise InputError("seqlens: the L2 model's grids launch one sequence per batch entry, not packed documents; "
+                         "allowed: None")
+
+
+def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,
+             any_dtype: bool = False) -> int | SharedMemoryBound:
+    """The blocks per SM the resource report gives ``kernel``'s ``part`` at the launch's dtype, head dimension, build
+    and tile; where it has none, ``bound`` (what shared memory allows)."""
+    pb, t = launch.problem, launch.tiling
+    causal = pb.causal or pb.dropout_p > 0
+    row = report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
+                          tile=(t.Br, t.Bc), any_dtype=any_dtype)
+    if row is not None:
+        return row.blocks_per_sm
+    if bound is None:
+        raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={pb.dtype!r}, "
+                         f"d={pb.shape.d}; allowed: the builds of {report().path.name}")
+    return bound

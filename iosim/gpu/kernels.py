@@ -1,0 +1,109 @@
+"""The kernels the DRAM level describes, by name (``KERNELS``): each one's grids, occupancy source and options.
+
+The kernels of ``kernels/`` are described as they are now, their blocks per SM read from the committed resource
+report (``iosim.gpu.occupancy``); the kernels an earlier GPU run measured stay available under a dated name
+(``iosim.gpu.call1``), so that its predictions can be reproduced. ``default_kernel`` is the one a request of an
+algorithm gets when it names none; ``iosim kernels`` lists them all with their sources.
+"""
+
+from __future__ import annotations
+
+from iosim.core.errors import InputError
+from iosim.gpu import call1
+from iosim.gpu.grids import _device, flash, flash_swapped, flash_swapped_tc, split_kv
+from iosim.gpu.kernel import Kernel, Launch, measured
+from iosim.gpu.l2 import Grid
+
+def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
+    """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
+    of dQ; the grid-stride kernels at the report's blocks per SM (one build of each stands for every dtype)."""
+    pb = launch.problem
+    row_dot = _device.row_dot(pb, measured("row_dot", "row_dot", launch, None, any_dtype=True))
+    fill = _device.fill(pb, measured("fill", "fill", launch, None, any_dtype=True))
+    grids = (row_dot, fill, main)
+    return grids if pb.dtype == "float32" else grids + (_device.cast(pb, measured("cast", "cast", launch, None,
+                                                                                    any_dtype=True)),)
+
+
+def _flash(launch: Launch) -> tuple[Grid, ...]:
+    pb, t = launch.problem, launch.tiling
+    if launch.backward:
+        return (flash.backward(pb, t, measured("flash", "backward", launch, flash.backward_smem(pb, t))),)
+    return (flash.forward(pb, t, measured("flash", "forward", launch, flash.forward_smem(pb, t))),)
+
+
+def _flash_swapped(launch: Launch) -> tuple[Grid, ...]:
+    pb, t = launch.problem, launch.tiling
+    if launch.backward:
+        main = flash_swapped.backward(pb, t, measured("flash-swapped", "backward", launch,
+                                                      flash_swapped.backward_smem(pb, t)))
+        return backward_device_kernels(launch, main)
+    per_sm = measured("flash-swapped", "forward", launch, flash_swapped.forward_smem(pb, t))
+    return (flash_swapped.forward(pb, t, per_sm, sawtooth=launch.sawtooth),)
+
+
+def _flash_swapped_tc(launch: Launch) -> tuple[Grid, ...]:
+    pb, t = launch.problem, launch.tiling
+    if pb.dtype == "float32":  # the tensor-core kernels are 16-bit: float32 runs flash-swapped's
+        return _flash_swapped(launch)
+    bound = flash_swapped.backward_smem(pb, t) if launch.backward else flash_swapped.forward_smem(pb, t)
+    per_sm = measured("flash-swapped-tc", "backward" if launch.backward else "forward", launch, bound)
+    if launch.backward:
+        return backward_device_kernels(launch, flash_swapped_tc.backward(pb, t, per_sm))
+    return (flash_swapped_tc.forward(pb, t, per_sm),)
+
+
+def _split_kv(launch: Launch) -> tuple[Grid, ...]:
+    """The split kernel, then the combine where there is more than one split."""
+    pb, t = launch.problem, launch.tiling
+    grid = split_kv.split(pb, t, measured("split-kv", "split", launch, split_kv.split_smem(pb, t)))
+    if t.splits == 1:
+        return (grid,)
+    return grid, split_kv.combine(pb, t, measured("split-kv", "combine", launch, None))
+
+
+TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report (iosim/gpu/" \
+        "kernels_resources_sm90.json), else as shared memory allows"
+
+KERNELS: dict[str, Kernel] = {k.name: k for k in (
+    Kernel("flash", "flash", TODAY.format(module="flash.py"), _flash, backward=True, forward_dram=flash.forward_dram),
+    Kernel("flash-swapped", "flash-swapped", TODAY.format(module="flash_swapped.py"), _flash_swapped, backward=True,
+           forward_dram=flash_swapped.forward_dram, options=("sawtooth",)),
+    Kernel("flash-swapped-tc", "flash-swapped", TODAY.format(module="flash_swapped_tc.py") +
+           "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True),
+    Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False),
+    call1.FLASH, call1.FLASH_SWAPPED,
+)}
+
+
+def register_kernel(kernel: Kernel) -> Kernel:
+    """Add a kernel description (a dated one, or one written outside iosim) to ``KERNELS``."""
+    if kernel.name in KERNELS:
+        raise InputError(f"kernel={kernel.name!r} is already described; allowed: a new name")
+    KERNELS[kernel.name] = kernel
+    return kernel
+
+
+def get_kernel(name: str) -> Kernel:
+    if name not in KERNELS:
+        raise InputError(f"kernel={name!r} is not one of {sorted(KERNELS)}")
+    return KERNELS[name]
+
+
+def default_kernel(algorithm: str) -> Kernel:
+    """The kernel of ``kernels/`` named as the algorithm, which a request that names no kernel gets."""
+    if algorithm not in KERNELS or KERNELS[algorithm].algorithm != algorithm:
+        raise InputError(f"algorithm {algorithm!r} has no GPU kernel that the L2 model describes; allowed: "
+                         f"{sorted({k.algorithm for k in KERNELS.values()})}")
+    return KERNELS[algorithm]
+
+
+def kernel_for(algorithm: str, kernel: str | None) -> Kernel:
+    """The kernel a request of ``algorithm`` runs: ``kernel`` by name, which must implement it, or its default."""
+    if kernel is None:
+        return default_kernel(algorithm)
+    found = get_kernel(kernel)
+    if found.algorithm != algorithm:
+        raise InputError(f"kernel={kernel!r} implements {found.algorithm!r}, not algorithm {algorithm!r}; allowed: "
+                         f"{sorted(k.name for k in KERNELS.values() if k.algorithm == algorithm)}")
+    return found

@@ -1,0 +1,110 @@
+"""How many thread blocks of a kernel one SM holds: read from the committed resource report, not typed in.
+
+``kernels_resources_sm90.json`` beside this module is what ``python -m experiments.kernel_resources``
+measured of ``kernels/`` compiled for sm_90 (registers, shared memory, the blocks per SM they allow); its
+``git_commit`` names the kernels it measured. ``Occupancy.lookup`` finds a kernel's row by name, the part of
+the kernel (forward, backward, split, combine, row_dot, fill, cast), dtype, head dimension, build (plain,
+causal+dropout, sawtooth) and tile; a tiling the kernel does not launch has no row, and the grid then takes
+the bound its shared memory gives (``iosim.gpu.l2.SharedMemoryBound``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+RESOURCE_REPORT = Path(__file__).with_name("kernels_resources_sm90.json")
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# "flash-swapped forward d=64 fp16 causal+dropout TileConfig(Br=64, Bc=32, TM=4, TN=4)",
+# "sawtooth flash-swapped forward d=128 fp16 TileConfig(...)", "split-kv split d=64 fp16 S=3 TileConfig(...)",
+# "flash-swapped-tc backward d=128 bf16 (4 warps, 64x16)" (64 keys by 16 queries), "split-kv combine d=64 fp16 (B_r=64)"
+_MAIN = re.compile(r"^(?P<sawtooth>sawtooth )?(?P<kernel>flash-swapped-tc|flash-swapped|flash|split-kv) "
+                   r"(?P<part>forward|backward|split|combine) d=(?P<d>\d+) (?P<dtype>fp32|fp16|bf16)"
+                   r"(?P<causal> causal\+dropout)?(?: S=\d+)? "
+                   r"(?:TileConfig\(Br=(?P<br>\d+), Bc=(?P<bc>\d+)[^)]*\)|\(4 warps, (?P<a>\d+)x(?P<b>\d+)\)"
+                   r"|\(B_r=(?P<rows>\d+)\))$")
+# kernels/_device.py's grid-stride kernels of the backward: D = rowsum(dO ∘ O), the fill of dQ's float32
+# accumulator, and its cast (or round, to bfloat16) to the dtype
+_GRID_STRIDE = re.compile(r"^(?:(?P<row_dot>D = rowsum\(dO o O\))|(?P<fill>fill)|(?P<cast>cast|round) fp32 ->)"
+                          r" (?P<dtype>fp32|fp16|bf16)")
+
+
+@dataclass(frozen=True)
+class Resources:
+    """One kernel build's row of the report."""
+
+    kernel: str  # the implementation, as kernels/api.py names it, or row_dot / fill / cast
+    part: str  # forward, backward, split, combine; the grid-stride kernels' own name
+    dtype: str
+    d: int | None  # None for the grid-stride kernels, which take any d
+    build: str  # "plain", "causal+dropout" or "sawtooth"
+    tile: tuple[int, int] | None  # (B_r, B_c) the build launches; None where it has no tile of keys (combine)
+    blocks_per_sm: int
+    registers: int
+    shared_bytes: int
+    label: str  # the report's own name of the build
+
+
+def parse(row: dict) -> Resources | None:
+    """A report row as ``Resources``; None for a kernel the DRAM level has no grid for (standard's matmuls)."""
+    label = row["kernel"]
+    found = _MAIN.match(label)
+    if found:
+        g = found.groupdict()
+        if g["br"]:
+            tile = (int(g["br"]), int(g["bc"]))
+        elif g["a"]:  # the tensor-core kernels: 64 rows by B_c keys forward, 64 keys by B_r queries backward
+            a, b = int(g["a"]), int(g["b"])
+            tile = (a, b) if g["part"] == "forward" else (b, a)
+        else:
+            tile = None
+        build = "sawtooth" if g["sawtooth"] else "causal+dropout" if g["causal"] else "plain"
+        return Resources(g["kernel"], g["part"], DTYPES[g["dtype"]], int(g["d"]), build, tile, row["blocks_per_sm"],
+                         row["registers"], row["shared_bytes"], label)
+    found = _GRID_STRIDE.match(label)
+    if found:
+        part = next(k for k in ("row_dot", "fill", "cast") if found.group(k))
+        return Resources(part, part, DTYPES[found.group("dtype")], None, "plain", None, row["blocks_per_sm"],
+                         row["registers"], row["shared_bytes"], label)
+    return None
+
+
+@dataclass(frozen=True)
+class Report:
+    """The resource report: its rows, the commit whose kernels it measured, and where it is."""
+
+    rows: tuple[Resources, ...]
+    commit: str
+    path: Path
+
+    def lookup(self, kernel: str, part: str, dtype: str, d: int | None = None, *, causal: bool = False,
+               sawtooth: bool = False, tile: tuple[int, int] | None = None, any_dtype: bool = False
+               ) -> Resources | None:
+        """The row of ``kernel``'s ``part`` in ``dtype`` at head dimension ``d``, of the build the options select
+        (sawtooth; else causal+dropout where ``causal``, which the report measures with dropout; else plain, and
+        the plain build where no causal one was measured), launching ``tile`` where given. ``any_dtype``: a kernel
+        compiled in one dtype only stands for the others (the grid-stride kernels, one thread per element, whose
+        registers the element size does not change). None where the report has no such row."""
+        def matches(r: Resources, dtypes_ok: bool) -> bool:
+            return (r.kernel == kernel and r.part == part and (r.dtype == dtype or dtypes_ok)
+                    and (r.d is None or r.d == d) and (tile is None or r.tile is None or r.tile == tile))
+
+        builds = ("sawtooth",) if sawtooth else ("causal+dropout", "plain") if causal else ("plain",)
+        for lenient in (False, True) if any_dtype else (False,):
+            for build in builds:
+                found = [r for r in self.rows if r.build == build and matches(r, lenient)]
+                if found:
+                    return found[0]
+        return None
+
+
+@cache
+def report(path: Path = RESOURCE_REPORT) -> Report:
+    """The committed resource report, read once."""
+    data = json.loads(path.read_text())
+    rows = tuple(r for r in (parse(row) for row in data["kernels"]) if r is not None)
+    return Report(rows, data["git_commit"], path)
