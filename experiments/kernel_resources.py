@@ -8,9 +8,11 @@ predicts (the d-too-large check relies on it), threads per block and the occupan
 numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 threads).
 
     pip install -e '.[test]'      # numba-cuda[cu13]: NVRTC, NVVM and nvJitLink
-    python -m experiments.kernel_resources [--out experiments/results/kernels_resources_sm90] [--jobs N]
+    python -m experiments.kernel_resources [--out experiments/results/kernels_resources_sm90]
+                                           [--json iosim/gpu/kernels_resources_sm90.json] [--jobs N]
 
-Writes OUT.json and OUT.md with the versions, the git commit and the command.
+Writes OUT.md and the JSON, with the versions, the git commit and the command; the JSON lies in
+iosim/gpu/, where iosim.gpu.occupancy reads the blocks per SM from it.
 
     python -m experiments.kernel_resources --check [--pairwise] [--jobs N]
 
@@ -428,6 +430,8 @@ def check(jobs: int, pairwise: bool = False) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results" / "kernels_resources_sm90")
+    parser.add_argument("--json", type=Path, default=REPO / "iosim" / "gpu" / "kernels_resources_sm90.json",
+                        help="the JSON report (default: where iosim.gpu.occupancy reads it)")
     parser.add_argument("--check", action="store_true",
                         help="compile and assemble every kernel, write no report; exit 1 naming those that fail")
     parser.add_argument("--pairwise", action="store_true",
@@ -453,7 +457,7 @@ def main() -> None:
         rows.append(row)
         print(f"{case.name}: {row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B, "
               f"smem {row['shared_bytes']} B")
-    write_report(args.out, {"versions": versions(), "kernels": rows}, markdown)
+    write_report(args.out, {"versions": versions(), "kernels": rows}, markdown, args.json)
 
 
 def command_line() -> str:
@@ -463,16 +467,19 @@ def command_line() -> str:
     return " ".join(["python", program, *sys.argv[1:]])
 
 
-def write_report(out: Path, fields: dict, to_markdown) -> None:
-    """OUT.json and OUT.md of a report on the kernels for ARCH: `fields` with the architecture, command and commit."""
+def write_report(out: Path, fields: dict, to_markdown, json_path: Path | None = None) -> None:
+    """OUT.md and the JSON (OUT.json unless `json_path`) of a report on the kernels for ARCH: `fields` with the
+    architecture, command and commit."""
     report = {
         "arch": ARCH,
         "command": command_line(),
         "git_commit": git_commit(),
         **fields,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    json_path = out.with_suffix(".json") if json_path is None else json_path
+    for path in (out, json_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(to_markdown(report))
 
 

@@ -124,8 +124,10 @@ OUTPUTS = (
     prediction("159b338", "--grid call3-sawtooth", 0),
     prediction("159b338", "--grid call3-sawtooth --schedule staggered", 0, "-staggered"),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
-    report("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
-           "experiments/results/kernels_resources_sm90", 0, SLOW),
+    Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
+           ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
+           ("--out", "{root}/experiments/results/kernels_resources_sm90",
+            "--json", "{root}/iosim/gpu/kernels_resources_sm90.json"), SLOW, 0),
     report("kernels_static_model_sm90", "python -m experiments.kernel_static_model",
            "experiments/results/kernels_static_model_sm90", 0, SLOW),
     Output("speed", "python -m experiments.speed", ("experiments/results/speed.json",),

@@ -71,21 +71,7 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     check_pass(pass_)
     M = parse_size(M, pb.dtype)
     sms = int(get_gpu(DEFAULT if gpu is None else gpu).sms.value)
-    if pb.block_sparsity is not None and not forward.accepts("block_sparsity"):
-        raise InputError(f"block_sparsity for {forward.name}: it has no block mask; allowed: block_sparsity=None, "
-                         f"or an algorithm that takes one: {[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
-    if pb.window is not None and not forward.accepts("window"):
-        raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {forward.name}: it takes no sliding window; "
-                         f"allowed: window=None, or an algorithm that takes one: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('window')]}")
-    if pb.page_size and not (forward.accepts("page_size") and pass_ == "fwd"):
-        raise InputError(f"page_size={pb.page_size} for {forward.name}, pass {pass_!r}: it reads no paged K/V cache; "
-                         f"allowed: page_size=None, or the forward pass of one that does: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('page_size')]}")
-    if pb.seqlens is not None and not forward.accepts("seqlens"):
-        raise InputError(f"seqlens for {forward.name}: it takes no packed documents (its K/V splits are sized per "
-                         f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('seqlens')]}")
+    forward.refuse_options(pb, pass_, ALGORITHMS.values())
     if pass_ != "fwd" and pb.shape.kv_heads != pb.shape.heads:
         raise InputError(f"kv_heads={pb.shape.kv_heads} with pass {pass_!r}: the backward passes take "
                          f"kv_heads == heads={pb.shape.heads} (grouped-query attention is forward only)")

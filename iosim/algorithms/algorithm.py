@@ -7,7 +7,7 @@ and the visited tiles (``iosim.core.visits``) with the run function, never the s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -159,6 +159,27 @@ class Algorithm:
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
                 "seqlens": self.needs.splits is None}[option]
+
+    def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
+        """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
+        a sliding window, a paged cache, packed documents), naming those of ``algorithms`` that take it: the one
+        refusal that ``iosim.api.plan`` and ``iosim.reports.optimize`` use."""
+        algorithms = tuple(algorithms)
+        if pb.block_sparsity is not None and not self.accepts("block_sparsity"):
+            raise InputError(f"block_sparsity for {self.name}: it has no block mask; allowed: block_sparsity=None, "
+                             f"or an algorithm that takes one: {[a.name for a in algorithms if a.accepts('block_sparsity')]}")
+        if pb.window is not None and not self.accepts("window"):
+            raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {self.name}: it takes no sliding window; "
+                             f"allowed: window=None, or an algorithm that takes one: "
+                             f"{[a.name for a in algorithms if a.accepts('window')]}")
+        if pb.page_size and not (self.accepts("page_size") and pass_ == "fwd"):
+            raise InputError(f"page_size={pb.page_size} for {self.name}, pass {pass_!r}: it reads no paged K/V cache; "
+                             f"allowed: page_size=None, or the forward pass of one that does: "
+                             f"{[a.name for a in algorithms if a.accepts('page_size')]}")
+        if pb.seqlens is not None and not self.accepts("seqlens"):
+            raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
+                             f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
+                             f"{[a.name for a in algorithms if a.accepts('seqlens')]}")
 
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a

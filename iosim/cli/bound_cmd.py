@@ -9,6 +9,7 @@ from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_pa
 from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
+from iosim.core.tiling import tiling_record
 from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
 
@@ -30,12 +31,11 @@ def add_parser(sub) -> None:
 
 def records(sweep: BoundSweep) -> list[dict]:
     """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
-    s, out = sweep.problem.shape, []
+    out = []
     for p in sweep.points:
         for name, traffic in p.traffic.items():
-            t = p.tiling[name]
-            out.append(dict(N=s.n_q, N_k=s.n_k, d=s.d, batch=s.batch, heads=s.heads, causal=sweep.problem.causal,
-                            M=p.M, algorithm=name, Br=t and t.Br, Bc=t and t.Bc, traffic=traffic,
+            out.append(dict(**sweep.problem.record(), M=p.M, algorithm=name, **tiling_record(p.tiling[name]),
+                            traffic=traffic,
                             lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
                             best=name == p.best))
     return out

@@ -13,6 +13,7 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS, resolve_M
+from iosim.core.tiling import tiling_record
 from iosim.gpu.l2 import dram_record
 from iosim.reports.optimize import DRAM_CANDIDATES, OBJECTIVES, TOP_DEFAULT, Optimum, optimize
 from iosim.reports.records import check_distinct, check_output_path, write_records
@@ -29,16 +30,12 @@ class OptimizeOutcome:
         for r in self.results:
             if not isinstance(r, Optimum):
                 continue
-            s = r.problem.shape
-            config = dict(algorithm=r.algorithm, N=s.n_q, N_k=s.n_k, d=s.d, M=r.M, batch=s.batch, heads=s.heads,
-                          causal=r.problem.causal, window_left=getattr(r.problem.window, "left", None),
-                          window_right=getattr(r.problem.window, "right", None), dtype=r.problem.dtype,
-                          searched=r.searched)
+            config = dict(algorithm=r.algorithm, **r.problem.record(), M=r.M, searched=r.searched)
             policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
                         for name in ("fit", "paper") for key in ("traffic", "c")}
             for rank, x in enumerate(r.best, 1):
                 dram = dram_record(None if r.dram is None else r.dram[rank - 1])
-                out.append({**config, "rank": rank, "Br": x.tiling.Br, "Bc": x.tiling.Bc, "traffic": x.traffic,
+                out.append({**config, "rank": rank, **tiling_record(x.tiling), "traffic": x.traffic,
                             "traffic_bytes": x.traffic_bytes, "working_set": x.working_set, "c": x.c,
                             "simulated": r.measured.total if rank == 1 else None, **policies, **dram})
         return out

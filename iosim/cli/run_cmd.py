@@ -26,7 +26,7 @@ from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.results import SimResult
 from iosim.variants.sparsity import element_mask
-from iosim.core.tiling import Tiling
+from iosim.core.tiling import Tiling, tiling_record
 
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 
@@ -79,9 +79,6 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = block_sparsity(args)
     hw = hardware_of(args)
-    if sparsity is not None and not ALGORITHMS[args.algo].accepts("block_sparsity"):
-        raise InputError(f"--sparsity {args.sparsity}: {args.algo} has no block mask; allowed with --sparsity: "
-                         f"{[a.name for a in ALGORITHMS.values() if a.accepts('block_sparsity')]}")
     check_backward([args.algo], args.pass_)
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
@@ -177,17 +174,13 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
     first = r.backward_tiling if outcome.pass_ == "bwd" else r.forward_tiling  # the pass reported first
     backward = r.backward_tiling if outcome.pass_ == "fwd+bwd" else None
     return {
-        "algorithm": r.algorithm, "N": pb.shape.n_q, "N_k": pb.shape.n_k, "d": pb.shape.d, "M": r.M,
-        "batch": pb.shape.batch, "heads": pb.shape.heads, "causal": pb.causal, "mask": pb.has_mask,
-        "dropout_p": pb.dropout_p, "seed": pb.seed, "scale": pb.tau, "dtype": pb.dtype,
-        "window_left": getattr(pb.window, "left", None), "window_right": getattr(pb.window, "right", None),
-        "block_policy": args.block_policy, "pass": outcome.pass_, "Br": first.Br, "Bc": first.Bc,
-        "bwd_Br": getattr(backward, "Br", None), "bwd_Bc": getattr(backward, "Bc", None), **outcome.traffic.as_dict(),
+        "algorithm": r.algorithm, **pb.record(), "M": r.M, "seed": pb.seed, "scale": pb.tau,
+        "block_policy": args.block_policy, "pass": outcome.pass_, **tiling_record(first),
+        **tiling_record(backward, "bwd_"), **outcome.traffic.as_dict(),
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
         "l2_bytes": args.l2_bytes, "blocks_per_sm": args.blocks_per_sm,
         "schedule": None if args.schedule == "lockstep" else args.schedule, "kernel": args.kernel,
-        **dram_record(outcome.dram), "seqlens": None if args.seqlens is None else " ".join(map(str, args.seqlens)),
-        "padded_total": getattr(outcome.padded, "total", None),
+        **dram_record(outcome.dram), "padded_total": getattr(outcome.padded, "total", None),
         "packing_ratio": None if outcome.padded is None else outcome.traffic.total / outcome.padded.total,
     }
 

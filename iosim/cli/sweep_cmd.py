@@ -68,11 +68,6 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     hw = hardware_of(args)
     algorithms = algorithms_of(args)
     check_backward(algorithms, args.pass_)
-    if args.seqlens is not None:
-        refusing = [a for a in algorithms if not ALGORITHMS[a].accepts("seqlens")]
-        if refusing:
-            raise InputError(f"--seqlens for {', '.join(refusing)}: it takes no packed documents; allowed with "
-                             f"--seqlens: {', '.join(a for a in ALGORITHMS if ALGORITHMS[a].accepts('seqlens'))}")
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []

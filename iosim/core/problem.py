@@ -262,6 +262,16 @@ class Problem:
             return -(-self.shape.n_k // self.page_size) if self.page_size else 1
         return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1}[name]
 
+    def record(self) -> dict:
+        """The problem as the records of every command carry it: sizes, options and dtype, None for an option not
+        set (``kv_heads`` None when equal to ``heads``; ``seqlens`` space-separated)."""
+        s, w = self.shape, self.window
+        return {"N": s.n_q, "N_k": s.n_k, "d": s.d, "batch": s.batch, "heads": s.heads,
+                "kv_heads": None if s.kv_heads == s.heads else s.kv_heads, "causal": self.causal,
+                "mask": self.has_mask, "dropout_p": self.dropout_p, "dtype": self.dtype,
+                "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
+                "page_size": self.page_size, "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens))}
+
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""
         if element == "mask":

@@ -46,6 +46,13 @@ class Tiling:
         return Tiling(min(self.Br, pb.shape.n_q), min(self.Bc, pb.shape.n_k), self.splits)
 
 
+def tiling_record(tiling: Tiling | None, prefix: str = "") -> dict:
+    """A tiling as the records of every command carry it: ``Br``, ``Bc``, ``splits`` (each None without one), each key
+    after ``prefix`` (``bwd_`` for a training step's backward)."""
+    return {f"{prefix}Br": getattr(tiling, "Br", None), f"{prefix}Bc": getattr(tiling, "Bc", None),
+            f"{prefix}splits": getattr(tiling, "splits", None)}
+
+
 def one_pass(forward: Tiling | None, backward: Tiling | None) -> Tiling | None:
     """The tiling of a result that ran one pass; None when it ran both (each has its own)."""
     if forward is not None and backward is not None:

@@ -39,7 +39,7 @@ from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
 from iosim.models.presets import LayerKind, ModelConfig, get_model
 from iosim.registry import ALGORITHMS
-from iosim.core.tiling import Tiling
+from iosim.core.tiling import Tiling, tiling_record
 from iosim.core.units import check_dtype, parse_count
 
 PHASES = ("training", "prefill", "decode")
@@ -267,7 +267,7 @@ def records(report: ModelReport) -> list[dict]:
                 f, b = c.forward_tiling, c.backward_tiling
                 out.append(dict(head, layer_kind=c.kind.label, layers=c.kind.layers, window=c.kind.window,
                                 counted_window=None if c.window is None else list(c.window), kv_heads=c.kv_heads,
-                                Br=f and f.Br, Bc=f and f.Bc, bwd_Br=b and b.Br, bwd_Bc=b and b.Bc,
+                                **tiling_record(f), **tiling_record(b, "bwd_"),
                                 **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,
                                 roofline_s=c.roofline.seconds, bound=c.roofline.bound,
                                 intensity=c.roofline.intensity, **model_totals, status="ok"))

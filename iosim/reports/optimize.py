@@ -117,11 +117,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing
         try:
-            if pb.window is not None and not algo.accepts("window"):
-                raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {algo.name}: it takes no "
-                                 f"sliding window")
-            if pb.page_size is not None and not algo.accepts("page_size"):
-                raise InputError(f"page_size={pb.page_size} for {algo.name}: it reads no paged K/V cache")
+            algo.refuse_options(pb, "bwd" if algo.is_backward else "fwd", ALGORITHMS.values())
             searched, dram = ranked(algo, pb, M), None
             if objective == "dram":
                 searched, dram = by_dram(algo, pb, searched, hw, kernel)

@@ -10,7 +10,7 @@ are listed in README.md ("Saved records").
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from iosim.api import closed_form, count_problem, measure, plan, predict
@@ -24,9 +24,9 @@ from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import get_kernel
 from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.core.problem import check_window
-from iosim.registry import get_algorithm
+from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.variants.sparsity import BlockSparsity
-from iosim.core.tiling import Tiling, one_pass
+from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
 
 if TYPE_CHECKING:
@@ -129,11 +129,11 @@ class SweepRow:
         config = {name: getattr(self, "pass_" if name == "pass" else name) for name in CONFIG_KEYS}
         first = self.forward_tiling or self.backward_tiling  # records keep the first pass's under Br, Bc, splits
         second = self.backward_tiling if self.forward_tiling is not None else None
-        tiling = {f.name: getattr(first, f.name, None) for f in fields(Tiling)}
+        tiling = tiling_record(first)
         counts = self.counts.as_dict() if self.counts is not None else {
             key: None for key in ("reads", "writes", "total", "read_bytes", "write_bytes", "total_bytes",
                                   "peak_sram", "tensors")}
-        backward = {f"bwd_{f.name}": getattr(second, f.name, None) for f in fields(Tiling)}
+        backward = tiling_record(second, "bwd_")
         arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
                       "roofline_s": getattr(self.roofline, "seconds", None),
                       "bound": getattr(self.roofline, "bound", None),
@@ -263,7 +263,14 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
                    splits=splits, window=window, page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel)
-    for algorithm, N, d in sweep_configs(algorithms, Ns, ds):
+    configs = sweep_configs(algorithms, Ns, ds)
+    if configs:  # before any row: a named algorithm that refuses the window or the documents (the others go to takers)
+        _, N, d = configs[0]
+        pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, window=window, dtype=dtype,
+                           seqlens=seqlens)
+        for algorithm in dict.fromkeys(a for a, _, _ in configs):
+            get_algorithm(algorithm).refuse_options(pb, pass_, ALGORITHMS.values())
+    for algorithm, N, d in configs:
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})
         if writer and done in writer.done:
