@@ -1,4 +1,4 @@
-"""Shared builders for the simulator tests, and loaders of the scripts and examples outside the package."""
+"""Shared builders for the simulator tests, and a loader of the examples outside the package."""
 
 from __future__ import annotations
 
@@ -16,26 +16,18 @@ from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import shape_rule
 
 REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = REPO / "experiments"
 ALGORITHM_NAMES = list(ALGORITHMS)
 # the algorithms with a backward pass (small-cache, for one, has none: --pass bwd refuses it)
 BACKWARD_NAMES = [name for name, a in ALGORITHMS.items() if a.backward is not None]
 
 
 def load_file(name: str, path: Path):
-    """The module in `path` (a script or example outside the package), registered as sys.modules[name]."""
+    """The module in `path` (an example outside the package), registered as sys.modules[name]."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-def load_experiment(name: str):
-    """experiments/NAME.py as a module, with experiments/ on sys.path, where the scripts import each other."""
-    if str(EXPERIMENTS) not in sys.path:
-        sys.path.insert(0, str(EXPERIMENTS))
-    return load_file(name, EXPERIMENTS / f"{name}.py")
 
 
 def kv_resident_example():

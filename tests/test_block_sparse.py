@@ -158,7 +158,7 @@ def test_run_checks_block_sparse_gradients_against_the_masked_reference():
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "--sparsity", "0"], r"sparsity=0.0 is outside the allowed range \(0, 1\]"),
     (["sweep", "--sparsity", "1.5"], r"sparsity=1.5 is outside the allowed range \(0, 1\]"),
-    (["run", "--algo", "flash", "--sparsity", "0.5"], "flash has no block mask; allowed with --sparsity"),
+    (["run", "--algo", "flash", "--sparsity", "0.5"], "block_sparsity for flash: it has no block mask; allowed: "),
     (["sweep", "--sparsity-pattern", "diagonal"], "argument --sparsity-pattern: invalid choice"),
 ])
 def test_bad_sparsity_exits_2_with_one_line(capsys, argv, message):

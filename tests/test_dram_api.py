@@ -7,7 +7,12 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
+from iosim.core.gpus import GPUS
+from iosim.gpu import call1
+from iosim.gpu.dram import covered_dram
+from iosim.gpu.hardware import hardware
 from iosim.gpu.l2 import in_sequence
+from iosim.results import SimResult
 
 
 
@@ -40,7 +45,7 @@ def test_the_l2_capacity_takes_units_and_changes_the_answer():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(algorithm="standard"), "algorithm 'standard' declares no GPU grid"),
+    (dict(algorithm="standard"), "algorithm 'standard' has no GPU kernel that the L2 model describes"),
     (dict(gpu=None), "gpu=None: the DRAM level needs a GPU preset"),
     (dict(l2_bytes=0), r"l2_bytes=0 is outside the allowed range"),
     (dict(gpu="z80"), "z80"),
@@ -88,25 +93,44 @@ def test_a_training_step_is_its_passes_in_sequence_each_from_a_cold_l2():
     assert step.tiling is None and (step.forward_tiling, step.backward_tiling) == (forward.tiling, backward.tiling)
 
 
-@pytest.mark.parametrize("algorithm, pass_", [("flash", "fwd"), ("flash-swapped", "fwd"), ("split-kv", "fwd"),
-                                              ("flash", "fwd+bwd")])
+@pytest.mark.parametrize("algorithm, pass_", [
+    # split-kv in float32: its combine's one report build (float16, 48 registers) stands for every dtype and d
+    ("flash", "fwd"), ("flash-swapped", "fwd"), ("split-kv", "fwd"), ("flash", "fwd+bwd")])
 def test_count_on_a_gpu_carries_the_dram_bytes_of_iosim_dram(algorithm, pass_):
     problem = dict(N=200, N_k=300, d=64, M="100k", heads=3, dtype="float32", pass_=pass_)
     if pass_ != "fwd":  # the backward kernels' tile is square
         problem["tiling"] = iosim.Tiling(32, 32)
+    want = iosim.dram(algorithm, gpu="a100", **problem).dram
     counted = iosim.count(algorithm, gpu="a100", **problem)
-    assert counted.dram == iosim.dram(algorithm, gpu="a100", **problem).dram
-    assert counted.dram.reads > 0 and {"reads", "writes", "dirty_at_end"} <= set(dir(counted.dram))
-    assert iosim.count(algorithm, **problem).dram is None  # no preset named: no DRAM level
+    assert not hasattr(counted, "dram") and not hasattr(SimResult, "dram")  # no hidden work behind an attribute
+    dram = covered_dram(counted.plans, hardware("a100"), algorithm)
+    assert dram == want
+    assert dram.reads > 0 and {"reads", "writes", "dirty_at_end"} <= set(dir(dram))
+    assert not hasattr(iosim.count(algorithm, **problem), "dram")  # no preset named: no DRAM level
+
+
+def test_count_on_a_gpu_carries_split_kv_s_dram_bytes_where_the_report_has_its_kernels():
+    # split-kv in float16 at d = 64, which the resource report measured: both kernels at their blocks per SM
+    problem = dict(N=200, N_k=300, d=64, M="100k", heads=3, dtype="float16")
+    r = iosim.dram("split-kv", gpu="a100", **problem)
+    counted = iosim.count("split-kv", gpu="a100", **problem)
+    assert covered_dram(counted.plans, hardware("a100"), "split-kv") == r.dram and r.dram.reads > 0
+    assert counted.tiling.splits > 1 and r.kernel == "split-kv"  # the combine ran too
 
 
 def test_count_on_a_gpu_has_no_dram_level_where_the_model_does_not_cover_the_run():
     shape = dict(N=128, d=64, M="100k", gpu="h100")
-    assert iosim.count("standard", **shape).dram is None  # no kernel grid declared
-    assert iosim.count("flash", mask=True, **shape).dram is None  # no kernel takes an explicit mask
+    hw = hardware("h100")
+
+    def dram(algorithm, **options):
+        counted = iosim.count(algorithm, **options, **shape)
+        assert not hasattr(counted, "dram")  # the DRAM level is an explicit call
+        return covered_dram(counted.plans, hw, algorithm)
+
+    assert dram("standard") is None  # no kernel grid declared
+    assert dram("flash", mask=True) is None  # no kernel takes an explicit mask
     # the backward kernels launch square tiles only; iosim.dram says so by name
-    bwd = iosim.count("flash", pass_="bwd", tiling=iosim.Tiling(16, 32), **shape)
-    assert bwd.dram is None
+    assert dram("flash", pass_="bwd", tiling=iosim.Tiling(16, 32)) is None
     with pytest.raises(iosim.InputError, match="Br == Bc"):
         iosim.dram("flash", pass_="bwd", tiling=iosim.Tiling(16, 32), **shape)
 
@@ -115,7 +139,49 @@ def test_simulate_on_a_gpu_carries_the_dram_bytes_of_its_forward_pass():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 2, 113, 16)) for _ in range(3))
     r = iosim.simulate("flash-swapped", q, k, v, M="100k", gpu="h100")
-    assert r.dram == iosim.count("flash-swapped", N=113, d=16, heads=2, M="100k", gpu="h100").dram
+    assert not hasattr(r, "dram")
+    hw = hardware("h100")
+    counted = iosim.count("flash-swapped", N=113, d=16, heads=2, M="100k", gpu="h100")
+    assert covered_dram(r.plans, hw, "flash-swapped") == covered_dram(counted.plans, hw, "flash-swapped")
+    assert covered_dram(r.plans, hw, "flash-swapped") == iosim.dram("flash-swapped", N=113, d=16, heads=2,
+                                                                    M="100k", gpu="h100").dram
+
+
+def test_a_sweep_s_kernel_goes_to_the_algorithm_it_implements_and_resume_keys_on_it(tmp_path):
+    # N_q = 64 by N_k = 32 at d = 64 caps flash-swapped's tile at 64 x 32, where call 1's kernel held 4 blocks per SM
+    # (iosim.gpu.call1.SWAPPED_FORWARD) and today's holds 2 (the resource report): 528 and 264 blocks at once
+    path = tmp_path / "s.json"
+    grid = ["sweep", "--gpu", "h100", "--N", "64", "--N-k", "32", "--d", "64", "--heads", "64",
+            "--algo", "flash-swapped", "flash", "--json", str(path)]
+    swapped, flash = run(build_parser().parse_args([*grid, "--kernel", "flash-swapped@d4169c1"])).rows
+    problem = dict(N=64, N_k=32, d=64, heads=64, M=swapped.M, gpu="h100")
+    call_1 = iosim.dram("flash-swapped", kernel="flash-swapped@d4169c1", **problem)
+    today = iosim.dram("flash-swapped", **problem)
+    sms = int(GPUS["h100"].sms.value)
+    assert swapped.tiling == call_1.tiling == iosim.Tiling(64, 32) and call1.SWAPPED_FORWARD[(64, 64, 32)] == 4
+    assert swapped.dram == call_1.dram != today.dram
+    assert (call_1.dram.concurrent, today.dram.concurrent) == (4 * sms, 2 * sms)
+    assert (call_1.kernel, today.kernel) == ("flash-swapped@d4169c1", "flash-swapped")
+    assert flash.dram == iosim.dram("flash", **problem).dram  # --kernel names flash-swapped's: flash keeps its own
+    assert (swapped.kernel, flash.kernel) == ("flash-swapped@d4169c1", None)
+    records = json.loads(path.read_text())
+    assert [(r["algorithm"], r["kernel"]) for r in records] == [("flash-swapped", "flash-swapped@d4169c1"),
+                                                                ("flash", None)]
+    assert (records[0]["dram_read_bytes"], records[0]["dram_write_bytes"], records[0]["dram_dirty_bytes"]) == (
+        call_1.dram.reads, call_1.dram.writes, call_1.dram.dirty_at_end)
+    # --resume keys on the kernel: the same one re-counts nothing, another re-counts the row it applies to
+    again = run(build_parser().parse_args([*grid, "--kernel", "flash-swapped@d4169c1", "--resume"]))
+    assert again.rows == [] and len(again.kept) == 2
+    tc = run(build_parser().parse_args([*grid, "--kernel", "flash-swapped-tc", "--resume"]))
+    assert [(r.algorithm, r.kernel) for r in tc.rows] == [("flash-swapped", "flash-swapped-tc")]
+    assert tc.rows[0].dram == iosim.dram("flash-swapped", kernel="flash-swapped-tc", **problem).dram
+    plain = run(build_parser().parse_args([*grid, "--resume"]))
+    assert [(r.algorithm, r.kernel) for r in plain.rows] == [("flash-swapped", None)]
+    assert plain.rows[0].dram == today.dram
+    records = json.loads(path.read_text())
+    assert sorted((r["algorithm"], str(r["kernel"])) for r in records) == [
+        ("flash", "None"), ("flash-swapped", "None"), ("flash-swapped", "flash-swapped-tc"),
+        ("flash-swapped", "flash-swapped@d4169c1")]
 
 
 L2_FLAGS = ["--gpu", "h100", "--l2-bytes", "2MB", "--blocks-per-sm", "2", "--schedule", "staggered"]

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import load_experiment
-
-model = load_experiment("kernel_static_model")
+from experiments import kernel_static_model as model
 
 LISTING = """\
 \t.target\tsm_90

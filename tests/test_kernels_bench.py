@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 
-from helpers import load_experiment
+from experiments import gpu_bench as bench
+from experiments import plot_gpu_bench as plot
 from iosim import kernels
 from iosim.kernels._device import simulator_enabled
 from iosim.kernels.api import BACKWARD_IMPLS
 
 
 def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
-    bench = load_experiment("gpu_bench")
     args = bench.build_parser().parse_args(["--smoke", "--causal", "both", "--out", str(tmp_path)])
     records = bench.run(args)
 
@@ -41,13 +41,11 @@ def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
     # A second run finds every configuration saved and measures nothing again.
     assert bench.run(bench.build_parser().parse_args(["--smoke", "--causal", "both", "--out", str(tmp_path)])) == []
 
-    plot = load_experiment("plot_gpu_bench")
     figure = plot.plot(plot.load(tmp_path), tmp_path / "bench.png")
     assert figure.stat().st_size > 0
 
 
 def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tmp_path):
-    bench = load_experiment("gpu_bench")
     args = bench.build_parser().parse_args(
         ["--smoke", "--dtype", "bfloat16", "--impl", "flash-swapped-tc", "flash", "--out", str(tmp_path)]
     )
@@ -60,7 +58,6 @@ def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tm
 
 
 def test_flop_counts_follow_flashattention_convention():
-    bench = load_experiment("gpu_bench")
     cfg = bench.BenchConfig(batch_size=2, seq_len=8, num_heads=3, emb_dim=12, causal=False, impl="flash", dtype="float32")
     forward = 4 * 2 * 3 * 8**2 * 4  # two N × N × d matmuls, 2 FLOPs per multiply-add
     assert bench.flops(cfg, "forward") == forward
@@ -71,7 +68,6 @@ def test_flop_counts_follow_flashattention_convention():
 
 
 def test_failed_configuration_writes_seed_002_keys_with_nulls_and_the_error(tmp_path):
-    bench = load_experiment("gpu_bench")
     # a head dim one past what shared memory allows fails in the host API, before any launch
     impl = next(name for name in kernels.IMPLS if kernels.max_head_dim(name) is not None)
     d = kernels.max_head_dim(impl) + 1

@@ -10,7 +10,7 @@ float16/bfloat16 on tensor cores), head dim (64, 128) and causal+dropout setting
 every pair of them, at least once; every standard matmul, flash kernel and small kernel; split-kv's
 split kernel at one split count and its combine; the sawtooth forward at one d. 36 of the 68 kernels,
 about half the time; a fault that needs three settings at once to show is left to
-`python experiments/kernel_resources.py --check`, which compiles all 68.
+`python -m experiments.kernel_resources --check`, which compiles all 68.
 A second test reads the tensor-core kernels' machine code with the static model
 (nvdisasm, also in the test extra) and holds it to the kernels' own MMA counts.
 
@@ -27,18 +27,17 @@ import sys
 
 import pytest
 
-from helpers import EXPERIMENTS, load_experiment
-
-kernel_resources = load_experiment("kernel_resources")  # under the simulator here: only its names are used
+from experiments import kernel_resources  # under the simulator here: only its names are used
+from helpers import REPO
 
 JOBS = 2  # CI's cores
 TIMEOUT_S = 600
 
 
 def compile_in_subprocess(*args: str) -> subprocess.CompletedProcess:
-    """python ARGS run in experiments/ with the simulator off; skipped where NVVM or nvJitLink cannot be loaded."""
+    """python ARGS run from the repository root, simulator off; skipped where NVVM or nvJitLink cannot be loaded."""
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING": "1"}
-    r = subprocess.run([sys.executable, *args], cwd=EXPERIMENTS, env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=TIMEOUT_S)
     if r.returncode == kernel_resources.TOOLCHAIN_MISSING:
         pytest.skip(f"no sm_90 toolchain: {r.stderr.strip()}")
@@ -77,7 +76,7 @@ def test_the_pairwise_kernels_cover_every_pair_of_settings():
 
 
 def test_the_pairwise_kernels_compile_for_sm90():
-    r = compile_in_subprocess("kernel_resources.py", "--check", "--pairwise", "--jobs", str(JOBS))
+    r = compile_in_subprocess("-m", "experiments.kernel_resources", "--check", "--pairwise", "--jobs", str(JOBS))
     if r.returncode != 0:
         pytest.fail(f"kernel_resources.py --check exited with status {r.returncode}\n{r.stdout}{r.stderr}",
                     pytrace=False)
@@ -88,7 +87,7 @@ def test_the_pairwise_kernels_compile_for_sm90():
 BROKEN_BESIDE_GOOD = """
 import sys
 from numba import cuda, float32
-import kernel_resources as kr
+from experiments import kernel_resources as kr
 
 @cuda.jit
 def local_array_of_runtime_shape(out, n):
@@ -123,7 +122,7 @@ def test_the_static_model_reads_every_hmma_of_the_tensor_core_steps(tmp_path):
     nobody could trust. Every loop inside the step must now be read (or unrolled away).
     """
     out = tmp_path / "model"
-    r = compile_in_subprocess("kernel_static_model.py", "--only", "d=64 fp16 (", "--out", str(out))
+    r = compile_in_subprocess("-m", "experiments.kernel_static_model", "--only", "d=64 fp16 (", "--out", str(out))
     assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
     rows = json.loads(out.with_suffix(".json").read_text())["kernels"]
     assert sorted(row["kernel"].split()[1] for row in rows) == ["backward", "forward"], [row["kernel"] for row in rows]

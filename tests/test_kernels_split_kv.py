@@ -18,6 +18,8 @@ from iosim.kernels import split_kv
 from iosim.core.problem import AttentionShape
 from iosim.reference import attention_ref
 from iosim.core.tiling import Tiling
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
 from test_kernels import SIM_M, assert_close, attention_in_dtype
 
 CONFIG = TileConfig(Br=16, Bc=16, TM=2, TN=4)
@@ -63,10 +65,12 @@ def test_split_kv_matches_float64_and_the_simulator_at_every_split_count(name, d
 @pytest.mark.parametrize("splits", [1, 2, 3, 8])
 @pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k", [(1, 8, 2, 1, 113), (2, 4, 1, 20, 200)])
 def test_the_kernels_launch_the_blocks_iosim_s_grids_declare(batch, heads, kv_heads, n_q, n_k, splits):
-    # the L2 model's split and combine grids (split_kv.launches on the packed problem) are these launches
-    shape = AttentionShape(batch, heads, n_q, n_k, 8, kv_heads=kv_heads)
+    # the L2 model's split and combine grids (the split-kv kernel description's grids on the packed problem) are
+    # these launches; the blocks do not depend on d, taken at 64, where the resource report gives the combine's
+    # blocks per SM (float16)
+    shape = AttentionShape(batch, heads, n_q, n_k, 64, kv_heads=kv_heads)
     pb = split_kv.packed_problem(shape, causal=False)
-    grids = simulated.launches(pb, Tiling(CONFIG.Br, CONFIG.Bc, splits))
+    grids = KERNELS["split-kv"].grids(Launch(pb, Tiling(CONFIG.Br, CONFIG.Bc, splits)))
     launched = split_kv.launch_blocks(batch * kv_heads, pb.shape.n_q, CONFIG, splits)
     assert launched == tuple(g.blocks for g in grids)
 

@@ -9,15 +9,33 @@ from hypothesis import strategies as st
 import iosim
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
-from iosim.gpu.l2 import READ, WRITE, Grid, L2Config, Tiles, kernels, l2_config, sectors
-from iosim.gpu.schedule import dram_traffic, simulate
-from iosim.gpu.lockstep import dram_counts, lockstep, lockstep_hits
 from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
 from iosim.core.tiling import Tiling
+from iosim.gpu import call1
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Kernel, Launch
+from iosim.gpu.kernels import KERNELS, default_kernel
+from iosim.gpu.l2 import READ, WRITE, Grid, L2Config, Tiles, in_sequence, sectors
+from iosim.gpu.lockstep import lockstep, lockstep_hits
+from iosim.gpu.schedule import simulate
 
-FLASH, SWAPPED = ALGORITHMS["flash"], ALGORITHMS["flash-swapped"]
+# call 1's kernels (iosim.gpu.call1): the grids of flash and flash-swapped at the occupancy these tests were written
+# at (today's kernels differ from them only in blocks per SM, read from the resource report)
+FLASH, SWAPPED = call1.FLASH, call1.FLASH_SWAPPED
+H100, A100 = GPUS["h100"], GPUS["a100"]
 TILES = Tiles(("A", "B", "C"))
+
+
+def grid(kernel: Kernel, pb: Problem, tiling: Tiling) -> Grid:
+    """The forward's one grid of ``kernel``."""
+    (g,) = kernel.grids(Launch(pb, tiling))
+    return g
+
+
+def simulated(kernel: Kernel, pb: Problem, tiling: Tiling, hw):
+    """Every kernel of the forward simulated on ``hw``, one after another from a cold L2."""
+    return in_sequence([simulate(g, hw.config(g)) for g in kernel.grids(Launch(pb, tiling))])
 
 
 def one_block_grid(steps, per_sm=1):
@@ -74,20 +92,23 @@ def test_blocks_start_in_grid_order_and_a_new_one_takes_a_finished_ones_slot():
 
 
 def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them():
-    g = SWAPPED.grid(problem(), Tiling(16, 16))
-    h100 = l2_config(g)
-    assert (h100.capacity, h100.concurrent) == (int(GPUS["h100"].l2_effective.value), 132 * g.per_sm("h100"))
-    assert g.per_sm("h100") == g.per_sm("a100") == 32  # 3,648 B blocks: the 32-block limit binds on both
+    g = grid(SWAPPED, problem(), Tiling(16, 16))
+    h100 = hardware().config(g)
+    assert (h100.capacity, h100.concurrent) == (int(H100.l2_effective.value), 132 * g.per_sm(H100))
+    assert g.per_sm(H100) == g.per_sm(A100) == 32  # 3,648 B blocks: the 32-block limit binds on both
     # no measured occupancy for these tiles: as many blocks as each preset's shared memory holds
-    big = SWAPPED.grid(problem(d=64), Tiling(64, 64))
+    big = grid(SWAPPED, problem(d=64), Tiling(64, 64))
     block = 4 * ((64 + 2 * 64) * 64 + 64 * 65) + 1024  # float32 Q_i, K_j, V_j, S_ij and the driver's 1 KiB: 66,816 B
-    assert (big.per_sm("h100"), big.per_sm("a100")) == (228 * 1024 // block, 164 * 1024 // block) == (3, 2)
-    assert l2_config(big, "a100").concurrent == 108 * 2
-    assert l2_config(g, "a100", capacity=1000, blocks_per_sm=2) == L2Config(1000, 216)
+    assert (big.per_sm(H100), big.per_sm(A100)) == (228 * 1024 // block, 164 * 1024 // block) == (3, 2)
+    assert hardware("a100").config(big).concurrent == 108 * 2
+    assert hardware("a100", l2_bytes=1000, blocks_per_sm=2).config(g) == L2Config(1000, 216)
     with pytest.raises(InputError, match="blocks_per_sm"):
-        l2_config(g, blocks_per_sm=0)
-    with pytest.raises(InputError, match="declares no GPU grid"):
-        dram_traffic(ALGORITHMS["standard"], problem(), Tiling(16, 16))
+        hardware(blocks_per_sm=0)
+    # an algorithm without a GPU kernel: refused by name, by the kernel lookup and by the entry point
+    with pytest.raises(InputError, match="algorithm 'standard' has no GPU kernel"):
+        default_kernel("standard")
+    with pytest.raises(InputError, match="algorithm 'standard' has no GPU kernel"):
+        iosim.dram("standard", N=64, d=8, M=10**6, dtype="float32", tiling=Tiling(16, 16))
 
 
 def test_every_preset_has_an_effective_L2_no_larger_than_its_nominal():
@@ -101,7 +122,7 @@ def test_every_preset_has_an_effective_L2_no_larger_than_its_nominal():
 def test_an_L2_holding_everything_reads_Q_K_V_once_and_writes_nothing_during_the_kernel(algo, bh, n_q, n_k, d, Br,
                                                                                      Bc, causal):
     pb = problem(bh, n_q, n_k, d, causal=causal)
-    dram = dram_traffic(algo, pb, Tiling(Br, Bc), capacity=10**9)
+    dram = simulated(algo, pb, Tiling(Br, Bc), hardware("h100", l2_bytes=10**9))
     # Q, K, V once: bh·(N_q + 2·N_k)·d·4 B, every row a whole number of sectors (d·4 a multiple of 32)
     assert sum(dram.tensor(x).reads for x in "QKV") == bh * (n_q + 2 * n_k) * d * 4, dram
     # the rest: statistics of a ragged last query block (B_r·4 B not whole sectors), read before written
@@ -123,8 +144,8 @@ def test_an_L2_of_one_step_reads_what_the_two_level_count_reads(algo, n_q, n_k, 
     pb = problem(1, n_q, n_k, d)
     tiling = Tiling(Br, Bc)
     step = 4 * (2 * Bc * d + 2 * Br * d + 3 * Br)
-    dram = simulate(algo.grid(pb, tiling), L2Config(capacity=step, concurrent=1))
-    counted = iosim.count(algo.name, N=n_q, N_k=n_k, d=d, heads=1, dtype="float32", tiling=tiling, M=10**6).traffic
+    dram = simulate(grid(algo, pb, tiling), L2Config(capacity=step, concurrent=1))
+    counted = iosim.count(algo.algorithm, N=n_q, N_k=n_k, d=d, heads=1, dtype="float32", tiling=tiling, M=10**6).traffic
     for name in ("Q", "K", "V"):
         assert dram.tensor(name).reads == counted.tensor(name).read_bytes, (name, dram, counted)
     if algo is FLASH:  # O, ℓ, m read at every step but the first (line 3 wrote zeros: no fetch)
@@ -135,18 +156,18 @@ def test_the_closed_form_counts_rereads_when_a_head_crosses_waves_and_its_copy_i
     # 2 heads of T_r = 8 query blocks, 5 blocks at once: heads cross waves 0|1 and 1|2 (blocks 5, 10 of 16).
     pb, tiling = problem(2, 128, 256, 8), Tiling(16, 16)
     kv = 2 * 256 * 8 * 4  # K and V of one head
-    roomy, tight = SWAPPED.dram(pb, tiling, 10**7, 5), SWAPPED.dram(pb, tiling, 2304, 5)
+    roomy, tight = SWAPPED.forward_dram(pb, tiling, 10**7, 5), SWAPPED.forward_dram(pb, tiling, 2304, 5)
     assert roomy.reads["K"] + roomy.reads["V"] == 2 * kv  # once per head
     # head 0 is in waves 0, 1 (blocks 0-4, 5-7), head 1 in waves 1, 2, 3 (8-9, 10-14, 15): at 2,304 B no K_j
     # survives a wave, so K and V are read 2 + 3 times
     assert tight.reads["K"] + tight.reads["V"] == 5 * kv
-    dram = simulate(SWAPPED.grid(pb, tiling), L2Config(2304, 5))
+    dram = simulate(grid(SWAPPED, pb, tiling), L2Config(2304, 5))
     assert dram.tensor("K").reads == tight.reads["K"], (dram, tight)
 
 
 def test_the_closed_form_is_none_off_its_domain():
-    assert SWAPPED.dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
-    assert SWAPPED.dram(problem(), Tiling(16, 16), 1000, 4) is None  # K_j, V_j and two Q_i over the capacity
+    assert SWAPPED.forward_dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
+    assert SWAPPED.forward_dram(problem(), Tiling(16, 16), 1000, 4) is None  # K_j, V_j and two Q_i over the capacity
 
 
 def test_lockstep_hits_counts_the_positions_whose_distance_fits():
@@ -155,7 +176,7 @@ def test_lockstep_hits_counts_the_positions_whose_distance_fits():
     assert got.tolist() == [4, 3, 5, 0, 0], got
 
 
-@pytest.mark.parametrize("algo", [SWAPPED, FLASH], ids=lambda a: a.name)
+@pytest.mark.parametrize("algo", [SWAPPED, FLASH], ids=lambda k: k.name)
 @given(bh=st.integers(1, 9), n_q=st.integers(1, 200), n_k=st.integers(1, 200), d=st.sampled_from([8, 12, 16]),
        Br=st.sampled_from([8, 16, 32]), Bc=st.sampled_from([8, 16, 32]), concurrent=st.integers(1, 12),
        capacity=st.integers(100, 60_000), dtype=st.sampled_from(["float32", "float16"]))
@@ -163,10 +184,10 @@ def test_the_closed_form_equals_the_simulated_L2_on_its_domain(algo, bh, n_q, n_
                                                                 dtype):
     # reads, writes during the kernel and dirty bytes at the end, per tensor; float16 adds flash's cast output
     pb, tiling = problem(bh, n_q, n_k, d, dtype), Tiling(Br, Bc)
-    form = algo.dram(pb, tiling, capacity, concurrent)
+    form = algo.forward_dram(pb, tiling, capacity, concurrent)
     assume(form is not None)  # None: a tile larger than the L2, outside the domain
     config = L2Config(capacity, concurrent)
-    g = algo.grid(pb, tiling)
+    g = grid(algo, pb, tiling)
     assert form.counts(g.tiles, config) == simulate(g, config)
 
 
@@ -176,7 +197,7 @@ def test_flash_closed_form_rereads_Q_O_l_m_per_KV_block_when_the_heads_outgrow_t
     # (S + 1,024 B) = 22,528 B after its use at (j−1, i): every tile moves once at 10 MB, and at 8 KB Q_i and
     # O_i are read at each of the 4 K/V blocks (O_i: not at line 3, whose zeros are whole sectors).
     pb, tiling = problem(4, 64, 64, 8), Tiling(16, 16)
-    roomy, tight = FLASH.dram(pb, tiling, 10**7, 4), FLASH.dram(pb, tiling, 8192, 4)
+    roomy, tight = FLASH.forward_dram(pb, tiling, 10**7, 4), FLASH.forward_dram(pb, tiling, 8192, 4)
     q = 4 * 64 * 8 * 4  # Q (= O) of the 4 heads
     assert (roomy.reads["Q"], roomy.reads.get("O", 0), roomy.written["O"]) == (q, 0, q), roomy
     assert (tight.reads["Q"], tight.reads["O"]) == (4 * q, 4 * q), tight
@@ -186,12 +207,13 @@ def test_flash_closed_form_rereads_Q_O_l_m_per_KV_block_when_the_heads_outgrow_t
 
 
 def test_flash_closed_form_is_none_off_its_domain():
-    assert FLASH.dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
-    assert FLASH.dram(problem(2, kv_heads=1), Tiling(16, 16), 10**6, 4) is None  # GQA: heads share K_j, V_j
-    assert FLASH.dram(problem(), Tiling(16, 16), 500, 4) is None  # O_i of 512 B over the L2
+    assert FLASH.forward_dram(problem(causal=True), Tiling(16, 16), 10**6, 4) is None
+    assert FLASH.forward_dram(problem(2, kv_heads=1), Tiling(16, 16), 10**6, 4) is None  # GQA: heads share K_j, V_j
+    assert FLASH.forward_dram(problem(), Tiling(16, 16), 500, 4) is None  # O_i of 512 B over the L2
 
 
-@pytest.mark.parametrize("algo", [FLASH, SWAPPED])
+# call 1's kernels and today's (the defaults): the same grids, today's blocks per SM from the resource report
+@pytest.mark.parametrize("algo", [FLASH, SWAPPED, KERNELS["flash"], KERNELS["flash-swapped"]], ids=lambda k: k.name)
 @pytest.mark.parametrize("bh, n_q, n_k, d, Br, Bc, dtype, causal, kv_heads, capacity, blocks_per_sm", [
     (5, 113, 239, 8, 16, 32, "float32", False, None, 9_000, 1),  # both closed forms apply (flash: waves of 1, 4)
     (5, 113, 239, 8, 16, 32, "float16", False, None, 30_000, 2),
@@ -202,8 +224,9 @@ def test_dram_counts_equals_the_simulation_whichever_path_it_takes(algo, bh, n_q
                                                                    kv_heads, capacity, blocks_per_sm):
     pb, tiling = problem(bh, n_q, n_k, d, dtype, causal, kv_heads), Tiling(Br, Bc)
     # a tiny GPU: the a100 preset's 108 SMs hold all 5 blocks at once; the capacity override makes them contend
-    got = dram_counts(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm)
-    assert got == dram_traffic(algo, pb, tiling, "a100", capacity=capacity, blocks_per_sm=blocks_per_sm), got
+    hw = hardware("a100", l2_bytes=capacity, blocks_per_sm=blocks_per_sm)
+    got = pass_counts(algo, Launch(pb, tiling), hw)
+    assert got == simulated(algo, pb, tiling, hw), got
 
 
 @given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),
@@ -212,7 +235,7 @@ def test_dram_counts_equals_the_simulation_whichever_path_it_takes(algo, bh, n_q
 def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br, Bc, concurrent, capacity, dtype,
                                                             causal):
     # flash's blocks, causal or not, make the same steps on their own head's tiles
-    g = FLASH.grid(problem(bh, n_q, n_k, d, dtype, causal), Tiling(Br, Bc))
+    g = grid(FLASH, problem(bh, n_q, n_k, d, dtype, causal), Tiling(Br, Bc))
     config = L2Config(capacity, concurrent)
     got = lockstep(g, config)
     assume(got is not None)  # None: a tile larger than the L2
@@ -220,13 +243,13 @@ def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br,
 
 
 def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
-    assert lockstep(FLASH.grid(problem(), Tiling(16, 16)), L2Config(500, 4)) is None  # O_i of 512 B over 500 B
+    assert lockstep(grid(FLASH, problem(), Tiling(16, 16)), L2Config(500, 4)) is None  # O_i of 512 B over 500 B
     # a tile written, then only read: its dirty copy outlives the access, which the counting does not follow
     steps = [(TILES.access("A", 0, 64, WRITE),), (TILES.access("A", 0, 64, READ),)]
     assert lockstep(Grid(2, lambda b: iter(steps), TILES, 1, uniform=True), L2Config(1024, 2)) is None
-    assert FLASH.grid(problem(4), Tiling(16, 16)).uniform
-    assert not FLASH.grid(problem(4, kv_heads=2), Tiling(16, 16)).uniform  # GQA: heads share K_j, V_j
-    assert not SWAPPED.grid(problem(4), Tiling(16, 16)).uniform  # the query blocks of a head share K_j, V_j
+    assert grid(FLASH, problem(4), Tiling(16, 16)).uniform
+    assert not grid(FLASH, problem(4, kv_heads=2), Tiling(16, 16)).uniform  # GQA: heads share K_j, V_j
+    assert not grid(SWAPPED, problem(4), Tiling(16, 16)).uniform  # the query blocks of a head share K_j, V_j
 
 
 @pytest.mark.parametrize("option, message", [
@@ -237,6 +260,10 @@ def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
 ])
 def test_options_no_kernel_takes_are_refused_by_name_before_any_grid(option, message):
     pb = dataclasses.replace(problem(), **option)
-    for algo in (FLASH, SWAPPED, ALGORITHMS["split-kv"], FLASH.backward, SWAPPED.backward):
+    # every kernel described (the defaults of flash, flash-swapped and split-kv among them), each pass it has
+    runs = [(k, backward) for k in KERNELS.values() for backward in ((False, True) if k.backward else (False,))]
+    assert {(k.name, b) for k, b in runs} >= {("flash", False), ("flash-swapped", False), ("split-kv", False),
+                                              ("flash", True), ("flash-swapped", True)}
+    for kernel, backward in runs:
         with pytest.raises(InputError, match=message):
-            kernels(algo, pb, Tiling(16, 16))
+            kernel.grids(Launch(pb, Tiling(16, 16), backward))

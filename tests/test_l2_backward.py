@@ -9,29 +9,48 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.core.errors import InputError
-from iosim.gpu.l2 import SECTOR, L2Config, in_sequence, kernels, l2_config, sectors
-from iosim.gpu.schedule import dram_traffic, simulate
-from iosim.gpu.lockstep import dram_counts, lockstep
 from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
-from iosim.algorithms.flash_swapped_backward import cast_grid, fill_grid, row_dot_grid
 from iosim.core.tiling import Tiling
+from iosim.gpu import call1
+from iosim.gpu.dram import kernel_counts, pass_counts
+from iosim.gpu.grids import _device
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Kernel, Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import SECTOR, Grid, L2Config, in_sequence, sectors
+from iosim.gpu.lockstep import lockstep
+from iosim.gpu.schedule import simulate
 
-FLASH_BW, SWAPPED_BW = ALGORITHMS["flash"].backward, ALGORITHMS["flash-swapped"].backward
+# call 1's kernels (iosim.gpu.call1): the backward grids at the occupancy these tests were written at; today's
+# kernels (KERNELS["flash"], KERNELS["flash-swapped"]) launch the same grids at the resource report's blocks per SM
+FLASH_BW, SWAPPED_BW = call1.FLASH, call1.FLASH_SWAPPED
+MAIN = 2  # flash-swapped's backward launches row_dot, fill, the main kernel (and a cast of dQ below float32)
 
 
 def problem(bh=1, n_q=64, n_k=64, d=8, causal=False):
     return Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype="float32", causal=causal)
 
 
-def launches(algo, pb, tiling):
-    return algo.launches(pb, tiling) if algo.launches is not None else (algo.grid(pb, tiling),)
+def launches(kernel: Kernel, pb: Problem, tiling: Tiling) -> tuple[Grid, ...]:
+    """The grids of every kernel ``kernel``'s backward launches, in order."""
+    return kernel.grids(Launch(pb, tiling, backward=True))
 
 
-def summed(algo, pb, tiling, config):
+def flash_backward(pb: Problem, tiling: Tiling) -> Grid:
+    """flash's backward: one kernel."""
+    (g,) = launches(FLASH_BW, pb, tiling)
+    return g
+
+
+def swapped_backward(pb: Problem, tiling: Tiling) -> Grid:
+    """flash-swapped's backward main kernel (key blocks outer, dQ by atomics)."""
+    return launches(SWAPPED_BW, pb, tiling)[MAIN]
+
+
+def summed(kernel, pb, tiling, config):
     """Per tensor (reads, writes + dirty at end) over every kernel of the pass, each from a cold L2."""
     total = {}
-    for g in launches(algo, pb, tiling):
+    for g in launches(kernel, pb, tiling):
         for t in simulate(g, config).tensors:
             r, w = total.get(t.name, (0, 0))
             total[t.name] = (r + t.reads, w + t.writes + t.dirty_at_end)
@@ -48,7 +67,7 @@ def test_flash_backward_that_fits_reads_each_input_once_and_writes_nothing_durin
     # d = 8 float32: a row is one 32-byte sector. 2 heads, N_q = 113, N_k = 239, B = 16: everything fits in 1 MB.
     bh, n_q, n_k, d, B = 2, 113, 239, 8, 16
     pb = problem(bh, n_q, n_k, d, causal)
-    dram = simulate(FLASH_BW.grid(pb, Tiling(B, B)), L2Config(10**6, 4))
+    dram = simulate(flash_backward(pb, Tiling(B, B)), L2Config(10**6, 4))
     for name, n in (("Q", n_q), ("O", n_q), ("dO", n_q), ("K", n_k), ("V", n_k)):
         assert dram.tensor(name).reads == bh * n * d * 4, (name, dram)  # once each
     assert dram.tensor("lse").reads == bh * stat_bytes(n_q, B), dram  # once, each tile rounded to sectors
@@ -124,8 +143,9 @@ def test_flash_swapped_backward_with_an_L2_of_one_sector_moves_what_the_two_leve
 def test_DRAM_reads_never_exceed_the_two_level_count(bh, n_q, n_k, d, B, causal, concurrent, capacity):
     # An L2 can only turn loads into hits: per data tensor (rows of whole sectors), DRAM reads <= iosim's count.
     pb = Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype="float32", causal=causal)
-    for algo, name in ((FLASH_BW, "flash"), (SWAPPED_BW, "flash-swapped")):
-        dram = summed(algo, pb, Tiling(B, B), L2Config(capacity, concurrent))
+    for kernel, name in ((FLASH_BW, "flash"), (SWAPPED_BW, "flash-swapped")):
+        assert kernel.algorithm == name
+        dram = summed(kernel, pb, Tiling(B, B), L2Config(capacity, concurrent))
         counted = iosim.count(name, N=n_q, N_k=n_k, d=d, heads=bh, causal=causal, dtype="float32",
                               tiling=Tiling(B, B), M=10**6, pass_="bwd").traffic
         for x in ("Q", "K", "V", "O", "dO", "dQ"):
@@ -135,35 +155,39 @@ def test_DRAM_reads_never_exceed_the_two_level_count(bh, n_q, n_k, d, B, causal,
 def test_the_swapped_backward_grid_is_key_block_fastest_and_its_tile_square():
     # block bh·T_c + j: block 1 is head 0's second key block; its first step loads K_1, V_1 with Q_0
     pb = problem(2, 64, 96, 8)
-    g = SWAPPED_BW.grid(pb, Tiling(32, 32))
+    g = swapped_backward(pb, Tiling(32, 32))
     assert g.blocks == 2 * 3
     first = next(iter(g.steps(1)))
     tiles = {g.tiles.tensors[key % len(g.tiles.tensors)]: key // len(g.tiles.tensors) for key, _, _ in first}
     assert (tiles["K"], tiles["V"], tiles["Q"]) == (1, 1, 0), tiles
-    with pytest.raises(InputError, match="Br == Bc"):
-        SWAPPED_BW.grid(pb, Tiling(32, 16))
-    with pytest.raises(InputError, match="Br == Bc"):
-        FLASH_BW.grid(pb, Tiling(16, 32))
+    for swapped, flash in ((SWAPPED_BW, FLASH_BW), (KERNELS["flash-swapped"], KERNELS["flash"])):
+        with pytest.raises(InputError, match="Br == Bc"):
+            launches(swapped, pb, Tiling(32, 16))
+        with pytest.raises(InputError, match="Br == Bc"):
+            launches(flash, pb, Tiling(16, 32))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_swapped_backward_in_a_narrow_dtype_ends_with_the_cast_of_dQ(dtype):
     pb = Problem(AttentionShape(1, 3, 100, 64, 8), tau=1.0, dtype=dtype)
-    grids = SWAPPED_BW.launches(pb, Tiling(16, 16))
-    assert len(grids) == 4 and len(SWAPPED_BW.launches(replace(pb, dtype="float32"), Tiling(16, 16))) == 3
-    cast = simulate(grids[-1], l2_config(grids[-1], "h100", 10**8))
+    for kernel in (SWAPPED_BW, KERNELS["flash-swapped"]):
+        assert len(launches(kernel, pb, Tiling(16, 16))) == 4
+        assert len(launches(kernel, replace(pb, dtype="float32"), Tiling(16, 16))) == 3
+    grids = launches(SWAPPED_BW, pb, Tiling(16, 16))
+    cast = simulate(grids[-1], hardware("h100", l2_bytes=10**8).config(grids[-1]))
     # from a cold L2: dq_acc read once in float32 (3·100·8·4 = 9600 B, 300 sectors), dQ written once in 2 bytes
     assert cast.tensor("dQ").reads == 3 * 100 * 8 * 4 and cast.reads == cast.tensor("dQ").reads, cast
     assert cast.tensor("dQ_cast").dirty_at_end == 3 * 100 * 8 * 2 and cast.writes == 0, cast
 
 
 def test_a_pass_of_several_kernels_is_their_sum_each_from_a_cold_l2():
-    algo = ALGORITHMS["flash-swapped"].backward
     pb, tiling = Problem(AttentionShape(1, 3, 200, 150, 16), tau=1.0, dtype="float32"), Tiling(32, 32)
-    parts = [simulate(g, l2_config(g, "h100", 20_000)) for g in kernels(algo, pb, tiling)]
+    launch, hw = Launch(pb, tiling, backward=True), hardware("h100", l2_bytes=20_000)
+    parts = [simulate(g, hw.config(g)) for g in SWAPPED_BW.grids(launch)]
     assert len(parts) == 3
-    total = dram_traffic(algo, pb, tiling, "h100", 20_000)
-    assert total == in_sequence(parts) == dram_counts(algo, pb, tiling, "h100", 20_000)
+    assert kernel_counts(SWAPPED_BW, launch, hw) == parts  # kernel by kernel, each at its own blocks per SM
+    total = in_sequence(parts)
+    assert total == pass_counts(SWAPPED_BW, launch, hw)
     assert total.reads == sum(p.reads for p in parts) and total.dirty_at_end == sum(p.dirty_at_end for p in parts)
 
 
@@ -172,9 +196,10 @@ def test_a_pass_of_several_kernels_is_their_sum_each_from_a_cold_l2():
        concurrent=st.integers(1, 12), capacity=st.integers(100, 60_000))
 def test_lockstep_equals_the_simulation_on_the_flash_backward_grid(bh, n_q, n_k, d, B, causal, dtype, concurrent,
                                                                   capacity):
-    # one block per head on its own head's tiles: uniform, so dram_counts takes lockstep (tens of times faster)
-    g = FLASH_BW.grid(Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype=dtype, causal=causal),
-                      Tiling(B, B))
+    # one block per head on its own head's tiles: uniform, so iosim.gpu.dram.kernel_counts takes lockstep (tens of
+    # times faster)
+    g = flash_backward(Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype=dtype, causal=causal),
+                       Tiling(B, B))
     assert g.uniform
     config = L2Config(capacity, concurrent)
     got = lockstep(g, config)
@@ -189,7 +214,8 @@ def test_lockstep_equals_the_simulation_on_the_grid_stride_kernels(bh, n, d, dty
     # row_dot, fill and cast: each block its own chunks, every block as many when the chunks divide evenly
     pb = Problem(AttentionShape(1, bh, n, n, d), tau=1.0, dtype=dtype)
     config = L2Config(capacity, concurrent)
-    for g in (row_dot_grid(pb), fill_grid(pb), cast_grid(pb)):
+    per_sm = call1.GRID_STRIDE
+    for g in (_device.row_dot(pb, per_sm), _device.fill(pb, per_sm), _device.cast(pb, per_sm)):
         got = lockstep(g, config) if g.uniform else None
         if got is not None:
             assert got == simulate(g, config), got

@@ -4,19 +4,24 @@ start in one round advance together, and the counts are those of the schedule ru
 from dataclasses import replace
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from iosim.gpu import schedule
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu import call1, schedule
+from iosim.gpu.kernel import Launch
 from iosim.gpu.l2 import LRU, READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles
 from iosim.gpu.schedule import simulate
-from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
-from iosim.core.tiling import Tiling
 
-SWAPPED_BW = ALGORITHMS["flash-swapped"].backward
 TILES = Tiles(("A", "B", "C"))
+
+
+def swapped_backward(pb: Problem, tiling: Tiling) -> Grid:
+    """flash-swapped's backward main kernel, as call 1's kernel launches it after row_dot and fill."""
+    grids = call1.FLASH_SWAPPED.grids(Launch(pb, tiling, backward=True))
+    assert len(grids) == (3 if pb.dtype == "float32" else 4)
+    return grids[2]
 
 
 def block_by_block(grid: Grid) -> Grid:
@@ -66,34 +71,37 @@ def schedule_by_hand(grid: Grid, config: L2Config):
     return l2.counts(grid.tiles, config)
 
 
-@st.composite
-def steps(draw, keys=12):
-    size = st.sampled_from([32, 64, 96, 200, 4096])
-    access = st.builds(lambda t, i, n, mode: TILES.access(t, i, n, mode), st.sampled_from(TILES.tensors),
-                       st.integers(0, keys), size, st.sampled_from([READ, WRITE, READ_WRITE]))
-    return tuple(draw(st.lists(access, min_size=1, max_size=3)))
+# One step: 1 to 3 accesses, each one of the 585 to tiles 0-12 of A, B or C, of 32, 64, 96, 200 or 4096 bytes, read,
+# written or both, drawn as one choice. The strategies are built once, here: built anew at every draw, with four
+# choices an access, Hypothesis spent about four fifths of the cohort tests' time building and drawing them.
+ACCESSES = [TILES.access(t, i, n, mode) for t in TILES.tensors for i in range(13) for n in (32, 64, 96, 200, 4096)
+            for mode in (READ, WRITE, READ_WRITE)]
+_STEP = st.lists(st.sampled_from(ACCESSES), min_size=1, max_size=3).map(tuple)
+_BODY = st.lists(_STEP, min_size=1, max_size=6)
+_PLAIN = st.lists(_STEP, max_size=4).map(tuple)  # a plain block's steps, maybe none
+_ENDS = st.lists(_STEP, max_size=2).map(tuple)  # a shared block's own head or tail
+_KIND = st.sampled_from(["plain", "shared", "shared", "shared", "again"])
 
 
 @st.composite
 def grids(draw):
     """Blocks of three kinds, in random order: plain iterators (some without steps), and SharedSteps over one of
     two bodies with random runs, heads and tails (blocks beside each other often share all of it)."""
-    bodies = [draw(st.lists(steps(), min_size=1, max_size=6)) for _ in range(2)]
+    bodies = [draw(_BODY) for _ in range(2)]
     kinds = []
     for _ in range(draw(st.integers(1, 30))):
-        kind = draw(st.sampled_from(["plain", "shared", "shared", "shared", "again"]))
+        kind = draw(_KIND)
         if kind == "again" and kinds:
-            kinds.append(kinds[-1][:3] + (tuple(draw(steps()) for _ in kinds[-1][3]),
-                                          tuple(draw(steps()) for _ in kinds[-1][4])))
+            kinds.append(kinds[-1][:3] + (tuple(draw(_STEP) for _ in kinds[-1][3]),
+                                          tuple(draw(_STEP) for _ in kinds[-1][4])))
             continue
         if kind == "plain":
-            kinds.append(("plain", tuple(draw(st.lists(steps(), max_size=4))), None, (), ()))
+            kinds.append(("plain", draw(_PLAIN), None, (), ()))
             continue
         body = draw(st.integers(0, 1))
         start = draw(st.integers(0, len(bodies[body])))
         stop = draw(st.integers(start, len(bodies[body])))
-        kinds.append(("shared", body, (start, stop), tuple(draw(st.lists(steps(), max_size=2))),
-                      tuple(draw(st.lists(steps(), max_size=2)))))
+        kinds.append(("shared", body, (start, stop), draw(_ENDS), draw(_ENDS)))
 
     def block_steps(b):
         kind, body, run, head, tail = kinds[b]
@@ -117,7 +125,7 @@ def test_cohorts_count_what_blocks_run_one_by_one_count(case):
        st.sampled_from([4, 8, 16]), st.booleans(), st.sampled_from([2_000, 40_000, 37_000_000]), st.integers(1, 40))
 def test_the_swapped_backward_grid_counts_the_same_with_cohorts(bh, n_q, n_k, B, causal, capacity, concurrent):
     pb = Problem(AttentionShape(1, bh, n_q, n_k, 16), tau=1.0, dtype="float32", causal=causal)
-    grid = SWAPPED_BW.grid(pb, Tiling(B, B))
+    grid = swapped_backward(pb, Tiling(B, B))
     config = L2Config(capacity, concurrent)
     assert simulate(grid, config) == schedule_by_hand(grid, config)
 
@@ -134,7 +142,7 @@ def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
 
     monkeypatch.setattr(schedule._Cohort, "join", spy)
     pb = Problem(AttentionShape(1, 5, 128, 128, 16), tau=1.0, dtype="float32")
-    grid = SWAPPED_BW.grid(pb, Tiling(16, 16))
+    grid = swapped_backward(pb, Tiling(16, 16))
     config = L2Config(30_000, concurrent)
     assert simulate(grid, config) == schedule_by_hand(grid, config)
     assert sum(joined) >= grid.blocks // 2, sum(joined)
@@ -143,7 +151,7 @@ def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
 def test_a_head_s_blocks_share_their_middle_steps():
     # non-causal: every key block of a head meets the same query blocks, so blocks 0 and 1 share the body
     pb = Problem(AttentionShape(1, 2, 64, 96, 8), tau=1.0, dtype="float32")
-    grid = SWAPPED_BW.grid(pb, Tiling(16, 16))
+    grid = swapped_backward(pb, Tiling(16, 16))
     a, b, other_head = grid.steps(0), grid.steps(1), grid.steps(6)
     assert a.runs_with(b) and not a.runs_with(other_head)
     assert a.head != b.head and a.total == 64 // 16  # K_j, V_j with Q_0, then Q_1, Q_2, then Q_3 with dK_j, dV_j

@@ -7,17 +7,21 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
-
-from iosim.core.errors import InputError
-from iosim.gpu.l2 import READ, Grid, L2Config, Tiles, l2_config
-from iosim.gpu.lockstep import dram_counts
-from iosim.gpu.schedule import dram_traffic, simulate
-from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
-from iosim.core.tiling import Tiling
 from test_l2_cohorts import block_by_block, grids, schedule_by_hand
 
-SWAPPED = ALGORITHMS["flash-swapped"]
+from iosim.core.errors import InputError
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu import call1
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.hardware import check_schedule, hardware
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import READ, Grid, L2Config, Tiles, in_sequence
+from iosim.gpu.schedule import simulate
+
+# call 1's flash-swapped kernel (iosim.gpu.call1): its forward grid at the occupancy these tests were written at
+SWAPPED = call1.FLASH_SWAPPED
 
 
 @settings(max_examples=200)
@@ -51,20 +55,25 @@ def test_a_head_s_blocks_share_its_tiles_in_lockstep_and_not_staggered_where_the
 
 def test_one_block_at_a_time_is_the_same_schedule_either_way():
     pb = Problem(AttentionShape(1, 3, 200, 300, 16), tau=1.0, dtype="float32", causal=True)
-    grid = SWAPPED.grid(pb, Tiling(32, 32))
+    (grid,) = SWAPPED.grids(Launch(pb, Tiling(32, 32)))
     assert simulate(grid, L2Config(20_000, 1)) == simulate(grid, L2Config(20_000, 1, "staggered"))
 
 
-def test_staggered_counts_go_past_the_lockstep_closed_form_to_the_simulation():
-    # full attention: dram_counts takes flash-swapped's closed form in lockstep, and simulates a staggered start
+@pytest.mark.parametrize("kernel", [SWAPPED, KERNELS["flash-swapped"]], ids=lambda k: k.name)
+def test_staggered_counts_go_past_the_lockstep_closed_form_to_the_simulation(kernel):
+    # full attention: pass_counts takes flash-swapped's closed form in lockstep, and simulates a staggered start
     pb = Problem(AttentionShape(2, 4, 512, 512, 32), tau=1.0, dtype="float16")
-    tiling = Tiling(64, 32)
+    launch = Launch(pb, Tiling(64, 32))
+    assert kernel.closed_form(launch) is not None
     for schedule in ("lockstep", "staggered"):
-        got = dram_counts(SWAPPED, pb, tiling, "h100", capacity=200_000, blocks_per_sm=1, schedule=schedule)
-        assert got == dram_traffic(SWAPPED, pb, tiling, "h100", 200_000, 1, schedule)
+        hw = hardware("h100", l2_bytes=200_000, blocks_per_sm=1, schedule=schedule)
+        got = pass_counts(kernel, launch, hw)
+        assert got == in_sequence([simulate(g, hw.config(g)) for g in kernel.grids(launch)])
 
 
 def test_an_unknown_schedule_is_refused_by_name():
-    grid = two_heads()
-    with pytest.raises(InputError, match=r"schedule='waves' is not one of \['lockstep', 'staggered'\]"):
-        l2_config(grid, "h100", schedule="waves")
+    message = r"schedule='waves' is not one of \['lockstep', 'staggered'\]"
+    with pytest.raises(InputError, match=message):
+        hardware("h100", schedule="waves")
+    with pytest.raises(InputError, match=message):
+        check_schedule("waves")

@@ -5,15 +5,42 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import iosim
-from iosim.algorithms.split_kv import GRID_TENSORS
-from iosim.gpu.l2 import L2Config, kernels, l2_config, sectors
-from iosim.gpu.schedule import dram_traffic, simulate
-from iosim.gpu.lockstep import dram_counts
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.grids import split_kv as grids
+from iosim.gpu.grids.split_kv import GRID_TENSORS
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Kernel, Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import L2Config, in_sequence, sectors
+from iosim.gpu.schedule import simulate
+from iosim.core.gpus import GPUS
 from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.core.tiling import Tiling
 
 SPLIT_KV = ALGORITHMS["split-kv"]
+# kernels/split_kv.py's combine: 10 blocks per SM in the resource report (48 registers x 128 threads, float16 at
+# d = 64 and 128, where the report has its rows); the small float32 problems here take it at every d
+COMBINE_BLOCKS_PER_SM = 10
+
+
+def launches(launch: Launch):
+    """split-kv's kernels as ``iosim.gpu.kernels`` launches them, at any d and dtype: the split kernel at the blocks
+    per SM its shared memory allows (the kernel description's fallback where the report has no row), then the
+    combine where S > 1."""
+    pb, t = launch.problem, launch.tiling
+    split = grids.split(pb, t, grids.split_smem(pb, t))
+    return (split,) if t.splits == 1 else (split, grids.combine(pb, t, COMBINE_BLOCKS_PER_SM))
+
+
+# the split-kv kernel description at the small d and float32 of these tests, which the resource report has no row for
+SMALL = Kernel("split-kv@small-d", "split-kv", "tests/test_l2_split_kv.py", launches, backward=False)
+
+
+def dram_traffic(pb, tiling, gpu="h100", capacity=None, blocks_per_sm=None, schedule="lockstep"):
+    """The simulation of every kernel of the pass, each from a cold L2 (``in_sequence``)."""
+    hw = hardware(gpu, l2_bytes=capacity, blocks_per_sm=blocks_per_sm, schedule=schedule)
+    return in_sequence([simulate(g, hw.config(g)) for g in SMALL.grids(Launch(pb, tiling))])
 
 
 def packed(batch=1, heads=4, kv_heads=2, n_q=1, n_k=100, d=8, dtype="float32"):
@@ -25,7 +52,7 @@ def packed(batch=1, heads=4, kv_heads=2, n_q=1, n_k=100, d=8, dtype="float32"):
 def test_blocks_are_query_block_fastest_then_split_then_kv_head():
     # 2 K/V heads × 3 splits × 2 query blocks: block (kvh·S + s)·T_r + i reads Q of (kvh, i) and split s's K/V
     pb, tiling = packed(heads=4, kv_heads=2, n_q=3, n_k=96), Tiling(4, 16, splits=3)  # packed rows: 2·3 = 6, T_r 2
-    g = SPLIT_KV.grid(pb, tiling)
+    g = grids.split(pb, tiling, grids.split_smem(pb, tiling))
     assert g.blocks == 2 * 3 * 2
     k = len(GRID_TENSORS)
     first = [next(g.steps(b)) for b in range(g.blocks)]
@@ -38,7 +65,8 @@ def test_blocks_are_query_block_fastest_then_split_then_kv_head():
 def test_decode_that_fits_reads_K_V_once_and_the_combine_reads_the_partials_back_from_a_cold_L2():
     # batch 2, 8 query heads in 2 groups of 4, one decoding query, N_k = 100 in 4 splits of B_c = 25
     pb, tiling = packed(batch=2, heads=8, kv_heads=2, n_k=100), Tiling(4, 25, splits=4)
-    split, combine = (simulate(g, l2_config(g, "h100", 10**8)) for g in kernels(SPLIT_KV, pb, tiling))
+    hw = hardware("h100", l2_bytes=10**8)
+    split, combine = (simulate(g, hw.config(g)) for g in SMALL.grids(Launch(pb, tiling)))
     kv_heads, rows, d = 2 * 2, 4, 8
     # K and V of every K/V head once: 25 rows · 8 · 4 B = 800 B = 25 sectors a tile
     assert split.tensor("K").reads == split.tensor("V").reads == kv_heads * 100 * d * 4, split
@@ -54,8 +82,9 @@ def test_decode_that_fits_reads_K_V_once_and_the_combine_reads_the_partials_back
 
 def test_one_split_writes_O_and_lse_in_one_kernel():
     pb = packed(n_k=64)
-    assert len(kernels(SPLIT_KV, pb, Tiling(2, 16, splits=1))) == 1
-    dram = dram_traffic(SPLIT_KV, pb, Tiling(2, 16, splits=1), capacity=10**8)
+    assert len(KERNELS["split-kv"].grids(Launch(pb, Tiling(2, 16, splits=1)))) == 1
+    assert len(SMALL.grids(Launch(pb, Tiling(2, 16, splits=1)))) == 1
+    dram = dram_traffic(pb, Tiling(2, 16, splits=1), capacity=10**8)
     assert dram.tensor("O_split").dirty_at_end == 0 and dram.tensor("O").dirty_at_end == 2 * sectors(2 * 8 * 4)
 
 
@@ -64,7 +93,7 @@ def test_an_L2_of_one_step_reads_K_V_as_the_two_level_count_does():
     pb, tiling = packed(batch=1, heads=2, kv_heads=1, n_q=5, n_k=96, d=8), Tiling(4, 16, splits=2)
     counted = iosim.count("split-kv", N=5, N_k=96, d=8, heads=2, kv_heads=1, dtype="float32", tiling=tiling,
                           M=10**6).traffic
-    dram = simulate(SPLIT_KV.grid(pb, tiling), L2Config(capacity=4 * (2 * 16 * 8 + 4 * 8), concurrent=1))
+    dram = simulate(grids.split(pb, tiling, 1), L2Config(capacity=4 * (2 * 16 * 8 + 4 * 8), concurrent=1))
     for name in ("K", "V"):
         assert dram.tensor(name).reads == counted.tensor(name).read_bytes, (name, dram, counted)
 
@@ -78,8 +107,8 @@ def test_dram_counts_equals_the_simulation_for_split_kv(batch, group, kv_heads, 
     pb = packed(batch, group * kv_heads, kv_heads, n_q, n_k, d)
     splits = min(splits, -(-n_k // Bc))
     tiling = Tiling(Br, Bc, splits=splits)
-    got = dram_counts(SPLIT_KV, pb, tiling, "a100", capacity=capacity, blocks_per_sm=per_sm)
-    assert got == dram_traffic(SPLIT_KV, pb, tiling, "a100", capacity=capacity, blocks_per_sm=per_sm), got
+    got = pass_counts(SMALL, Launch(pb, tiling), hardware("a100", l2_bytes=capacity, blocks_per_sm=per_sm))
+    assert got == dram_traffic(pb, tiling, "a100", capacity=capacity, blocks_per_sm=per_sm), got
 
 
 @pytest.mark.parametrize("kv_heads", [8, 2])
@@ -89,6 +118,7 @@ def test_the_api_gives_split_kv_decode_its_dram_bytes(kv_heads):
     kv = 4 * kv_heads * 4096 * 128 * 2
     assert r.dram.tensor("K").reads == r.dram.tensor("V").reads == kv, r.dram
     assert r.forward_tiling.splits > 1 and r.dram.tensor("O").dirty_at_end > 0, r
+    assert r.kernel == "split-kv"  # today's kernels, at the report's blocks per SM (float16, d = 128)
 
 
 def test_the_partials_are_float32_in_a_16_bit_run_as_flash_attn_keeps_them():
@@ -96,6 +126,20 @@ def test_the_partials_are_float32_in_a_16_bit_run_as_flash_attn_keeps_them():
     # writes O_split in float32, 2 · 8 · 4 = 64 B, where O itself is float16 (2 · 8 · 2 = 32 B); the combine
     # reads the partials back at that size
     pb, tiling = packed(heads=2, kv_heads=1, d=8, dtype="float16"), Tiling(2, 50, splits=2)
-    split, combine = (simulate(g, l2_config(g, "h100", 10**8)) for g in kernels(SPLIT_KV, pb, tiling))
+    hw = hardware("h100", l2_bytes=10**8)
+    split, combine = (simulate(g, hw.config(g)) for g in SMALL.grids(Launch(pb, tiling)))
     assert split.tensor("O_split").dirty_at_end == 2 * 64 and combine.tensor("O_split").reads == 2 * 64
     assert combine.tensor("O").dirty_at_end == 32
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_the_small_d_launches_are_the_kernel_description_s_where_the_report_has_its_rows(splits):
+    # float16 at d = 64, tile 64 x 32: iosim.gpu.kernels' split-kv launches the same grids, block by block, at the
+    # report's blocks per SM (split 2, combine 10)
+    pb, tiling = packed(batch=1, heads=8, kv_heads=2, n_q=1, n_k=200, d=64, dtype="float16"), Tiling(64, 32, splits)
+    want, got = KERNELS["split-kv"].grids(Launch(pb, tiling)), SMALL.grids(Launch(pb, tiling))
+    assert [g.blocks for g in got] == [g.blocks for g in want] and len(want) == 1 + (splits > 1)
+    for g, w in zip(got, want):
+        assert all(list(g.steps(b)) == list(w.steps(b)) for b in range(g.blocks))
+    h100 = GPUS["h100"]
+    assert [g.per_sm(h100) for g in want] == [2, COMBINE_BLOCKS_PER_SM][:len(want)]

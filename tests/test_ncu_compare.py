@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import load_experiment
+from experiments import ncu_traffic as ncu
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
           '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
-
-ncu = load_experiment("ncu_traffic")
 
 
 def _rows(kernel_id: int, name: str, grid: int, read: str, write: str, unit: str = "byte") -> list[str]:

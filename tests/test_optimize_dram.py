@@ -6,7 +6,10 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.gpu.lockstep import dram_counts
+from iosim.gpu.dram import pass_counts
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import default_kernel
 from iosim.reports.optimize import DRAM_CANDIDATES, Optimum, optimize
 from iosim.registry import ALGORITHMS
 from iosim.tilings.search import ranked
@@ -21,7 +24,8 @@ def test_the_winner_moves_the_fewest_dram_bytes_of_the_shortlist(algorithm, caus
     algo = ALGORITHMS[algorithm]
     pb = algo.run_problem(iosim.count(algorithm, causal=causal, **SHAPE).problem)
     shortlist = ranked(algo, pb, result.M)[:DRAM_CANDIDATES]
-    moved = {x.tiling: dram_counts(algo, pb, x.tiling, "a100").moved for x in shortlist}
+    kernel, hw = default_kernel(algorithm), hardware("a100")
+    moved = {x.tiling: pass_counts(kernel, Launch(pb, x.tiling), hw).moved for x in shortlist}
     assert result.dram[0].moved == min(moved.values()), (result.best, moved)
     shown = [d.moved for d in result.dram]
     assert shown == sorted(set(shown)) and shown == [moved[x.tiling] for x in result.best], shown
@@ -36,13 +40,13 @@ def test_the_hbm_objective_stays_as_it_was():
 
 def test_algorithms_without_a_grid_are_refused_in_their_place_and_a_gpu_is_required():
     out = optimize(["standard", "flash"], objective="dram", gpu="h100", **SHAPE)
-    assert isinstance(out[0], iosim.InputError) and "declare a GPU kernel grid" in str(out[0])
+    assert isinstance(out[0], iosim.InputError) and "the algorithms with a GPU kernel" in str(out[0])
     assert isinstance(out[1], Optimum)
     with pytest.raises(iosim.InputError, match="needs a GPU preset"):
         optimize(["flash"], objective="dram", **SHAPE)
     with pytest.raises(iosim.InputError, match="objective='l2'"):
         optimize(["flash"], objective="l2", gpu="h100", **SHAPE)
-    with pytest.raises(iosim.InputError, match="declare a GPU kernel grid"):  # nothing left: the error itself
+    with pytest.raises(iosim.InputError, match="the algorithms with a GPU kernel"):  # nothing left: the error itself
         optimize(["standard"], objective="dram", gpu="h100", **SHAPE)
 
 

@@ -125,9 +125,15 @@ def test_run_reads_pages_and_refuses_them_one_line(capsys):
 
 def test_the_l2_model_leaves_a_paged_run_alone():
     # the kernels' grids read no block table: a paged run has no DRAM bytes rather than ones that miss the table
+    from iosim.gpu.dram import covered_dram
+    from iosim.gpu.hardware import hardware
+
+    hw = hardware("h100")
     opts = dict(N=1, N_k=4096, d=128, M="228KiB", heads=8, kv_heads=2, gpu="h100")
-    assert iosim.count("split-kv", **opts).dram is not None
-    assert iosim.count("split-kv", page_size=16, **opts).dram is None
+    plain, paged = iosim.count("split-kv", **opts), iosim.count("split-kv", page_size=16, **opts)
+    assert not hasattr(plain, "dram") and not hasattr(paged, "dram")  # the DRAM level is an explicit call
+    assert covered_dram(plain.plans, hw, "split-kv") is not None
+    assert covered_dram(paged.plans, hw, "split-kv") is None
 
 
 @pytest.mark.parametrize("algorithm", PAGED)
@@ -157,4 +163,7 @@ def test_optimize_takes_a_page_size(tmp_path):
         assert r.measured == want.traffic and all(16 % x.tiling.Bc == 0 or x.tiling.Bc % 16 == 0 for x in r.best)
     assert len(json.loads(path.read_text())) >= len(PAGED)
     results = optimize(["flash", "split-kv"], N=20, N_k=100, d=16, M=3000, page_size=16)
-    assert str(results[0]) == "page_size=16 for flash: it reads no paged K/V cache" and results[1].algorithm == "split-kv"
+    # the seam's one refusal (Algorithm.refuse_options), as plan words it
+    assert str(results[0]).startswith("page_size=16 for flash, pass 'fwd': it reads no paged K/V cache; allowed: "
+                                      "page_size=None, or the forward pass of one that does: [")
+    assert results[1].algorithm == "split-kv"

@@ -8,20 +8,54 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import load_experiment
+
+from experiments import ncu_traffic as ncu
+from experiments import predict_next_call as predict
 
 from iosim.core.gpus import GPUS
-from iosim.gpu.l2 import L2Config, in_sequence, l2_config
-from iosim.gpu.schedule import dram_traffic, simulate
+from iosim.gpu import call1
+from iosim.gpu.dram import kernel_counts
+from iosim.gpu.grids import _device, flash_swapped, flash_swapped_tc
+from iosim.gpu.grids import split_kv as split_kv_grids
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import L2Config, in_sequence
+from iosim.gpu.schedule import simulate
 from iosim.core.problem import AttentionShape, Problem
-from iosim.registry import ALGORITHMS
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 
-ncu = load_experiment("ncu_traffic")
-predict = load_experiment("predict_next_call")
-BACKWARD = ALGORITHMS["flash-swapped"].backward
 RESULTS = Path(__file__).resolve().parents[1] / "experiments/results/gpu"
+H100 = GPUS["h100"]
+SMS = int(H100.sms.value)
+# Blocks per H100 SM of the kernels the predictions run, as the resource report gives them (written out here, so that
+# the predictions, which read the report through iosim.gpu.kernels, are checked against grids built by hand): the
+# backward's grid-stride kernels, row_dot 3 since 8eb2624 (coalesced: 80 registers x 256 threads), fill and cast 5
+# (48 and 42 x 256); split-kv's split kernel by d (cd9c224: 220 registers x 128 threads at 64 x 32, 241 x 64 at
+# 32 x 16) and its combine (48 x 128)
+ROW_DOT_BLOCKS_PER_SM, FILL_BLOCKS_PER_SM, CAST_BLOCKS_PER_SM = 3, 5, 5
+SPLIT_BLOCKS_PER_SM = {64: 2, 128: 4}
+SPLIT_KV_COMBINE_BLOCKS = 10
+
+
+def backward_grids(pb: Problem, tiling: Tiling, main: int, tc: bool = False) -> tuple:
+    """flash-swapped's backward launch written out: row_dot, fill, the main kernel at ``main`` blocks per SM
+    (flash-swapped-tc's where ``tc``), and below float32 the cast of dQ."""
+    grid = flash_swapped_tc.backward(pb, tiling, main) if tc else flash_swapped.backward(pb, tiling, main)
+    grids = (_device.row_dot(pb, ROW_DOT_BLOCKS_PER_SM), _device.fill(pb, FILL_BLOCKS_PER_SM), grid)
+    return grids if pb.dtype == "float32" else grids + (_device.cast(pb, CAST_BLOCKS_PER_SM),)
+
+
+def split_kv_launches(pb: Problem, tiling: Tiling, split: int) -> tuple:
+    """split-kv's launch written out: the split kernel at ``split`` blocks per SM, then the combine where S > 1."""
+    grid = split_kv_grids.split(pb, tiling, split)
+    return (grid,) if tiling.splits == 1 else (grid, split_kv_grids.combine(pb, tiling, SPLIT_KV_COMBINE_BLOCKS))
+
+
+def simulated(grids, hw):
+    """Every kernel simulated from a cold L2, one after another (``in_sequence``)."""
+    return in_sequence([simulate(g, hw.config(g)) for g in grids])
 
 
 def test_call3_holds_the_forward_rows_first_then_flash_swapped_backward_full_and_causal():
@@ -65,16 +99,19 @@ def test_a_backward_prediction_is_the_simulation_of_its_kernels(dtype):
     nominal = int(GPUS["h100"].l2.value)
     for label, capacity in [("effective", None), ("0.5x", nominal // 2)]:
         got = row[label]
-        want = dram_traffic(predict.backward_algorithm(main), pb, tiling, "h100", capacity)
+        want = simulated(backward_grids(pb, tiling, main), hardware("h100", l2_bytes=capacity))
         assert (got["reads"], got["writes"], got["dirty_at_end"]) == (want.reads, want.writes, want.dirty_at_end)
-        # the report's counts: the main kernel's and the coalesced row_dot's; fill (and cast) keep their grids' 5
-        sms = int(GPUS["h100"].sms.value)
-        rd = predict.ROW_DOT_BLOCKS_PER_SM
+        # the report's counts: the main kernel's and the coalesced row_dot's; fill (and cast) 5, as in call 1
+        sms, rd = SMS, ROW_DOT_BLOCKS_PER_SM
         assert [k["concurrent"] for k in got["kernels"]] == [rd * sms, 5 * sms, main * sms] + [5 * sms] * (
             dtype != "float32"), got["kernels"]
-    # as iosim.gpu.schedule.dram_traffic of the registered backward would run it, with two grids changed by hand
-    grids = BACKWARD.launches(pb, tiling)
-    hand = in_sequence([simulate(g, l2_config(g, "h100", None, {0: rd, 2: main}.get(k))) for k, g in enumerate(grids)])
+    # as call 1's kernels (iosim.gpu.call1, grid-stride kernels at 5) would run it, with two grids changed by hand
+    grids = call1.FLASH_SWAPPED.grids(Launch(pb, tiling, backward=True))
+    assert [g.per_sm(H100) for g in grids] == [call1.GRID_STRIDE, call1.GRID_STRIDE,
+                                               call1.SWAPPED_BACKWARD[(64, 32)]] + [call1.GRID_STRIDE] * (
+        dtype != "float32")
+    hand = simulated([replace(g, blocks_per_sm={0: rd, 2: main}.get(k, g.blocks_per_sm)) for k, g in enumerate(grids)],
+                     hardware("h100"))
     assert row["effective"]["reads"] == hand.reads and row["effective"]["writes"] == hand.writes
 
 
@@ -84,10 +121,12 @@ def test_a_small_l2_evicts_and_still_matches_the_simulation():
     cfg = ncu.LaunchConfig("flash-swapped", "backward", 2, 1, 239, 239, 128, "float16")
     pb, tiling = _problem(cfg)
     main = predict.blocks_per_sm(cfg)
-    got = in_sequence(predict.backward_counts(cfg, 16384))
-    grids = BACKWARD.launches(pb, tiling)
-    per_sm = {0: predict.ROW_DOT_BLOCKS_PER_SM, 2: main}
-    want = in_sequence([simulate(g, l2_config(g, "h100", 16384, per_sm.get(k))) for k, g in enumerate(grids)])
+    got = in_sequence(kernel_counts(KERNELS[cfg.impl], predict.launch(cfg), hardware("h100", l2_bytes=16384)))
+    grids = call1.FLASH_SWAPPED.grids(Launch(pb, tiling, backward=True))
+    per_sm = {0: ROW_DOT_BLOCKS_PER_SM, 2: main}
+    want = simulated([replace(g, blocks_per_sm=per_sm.get(k, g.blocks_per_sm)) for k, g in enumerate(grids)],
+                     hardware("h100", l2_bytes=16384))
+    assert want == simulated(backward_grids(pb, tiling, main), hardware("h100", l2_bytes=16384))
     assert (got.reads, got.writes, got.dirty_at_end) == (want.reads, want.writes, want.dirty_at_end)
     # more than everything read once: dO, O (row_dot), Q, K, V, dO (main) in float16 and dQ in float32 (main, cast)
     once = 2 * 239 * 128 * (6 * 2 + 2 * 4)
@@ -111,7 +150,7 @@ def test_call3_tc_backward_is_the_same_shapes_at_the_tc_kernel_s_tile():
 def test_tc_backward_visits_the_blocks_that_see_its_keys_the_whole_ones_first(n_q, n_k, causal, BQ):
     pb = Problem(AttentionShape(1, 1, n_q, n_k, 64), tau=1.0, dtype="float16", causal=causal)
     tiling = Tiling(BQ, 64)
-    order = predict.tc_backward_order(pb, tiling)
+    order = flash_swapped_tc.backward_order(pb, tiling)
     met = visits(pb, tiling, skips_hidden=True)
     for j in range(-(-n_k // 64)):
         run = list(order(j))
@@ -126,7 +165,7 @@ def test_tc_backward_visits_the_blocks_that_see_its_keys_the_whole_ones_first(n_
 @pytest.mark.parametrize("causal", [False, True])
 def test_tc_backward_grid_counts_the_same_with_cohorts(causal):
     pb = Problem(AttentionShape(2, 3, 300, 300, 64), tau=1.0, dtype="float16", causal=causal)
-    grid = predict.tc_backward_grid(pb, Tiling(16, 64), 2)
+    grid = flash_swapped_tc.backward(pb, Tiling(16, 64), 2)
     plain = replace(grid, steps=lambda b: iter(list(grid.steps(b))))
     for config in (L2Config(40_000, 7), L2Config(10**8, 264)):
         assert simulate(grid, config) == simulate(plain, config)
@@ -147,7 +186,6 @@ def test_call3_gqa_is_flash_swapped_forward_with_grouped_heads_within_the_elemen
 
 
 def test_split_kv_rows_decode_at_the_splits_the_kernel_takes_for_132_sms_and_the_report_s_occupancy():
-    from iosim.algorithms import split_kv as simulated
     from iosim.kernels import split_kv
 
     rows = ncu.GRIDS["call3-split-kv"]()
@@ -158,10 +196,9 @@ def test_split_kv_rows_decode_at_the_splits_the_kernel_takes_for_132_sms_and_the
         config = ncu.kernels.resolve_config("split-kv", c.d, False)
         assert c.splits == split_kv.resolve_splits(None, shape, False, config, sms=132)
         # the package's split grid takes the same blocks per SM at the kernel's tile as the predictions
-        pb, tiling = predict.split_kv_run(c)
-        split, *combine = simulated.launches(pb, tiling)
-        assert split.per_sm("h100") == predict.blocks_per_sm(c), c
-        assert all(g.per_sm("h100") == predict.SPLIT_KV_COMBINE_BLOCKS for g in combine)
+        split, *combine = KERNELS["split-kv"].grids(predict.launch(c))
+        assert split.per_sm(H100) == predict.blocks_per_sm(c) == SPLIT_BLOCKS_PER_SM[c.d], c
+        assert all(g.per_sm(H100) == SPLIT_KV_COMBINE_BLOCKS for g in combine)
         assert len(combine) == (c.splits > 1)
 
 
@@ -169,11 +206,12 @@ def test_split_kv_rows_decode_at_the_splits_the_kernel_takes_for_132_sms_and_the
 def test_a_split_kv_prediction_is_the_simulation_of_its_two_kernels(kv_heads, splits):
     cfg = ncu.LaunchConfig("split-kv", "forward", 2, 8, 1, 999, 128, "float16", kv_heads=kv_heads, splits=splits)
     row = predict.predict(cfg)
-    pb, tiling = predict.split_kv_run(cfg)
+    launch = predict.launch(cfg)
+    pb, tiling = launch.problem, launch.tiling
     assert tiling.splits == splits and pb.shape.n_q == 8 // kv_heads  # the group's queries are one head's rows
     for label, capacity in [("effective", None), ("0.5x", int(GPUS["h100"].l2.value) // 2)]:
-        grids = ALGORITHMS["split-kv"].launches(pb, tiling)
-        want = in_sequence([simulate(g, l2_config(g, "h100", capacity)) for g in grids])
+        grids = split_kv_launches(pb, tiling, SPLIT_BLOCKS_PER_SM[cfg.d])
+        want = simulated(grids, hardware("h100", l2_bytes=capacity))
         got = row[label]
         assert (got["reads"], got["writes"], got["dirty_at_end"]) == (want.reads, want.writes, want.dirty_at_end)
         assert [k["kernel"] for k in got["kernels"]] == ["split", "combine"][:len(grids)]
@@ -192,20 +230,22 @@ def test_a_staggered_prediction_simulates_the_same_kernels_started_staggered(imp
     row = predict.predict(cfg, "staggered")
     assert set(row) >= {"effective"} and not {"0.5x", "0.75x", "1x"} & set(row)  # the effective L2 only
     assert row["method"].startswith("simulation")
+    staggered = hardware("h100", schedule="staggered")
     if impl == "split-kv":
-        pb, tiling = predict.split_kv_run(cfg)
-        algorithm = predict.split_kv_algorithm(predict.blocks_per_sm(cfg))
+        launch = predict.launch(cfg)
+        pb, tiling = launch.problem, launch.tiling
+        grids = split_kv_launches(pb, tiling, predict.blocks_per_sm(cfg))
     elif direction == "backward":
         pb, tiling = _problem(cfg)
-        algorithm = predict.backward_algorithm(predict.blocks_per_sm(cfg), tc=False)
+        grids = backward_grids(pb, tiling, predict.blocks_per_sm(cfg), tc=False)
     else:
         pb, tiling = _problem(cfg)
-        grid = (predict.tc_forward_grid(pb, tiling, predict.blocks_per_sm(cfg)) if impl == "flash-swapped-tc"
-                else replace(ALGORITHMS[impl].grid(pb, tiling), blocks_per_sm=predict.blocks_per_sm(cfg)))
-        want = simulate(grid, l2_config(grid, "h100", schedule="staggered"))
+        grid = (flash_swapped_tc.forward(pb, tiling, predict.blocks_per_sm(cfg)) if impl == "flash-swapped-tc"
+                else flash_swapped.forward(pb, tiling, predict.blocks_per_sm(cfg)))
+        want = simulate(grid, staggered.config(grid))
         assert row["effective"]["reads"] == want.reads and row["effective"]["writes"] == want.writes
         return
-    want = dram_traffic(algorithm, pb, tiling, "h100", schedule="staggered")
+    want = simulated(grids, staggered)
     assert (row["effective"]["reads"], row["effective"]["writes"]) == (want.reads, want.writes)
 
 
@@ -228,15 +268,14 @@ def test_committed_backward_predictions_stand_for_the_coalesced_row_dot(path, in
 
 @pytest.mark.parametrize("schedule", ["lockstep", "staggered"])
 def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_plain_one(schedule):
-    from iosim.algorithms.flash_swapped import sawtooth_grid
-
     rows = ncu.GRIDS["call3-sawtooth"]()
     assert len(rows) == 24 and [c.sawtooth for c in rows[:2]] == [False, True]
     assert all(replace(a, sawtooth=True) == b for a, b in zip(rows[::2], rows[1::2]))  # each shape in both orders
     cfg = ncu.LaunchConfig("flash-swapped", "forward", 1, 3, 300, 300, 64, "float16", sawtooth=True)
     pb, tiling = _problem(cfg)
-    grid = replace(sawtooth_grid(pb, tiling), blocks_per_sm=predict.blocks_per_sm(cfg))
-    want = simulate(grid, l2_config(grid, "h100", schedule=schedule))
+    assert predict.blocks_per_sm(cfg) == 2  # the report's sawtooth build, float16, d = 64, 64 x 32
+    grid = flash_swapped.forward(pb, tiling, predict.blocks_per_sm(cfg), sawtooth=True)
+    want = simulate(grid, hardware("h100", schedule=schedule).config(grid))
     got = predict.predict(cfg, schedule)
     assert got["grid"] == "iosim.algorithms.flash_swapped.sawtooth_grid"
     assert (got["effective"]["reads"], got["effective"]["writes"]) == (want.reads, want.writes)

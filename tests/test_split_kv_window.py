@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.algorithms.split_kv import deal
+from iosim.gpu.grids import split_kv as split_kv_grids
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
 
 D = 8
 # (N_q, heads, kv_heads): decoding, a few speculative tokens, packed GQA groups of 1, 2 and 4, MQA
@@ -148,14 +151,17 @@ def test_windowed_counts_take_constant_time_in_N(n_q, heads, kv_heads, Br):
 @pytest.mark.parametrize("n_q, heads, kv_heads, window, S", itertools.product(
     [1, 3], [4], [1, 4], [(20, 0), (30, 3)], [1, 3]))
 def test_the_gpu_grid_deals_the_same_blocks(n_q, heads, kv_heads, window, S):
-    # the split kernel's K loads, step by step, are the K blocks the count reads (iosim.gpu.l2 itself refuses windows)
+    # the split kernel's K loads, step by step, are the K blocks the count reads (its grid, iosim.gpu.grids.split_kv;
+    # the kernel description itself refuses windows, iosim.gpu.kernel.check_launchable)
     algo = iosim.ALGORITHMS["split-kv"]
     shape = dict(N=n_q, N_k=113, d=D, heads=heads, kv_heads=kv_heads, M="4k", window=window, splits=S,
                  tiling=iosim.Tiling(2, 8), dtype="float32")
     plan = iosim.count("split-kv", **shape)
     pb = algo.run_problem(plan.problem)
-    g = algo.grid(pb, plan.tiling)
+    g = split_kv_grids.split(pb, plan.tiling, split_kv_grids.split_smem(pb, plan.tiling))
     k_id = g.tiles.tensors.index("K")
     loads = sum(s for b in range(g.blocks) for step in g.steps(b) for tile, s, _ in step
                 if tile % len(g.tiles.tensors) == k_id)
     assert loads == by_tensor(plan.traffic)["K"][0] * 4  # float32 K rows of d = 8: whole 32-byte sectors
+    with pytest.raises(iosim.InputError, match="sliding window"):
+        KERNELS["split-kv"].grids(Launch(pb, plan.tiling))

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import load_experiment
+from experiments import window
 from iosim.api import count_problem
 from iosim.core.counts import combined
 from iosim.core.problem import Band
@@ -244,7 +244,7 @@ def test_backward_matches_torch_autograd_through_sdpa_with_the_band_as_a_mask(al
 
 
 def test_the_window_figure_s_counts_grow_with_the_window_up_to_causal():
-    rows = load_experiment("window").records()
+    rows = window.records()
     for algorithm in ("flash", "flash-swapped"):
         mine = {r["window"]: r["hbm_elements"] for r in rows if r["algorithm"] == algorithm}
         windowed = [mine[w] for w in sorted(w for w in mine if isinstance(w, int))]

@@ -79,13 +79,13 @@ def check_launchable(pb: Problem) -> None:
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,
-             any_dtype: bool = False) -> int | SharedMemoryBound:
+             any_dtype: bool = False, any_d: bool = False) -> int | SharedMemoryBound:
     """The blocks per SM the resource report gives ``kernel``'s ``part`` at the launch's dtype, head dimension, build
     and tile; where it has none, ``bound`` (what shared memory allows)."""
     pb, t = launch.problem, launch.tiling
     causal = pb.causal or pb.dropout_p > 0
     row = report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
-                          tile=(t.Br, t.Bc), any_dtype=any_dtype)
+                          tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
     if row is not None:
         return row.blocks_per_sm
     if bound is None:

@@ -82,19 +82,22 @@ class Report:
     path: Path
 
     def lookup(self, kernel: str, part: str, dtype: str, d: int | None = None, *, causal: bool = False,
-               sawtooth: bool = False, tile: tuple[int, int] | None = None, any_dtype: bool = False
-               ) -> Resources | None:
+               sawtooth: bool = False, tile: tuple[int, int] | None = None, any_dtype: bool = False,
+               any_d: bool = False) -> Resources | None:
         """The row of ``kernel``'s ``part`` in ``dtype`` at head dimension ``d``, of the build the options select
         (sawtooth; else causal+dropout where ``causal``, which the report measures with dropout; else plain, and
         the plain build where no causal one was measured), launching ``tile`` where given. ``any_dtype``: a kernel
         compiled in one dtype only stands for the others (the grid-stride kernels, one thread per element, whose
-        registers the element size does not change). None where the report has no such row."""
-        def matches(r: Resources, dtypes_ok: bool) -> bool:
-            return (r.kernel == kernel and r.part == part and (r.dtype == dtype or dtypes_ok)
-                    and (r.d is None or r.d == d) and (tile is None or r.tile is None or r.tile == tile))
+        registers the element size does not change); ``any_d``: a build at one head dimension stands for the others
+        (split-kv's combine, which holds no tile in shared memory: the report gives it the same registers at every d
+        it compiles). An exact match is always preferred. None where the report has no such row."""
+        def matches(r: Resources, lenient: bool) -> bool:
+            return (r.kernel == kernel and r.part == part and (r.dtype == dtype or (lenient and any_dtype))
+                    and (r.d is None or r.d == d or (lenient and any_d))
+                    and (tile is None or r.tile is None or r.tile == tile))
 
         builds = ("sawtooth",) if sawtooth else ("causal+dropout", "plain") if causal else ("plain",)
-        for lenient in (False, True) if any_dtype else (False,):
+        for lenient in (False, True) if any_dtype or any_d else (False,):
             for build in builds:
                 found = [r for r in self.rows if r.build == build and matches(r, lenient)]
                 if found:

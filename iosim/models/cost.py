@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from iosim.api import count, predict
+from iosim.api import closed_form, count_problem, measure, plan
 from iosim.core.counts import Counts
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
@@ -204,10 +204,10 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     training = phase.pass_ != "fwd"
     kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
     window = layer_window(kind, phase.n_k)
-    options = dict(N=phase.n_q, N_k=phase.n_k, d=cfg.head_dim, M=M, batch=batch, heads=cfg.heads, kv_heads=kv_heads,
-                   causal=True, dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, pass_=phase.pass_, gpu=gpu,
-                   **({} if window is None else {"window": window}))
-    measured, exact = count(algorithm, **options), predict(algorithm, **options)
+    pb = count_problem(phase.n_q, cfg.head_dim, phase.n_k, batch, cfg.heads, causal=True,
+                       dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window)
+    request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
+    measured, exact = measure(request, gpu), closed_form(request)
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
                      roofline(get_gpu(gpu), dtype, measured.traffic.total_bytes, measured.flops))

@@ -22,14 +22,14 @@ timeout 330 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels.py tests/test_k
 PYTEST=$!
 for tool in memcheck racecheck; do
   timeout 300 "$SANITIZER" --tool $tool --error-exitcode 3 --print-limit 100 \
-    python3 experiments/ncu_traffic.py launch --grid sanitize > "$R/sanitizer_$tool.log" 2>&1 &
+    python3 -m experiments.ncu_traffic launch --grid sanitize > "$R/sanitizer_$tool.log" 2>&1 &
   eval "PID_$tool=$!"
 done
 wait $PYTEST; echo "pytest rc=$?" | tee -a "$R/steps.txt"
 wait $PID_memcheck; echo "memcheck rc=$?" | tee -a "$R/steps.txt"
 wait $PID_racecheck; echo "racecheck rc=$?" | tee -a "$R/steps.txt"
 
-timeout 200 env NCU="$NCU" python3 experiments/ncu_traffic.py profile --grid traffic --out "$R/ncu" > "$R/ncu.log" 2>&1
+timeout 200 env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid traffic --out "$R/ncu" > "$R/ncu.log" 2>&1
 echo "ncu rc=$?" | tee -a "$R/steps.txt"
 
 tail -n 25 "$R/pytest_gpu.log"; grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$R"/sanitizer_*.log; tail -n 5 "$R/ncu.log"

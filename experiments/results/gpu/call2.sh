@@ -14,7 +14,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $R/NAME.
   timeout "$limit" "$@" 2>&1 | tee "$R/$name.log" | grep -v Warning | tail -n 40
   echo "$name rc=${PIPESTATUS[0]}" | tee -a "$R/steps.txt"
 }
-BENCH=(python3 experiments/gpu_bench.py --out "$B")
+BENCH=(python3 -m experiments.gpu_bench --out "$B")
 
 step smoke 60 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels_bench.py -p no:cacheprovider -q
 # targets and the comparison with torch: batch 16, heads 16, fp32

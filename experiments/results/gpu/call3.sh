@@ -34,7 +34,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
 cat "$R/env.txt"
 
 # ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum --cache-control all (ncu_traffic.ncu_command)
-timeout 560 env NCU="$NCU" python3 experiments/ncu_traffic.py profile --grid "$GRID" --out "$R/ncu" > "$R/ncu.log" 2>&1
+timeout 560 env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid "$GRID" --out "$R/ncu" > "$R/ncu.log" 2>&1
 echo "ncu rc=$?" | tee -a "$R/steps.txt"
 
 tail -n 5 "$R/ncu.log"

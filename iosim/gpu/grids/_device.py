@@ -15,9 +15,6 @@ from iosim.gpu.l2 import READ, WRITE, Grid, SharedMemoryBound, Tiles
 BACKWARD_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV", "dQ_cast")
 TILES = Tiles(BACKWARD_TENSORS)
 GRID_STRIDE_THREADS, GRID_STRIDE_MAX_BLOCKS = 256, 8192  # kernels/_device.py's grid_stride_launch
-# dQ: the float32 accumulator dq_acc; dQ_cast: dQ in the problem's dtype, which cast_kernel writes from it
-GRID_TENSORS = ("Q", "K", "V", "O", "dO", "lse", "D", "dQ", "dK", "dV", "dQ_cast")
-TILES = Tiles(GRID_TENSORS)
 
 
 def _grid_stride(items: int, chunk_steps, per_sm: int | SharedMemoryBound) -> Grid:
