@@ -8,27 +8,27 @@
 
 from iosim.algorithms.algorithm import Algorithm, Tensor
 from iosim.api import count, predict, simulate
-from iosim.serving.cascade import Cascade, cascade, simulate_cascade
-from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
 from iosim.core.counts import Counts, TensorCounts
-from iosim.gpu.dram import DramResult, dram
 from iosim.core.errors import BlockSizeError, InputError, InputTypeError, SearchTooLargeError
-from iosim.gradients import GradResult, gradients
 from iosim.core.memory import CapacityError
+from iosim.core.problem import Band
+from iosim.core.tiling import Tiling
+from iosim.gpu.dram import DramResult, dram
+from iosim.gradients import GradResult, gradients
 from iosim.models.cost import ModelReport, model
 from iosim.models.presets import PRESETS as MODELS
 from iosim.models.presets import ModelConfig, load_config
-from iosim.core.problem import Band
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.results import PredictResult, SimResult
+from iosim.serving.cascade import Cascade, cascade, simulate_cascade
+from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
 from iosim.variants.sparsity import BlockSparsity
-from iosim.core.tiling import Tiling
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Cascade", "ChunkedPrefill",
     "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig", "ModelReport",
     "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
-    "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict", "register",
-    "simulate", "simulate_cascade",
+    "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict",
+    "register", "simulate", "simulate_cascade",
 ]

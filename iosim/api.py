@@ -26,17 +26,16 @@ from iosim.core.errors import InputError, InputTypeError
 from iosim.core.gpus import DEFAULT, get_gpu
 from iosim.core.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
 from iosim.core.memory import Memory
-from iosim.variants.paging import check_page_size
-from iosim.tilings.policies import choose_tiling
 from iosim.core.problem import AttentionShape, Problem, check_window
-from iosim.registry import ALGORITHMS, get_algorithm
-from iosim.plans import Plan, Request
-from iosim.results import PredictResult, SimResult
-from iosim.variants.sparsity import check_block_sparsity
 from iosim.core.tiling import Tiling
 from iosim.core.units import parse_size
+from iosim.plans import Plan, Request
+from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.results import PredictResult, SimResult
+from iosim.tilings.policies import choose_tiling
+from iosim.variants.paging import check_page_size
+from iosim.variants.sparsity import check_block_sparsity
 from iosim.variants.varlen import check_seqlens, gather, packed, scatter
-
 
 PASSES = ("fwd", "bwd", "fwd+bwd")  # the forward pass, the backward pass that reads what it saved, or both
 
@@ -108,9 +107,10 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     if not isinstance(mask, (bool, np.bool_)):
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
                              f"explicit mask is read); simulate takes the boolean mask array")
-    return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal), has_mask=bool(mask),
-                   dropout_p=dropout_p, seed=seed, dtype=dtype, block_sparsity=check_block_sparsity(block_sparsity),
-                   window=check_window(window), page_size=check_page_size(page_size)), docs)
+    return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal),
+                          has_mask=bool(mask), dropout_p=dropout_p, seed=seed, dtype=dtype,
+                          block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
+                          page_size=check_page_size(page_size)), docs)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -196,8 +196,8 @@ def closed_form(request: Request) -> PredictResult:
     plans = request.plans
     flops = [p.flops() for p in plans]
     return PredictResult(request.name, request.problem, request.M, _tiling(request.forward),
-                         _tiling(request.backward), combined(*(p.exact() for p in plans)), sum(p.paper() for p in plans),
-                         " + ".join(p.algorithm.paper_label for p in plans),
+                         _tiling(request.backward), combined(*(p.exact() for p in plans)),
+                         sum(p.paper() for p in plans), " + ".join(p.algorithm.paper_label for p in plans),
                          None if None in flops else sum(flops[1:], flops[0]), plans=plans)
 
 
@@ -285,7 +285,8 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
     from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
-    packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the longest.
+    packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the
+    longest.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,

@@ -31,8 +31,8 @@ class Plan:
         return self.algorithm.run_problem(self.problem)
 
     def parts(self) -> tuple[Plan, ...]:
-        """The plain plans it adds up: one per distinct document length of packed documents (iosim.variants.varlen), each
-        at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; else itself."""
+        """The plain plans it adds up: one per distinct document length of packed documents (iosim.variants.varlen),
+        each at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; else itself."""
         if self.problem.seqlens is None:
             return (self,)
         return tuple(Plan(self.algorithm, pb, self.M, self.tiling.capped(self.algorithm.run_problem(pb)))

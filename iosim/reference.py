@@ -108,7 +108,8 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
 def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, rows: slice | None = None,
                          first_batch: int = 0) -> np.ndarray | float:
     """Z of Alg. 4 line 14: 1/(1-p) where kept and 0 where dropped, (batch, heads, rows, N_k). ``first_batch`` is
-    the Philox batch index of the first batch entry: a document's place among packed documents (iosim.variants.varlen)."""
+    the Philox batch index of the first batch entry: a document's place among packed documents
+    (iosim.variants.varlen)."""
     p = check_dropout_p(dropout_p)
     if isinstance(first_batch, bool) or not isinstance(first_batch, (int, np.integer)) or first_batch < 0:
         raise InputError(f"first_batch={first_batch!r} must be an integer >= 0 (the dropout streams' batch index of "

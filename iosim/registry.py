@@ -6,9 +6,17 @@ algorithm defined elsewhere joins with ``register``.
 
 from __future__ import annotations
 
+from iosim.algorithms import (
+    block_sparse,
+    block_sparse_skip,
+    flash,
+    flash_swapped,
+    small_cache,
+    split_kv,
+    standard,
+    standard_eager,
+)
 from iosim.algorithms.algorithm import Algorithm
-from iosim.algorithms import (block_sparse, block_sparse_skip, flash, flash_swapped, small_cache, split_kv,
-                              standard, standard_eager)
 from iosim.core.errors import InputError
 
 ALGORITHMS: dict[str, Algorithm] = {

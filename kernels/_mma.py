@@ -172,9 +172,8 @@ def _simulator_functions():
 def _gpu_functions():
     """The primitives as inline PTX."""
     from llvmlite import ir
-    from numba.cuda.extending import intrinsic
-
     from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
 
     f32, u32, u64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
 

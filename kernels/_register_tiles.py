@@ -163,7 +163,7 @@ def atomic_add(dst, i, x):
     cuda.atomic.add(dst, i, x)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiles(layout: Layout) -> Tiles:
     """Device functions specialised to `layout`; every loop bound below is a constant."""
     TM, TN, TC, G, KC = layout.TM, layout.TN, layout.TC, layout.G, layout.KC
@@ -346,5 +346,5 @@ def tiles(layout: Layout) -> Tiles:
             vals[a] = x
         cuda.syncthreads()
 
-    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, acc_writer(assign), acc_writer(atomic_add),
-                 load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)
+    return Tiles(tile_loader(layout.rows), tile_loader(layout.cols), zero_padding, acc_writer(assign),
+                 acc_writer(atomic_add), load_vector, rows_dot_rows, rows_dot_cols, cols_dot_cols, row_max, row_sum)

@@ -128,7 +128,7 @@ class Halves(NamedTuple):
     mma_pair: object  # (acc, t, a0…a3, b0, b1, c0, c1, scratch): acc[t] += A·(b0, b1), acc[t + 1] += A·(c0, c1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def halves(dtype: str) -> Halves:
     if dtype not in TC_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {TC_DTYPES}")
@@ -196,7 +196,7 @@ def halves(dtype: str) -> Halves:
     return Halves(pack, mma_16816, store, widen, half, join, HALF_ZERO, a_from_c, mma_pair)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def word_reader(d: int, dtype: str):
     """word(src, row, w, n_valid_rows): word w (halves 2w, 2w + 1) of row `row` of a flat q/k/v array of
     head dim d as the kernels take it (words_view), 0 past d or past n_valid_rows."""
@@ -235,7 +235,7 @@ class TileCopy(NamedTuple):
     unit: object  # their numba type
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tile_copy(d: int, dtype: str, rows: int) -> TileCopy:
     """fetch and put for a (rows, row_words(d)) shared tile of a flat (…, d) array; see the module docstring."""
     word = word_reader(d, dtype)

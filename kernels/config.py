@@ -90,7 +90,7 @@ class Dropout:
     seed: int
 
     @classmethod
-    def checked(cls, dropout_p, seed) -> "Dropout":
+    def checked(cls, dropout_p, seed) -> Dropout:
         return cls(check_dropout_p(dropout_p), check_seed(seed))
 
     @property

@@ -34,7 +34,8 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
-GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its thread block per batch·head indexes K/V by the query head
+# grouped-query attention (k, v with fewer heads than q): its thread block per batch·head indexes K/V by the query head
+GROUPED_FORWARD = False
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 
@@ -42,8 +43,10 @@ NEG_INF = dev.NEG_INF
 ZERO = dev.ZERO
 ONE = dev.ONE
 
-FORWARD_TILES = (TileConfig(Br=32, Bc=32, TM=2, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=1, TN=1))
-BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=1, TN=1))
+FORWARD_TILES = (TileConfig(Br=32, Bc=32, TM=2, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2),
+                 TileConfig(Br=8, Bc=8, TM=1, TN=1))
+BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2),
+                  TileConfig(Br=8, Bc=8, TM=1, TN=1))
 
 
 def shared_bytes(config: TileConfig, d: int, backward: bool) -> int:
@@ -75,7 +78,7 @@ def check_config(config, d: int, backward: bool) -> None:
     config.check(d, backward, shared_bytes(config, d, backward))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast_out: bool):
     """Alg. 2 (Alg. 1 with tau, MASK and dropout) for one batch·head per thread block: grid (batch·heads,)."""
     Br, Bc, TM, TN = config.Br, config.Bc, config.TM, config.TN
@@ -166,7 +169,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
                         p = math.exp(s[a, b] - m_use)
                         part += p
                         if dropout:
-                            p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row0 + r0 + a, col0 + tx + TC * b)
+                            p *= dev.dropout_scale(seed_lo, seed_hi, threshold, inv_keep, bh, row0 + r0 + a,
+                                                   col0 + tx + TC * b)
                         P_s[r0 + a, tx + TC * b] = p
                     red_l[r0 + a, tx] = part
                     m_t[a] = m_tilde
@@ -204,7 +208,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, cast
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     """Alg. 4 for one batch·head per thread block: grid (batch·heads,), tile B keys × B queries."""
     B, TM, TN = config.Br, config.TM, config.TN

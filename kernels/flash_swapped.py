@@ -43,7 +43,9 @@ from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
-GROUPED_FORWARD = True  # grouped-query attention (k, v with fewer heads than q): its forward reads each query head's K/V head by index (kernels.api)
+# grouped-query attention (k, v with fewer heads than q): its forward reads each query head's K/V head by index
+# (kernels.api)
+GROUPED_FORWARD = True
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 SAWTOOTH = True  # its forward can scan K/V backward on odd query blocks (kernels.attention(..., sawtooth=True))
 
@@ -56,13 +58,15 @@ LN2 = np.float32(math.log(2.0))
 # Tile preferences, tried in order; the first whose shared memory fits is the default.
 # 64 × 32 with 4 × 4 per thread: 128 threads, each doing 2,048 FMAs per K/V step at d = 64,
 # fed by 8 128-bit shared loads per 64 FMAs of S and 12 per 128 FMAs of P̃V.
-FORWARD_TILES = (TileConfig(Br=64, Bc=32, TM=4, TN=4), TileConfig(Br=32, Bc=16, TM=4, TN=2), TileConfig(Br=16, Bc=16, TM=2, TN=2))
+FORWARD_TILES = (TileConfig(Br=64, Bc=32, TM=4, TN=4), TileConfig(Br=32, Bc=16, TM=4, TN=2),
+                 TileConfig(Br=16, Bc=16, TM=2, TN=2))
 # Blocks of the forward kernel per SM that the compiler must make room for. The unrolled d = 64
 # step keeps about 250 registers live: 2 blocks (255 registers) compile without spills, 3
 # (168) spill inside the step loop (experiments/results/kernels_static_model_sm90.md).
 FORWARD_MIN_BLOCKS = 2
 BACKWARD_MIN_BLOCKS = 4
-BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2), TileConfig(Br=8, Bc=8, TM=2, TN=2))
+BACKWARD_TILES = (TileConfig(Br=32, Bc=32, TM=4, TN=4), TileConfig(Br=16, Bc=16, TM=2, TN=2),
+                  TileConfig(Br=8, Bc=8, TM=2, TN=2))
 
 
 def layout(config: TileConfig, d: int, backward: bool) -> Layout:
@@ -99,7 +103,7 @@ def lse_from_log2(m2, l):
     return NEG_INF
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, splits: int = 1, packed: bool = False,
                    sawtooth: bool = False):
     """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads().
@@ -257,7 +261,7 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     """Compile-time specialised backward kernel: grid (batch·heads · T_c,), block config.threads(True).
 

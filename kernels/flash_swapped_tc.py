@@ -64,7 +64,8 @@ from iosim.kernels.config import STATIC_SHARED_LIMIT
 ALGORITHM = flash_swapped.ALGORITHM
 
 BFLOAT16 = True  # the host API may hand this implementation bfloat16 (kernels.api)
-GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its 16-bit kernels index K/V by the query head
+# grouped-query attention (k, v with fewer heads than q): its 16-bit kernels index K/V by the query head
+GROUPED_FORWARD = False
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 WARPS = tc.WARPS  # each owning one m16 row tile of Q_i
@@ -200,7 +201,7 @@ def mma_per_step(d: int) -> int:
     return (bc // mma.N) * (dp // mma.K) + (bc // mma.K) * (dp // mma.N)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def forward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16", negative_scale: bool = False):
     """Tensor-core forward for head dim d: grid (batch·heads · T_r,), block THREADS, T_r = ⌈N_q/64⌉.
 
@@ -443,7 +444,7 @@ def backward_mma_per_step(d: int) -> int:
     return 4 * per_product + (BKB // mma.K) * 2 * dq_split(d)[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16"):
     """Tensor-core backward for head dim d: grid (batch·heads · ⌈N_k/64⌉,), block THREADS.
 
@@ -675,13 +676,13 @@ def backward_kernel(d: int, causal: bool, dropout: bool, dtype: str = "float16")
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def row_dot_kernel(dtype: str):
     """D_i = rowsum(dO_i ∘ O_i) (Alg. 4 line 19) for (bh, N_q, d) arrays of halves -> (bh, N_q) float32."""
     return dev.row_dot_kernel_for(tc.halves(dtype).widen)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def store_kernel(dtype: str):
     """dst = src rounded to the 16-bit type, for (bh, N, d) arrays: float32 -> float16, or bfloat16 bits."""
     return dev.convert_kernel_for(tc.halves(dtype).store)

@@ -34,11 +34,11 @@ from numba import cuda
 from iosim.algorithms import split_kv as simulated
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling, ceil_div
 from iosim.kernels import _device as dev
 from iosim.kernels import flash_swapped
 from iosim.kernels.config import TileConfig
-from iosim.core.problem import AttentionShape, Problem
-from iosim.core.tiling import Tiling, ceil_div
 
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # float32 or float16, as flash-swapped's kernel
@@ -92,7 +92,7 @@ def resolve_splits(splits, shape: AttentionShape, causal: bool, config: TileConf
     return ALGORITHM.with_splits(pb, tiling, splits, default=False, sms=0, fixed=True).splits
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def combine_kernel(d: int, Br: int):
     """The combine: grid (batch·kv_heads · T_r,), block COMBINE_THREADS; block h·T_r + i reduces rows i·B_r … of
     packed head h over its S splits, online (running max and sum, as iosim's ``split_kv.combine``)."""

@@ -29,7 +29,8 @@ from iosim.kernels.config import FLOAT32_BYTES, MAX_THREADS_PER_BLOCK, STATIC_SH
 # The iosim algorithm this kernel computes: iosim counts its HBM traffic, the tests compare outputs.
 ALGORITHM = simulated.ALGORITHM
 BFLOAT16 = False  # the host API hands it float32 or float16 only (kernels.api.Implementation)
-GROUPED_FORWARD = False  # grouped-query attention (k, v with fewer heads than q): its matmuls index K/V by the query head
+# grouped-query attention (k, v with fewer heads than q): its matmuls index K/V by the query head
+GROUPED_FORWARD = False
 SPLITS = False  # its forward does not split K/V (kernels.api: splits= is for split-kv)
 SAWTOOTH = False  # one K/V order (kernels.api: sawtooth= is for flash-swapped)
 
@@ -60,9 +61,11 @@ class MatmulConfig:
         if self.BM % self.TM or self.BN % self.TN:
             raise ValueError(f"config.TM={self.TM} must divide BM={self.BM} and TN={self.TN} must divide BN={self.BN}")
         if self.row_threads & (self.row_threads - 1) or self.row_threads > MAX_THREADS_PER_BLOCK:
-            raise ValueError(f"config.row_threads={self.row_threads} must be a power of two in [1, {MAX_THREADS_PER_BLOCK}]")
+            raise ValueError(f"config.row_threads={self.row_threads} must be a power of two in "
+                             f"[1, {MAX_THREADS_PER_BLOCK}]")
         if not 1 <= self.threads() <= MAX_THREADS_PER_BLOCK:
-            raise ValueError(f"config {self} gives {self.threads()} matmul threads; allowed range [1, {MAX_THREADS_PER_BLOCK}]")
+            raise ValueError(f"config {self} gives {self.threads()} matmul threads; "
+                             f"allowed range [1, {MAX_THREADS_PER_BLOCK}]")
         if shared_bytes(self, d, backward) > STATIC_SHARED_LIMIT:
             raise ValueError(
                 f"config {self} needs {shared_bytes(self, d, backward)} bytes of shared memory; "
@@ -88,7 +91,7 @@ def check_config(config, d: int, backward: bool) -> None:
     config.check(d, backward)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def matmul_kernel(trans_a: bool, trans_b: bool, config: MatmulConfig):
     """C[b] = alpha · op(A[b]) op(B[b]) for batched 3-D arrays, op = transpose when trans_*.
 
@@ -170,9 +173,10 @@ def matmul_kernel(trans_a: bool, trans_b: bool, config: MatmulConfig):
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def softmax_kernel(threads: int, causal: bool, dropout: bool):
-    """Alg. 0 line 2, a thread block per row (grid-stride over rows): S (bh, N_q, N_k) -> P ∘ Z in place, and lse (bh, N_q).
+    """Alg. 0 line 2, a thread block per row (grid-stride over rows): S (bh, N_q, N_k) -> P ∘ Z in place, and lse
+    (bh, N_q).
 
     Pass 1 computes the row's max and sum with the online normaliser (Milakov and Gimelshein, 2018),
     combined across threads by a tree in shared memory; pass 2 writes P.
@@ -229,7 +233,7 @@ def softmax_kernel(threads: int, causal: bool, dropout: bool):
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probs_kernel(causal: bool, dropout: bool):
     """Backward: S -> P = exp(MASK(S) − lse) in place, and P∘Z into pz when dropout is on."""
 
@@ -253,7 +257,7 @@ def probs_kernel(causal: bool, dropout: bool):
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ds_kernel(dropout: bool):
     """Backward: dP -> dS = P ∘ (dP ∘ Z − D) in place."""
 

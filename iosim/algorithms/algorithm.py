@@ -55,8 +55,8 @@ class Tensor:
 INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input", kv=True),
           Tensor("V", "N_k", "d", "input", kv=True))
 MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
-# A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving engine,
-# held here per K/V head, which its heads read as their own (no count depends on the copies)
+# A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving
+# engine, held here per K/V head, which its heads read as their own (no count depends on the copies)
 BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
@@ -153,9 +153,9 @@ class Algorithm:
         """Whether its runs use ``option``, one of OPTIONS; the others leave it unread."""
         if option not in OPTIONS:
             raise ValueError(f"option {option!r} is not one of {OPTIONS}")
-        # packed documents (iosim.variants.varlen) are a sum of plain problems at the longest's tiling, which every algorithm
-        # counts, except one that splits K/V: its splits are sized per sequence, and one count of splits cannot serve
-        # documents of every length (a short one has fewer K/V blocks than splits)
+        # packed documents (iosim.variants.varlen) are a sum of plain problems at the longest's tiling, which every
+        # algorithm counts, except one that splits K/V: its splits are sized per sequence, and one count of splits
+        # cannot serve documents of every length (a short one has fewer K/V blocks than splits)
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
                 "seqlens": self.needs.splits is None}[option]
@@ -167,10 +167,11 @@ class Algorithm:
         algorithms = tuple(algorithms)
         if pb.block_sparsity is not None and not self.accepts("block_sparsity"):
             raise InputError(f"block_sparsity for {self.name}: it has no block mask; allowed: block_sparsity=None, "
-                             f"or an algorithm that takes one: {[a.name for a in algorithms if a.accepts('block_sparsity')]}")
+                             f"or an algorithm that takes one: "
+                             f"{[a.name for a in algorithms if a.accepts('block_sparsity')]}")
         if pb.window is not None and not self.accepts("window"):
-            raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {self.name}: it takes no sliding window; "
-                             f"allowed: window=None, or an algorithm that takes one: "
+            raise InputError(f"window=({pb.window.left}, {pb.window.right}) for {self.name}: "
+                             f"it takes no sliding window; allowed: window=None, or an algorithm that takes one: "
                              f"{[a.name for a in algorithms if a.accepts('window')]}")
         if pb.page_size and not (self.accepts("page_size") and pass_ == "fwd"):
             raise InputError(f"page_size={pb.page_size} for {self.name}, pass {pass_!r}: it reads no paged K/V cache; "
@@ -185,8 +186,9 @@ class Algorithm:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
         block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
         (or no packed documents) is left out when a window (documents) is set."""
-        return (not self.needs.block_mask or "block_sparsity" in given) and ("window" not in given or self.needs.window) \
-            and ("seqlens" not in given or self.accepts("seqlens"))
+        return ((not self.needs.block_mask or "block_sparsity" in given)
+                and ("window" not in given or self.needs.window)
+                and ("seqlens" not in given or self.accepts("seqlens")))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""

@@ -17,14 +17,14 @@ Deviations: as ``flash`` and ``flash backward`` (see their modules).
 
 from __future__ import annotations
 
-from iosim.algorithms.algorithm import Algorithm, Needs
 from iosim.algorithms import flash, flash_backward
+from iosim.algorithms.algorithm import Algorithm, Needs
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
-from iosim.variants.sparsity import sparse_visits
 from iosim.core.tiling import Tiling
+from iosim.variants.sparsity import sparse_visits
 
 
 def fraction(pb: Problem) -> float:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_backward
+from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms.tile_ops import apply_dropout, exp_diff, load_mask, safe_divide, scores
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul

@@ -19,19 +19,18 @@ O = 0, ℓ = 0, m = −inf.
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms import flash_swapped_backward
+from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
-from iosim.variants.paging import entries
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
+from iosim.variants.paging import entries
 
 TENSORS = (OUTPUT, *STATISTICS)
 

@@ -25,8 +25,17 @@ loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
 
 from __future__ import annotations
 
-
-from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, Tensor, exact_counts, saved
+from iosim.algorithms.algorithm import (
+    DOUT,
+    GRADIENTS,
+    OUTPUT,
+    STATISTICS,
+    Algorithm,
+    Needs,
+    Tensor,
+    exact_counts,
+    saved,
+)
 from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul

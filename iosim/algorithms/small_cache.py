@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithms.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, Tensor, exact_counts
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, masked
 from iosim.core.counts import Counts
 from iosim.core.flops import matmul

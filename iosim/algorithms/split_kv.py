@@ -41,15 +41,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, SplitRule, Tensor, exact_counts
-from iosim.algorithms.tile_ops import (absorb_block, exp_diff, load_mask, logsumexp, read_block_table, safe_divide,
-                                       scores)
+from iosim.algorithms.tile_ops import (
+    absorb_block,
+    exp_diff,
+    load_mask,
+    logsumexp,
+    read_block_table,
+    safe_divide,
+    scores,
+)
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
-from iosim.variants.paging import entries
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, ceil_div
 from iosim.core.visits import Axis, Blocks, PackedVisits, Visits, visits
+from iosim.variants.paging import entries
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
 PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"),

@@ -23,9 +23,9 @@ chip, so that P in HBM is the softmax the backward pass needs (``standard_backwa
 
 from __future__ import annotations
 
-from iosim.algorithms.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms import standard_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms.tile_ops import apply_dropout, load_mask, scores
 from iosim.core.counts import Counts
 from iosim.core.flops import matmul

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithms.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms import standard_eager_backward
 from iosim.algorithms._softmax import materialized_flops, softmax_rows, softmax_two_pass, softmax_whole_rows
-from iosim.algorithms.tile_ops import apply_dropout, load_mask, transpose, visible
+from iosim.algorithms.algorithm import OUTPUT, Algorithm, Needs, Tensor, exact_counts
 from iosim.algorithms.standard import paper_form  # Alg. 0's form: the same matrices, unfused
+from iosim.algorithms.tile_ops import apply_dropout, load_mask, transpose, visible
 from iosim.core.counts import Counts
 from iosim.core.flops import matmul
 from iosim.core.memory import Memory
@@ -153,6 +153,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 ALGORITHM = Algorithm(
     name="standard-eager", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM, flops=materialized_flops,
+    paper_form=paper_form, paper_label="Θ(Nd + N²)", backward=standard_eager_backward.ALGORITHM,
+    flops=materialized_flops,
     needs=Needs(window=True),
 )

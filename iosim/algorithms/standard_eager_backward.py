@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.algorithms.algorithm import DOUT, GRADIENTS, Algorithm, Needs, Tensor, exact_counts, saved
-from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.algorithms.standard_backward import flops, paper_form  # the same four products as Alg. 3
+from iosim.algorithms.tile_ops import load_mask, row_dot, transpose, visible
 from iosim.core.counts import Counts
 from iosim.core.flops import matmul
 from iosim.core.memory import Memory

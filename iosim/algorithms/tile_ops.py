@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from iosim.core.memory import Memory, Tile
-from iosim.variants.paging import pages_read
 from iosim.core.problem import Problem
 from iosim.core.rng import dropout_tile
+from iosim.variants.paging import pages_read
 
 
 def exp_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
 from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
-from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
+from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
+from iosim.reports.records import check_distinct, check_output_path, write_records
 
 
 def add_parser(sub) -> None:

@@ -7,14 +7,14 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.serving.cascade import Cascade, cascade, kv_reads
 from iosim.cli.common import add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
 from iosim.core.gpus import GPUS, resolve_M
-from iosim.tilings.policies import POLICIES
-from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.registry import ALGORITHMS
+from iosim.reports.records import check_distinct, check_output_path, write_records
+from iosim.serving.cascade import Cascade, cascade, kv_reads
+from iosim.tilings.policies import POLICIES
 
 DEFAULT_ALGOS = ("split-kv",)  # Flash-Decoding: what a serving engine decodes with
 

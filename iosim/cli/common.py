@@ -8,15 +8,15 @@ from importlib.metadata import PackageNotFoundError, version
 from iosim.api import PASSES, backward_of
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
+from iosim.core.inputs import check_tokens
+from iosim.core.problem import Problem
+from iosim.core.rng import check_seed
+from iosim.core.units import DTYPE_ITEMSIZE, parse_count
 from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
 from iosim.gpu.kernels import KERNELS
-from iosim.core.inputs import check_tokens
-from iosim.tilings.policies import POLICIES
-from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS
-from iosim.core.rng import check_seed
+from iosim.tilings.policies import POLICIES
 from iosim.variants.sparsity import PATTERNS, BlockSparsity
-from iosim.core.units import DTYPE_ITEMSIZE, parse_count
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
 
@@ -193,8 +193,9 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
     mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
-    given = ("block_sparsity",) * (getattr(args, "sparsity", None) is not None) + ("window",) * (window_of(args) is not None) \
-        + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
+    given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
+             + ("window",) * (window_of(args) is not None)
+             + ("seqlens",) * (getattr(args, "seqlens", None) is not None))
     backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given) and (a.backward is not None or not backward)]

@@ -1,4 +1,5 @@
-"""``iosim kernels``: the kernel descriptions the DRAM level runs, with the algorithm each implements and its sources."""
+"""``iosim kernels``: the kernel descriptions the DRAM level runs, with the algorithm each implements and its
+sources."""
 
 from __future__ import annotations
 

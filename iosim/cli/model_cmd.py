@@ -10,12 +10,21 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import DEFAULT, GPUS
-from iosim.models.cost import (ATTENTION_ONLY, PHASES, AlgorithmCost, ModelReport, PhaseCost, check_algorithms, model,
-                              plan_phases, records)
-from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
-from iosim.reports.records import RecordWriter
-from iosim.registry import ALGORITHMS
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.models.cost import (
+    ATTENTION_ONLY,
+    PHASES,
+    AlgorithmCost,
+    ModelReport,
+    PhaseCost,
+    check_algorithms,
+    model,
+    plan_phases,
+    records,
+)
+from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
+from iosim.registry import ALGORITHMS
+from iosim.reports.records import RecordWriter
 
 
 def add_parser(sub) -> None:
@@ -100,7 +109,8 @@ def render_phase(console, pc: PhaseCost) -> None:
     for a in pc.ran:
         for i, c in enumerate(a.layers):
             first = i == 0
-            table.add_row(a.algorithm if first else "", f"{c.kind.layers} {'global' if c.kind.window is None else 'local'}",
+            table.add_row(a.algorithm if first else "",
+                          f"{c.kind.layers} {'global' if c.kind.window is None else 'local'}",
                           nbytes(c.counts.total_bytes), eng(c.flops.matmul), seconds(c.roofline.seconds),
                           c.roofline.bound, *((nbytes(a.total_bytes), eng(a.flops.matmul), seconds(a.seconds),
                                                f"{pc.ratio(a):.2f}×") if first else ("",) * 4))

@@ -7,17 +7,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iosim.api import backward_of
-from iosim.cli.common import (PASS_TITLES, add_l2_options, add_outputs, add_problem, algorithms_of, band_title,
-                              check_backward, count_arg, hardware_of, window_of)
+from iosim.cli.common import (
+    PASS_TITLES,
+    add_l2_options,
+    add_outputs,
+    add_problem,
+    algorithms_of,
+    band_title,
+    check_backward,
+    count_arg,
+    hardware_of,
+    window_of,
+)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS, resolve_M
 from iosim.core.tiling import tiling_record
 from iosim.gpu.l2 import dram_record
+from iosim.registry import ALGORITHMS
 from iosim.reports.optimize import DRAM_CANDIDATES, OBJECTIVES, TOP_DEFAULT, Optimum, optimize
 from iosim.reports.records import check_distinct, check_output_path, write_records
-from iosim.registry import ALGORITHMS
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
 from iosim.cli.common import add_outputs, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.core.gpus import GPUS, resolve_M
-from iosim.tilings.policies import POLICIES
-from iosim.reports.records import check_distinct, check_output_path, write_records
-from iosim.registry import ALGORITHMS
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.registry import ALGORITHMS
+from iosim.reports.records import check_distinct, check_output_path, write_records
+from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
+from iosim.tilings.policies import POLICIES
 
 DEFAULT_ALGOS = ("flash", "flash-swapped")  # the causal-skipping algorithms a serving engine prefills with
 

@@ -11,22 +11,30 @@ from pathlib import Path
 import numpy as np
 
 from iosim.api import Progress, backward_of, count, simulate, simulation_bytes
-from iosim.cli.common import (add_simulation, block_sparsity, check_backward, count_arg, hardware_of, lengths_of,
-                              seed_arg, window_of)
+from iosim.cli.common import (
+    add_simulation,
+    block_sparsity,
+    check_backward,
+    count_arg,
+    hardware_of,
+    lengths_of,
+    seed_arg,
+    window_of,
+)
 from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
-from iosim.gradients import GradResult, gradients
+from iosim.core.tiling import Tiling, tiling_record
 from iosim.gpu.dram import covered_dram
 from iosim.gpu.l2 import DramCounts, dram_record
-from iosim.reports.records import check_distinct, check_output_path, write_document
+from iosim.gradients import GradResult, gradients
 from iosim.reference import attention_backward_ref, attention_ref
 from iosim.registry import ALGORITHMS, DEFAULT
+from iosim.reports.records import check_distinct, check_output_path, write_document
 from iosim.results import SimResult
 from iosim.variants.sparsity import element_mask
-from iosim.core.tiling import Tiling, tiling_record
 
 REFERENCE_CHUNK = 2**22  # float64 elements of one slice of the reference's N_q × N_k matrices (32 MiB)
 

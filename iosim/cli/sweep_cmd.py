@@ -6,16 +6,25 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import (PASS_TITLES, add_simulation, algorithms_of, block_sparsity, check_backward, count_arg,
-                              hardware_of, lengths_of, window_of)
+from iosim.cli.common import (
+    PASS_TITLES,
+    add_simulation,
+    algorithms_of,
+    block_sparsity,
+    check_backward,
+    count_arg,
+    hardware_of,
+    lengths_of,
+    window_of,
+)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
-from iosim.reports.records import RecordWriter
-from iosim.registry import ALGORITHMS
-from iosim.reports.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.registry import ALGORITHMS
+from iosim.reports.records import RecordWriter
+from iosim.reports.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
 
 
 @dataclass(frozen=True)
@@ -72,10 +81,10 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
-        rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=args.seqlens, batch=args.batch, heads=args.heads,
-                         kv_heads=args.kv_heads, splits=args.splits, causal=args.causal, window=window_of(args),
-                         dtype=args.dtype, block_policy=args.block_policy, writer=writer, on_row=on_row,
-                         pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
+        rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=args.seqlens, batch=args.batch,
+                         heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
+                         window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
+                         on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
@@ -107,8 +116,8 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     if first.seqlens is not None:
         lengths = [int(x) for x in first.seqlens.split()]
         options.append(f"{len(lengths)} documents packed end to end ({sum(lengths):,} tokens, the longest "
-                       f"{max(lengths):,}: N), each attending only to itself; ÷ padded: traffic over that of padding every "
-                       f"document to the longest")
+                       f"{max(lengths):,}: N), each attending only to itself; ÷ padded: traffic over that of padding "
+                       f"every document to the longest")
     paged = next((r for r in rows if r.page_size is not None), None)
     if paged is not None:
         options.append(f"paged K/V cache of {paged.page_size}-token pages, read by rows (the algorithms that read one)")
@@ -131,10 +140,17 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         return
     console.print(_setting(rows[0], rows))
     table = compact_table()
-    tile = (lambda r: "—" if r.counts is None else "/".join(
-        f"{t.Br}×{t.Bc}" for t in (r.forward_tiling, r.backward_tiling) if t is not None))
-    exact = (lambda r: "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}")
-    peak = (lambda r: "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}")
+
+    def tile(r: SweepRow) -> str:
+        return "—" if r.counts is None else "/".join(
+            f"{t.Br}×{t.Bc}" for t in (r.forward_tiling, r.backward_tiling) if t is not None)
+
+    def exact(r: SweepRow) -> str:
+        return "—" if r.ratio is None else "yes" if r.total == r.predicted else f"{r.ratio:.4f}"
+
+    def peak(r: SweepRow) -> str:
+        return "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}"
+
     if wide:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM reads", lambda r: eng(r.reads)), ("writes", lambda r: eng(r.writes)),
@@ -145,7 +161,8 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
                    ("B_r×B_c", tile), ("HBM total", lambda r: eng(r.total)), ("bytes", lambda r: nbytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
-        if any(None not in (r.forward_tiling, r.backward_tiling) for r in rows):  # two tilings a row: room made for them
+        # two tilings a row: room made for them
+        if any(None not in (r.forward_tiling, r.backward_tiling) for r in rows):
             columns = [c for c in columns if c[0] != "peak/M"]
     if rows[0].roofline is not None:  # a GPU preset: bytes and FLOPs become a time
         kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]

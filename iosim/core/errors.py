@@ -19,5 +19,5 @@ class BlockSizeError(InputError):
 
 
 class SearchTooLargeError(InputError):
-    """The optimal tiling search would try more than it allows: ``iosim.tilings.search.MAX_BLOCK_SIZES`` block sizes a side,
-    or ``MAX_EXHAUSTIVE`` tilings where a block mask makes it try every one."""
+    """The optimal tiling search would try more than it allows: ``iosim.tilings.search.MAX_BLOCK_SIZES`` block sizes a
+    side, or ``MAX_EXHAUSTIVE`` tilings where a block mask makes it try every one."""

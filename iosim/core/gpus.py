@@ -44,7 +44,8 @@ class GPU:
     fp32: Spec  # FLOP/s, CUDA cores (not TF32 tensor cores)
     sms: Spec  # streaming multiprocessors: how many thread blocks run at once, one per SM (split-kv's default)
     l2: Spec  # bytes of L2 cache, nominal (the datasheet's or whitepaper's figure)
-    l2_effective: Spec  # bytes of L2 that DRAM traffic sees (iosim.gpu.l2's default capacity), from a published measurement
+    # bytes of L2 that DRAM traffic sees (iosim.gpu.l2's default capacity), from a published measurement
+    l2_effective: Spec
 
     def M(self, dtype: str) -> int:
         """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
@@ -84,7 +85,8 @@ GPUS: dict[str, GPU] = {
         Spec(312e12, f"{A100_DATASHEET}: BF16 Tensor Core 312 TFLOPS"),
         Spec(19.5e12, f"{A100_DATASHEET}: FP32 19.5 TFLOPS"),
         Spec(108, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 108 SMs"),
-        Spec(40 * MiB, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 (cudaDeviceProp.l2CacheSize 40 MiB)"),
+        Spec(40 * MiB, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 (cudaDeviceProp.l2CacheSize "
+             "40 MiB)"),
         Spec(28 * MB, f"{L2_PLATEAU}: near 28 MB on an A100 80 GB (same 40 MB L2 as the 40 GB SXM4)"),
     ),
     "h100": GPU(
@@ -97,8 +99,8 @@ GPUS: dict[str, GPU] = {
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H100_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 132 SMs (SXM5)"),
-        Spec(50 * MiB, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 50 MB L2 (SXM5; cudaDeviceProp.l2CacheSize "
-             "50 MiB)"),
+        Spec(50 * MiB, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 50 MB L2 (SXM5; "
+             "cudaDeviceProp.l2CacheSize 50 MiB)"),
         Spec(37 * MB, f"{L2_PLATEAU}: near 37 MB on an H100 PCIe, whose L2 is the same 50 MB of the same GH100"),
     ),
     "h200": GPU(

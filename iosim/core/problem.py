@@ -189,14 +189,15 @@ class Problem:
     # query heads packed into the query rows (``packed()``): 1, or the GQA group of an algorithm that serves
     # a whole group from one K/V load; row r is then query r mod N_q/packed of the group's head r // (N_q/packed)
     packed: int = 1
-    # K and V in a paged cache of pages of this many tokens, found through a block table (iosim.variants.paging); None: one
-    # contiguous K/V per head. Checked where it enters the API; algorithms that do not read pages refuse it
+    # K and V in a paged cache of pages of this many tokens, found through a block table (iosim.variants.paging);
+    # None: one contiguous K/V per head. Checked where it enters the API; algorithms that do not read pages refuse it
     page_size: int | None = None
-    # documents packed end to end, each attending only to itself (iosim.variants.varlen): their lengths, the shape then the
-    # longest's (batch 1, N_q = N_k = the longest); None: one sequence per batch entry. Checked by iosim.variants.varlen
+    # documents packed end to end, each attending only to itself (iosim.variants.varlen): their lengths, the shape
+    # then the longest's (batch 1, N_q = N_k = the longest); None: one sequence per batch entry. Checked by
+    # iosim.variants.varlen
     seqlens: tuple[int, ...] | None = None
-    # one length's documents of a varlen problem (iosim.variants.varlen.documents): the place of each batch entry among all
-    # the documents, whose dropout stream it draws (``dropout_streams``); None: batch entry b is stream b
+    # one length's documents of a varlen problem (iosim.variants.varlen.documents): the place of each batch entry among
+    # all the documents, whose dropout stream it draws (``dropout_streams``); None: batch entry b is stream b
     batch_ids: tuple[int, ...] | None = None
 
     def __post_init__(self):
@@ -270,7 +271,8 @@ class Problem:
                 "kv_heads": None if s.kv_heads == s.heads else s.kv_heads, "causal": self.causal,
                 "mask": self.has_mask, "dropout_p": self.dropout_p, "dtype": self.dtype,
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
-                "page_size": self.page_size, "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens))}
+                "page_size": self.page_size,
+                "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens))}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

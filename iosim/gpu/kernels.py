@@ -14,6 +14,7 @@ from iosim.gpu.grids import _device, flash, flash_swapped, flash_swapped_tc, spl
 from iosim.gpu.kernel import Kernel, Launch, measured
 from iosim.gpu.l2 import Grid
 
+
 def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
     """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
     of dQ; the grid-stride kernels at the report's blocks per SM (one build of each stands for every dtype)."""

@@ -119,8 +119,8 @@ class Grid:
     """A kernel's thread blocks as it launches them.
 
     ``steps(b)`` yields block b's tile steps in order (blocks are numbered in launch
-    order, the order they start in), as an iterator or a ``SharedSteps``; ``blocks_per_sm`` is how many of them one SM holds
-    at once: measured from the kernel's registers and shared memory, or bounded by its
+    order, the order they start in), as an iterator or a ``SharedSteps``; ``blocks_per_sm`` is how many of them one SM
+    holds at once: measured from the kernel's registers and shared memory, or bounded by its
     shared memory on each GPU (``per_sm``).
     """
 
@@ -128,7 +128,8 @@ class Grid:
     steps: Callable[[int], Iterator[Step] | SharedSteps]
     tiles: Tiles
     blocks_per_sm: int | SharedMemoryBound
-    uniform: bool = False  # every block makes the same steps, on tiles no other block touches (iosim.gpu.lockstep.lockstep)
+    # every block makes the same steps, on tiles no other block touches (iosim.gpu.lockstep.lockstep)
+    uniform: bool = False
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""

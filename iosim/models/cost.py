@@ -37,10 +37,10 @@ from iosim.core.counts import Counts
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
-from iosim.models.presets import LayerKind, ModelConfig, get_model
-from iosim.registry import ALGORITHMS
 from iosim.core.tiling import Tiling, tiling_record
 from iosim.core.units import check_dtype, parse_count
+from iosim.models.presets import LayerKind, ModelConfig, get_model
+from iosim.registry import ALGORITHMS
 
 PHASES = ("training", "prefill", "decode")
 ATTENTION_ONLY = "attention only: no MLP, no KV-cache capacity"

@@ -23,9 +23,9 @@ from iosim.algorithms.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.core.errors import BlockSizeError, InputError
 from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.tilings.search import MAX_BLOCK_SIZES
-from iosim.core.tiling import Tiling
 
 POINTS_DEFAULT = 40
 
@@ -86,7 +86,8 @@ class BoundSweep:
 def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", points: int = POINTS_DEFAULT,
           algorithms: Iterable[str | Algorithm] | None = None,
           on_point: Callable[[BoundPoint], None] | None = None) -> BoundSweep:
-    """Every algorithm's least traffic against the lower bound, on a log grid of M from the smallest working set to N·d."""
+    """Every algorithm's least traffic against the lower bound, on a log grid of M from the smallest working set to
+    N·d."""
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype)
     if isinstance(points, bool) or not isinstance(points, int) or points < 1:
         raise InputError(f"points={points!r} must be a whole number >= 1")

@@ -46,17 +46,17 @@ from iosim.algorithms.algorithm import Algorithm
 from iosim.api import count, count_problem
 from iosim.core.counts import Counts
 from iosim.core.errors import BlockSizeError, InputError
+from iosim.core.problem import Problem
+from iosim.core.units import parse_size
 from iosim.gpu.dram import pass_counts
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernel import Launch, check_launchable
 from iosim.gpu.kernels import KERNELS, get_kernel, kernel_for
 from iosim.gpu.l2 import DramCounts
-from iosim.variants.paging import aligned
-from iosim.tilings.policies import POLICIES
-from iosim.core.problem import Problem
 from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.tilings.policies import POLICIES
 from iosim.tilings.search import Candidate, evaluate, rank_key, ranked, smallest_working_set
-from iosim.core.units import parse_size
+from iosim.variants.paging import aligned
 
 TOP_DEFAULT = 3  # tilings per algorithm that `iosim optimize` shows
 OBJECTIVES = ("hbm", "dram")  # what the search minimizes: the two-level count, or the DRAM bytes behind an L2
@@ -152,8 +152,8 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
         raise BlockSizeError(
             f"M={M} is below the smallest working set of every algorithm asked for ("
             + ", ".join(f"{name}: {need}" for name, need in needs.items())
-            + f" elements at d={user_pb.shape.d}, N_q={user_pb.shape.n_q}, N_k={user_pb.shape.n_k}); allowed range M >= "
-              f"{min(needs.values())}")
+            + f" elements at d={user_pb.shape.d}, N_q={user_pb.shape.n_q}, N_k={user_pb.shape.n_k}); "
+              f"allowed range M >= {min(needs.values())}")
     return out
 
 

@@ -19,15 +19,15 @@ from iosim.core.errors import BlockSizeError
 from iosim.core.flops import Flops
 from iosim.core.gpus import Roofline, get_gpu, roofline
 from iosim.core.inputs import check_scale
+from iosim.core.problem import check_window
+from iosim.core.tiling import Tiling, one_pass, tiling_record
+from iosim.core.units import parse_size
 from iosim.gpu.dram import covered_dram
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import get_kernel
 from iosim.gpu.l2 import DramCounts, dram_record
-from iosim.core.problem import check_window
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.variants.sparsity import BlockSparsity
-from iosim.core.tiling import Tiling, one_pass, tiling_record
-from iosim.core.units import parse_size
 
 if TYPE_CHECKING:
     from iosim.reports.records import RecordWriter
@@ -72,7 +72,8 @@ class SweepRow:
     window_left: int | None = None  # the sliding window (left, right) as given; None without one
     window_right: int | None = None
     page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
-    seqlens: str | None = None  # packed documents' lengths, space-separated (iosim.variants.varlen); N is the longest; else None
+    # packed documents' lengths, space-separated (iosim.variants.varlen); N is the longest; else None
+    seqlens: str | None = None
     padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
     l2_bytes: int | None = None  # with a preset, the L2 capacity given for its DRAM level; None: the preset's
     blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
@@ -145,10 +146,11 @@ class SweepRow:
                 "status": self.status}
 
 
+# every option that changes a row: what --resume tells rows apart by
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
                "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
-               "blocks_per_sm", "schedule", "kernel")  # every option that changes a row: what --resume tells rows apart by
+               "blocks_per_sm", "schedule", "kernel")
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
 
 
@@ -168,8 +170,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     (``iosim.gpu.kernels``; ``kernel`` names one for the algorithm it implements) also carries its
     DRAM bytes behind the preset's L2, and its roofline time uses them instead of the two-level bytes.
     ``window=(left, right)`` is a sliding window, refused by an algorithm that takes none.
-    ``seqlens`` counts documents packed end to end instead of N (iosim.variants.varlen), and the row carries their traffic
-    padded to the longest. ``hw`` is ``gpu`` resolved with the user's overrides of the L2 model (capacity,
+    ``seqlens`` counts documents packed end to end instead of N (iosim.variants.varlen), and the row carries their
+    traffic padded to the longest. ``hw`` is ``gpu`` resolved with the user's overrides of the L2 model (capacity,
     blocks per SM, schedule); None: the preset's own.
     """
     preset = None if gpu is None else get_gpu(gpu)
@@ -179,7 +181,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
                         page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel)
-    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=dropout_p,
+    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, M=M, batch=batch, heads=heads,
+                   causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window,
                    dtype=dtype, block_policy=block_policy, kv_heads=kv_heads, splits=config["requested_splits"],
                    block_sparsity=block_sparsity if config["sparsity"] is not None else None, gpu=gpu,
@@ -193,7 +196,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     except BlockSizeError as err:
         if block_policy == "fit":
             raise
-        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})  # M in elements, paper's form
+        # M in elements, paper's form
+        fit = predict(algorithm, pass_=pass_, **{**options, "block_policy": "fit", "splits": None})
         return SweepRow(algorithm, M=fit.M, **config, forward_tiling=None, counts=None, predicted=None, paper=fit.paper,
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     measured, pred = measure(request, gpu), closed_form(request)
@@ -219,7 +223,8 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
     sparse = block_sparsity is not None and algo.accepts("block_sparsity")
     band = check_window(window)
     N = max(seqlens) if seqlens else N
-    return dict(N=N, N_k=N if N_k is None else N_k, d=d, seqlens=" ".join(map(str, seqlens)) if seqlens else None, batch=batch, heads=heads, causal=causal, mask=mask,
+    return dict(N=N, N_k=N if N_k is None else N_k, d=d, seqlens=" ".join(map(str, seqlens)) if seqlens else None,
+                batch=batch, heads=heads, causal=causal, mask=mask,
                 dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_,
                 kv_heads=None if kv_heads in (None, heads) else kv_heads,
                 sparsity=block_sparsity.sparsity if sparse else None,

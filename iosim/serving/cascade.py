@@ -47,12 +47,12 @@ from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.inputs import check_flag, check_positive_int, check_qkv, check_tokens
 from iosim.core.memory import Memory
-from iosim.variants.paging import check_page_size
 from iosim.core.problem import Problem
-from iosim.registry import ALGORITHMS, get_algorithm
-from iosim.results import SimResult
 from iosim.core.units import parse_size
 from iosim.core.visits import Axis
+from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.results import SimResult
+from iosim.variants.paging import check_page_size
 
 LEVELS = ("prefix", "suffix")
 STATE = ("O", "l", "m")  # what a level writes and the merge reads: its partial output and statistics

@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 from math import gcd
 
 from iosim.api import count_problem, plan
-from iosim.plans import Plan
 from iosim.core.counts import Counts, TensorCounts, combined
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.inputs import check_positive_int
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
+from iosim.plans import Plan
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,8 @@ def _affine(f0: Counts, f1: Counts, fn: Counts, n: int) -> bool:
     """Whether the n-th of f₀, f₁, ... is f₀ + (n−1)(f₁ − f₀), tensor by tensor, at one peak."""
     return f0.peak_sram == f1.peak_sram == fn.peak_sram and all(
         a.name == b.name == z.name and z.reads == a.reads + (n - 1) * (b.reads - a.reads)
-        and z.writes == a.writes + (n - 1) * (b.writes - a.writes) for a, b, z in zip(f0.tensors, f1.tensors, fn.tensors))
+        and z.writes == a.writes + (n - 1) * (b.writes - a.writes)
+        for a, b, z in zip(f0.tensors, f1.tensors, fn.tensors))
 
 
 def _affine_flops(g0: Flops, g1: Flops, gn: Flops, n: int) -> bool:

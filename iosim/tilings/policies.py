@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.variants import paging
 from iosim.algorithms.algorithm import Algorithm
 from iosim.core.errors import BlockSizeError, InputError
 from iosim.core.problem import Problem
+from iosim.core.tiling import Tiling, ceil_div
 from iosim.tilings.search import check_fits, largest
 from iosim.tilings.search import optimal as search_optimal
-from iosim.core.tiling import Tiling, ceil_div
+from iosim.variants import paging
 
 
 def shape_rule(algo: Algorithm, pb: Problem, B: int) -> Tiling:

@@ -18,13 +18,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from iosim.variants import paging
 from iosim.algorithms.algorithm import Algorithm
 from iosim.core.counts import Counts
 from iosim.core.errors import BlockSizeError, InputError, SearchTooLargeError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, ceil_div
-
+from iosim.variants import paging
 
 # The most tilings evaluated one by one when traffic follows a block mask drawn per tiling
 # (Algorithm.follows_block_mask): about 4 s of closed forms (40 to 50 µs each, measured with time.process_time
@@ -72,9 +71,9 @@ def check_search_size(sizes: int, side: str, name: str, pb: Problem, M: int) -> 
     if sizes > MAX_BLOCK_SIZES:
         s = pb.shape
         raise SearchTooLargeError(
-            f"the optimal tiling search of {name} at N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, M={M:,} would try more than "
-            f"{MAX_BLOCK_SIZES:,} sizes of {side}; allowed: at most {MAX_BLOCK_SIZES:,} (a smaller M, or the fit "
-            f"policy, answers at once)")
+            f"the optimal tiling search of {name} at N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, M={M:,} would try "
+            f"more than {MAX_BLOCK_SIZES:,} sizes of {side}; allowed: at most {MAX_BLOCK_SIZES:,} (a smaller M, or "
+            f"the fit policy, answers at once)")
 
 
 def largest(fits: Callable[[int], bool], hi: int) -> int:
@@ -120,8 +119,8 @@ def block_sizes(n: int) -> Iterator[int]:
 def candidates(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
     """The tilings the search evaluates (see the module docstring), no block longer than its sequence.
 
-    A paged K/V cache takes only K/V blocks that hold whole pages or lie in one (``iosim.variants.paging.aligned``): each
-    candidate's B_c is rounded down to one, which only shrinks its working set. Among such blocks the traffic
+    A paged K/V cache takes only K/V blocks that hold whole pages or lie in one (``iosim.variants.paging.aligned``):
+    each candidate's B_c is rounded down to one, which only shrinks its working set. Among such blocks the traffic
     never grows with B_c (K and V are read by rows, and a block reads the table entries of its pages), so the
     largest aligned B_c under each candidate's is the one to try.
     """

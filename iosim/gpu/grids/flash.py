@@ -62,8 +62,9 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gri
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no causal mask, no GQA),
-    every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None elsewhere.
+    """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no causal
+    mask, no GQA), every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None
+    elsewhere.
 
     Every block has the same steps (its own head's tiles), so blocks run in waves of w = ``concurrent`` (the
     last w = batch·heads mod W) in lockstep, and a wave's hits depend on w alone. An access by the block at

@@ -18,7 +18,19 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 from iosim.gpu.grids._device import TILES
-from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, SharedMemoryBound, SharedSteps, Step, Tiles, sectors
+from iosim.gpu.l2 import (
+    READ,
+    READ_WRITE,
+    SECTOR,
+    WRITE,
+    DramForm,
+    Grid,
+    SharedMemoryBound,
+    SharedSteps,
+    Step,
+    Tiles,
+    sectors,
+)
 
 FORWARD_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
 
@@ -88,8 +100,8 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound, sawtoo
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
-    """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no mask, no GQA):
-    reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
+    """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no mask, no
+    GQA): reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
     O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.gpu.l2`` has it.
 
     Blocks run in waves of W = ``concurrent``, in lockstep. Q_i is read once, O_i and lse_i written once.

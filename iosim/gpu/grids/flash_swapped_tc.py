@@ -13,6 +13,7 @@ from iosim.core.tiling import Tiling
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.l2 import Grid, SharedMemoryBound, SharedSteps, Tiles
 
+
 def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Grid:
     """flash-swapped-tc's 16-bit forward: block bh·T_r + i as flash-swapped's, K/V one step early.
 
