@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.cli import build_parser, main, run
+from iosim.serving.cascade import merge_rows
 
 MERGING = [name for name, a in iosim.ALGORITHMS.items() if {"l", "m"} <= set(a.outputs())]
 PAGED = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_size")]
@@ -39,7 +40,7 @@ def test_outputs_equal_the_reference(algorithm, n_q, prefix, suffix, causal):
     assert np.abs(r.out - ref.out).max() < 1e-12, np.abs(r.out - ref.out).max()
     assert np.abs(r.lse - ref.lse).max() < 1e-12, np.abs(r.lse - ref.lse).max()
     assert r.traffic == r.predicted, (without_peak(r.traffic), without_peak(r.predicted))
-    count = iosim.serving.cascade(algorithm, batch=3, prefix=prefix, suffix=suffix, d=17, M=1500, N=n_q, heads=4, kv_heads=2,
+    count = iosim.cascade(algorithm, batch=3, prefix=prefix, suffix=suffix, d=17, M=1500, N=n_q, heads=4, kv_heads=2,
                           causal=causal)
     assert count.traffic == r.traffic and count.flops == r.flops
 
@@ -63,7 +64,7 @@ def test_by_hand_four_requests():
     # (64·8 = 512 each) and writes O_prefix (4·8), ℓ, m (4); the suffix level reads Q again, each request's 16 keys
     # (4·16·8 = 512 of K and of V) and writes O_suffix, ℓ, m likewise; the merge reads both states and writes O,
     # ℓ, m. Separately, each request reads its 80 keys: 4·80·8 = 2560 of K and of V.
-    r = iosim.serving.cascade("flash-swapped", batch=4, prefix=64, suffix=16, d=8, M=100_000)
+    r = iosim.cascade("flash-swapped", batch=4, prefix=64, suffix=16, d=8, M=100_000)
     assert [lv.result.tiling for lv in r.levels] == [iosim.Tiling(4, 64), iosim.Tiling(1, 16)]
     state = {"O": 32, "l": 4, "m": 4}
     expected = {"Q": (64, 0), "K": (1024, 0), "V": (1024, 0),
@@ -74,6 +75,23 @@ def test_by_hand_four_requests():
                                                 "l": (0, 4), "m": (0, 4)}
     # the merge holds O_i, O_s (2·8) and five statistics for its one row of each head: 21 elements
     assert r.merge.peak_sram == 21 and r.merge == r.merge_predicted
+
+
+def test_the_merge_takes_as_many_rows_as_fit_where_m_binds():
+    # Kills the mutant of merge_rows' per-row working set 2·d + 5 → 2·d + 3, which survives wherever all N_q rows of a
+    # head fit (every other test): B = 3 requests of N = 20 queries, d = 8, one head, M = 200 elements. A merge row
+    # holds O_i and O_s (2·8) and ℓ_i, m_i, ℓ_s, m_s, m_new (5): 21 elements, so ⌊200/21⌋ = 9 rows fit (189 ≤ 200 <
+    # 210) of the 20: M binds, and the merge runs blocks of 9, 9 and 2 rows, its peak 9·21 = 189. (With 2·d + 3 = 19 it
+    # would take ⌊200/19⌋ = 10 rows, 210 elements.) Each of the 3·20 = 60 rows reads both levels' O (8), ℓ and m once
+    # and writes O, ℓ, m once, whatever the block.
+    r = iosim.cascade("split-kv", batch=3, prefix=64, suffix=32, N=20, d=8, M=200)
+    assert merge_rows(r.problem, r.M) == 9
+    state = {"O": 60 * 8, "l": 60, "m": 60}
+    expected = {**{f"{t}_{level}": (n, 0) for level in ("prefix", "suffix") for t, n in state.items()},
+                **{t: (0, n) for t, n in state.items()}}
+    assert without_peak(r.merge) == expected and r.merge.peak_sram == 189, (without_peak(r.merge), r.merge.peak_sram)
+    assert r.merge == r.merge_predicted, (r.merge.peak_sram, r.merge_predicted.peak_sram)
+    assert r.traffic == r.predicted, (without_peak(r.traffic), without_peak(r.predicted))
 
 
 @st.composite
@@ -93,7 +111,7 @@ def batches(draw):
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_counts_equal_closed_forms(case):
-    r = iosim.serving.cascade(**case)
+    r = iosim.cascade(**case)
     assert r.traffic == r.predicted, (case, without_peak(r.traffic), without_peak(r.predicted))
     # each level is the algorithm's own count of its problem
     options = dict(d=case["d"], M=case["M"], heads=case["heads"], kv_heads=case["kv_heads"],
@@ -110,7 +128,7 @@ def test_counts_equal_closed_forms(case):
 @given(batches())
 def test_one_request_with_all_shared_is_the_plain_decode(case):
     # batch 1 and U = 0: the prefix level is the plain problem and there is nothing to merge
-    r = iosim.serving.cascade(**{**case, "batch": 1, "suffix": 0, "causal": False})
+    r = iosim.cascade(**{**case, "batch": 1, "suffix": 0, "causal": False})
     assert r.merge is None and len(r.levels) == 1 and r.traffic == r.separate.traffic
 
 
@@ -120,7 +138,7 @@ def test_the_shared_keys_are_read_once_per_query_block(case):
     # the prefix level reads the P shared keys once per query block of its packed rows (flash-swapped, split-kv: all
     # splits of a block together) and no more; the separate decode reads them once per request at least
     case = {**case, "algorithm": case["algorithm"] if case["algorithm"] in PAGED else "split-kv"}
-    r = iosim.serving.cascade(**case)
+    r = iosim.cascade(**case)
     top = r.levels[0].result
     groups = 1 if case["algorithm"] == "flash-swapped" else case["heads"] // case["kv_heads"]
     rows = groups * case["batch"] * case["N"]  # query rows of one head as the level runs it
@@ -141,7 +159,7 @@ def test_the_shared_keys_are_read_once_per_query_block(case):
 def test_refusals_name_the_parameter(kwargs, message):
     args = dict(algorithm="split-kv", batch=2, prefix=64, suffix=8, d=8, M=2000) | kwargs
     with pytest.raises(iosim.InputError, match=message.replace("(", r"\(").replace("+", r"\+")):
-        iosim.serving.cascade(args.pop("algorithm"), **args)
+        iosim.cascade(args.pop("algorithm"), **args)
 
 
 def test_numeric_run_refuses_prefixes_that_differ():
@@ -163,7 +181,7 @@ def test_cli_table_and_records(tmp_path, capsys):
     records = json.loads(path.read_text())
     assert [(r["batch"], r["prefix"]) for r in records] == [(1, 4096), (8, 4096)]
     for rec, r in zip(records, outcome.results):
-        api = iosim.serving.cascade(batch=rec["batch"], prefix=4096, suffix=256, d=128, M=r.M, heads=32, kv_heads=8,
+        api = iosim.cascade(batch=rec["batch"], prefix=4096, suffix=256, d=128, M=r.M, heads=32, kv_heads=8,
                             page_size=16, gpu="h100")
         assert rec["total"] == api.traffic.total and rec["separate_total"] == api.separate.traffic.total
     # one request gains nothing from sharing (a little lost to the merge); eight read the prefix once, not 8 times
@@ -179,8 +197,8 @@ def test_cli_bad_input_is_one_line(capsys):
 
 
 def test_sizes_take_units_as_everywhere():
-    plain = iosim.serving.cascade(batch=4, prefix=4096, suffix=1024, N=2, d=16, M="20k")
-    units = iosim.serving.cascade(batch="4", prefix="4Ki", suffix="1Ki", N=2.0, d=16, M="20k")
+    plain = iosim.cascade(batch=4, prefix=4096, suffix=1024, N=2, d=16, M="20k")
+    units = iosim.cascade(batch="4", prefix="4Ki", suffix="1Ki", N=2.0, d=16, M="20k")
     assert units.traffic == plain.traffic and units.suffix == 1024
 
 

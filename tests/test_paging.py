@@ -35,6 +35,20 @@ def test_block_table_reads_by_hand(Bc, entries):
         assert t.tensor("K").reads == t.tensor("V").reads == 100 * 8  # by rows: the last page's 4 keys only
 
 
+@pytest.mark.parametrize("algorithm", PAGED)
+def test_predict_reads_every_page_of_a_ragged_last_block_longer_than_a_page(algorithm):
+    # Kills the mutant of the closed form's page count, iosim.variants.paging.entries = max(1, b_j // page_size) (the
+    # floor, not the ceiling, of a block longer than a page), which otherwise only a chance Hypothesis draw kills:
+    # N_k = 100 keys in pages of 16, K/V blocks of B_c = 64: a block of 64 keys (pages 0-3: 4 entries), then the
+    # ragged last block of 36 keys, longer than a page and not a multiple of one (keys 64-99 lie in pages 4, 5 and 6:
+    # ⌈36/16⌉ = 3 entries, where the floor gives 2). One query block: 4 + 3 = 7 entries, counted and predicted.
+    opts = dict(N=1, N_k=100, d=64, M="20k", page_size=16, tiling=iosim.Tiling(1, 64), splits=1)
+    counted, predicted = iosim.count(algorithm, **opts), iosim.predict(algorithm, **opts)
+    table = counted.traffic.tensor("block_table")
+    assert table.reads == 7, table
+    assert predicted.exact == counted.traffic, (predicted.exact.tensor("block_table"), table)
+
+
 @st.composite
 def decodes(draw):
     kv_heads, group = draw(st.integers(1, 2)), draw(st.sampled_from([1, 4]))
