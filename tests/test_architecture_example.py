@@ -3,13 +3,12 @@
 
 import numpy as np
 import pytest
+from helpers import kv_resident_example, random_qkv, relative_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import kv_resident_example, random_qkv, relative_error
 from iosim.cli import build_parser, run
-
 
 
 @pytest.fixture

@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import BACKWARD_NAMES, problem, random_qkv, relative_error
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import BACKWARD_NAMES, problem, random_qkv, relative_error
 from iosim.tilings.policies import choose_tiling
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
@@ -81,10 +81,14 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
     shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], M=M, batch=c["batch"], heads=c["heads"], causal=c["causal"],
                  mask=c["masked"], dropout_p=c["dropout_p"])
     counted = iosim.count(algorithm, pass_="bwd", **shape)
-    assert counted.tiling == g.backward_tiling and counted.traffic == g.traffic, f"{algorithm} {c}: numeric != count-only"
+    assert counted.tiling == g.backward_tiling and counted.traffic == g.traffic, (
+        f"{algorithm} {c}: numeric != count-only"
+    )
     assert counted.flops == g.flops, f"{algorithm} {c}: numeric and count-only arithmetic differ"
     assert g.traffic == iosim.predict(algorithm, pass_="bwd", **shape).exact
-    forward = iosim.predict(algorithm, **shape, tiling=g.backward_tiling if iosim.ALGORITHMS[algorithm].step_shares_tiling else None)
+    forward = iosim.predict(
+        algorithm, **shape, tiling=g.backward_tiling if iosim.ALGORITHMS[algorithm].step_shares_tiling else None
+    )
     assert forward.tiling == g.forward_tiling and g.forward_traffic == forward.exact
 
 

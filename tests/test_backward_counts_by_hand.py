@@ -11,9 +11,9 @@ entirely skipped by flash and flash-swapped, never by standard; dropout moves no
 """
 
 import pytest
+from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 import iosim
-from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 CASES = [
     # ------------------------------------------------------------------ flash (Alg. 4) ----

@@ -5,11 +5,11 @@ import re
 
 import numpy as np
 import pytest
+from helpers import problem, random_qkv, relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import problem, random_qkv, relative_error
 from iosim.cli import build_parser, main, run
 from iosim.variants.sparsity import PATTERNS
 
@@ -38,7 +38,11 @@ def test_count_equals_exact_prediction(algorithm, pass_, n_q, n_k, d, spare, cau
     shape = dict(N=n_q, N_k=n_k, d=d, M=smallest + spare, causal=causal, mask=mask, block_sparsity=sparsity, batch=2)
     r = iosim.count(algorithm, pass_=pass_, **shape)
     p = iosim.predict(algorithm, pass_=pass_, **shape)
-    assert (r.forward_tiling, r.backward_tiling) == (p.forward_tiling, p.backward_tiling) and r.traffic == p.exact and r.flops == p.flops, f"{algorithm} {pass_} {shape}"
+    assert (
+        (r.forward_tiling, r.backward_tiling) == (p.forward_tiling, p.backward_tiling)
+        and r.traffic == p.exact
+        and r.flops == p.flops
+    ), f"{algorithm} {pass_} {shape}"
     assert r.traffic.peak_sram <= r.M
 
 

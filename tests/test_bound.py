@@ -6,8 +6,8 @@ import math
 import pytest
 
 import iosim
-from iosim.reports.bound import M_grid, bound, lower_bound
 from iosim.cli import build_parser, main, run
+from iosim.reports.bound import M_grid, bound, lower_bound
 
 
 def test_ratio_comes_from_simulated_counts_at_the_optimal_tilings():
@@ -53,7 +53,8 @@ def test_bound_command_saves_records_and_plot(tmp_path):
     sweep = run(build_parser().parse_args(["bound", "--N", "512", "--d", "16", "--points", "5", "--causal",
                                            "--json", str(js), "--out", str(png)]))
     records = json.loads(js.read_text())
-    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]  # no block mask: dense ones
+    # no block mask: dense ones
+    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
     assert len(records) == 5 * len(dense) and png.stat().st_size > 10_000
     best = [r for r in records if r["best"]]
     assert [r["ratio"] for r in best] == [p.ratio for p in sweep.points]

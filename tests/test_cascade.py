@@ -1,5 +1,5 @@
-"""Cascade attention over a shared prefix (iosim.serving.cascade, iosim cascade): exact outputs, exact counts, the shared
-K/V read once."""
+"""Cascade attention over a shared prefix (iosim.serving.cascade, iosim cascade): exact outputs, exact counts, the
+shared K/V read once."""
 
 import json
 

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from iosim.plans import Plan
 from iosim.cli import build_parser, main, run
 from iosim.core.counts import combined
+from iosim.plans import Plan
 
 DENSE = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
 

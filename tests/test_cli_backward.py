@@ -3,10 +3,11 @@
 import json
 
 import pytest
+from helpers import BACKWARD_NAMES, kv_resident_example
 
 import iosim
 from iosim.cli import build_parser, main, run
-from helpers import BACKWARD_NAMES, kv_resident_example
+
 
 def parse(*argv):
     return build_parser().parse_args(list(argv))

@@ -8,10 +8,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from helpers import random_qkv
 from rich.console import Console
 
 import iosim
-from helpers import random_qkv
 from iosim.cli import build_parser, main, run, run_cmd, sweep_cmd
 from iosim.cli.render import eng, nbytes
 from iosim.cli.run_cmd import check_against_reference

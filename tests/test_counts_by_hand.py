@@ -17,9 +17,9 @@ on chip, so it changes no traffic and no buffer.
 
 import numpy as np
 import pytest
+from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 import iosim
-from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 CASES = [
     # ---------------------------------------------------------------- flash (Alg. 1/2) ----

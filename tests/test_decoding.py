@@ -4,15 +4,17 @@ import json
 
 import numpy as np
 import pytest
+from helpers import relative_error
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import relative_error
 from iosim.cli import build_parser, main, run
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
-PER_HEAD = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity") and not a.needs.packs_groups]
+PER_HEAD = [
+    name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity") and not a.needs.packs_groups
+]
 
 
 def grouped_qkv(rng, batch, heads, kv_heads, n_q, n_k, d):

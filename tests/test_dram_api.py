@@ -15,7 +15,6 @@ from iosim.gpu.l2 import in_sequence
 from iosim.results import SimResult
 
 
-
 @pytest.mark.parametrize("algorithm", ["flash", "flash-swapped"])
 def test_the_two_level_count_is_counts_own(algorithm):
     problem = dict(N=300, N_k=200, d=64, M="100k", heads=3, causal=True)

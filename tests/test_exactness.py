@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 

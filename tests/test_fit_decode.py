@@ -4,8 +4,8 @@ import pytest
 
 import iosim
 from iosim.api import count_problem
-from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.core.tiling import Tiling
+from iosim.registry import ALGORITHMS, get_algorithm
 
 QUERY_OUTER = [n for n, a in ALGORITHMS.items() if a.outer == "Br" and a.listed_by_default(())]
 

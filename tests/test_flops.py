@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, BACKWARD_NAMES, random_qkv
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, BACKWARD_NAMES, random_qkv
 from iosim.core.flops import Flops
 
 

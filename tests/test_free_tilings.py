@@ -7,11 +7,11 @@ policy-driven test and failed here (standard-eager's elementwise passes hold one
 not two, without a mask or dropout).
 """
 
+from helpers import BACKWARD_NAMES
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import BACKWARD_NAMES
 
 
 @settings(max_examples=300, deadline=None)

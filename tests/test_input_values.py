@@ -4,9 +4,9 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import random_qkv
 
 import iosim
-from helpers import random_qkv
 
 QKV = random_qkv(np.random.default_rng(0), 1, 2, 9, 7, 4)
 

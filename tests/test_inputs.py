@@ -2,13 +2,13 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, random_qkv
 
 import iosim
-from helpers import ALGORITHM_NAMES, random_qkv
 from iosim.api import new_memory
-from iosim.plans import Plan
 from iosim.core.memory import Memory
 from iosim.core.units import parse_size
+from iosim.plans import Plan
 
 
 @pytest.mark.parametrize("text, dtype, elements", [

@@ -20,10 +20,10 @@ import iosim
 from iosim import kernels
 from iosim.core.inputs import check_qkv, check_scale
 from iosim.core.problem import causal_keep
-from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
 from iosim.core.rng import dropout_tile, philox_word
 from iosim.kernels import MatmulConfig, TileConfig
 from iosim.kernels import _device as dev
+from iosim.reference import attention_backward_ref, attention_ref, dropout_scale_matrix
 
 IMPLS = list(kernels.IMPLS)
 
@@ -207,7 +207,9 @@ def check_against_float64(impl: str, case: Case, dtype) -> None:
     ):
         assert_close(f"{impl} {name}", got, want, low, dtype)
 
-    sim = iosim.simulate(kernels.IMPLS[impl].ALGORITHM, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), M=SIM_M, **opts)
+    sim = iosim.simulate(
+        kernels.IMPLS[impl].ALGORITHM, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), M=SIM_M, **opts
+    )
     assert_close(f"{impl} out vs iosim.simulate", fwd.out, sim.out, lowp[0], dtype)
     if sim.lse is not None:  # the simulated standard algorithm keeps P, not ℓ and m
         assert_close(f"{impl} lse vs iosim.simulate", fwd.lse, sim.lse, lowp[1], dtype)
@@ -235,8 +237,11 @@ def test_grouped_query_forward_reads_each_group_s_kv_head(dtype):
 @pytest.mark.usefixtures("no_launch")
 def test_grouped_query_attention_is_refused_where_a_kernel_indexes_kv_by_query_head():
     q, k = np.zeros((1, 4, 8, 8), np.float32), np.zeros((1, 2, 8, 8), np.float32)
-    with pytest.raises(iosim.InputError, match=r"kv_heads=2: flash take k and v with heads=4 heads, as many as q; "
-                                               r"grouped-query attention runs on the forward of \['flash-swapped', 'split-kv'\]"):
+    with pytest.raises(
+        iosim.InputError,
+        match=r"kv_heads=2: flash take k and v with heads=4 heads, as many as q; "
+        r"grouped-query attention runs on the forward of \['flash-swapped', 'split-kv'\]",
+    ):
         kernels.attention(q, k, k, impl="flash")
     with pytest.raises(iosim.InputError, match="kv_heads=2: the backward kernels take k and v with heads=4"):
         kernels.attention_backward(q, k, k, q, q[..., 0], q, impl="flash-swapped")
@@ -506,7 +511,9 @@ def test_dropout_mask_is_the_simulators_bit_for_bit(impl):
     assert 0 < want.mean() < 1
     for name, kept in kept_by_pass.items():
         bad = np.argwhere(kept != want)
-        assert bad.size == 0, f"{impl} {name}: {len(bad)} of {want.size} keep decisions differ, first {bad[:3].tolist()}"
+        assert bad.size == 0, (
+            f"{impl} {name}: {len(bad)} of {want.size} keep decisions differ, first {bad[:3].tolist()}"
+        )
 
 
 # ---------------------------------------------------------------------------------------

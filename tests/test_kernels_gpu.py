@@ -20,11 +20,12 @@ import pytest
 
 from iosim import kernels
 from iosim.core.problem import AttentionShape, causal_keep
-from iosim.reference import dropout_scale_matrix
 from iosim.kernels._device import simulator_enabled
+from iosim.reference import dropout_scale_matrix
 
 pytestmark = pytest.mark.skipif(
-    simulator_enabled(), reason="needs a CUDA GPU and torch: run with IOSIM_GPU=1 (N up to 16384 is out of the simulator's reach)"
+    simulator_enabled(),
+    reason="needs a CUDA GPU and torch: run with IOSIM_GPU=1 (N up to 16384 is out of the simulator's reach)",
 )
 
 IMPLS = list(kernels.IMPLS)
@@ -50,7 +51,9 @@ class Case:
 CASES = {
     "N=4096,d=64,causal,float32,bh=2": Case(1, 2, 4096, 4096, 64, "float32", causal=True),
     "N=4096,d=128,dropout,float16": Case(1, 1, 4096, 4096, 128, "float16", dropout_p=0.1, seed=2**40 + 3),
-    "Nq=3000<Nk=4096,d=64,causal,dropout,float16": Case(1, 1, 3000, 4096, 64, "float16", causal=True, dropout_p=0.2, seed=11),
+    "Nq=3000<Nk=4096,d=64,causal,dropout,float16": Case(
+        1, 1, 3000, 4096, 64, "float16", causal=True, dropout_p=0.2, seed=11
+    ),
     "N=16384,d=64,causal,float16": Case(1, 1, 16384, 16384, 64, "float16", causal=True),
     "N=16384,d=128,float32": Case(1, 1, 16384, 16384, 128, "float32"),
 }

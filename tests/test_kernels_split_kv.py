@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kernels import SIM_M, assert_close, attention_in_dtype
 
 import iosim
 from iosim import kernels
 from iosim.algorithms import split_kv as simulated
-from iosim.kernels import TileConfig
-from iosim.kernels import split_kv
 from iosim.core.problem import AttentionShape
-from iosim.reference import attention_ref
 from iosim.core.tiling import Tiling
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
-from test_kernels import SIM_M, assert_close, attention_in_dtype
+from iosim.kernels import TileConfig, split_kv
+from iosim.reference import attention_ref
 
 CONFIG = TileConfig(Br=16, Bc=16, TM=2, TN=4)
 

@@ -1,10 +1,14 @@
-"""split-kv on the L2 model (iosim.gpu.l2): Flash-Decoding's split kernel and its combine, as flash-attn launches them."""
+"""split-kv on the L2 model (iosim.gpu.l2): Flash-Decoding's split kernel and its combine, as flash-attn launches
+them."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import iosim
+from iosim.core.gpus import GPUS
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
 from iosim.gpu.dram import pass_counts
 from iosim.gpu.grids import split_kv as grids
 from iosim.gpu.grids.split_kv import GRID_TENSORS
@@ -13,10 +17,7 @@ from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import L2Config, in_sequence, sectors
 from iosim.gpu.schedule import simulate
-from iosim.core.gpus import GPUS
-from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
-from iosim.core.tiling import Tiling
 
 SPLIT_KV = ALGORITHMS["split-kv"]
 # kernels/split_kv.py's combine: 10 blocks per SM in the resource report (48 registers x 128 threads, float16 at

@@ -96,7 +96,9 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_the_import_graph_holds_the_modules_it_should():
     graph = import_graph()
     assert "iosim.core.tiling" in graph["iosim.tilings.policies"] and "iosim.api" in graph["iosim.reports.optimize"]
-    assert "iosim.kernels._device" in graph["iosim.kernels.flash"] and "iosim.algorithms.flash" in graph["iosim.registry"]
+    assert (
+        "iosim.kernels._device" in graph["iosim.kernels.flash"] and "iosim.algorithms.flash" in graph["iosim.registry"]
+    )
     # a type-only import is an edge: iosim.core.memory names Blocks only under TYPE_CHECKING
     assert "iosim.core.visits" in graph["iosim.core.memory"]
 
@@ -133,8 +135,15 @@ def test_no_module_imports_the_package_inside_a_function():
     for name, path in modules().items():
         for fn in ast.walk(ast.parse(path.read_text())):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lazy += [f"{name}:{n.lineno}" for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))
-                         and (getattr(n, "level", 0) or (getattr(n, "module", None) or n.names[0].name).split(".")[0] == "iosim")]
+                lazy += [
+                    f"{name}:{n.lineno}"
+                    for n in ast.walk(fn)
+                    if isinstance(n, (ast.Import, ast.ImportFrom))
+                    and (
+                        getattr(n, "level", 0)
+                        or (getattr(n, "module", None) or n.names[0].name).split(".")[0] == "iosim"
+                    )
+                ]
     assert lazy == []
 
 

@@ -4,10 +4,10 @@ import pytest
 
 import iosim
 from iosim.cli import main
-from iosim.reports.optimize import optimize
-from iosim.registry import ALGORITHMS
-from iosim.tilings.search import MAX_BLOCK_SIZES
 from iosim.core.units import MAX_COUNT
+from iosim.registry import ALGORITHMS
+from iosim.reports.optimize import optimize
+from iosim.tilings.search import MAX_BLOCK_SIZES
 
 
 @pytest.mark.parametrize("name", [n for n, a in ALGORITHMS.items() if a.listed_by_default(())])

@@ -77,8 +77,10 @@ def test_gpt2_medium_standard_prefill_bytes_by_hand():
 def test_gpt2_medium_training_is_the_papers_table():
     # README's GPT-2 table (experiments/gpt2_table.py): batch 64, A100 preset, causal, dropout 0.1 (GPT-2's
     # attn_pdrop); one layer of the model is the table's attention
-    table = json.loads((ROOT / "docs" / "figures" / "gpt2_table.json").read_text())
-    expected = {r["algorithm"]: round(r["GB"] * 1e9) for r in table["rows"] if r["setting"].startswith("GPT-2 training")}
+    table = json.loads((ROOT / "experiments" / "results" / "gpt2_table.json").read_text())
+    expected = {
+        r["algorithm"]: round(r["GB"] * 1e9) for r in table["rows"] if r["setting"].startswith("GPT-2 training")
+    }
     report = iosim.model("gpt2-medium", N=1024, batch=64, gpu="a100", phases=["training"])
     got = {a.algorithm: a.layers[0].counts.total_bytes for a in report.phases[0].ran}
     assert got == expected and len(got) == 4

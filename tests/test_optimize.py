@@ -5,17 +5,16 @@ import json
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
 import iosim
-from helpers import ALGORITHM_NAMES, random_qkv, relative_error
 from iosim.cli import OptimizeOutcome, build_parser, main, optimize_cmd, run
-from iosim.core.problem import AttentionShape
-from iosim.reports.optimize import evaluate, optimize, ranked
-from iosim.core.problem import Problem
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
+from iosim.reports.optimize import evaluate, optimize, ranked
 from iosim.tilings.search import MAX_EXHAUSTIVE
 from iosim.variants.sparsity import PATTERNS
 

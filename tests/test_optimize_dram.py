@@ -10,8 +10,8 @@ from iosim.gpu.dram import pass_counts
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import default_kernel
-from iosim.reports.optimize import DRAM_CANDIDATES, Optimum, optimize
 from iosim.registry import ALGORITHMS
+from iosim.reports.optimize import DRAM_CANDIDATES, Optimum, optimize
 from iosim.tilings.search import ranked
 
 SHAPE = dict(N=600, N_k=900, d=32, M="40k", heads=6, dtype="float32")

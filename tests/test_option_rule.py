@@ -3,17 +3,20 @@ which covers many algorithms, passes it to those it applies to and says which ig
 
 import numpy as np
 import pytest
+from helpers import random_qkv
 
 import iosim
-from helpers import random_qkv
 from iosim.cli import build_parser, main, run
 
 
 @pytest.mark.parametrize("call", ["count", "predict"])
 def test_the_api_refuses_a_block_mask_on_a_dense_algorithm(call):
     mask = iosim.BlockSparsity(0.5, "random", 0)
-    with pytest.raises(iosim.InputError, match=r"block_sparsity for flash: it has no block mask; allowed: "
-                                               r"block_sparsity=None, or an algorithm that takes one: \['block-sparse'"):
+    with pytest.raises(
+        iosim.InputError,
+        match=r"block_sparsity for flash: it has no block mask; allowed: "
+        r"block_sparsity=None, or an algorithm that takes one: \['block-sparse'",
+    ):
         getattr(iosim, call)("flash", N=64, d=8, M="20k", block_sparsity=mask)
     assert iosim.count("block-sparse", N=64, d=8, M="20k", block_sparsity=mask).traffic.total > 0
 

@@ -4,15 +4,15 @@ import json
 
 import numpy as np
 import pytest
+from helpers import relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import relative_error
 from iosim.api import count_problem
 from iosim.cli import build_parser, main, run
-from iosim.reports.optimize import optimize
 from iosim.core.tiling import Tiling
+from iosim.reports.optimize import optimize
 
 PAGED = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_size")]
 UNPAGED = [name for name in iosim.ALGORITHMS if name not in PAGED]

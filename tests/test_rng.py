@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, M_for_block, random_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, M_for_block, random_qkv
 from iosim.core.rng import dropout_keep, dropout_tile, keep_threshold, philox4x32
 
 

@@ -5,10 +5,10 @@ import shlex
 
 import numpy as np
 import pytest
+from helpers import random_qkv
 from rich.console import Console
 
 import iosim
-from helpers import random_qkv
 from iosim.cli import build_parser, main, run_cmd
 from iosim.cli import progress as progress_module
 from iosim.cli.progress import PatientBar, duration

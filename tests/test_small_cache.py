@@ -2,15 +2,14 @@
 
 import numpy as np
 import pytest
+from helpers import random_qkv, relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import random_qkv, relative_error
-from iosim.core.problem import AttentionShape
-from iosim.reports.optimize import ranked
-from iosim.core.problem import Problem
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
+from iosim.reports.optimize import ranked
 
 TOL = 1e-10  # float64 on both sides; only the order of summation differs
 

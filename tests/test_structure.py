@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, problem
 from iosim.cli import main
 from iosim.core.memory import Memory
 from iosim.core.problem import AttentionShape, Problem

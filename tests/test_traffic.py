@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
+from helpers import ALGORITHM_NAMES, M_for_block, problem, random_qkv
 from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 
 import iosim
-from helpers import ALGORITHM_NAMES, M_for_block, problem, random_qkv
 
 
 def assert_matches_prediction(algorithm, result, **shape):
