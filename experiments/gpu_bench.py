@@ -397,15 +397,18 @@ def measure(cfg: BenchConfig, warmup: int, repeats: int, record: dict) -> None:
                 state = runner.setup(mode)
                 runner.sync()
                 times.append(runner.time_ms(lambda: runner.call(mode, *state)))
-                del state
+                state = None  # free the inputs before the next setup
             seconds = statistics.median(times) / 1e3
-            record[mode] = {"time(s)": seconds, "FLOPS(TFLOPs/s)": flops(cfg, mode) / seconds / 1e12 if seconds > 0 else None}
+            record[mode] = {
+                "time(s)": seconds,
+                "FLOPS(TFLOPs/s)": flops(cfg, mode) / seconds / 1e12 if seconds > 0 else None,
+            }
         peak = runner.peak_mb()
         record["peak_memory_usage(MB)"] = peak["allocated"]
         record["peak_memory_reserved(MB)"] = peak["reserved"]
     finally:
         runner.release()
-        del runner
+        runner = None  # drop the last reference, as `del runner` did
 
 
 def free_device_memory() -> None:
@@ -543,7 +546,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         path = args.out / cfg.file_name()
         if path.exists() and not args.overwrite:
             continue
-        record = {"parameters": {**asdict(cfg), "tiles": None if cfg.tiles is None else repr(cfg.tiles), "head_dim": cfg.head_dim}}
+        record = {
+            "parameters": {
+                **asdict(cfg),
+                "tiles": None if cfg.tiles is None else repr(cfg.tiles),
+                "head_dim": cfg.head_dim,
+            }
+        }
         record.update(empty_record())
         try:
             measure(cfg, args.warmup, args.repeats, record)
@@ -566,7 +575,10 @@ def main() -> None:
         if "error" in record:
             print(f"{label}: {record['error']}")
         else:
-            cells = [f"{m} {record[m]['time(s)'] * 1e3:.3f} ms {record[m]['FLOPS(TFLOPs/s)'] or 0:.2f} TFLOP/s" for m in MODES]
+            cells = [
+                f"{m} {record[m]['time(s)'] * 1e3:.3f} ms {record[m]['FLOPS(TFLOPs/s)'] or 0:.2f} TFLOP/s"
+                for m in MODES
+            ]
             peak = record["peak_memory_usage(MB)"]
             print(f"{label}: " + " | ".join(cells) + (f" | peak {peak:.1f} MB" if peak is not None else ""))
 

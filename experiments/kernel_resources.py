@@ -133,7 +133,8 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                         tc_pairwise = in_half_fraction(tc_level, d_level, flags_level)
                         out.append(KernelCase(
                             f"flash-swapped-tc forward {tag.replace('fp16', tc_name)} "
-                            f"({flash_swapped_tc.WARPS} warps, {flash_swapped_tc.BR}x{flash_swapped_tc.keys_per_step(d)})",
+                            f"({flash_swapped_tc.WARPS} warps, "
+                            f"{flash_swapped_tc.BR}x{flash_swapped_tc.keys_per_step(d)})",
                             flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
                             (arr(qkv, 1),) * 3 + (arr(tc_dt, 1), arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
@@ -271,7 +272,9 @@ def assemble(ptx: str) -> str:
         except nvjitlink.nvJitLinkError as e:
             buf = bytearray(nvjitlink.get_error_log_size(handle))
             nvjitlink.get_error_log(handle, buf)
-            raise RuntimeError(f"nvJitLink cannot assemble the PTX for {ARCH}: {e}\n{buf.decode(errors='replace')}") from e
+            raise RuntimeError(
+                f"nvJitLink cannot assemble the PTX for {ARCH}: {e}\n{buf.decode(errors='replace')}"
+            ) from e
         buf = bytearray(nvjitlink.get_info_log_size(handle))
         nvjitlink.get_info_log(handle, buf)
         return buf.decode(errors="replace")
@@ -381,7 +384,9 @@ def versions() -> dict:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -397,7 +402,8 @@ def markdown(report: dict) -> str:
         "predicted = kernels' shared_bytes() formula + 1 KiB",
         "- occupancy: resident blocks per H100 SM from registers, shared memory and threads",
         "",
-        "| kernel | threads | registers | spill st/ld (B) | stack (B) | smem (B) | predicted smem (B) | blocks/SM (limit) | warp occupancy |",
+        "| kernel | threads | registers | spill st/ld (B) | stack (B) | smem (B) | predicted smem (B) "
+        "| blocks/SM (limit) | warp occupancy |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for k in report["kernels"]:
@@ -452,7 +458,9 @@ def main() -> None:
         if error is not None:
             sys.exit(f"{case.name} does not compile for {ARCH}:\n{error}")
         row = {"kernel": case.name, "threads": case.threads, **parse(log)}
-        row["predicted_shared_bytes"] = case.predicted_shared + (SHARED_RESERVED_PER_BLOCK if case.predicted_shared else 0)
+        row["predicted_shared_bytes"] = case.predicted_shared + (
+            SHARED_RESERVED_PER_BLOCK if case.predicted_shared else 0
+        )
         row.update(occupancy(row["registers"], row["shared_bytes"], case.threads))
         rows.append(row)
         print(f"{case.name}: {row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B, "

@@ -82,7 +82,7 @@ class Loop:
     start: int  # address of the first instruction (the backward branch's target)
     end: int  # address of the backward branch
 
-    def contains(self, other: "Loop") -> bool:
+    def contains(self, other: Loop) -> bool:
         return self.start <= other.start and other.end <= self.end and self != other
 
     def holds(self, address: int) -> bool:

@@ -59,14 +59,16 @@ def main() -> None:
     mb = 1e6
     print("loop order (MB read): batch·heads, N, flash two-level / DRAM, flash-swapped two-level / DRAM")
     for r in order:
-        print(f"  {r['batch_heads']:>4} {r['N']:>6}  {r['flash_hbm_read'] / mb:>12,.1f} / {r['flash_dram_read'] / mb:>12,.1f}"
+        print(f"  {r['batch_heads']:>4} {r['N']:>6}  "
+              f"{r['flash_hbm_read'] / mb:>12,.1f} / {r['flash_dram_read'] / mb:>12,.1f}"
               f"  {r['swapped_hbm_read'] / mb:>12,.1f} / {r['swapped_dram_read'] / mb:>10,.1f}")
     print("K/V of one head against the L2: N, K+V MB, K/V DRAM reads ÷ K+V")
     for r in fit:
         print(f"  {r['N']:>6}  {r['kv_bytes'] / mb:>7.1f}  {r['kv_dram_read'] / r['kv_bytes']:.2f}")
     print("GQA, 32 query heads: kv_heads, N, K/V DRAM reads ÷ one read per K/V head (two-level ÷ the same)")
     for r in gqa:
-        print(f"  {r['kv_heads']:>2} {r['N']:>6}  {r['kv_dram_read'] / r['kv_once']:.2f}  ({r['kv_hbm_read'] / r['kv_once']:,.0f})")
+        print(f"  {r['kv_heads']:>2} {r['N']:>6}  {r['kv_dram_read'] / r['kv_once']:.2f}  "
+              f"({r['kv_hbm_read'] / r['kv_once']:,.0f})")
     print(f"wrote {args.out}")
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from experiments.ncu_traffic import parse_ncu_csv  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
@@ -47,8 +48,6 @@ from iosim.gpu import call1  # noqa: E402
 from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
 from iosim.gpu.kernel import Kernel, Launch  # noqa: E402
 from iosim.gpu.schedule import simulate  # noqa: E402
-
-from experiments.ncu_traffic import parse_ncu_csv  # noqa: E402
 
 GPU = "h100"
 FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2: the sensitivity of each row to the capacity

@@ -31,8 +31,8 @@ measurement alone.
 
 `--predictions FILE` joins the L2 model's DRAM bytes (experiments.predict_next_call's
 predictions-<commit>.json, committed before the run it predicts; for call 1,
-experiments.l2_call1's l2_call1.json, made after that run but not fitted to it) to every row they share impl, direction, dtype, batch, heads,
-N_q, N_k, d, causal and dropout with: keys `dram_read_pred_bytes` and
+experiments.l2_call1's l2_call1.json, made after that run but not fitted to it) to every row they
+share impl, direction, dtype, batch, heads, N_q, N_k, d, causal and dropout with: keys `dram_read_pred_bytes` and
 `dram_write_pred_bytes` (DRAM writes during the kernels, what ncu counts), the ratios
 measured / predicted `dram_read_ratio` and `dram_write_ratio`, and the file and commit
 they came from. A row without a prediction is listed, not dropped.
@@ -53,10 +53,10 @@ import numpy as np
 
 import iosim
 from iosim import kernels
+from iosim.core.problem import AttentionShape
 from iosim.kernels import bfloat16 as bf16
 from iosim.kernels import flash_swapped_tc, split_kv
 from iosim.kernels.api import BACKWARD_IMPLS
-from iosim.core.problem import AttentionShape
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -217,7 +217,8 @@ def call3_gqa_grid() -> list[LaunchConfig]:
 CALL3_SPLITKV_HEADS = ((32, 8), (32, 32), (32, 1))
 CALL3_SPLITKV_BATCH = (1, 8, 64)
 CALL3_SPLITKV_N = (4096, 16384, 65536, 131072)
-H100_SMS = 132  # iosim.core.gpus' h100 preset (SXM5), which the predictions take; fixed, so a PCIe card launches the same
+# iosim.core.gpus' h100 preset (SXM5), which the predictions take; fixed, so a PCIe card launches the same
+H100_SMS = 132
 
 
 def call3_split_kv_grid() -> list[LaunchConfig]:
@@ -328,10 +329,12 @@ def parse_ncu_csv(path: Path) -> list[dict]:
     lines = [line for line in path.read_text().splitlines() if line.startswith('"')]
     kernels_by_id: dict[str, dict] = {}
     for row in csv.DictReader(lines):
-        entry = kernels_by_id.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"], "metrics": {}})
+        entry = kernels_by_id.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"],
+                                                     "metrics": {}})
         unit = row["Metric Unit"]
         if unit != "byte":
-            raise ValueError(f"{path}: metric {row['Metric Name']} has unit {unit!r}; expected 'byte' (--print-units base)")
+            raise ValueError(f"{path}: metric {row['Metric Name']} has unit {unit!r}; "
+                             f"expected 'byte' (--print-units base)")
         entry["metrics"][row["Metric Name"]] = _number(row["Metric Value"])
     configs: list[dict] = []
     current = None
@@ -424,7 +427,8 @@ def compare(folder: Path, prefix: Path | None = None, predictions: Path | None =
     prefix.parent.mkdir(parents=True, exist_ok=True)
     prefix.with_name(prefix.name + ".json").write_text(json.dumps(rows, indent=2) + "\n")
     source = (f"DRAM bytes measured by ncu ({folder / 'ncu.csv'}) against `iosim.count` at the kernel's B_r, B_c "
-              f"and dtype; M = the SRAM those tiles need, in elements. MB = 10⁶ bytes; once = each simulated tensor moved once "
+              f"and dtype; M = the SRAM those tiles need, in elements. MB = 10⁶ bytes; "
+              f"once = each simulated tensor moved once "
               f"(Q, K, V read; O, ℓ, m written)."
               + (f" L2: the DRAM bytes the L2 model predicts in {predictions} (commit "
                  f"{json.loads(predictions.read_text()).get('commit')}; reads, and writes during the kernels)."

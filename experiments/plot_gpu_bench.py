@@ -33,7 +33,10 @@ def series(records: list[dict]) -> dict[str, list[dict]]:
     lines = defaultdict(list)
     for r in records:
         p = r["parameters"]
-        label = f"{p['impl']} {p['dtype']}{' causal' if p['causal'] else ''} b={p['batch_size']} h={p['num_heads']} d={p['head_dim']}"
+        label = (
+            f"{p['impl']} {p['dtype']}{' causal' if p['causal'] else ''} "
+            f"b={p['batch_size']} h={p['num_heads']} d={p['head_dim']}"
+        )
         lines[label].append(r)
     return {k: sorted(v, key=lambda r: r["parameters"]["seq_len"]) for k, v in sorted(lines.items())}
 

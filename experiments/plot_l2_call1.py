@@ -113,7 +113,8 @@ def plot(data: dict) -> Figure:
     fig.legend(handles=orders, loc="lower center", ncol=2, fontsize=9.5, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(f"Forward DRAM reads on {DEVICE}\n"
-                 f"L2-aware prediction at the preset's effective {l2_effective / MB:g} MB L2, not fitted to the measurements",
+                 f"L2-aware prediction at the preset's effective {l2_effective / MB:g} MB L2, "
+                 "not fitted to the measurements",
                  fontsize=11.5)
     fig.tight_layout(rect=(0, 0.085, 1, 0.95))
     return fig

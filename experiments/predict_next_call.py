@@ -7,7 +7,8 @@ Issue 17, item 4: predictions first, measurements second. For each configuration
 ``ncu_traffic.py``'s grid (call 3: the forward of flash-swapped, float32 and float16, and of
 flash-swapped-tc, float16 and bfloat16; batch·heads 1 to 1024, N 1024 to 65536, d 64 and 128,
 causal and not; then the backward of flash-swapped, float32 and float16, batch·heads 1 to 256,
-N 1024 to 16384, and of flash-swapped-tc, float16 and bfloat16, at the same shapes), this writes the tile the CURRENT kernel picks, its blocks per H100 SM (from the
+N 1024 to 16384, and of flash-swapped-tc, float16 and bfloat16, at the same shapes), this writes
+the tile the CURRENT kernel picks, its blocks per H100 SM (from the
 sm_90 resource report, cited per row) and the predicted DRAM reads, writes during the kernel and
 dirty bytes left at its end, at the effective L2 and at 0.5, 0.75 and 1.0 × the nominal 50 MiB,
 beside the two-level count (``Algorithm.traffic``: every load and store is HBM traffic).
@@ -59,6 +60,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from experiments.ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
 from iosim.algorithms import flash_swapped, split_kv  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
@@ -68,8 +70,6 @@ from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
 from iosim.gpu.kernel import Launch  # noqa: E402
 from iosim.gpu.kernels import KERNELS  # noqa: E402
 from iosim.gpu.l2 import in_sequence  # noqa: E402
-
-from experiments.ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
 
 GPU = "h100"
 FRACTIONS = (0.5, 0.75, 1.0)  # of the nominal L2, as l2_call1.py
@@ -253,8 +253,8 @@ def main() -> None:
     parser.add_argument("--grid", default="call3", choices=sorted(g for g in GRIDS if g.startswith("call")))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--schedule", default="lockstep", choices=SCHEDULES,
-                        help="how the first blocks start (iosim.gpu.l2.SCHEDULES); staggered writes OUT-staggered, at the "
-                             "effective L2 only")
+                        help="how the first blocks start (iosim.gpu.l2.SCHEDULES); staggered writes OUT-staggered, "
+                             "at the effective L2 only")
     parser.add_argument("--out", type=Path, default=None,
                         help="write OUT.json and OUT.md (default experiments/results/gpu/predictions-<short commit>)")
     args = parser.parse_args()

@@ -9,7 +9,9 @@ fresh process, the committed files it writes and how long it takes. ``--check`` 
 outputs sent to a temporary folder and compares them with the committed files. JSON is compared by its
 deterministic content: the fields in ``VOLATILE`` (timings, the machine, commit hashes, the command line) are left
 out, and floats agree to a relative 1e-9. A figure is checked through the JSON its script writes beside it (the
-numbers it draws), not by its pixels; a Markdown table through the JSON it was rendered from.
+numbers it draws), not by its pixels; a Markdown table through the JSON it was rendered from. Each output
+"reproduces", "DIFFERS" (some value), shows only "FIELDS" added or gone (every value the same: the file predates a
+change of the record's layout) or "FAILED" (its command); all but the first exit with status 1.
 
 Kinds of output:
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -61,7 +64,8 @@ class Output:
     files: tuple[str, ...]  # the committed files it writes, relative to the repository root
     redirect: tuple[str, ...]  # the options that write those files under another root ("{root}") instead
     kind: str  # FAST, SLOW, RECORD, TIMING or GPU
-    seconds: float  # the command's wall time on this project's 2-core container, 2026-11-26
+    seconds: float | None  # its command's wall time on this project's 2-core container (README, "Regenerating the
+    # results"); None where it runs on a GPU
 
     def argv(self, root: Path | None = None) -> list[str]:
         """The command with this interpreter for ``python``; with ``root``, its outputs written under it."""
@@ -71,12 +75,12 @@ class Output:
         return words + ([w.replace("{root}", str(root)) for w in self.redirect] if root is not None else [])
 
 
-def figure(module: str, name: str, stems: Sequence[str], seconds: float, kind: str = FAST) -> Output:
-    """A figure script through experiments/figure_cli.py: its JSON and its PNGs."""
+def figure(module: str, name: str, stems: Sequence[str], seconds: float) -> Output:
+    """A figure script through experiments/figure_cli.py: its JSON and its PNGs, made in seconds."""
     return Output(module, f"python -m experiments.{module}",
                   (f"experiments/results/{name}.json", *(f"docs/figures/{stem}.png" for stem in stems)),
                   ("--figures", "{root}/docs/figures", "--json", f"{{root}}/experiments/results/{name}.json"),
-                  kind, seconds)
+                  FAST, seconds)
 
 
 def report(name: str, command: str, prefix: str, seconds: float, kind: str) -> Output:
@@ -93,53 +97,53 @@ def prediction(commit: str, options: str, seconds: float, schedule: str = "") ->
 
 GPU_DIR = "experiments/results/gpu"
 OUTPUTS = (
-    figure("traffic_plots", "traffic", ("traffic_vs_N", "traffic_vs_M"), 0),
-    figure("paper_figures", "paper_figures", ("fig2_block_size", "fig2_block_sparse", "theorem5_backward"), 0),
-    figure("gpt2_table", "gpt2_table", ("gpt2_table",), 0),
-    figure("optimal_constants", "optimal_constants", ("optimal_constants",), 0),
-    figure("decode", "decode", ("decode",), 0),
-    figure("window", "window", ("window",), 0),
-    figure("varlen", "varlen", ("varlen",), 0),
-    figure("chunked_prefill", "chunked_prefill", ("chunked_prefill",), 0),
-    figure("paged_kv", "paged_kv", ("paged_kv",), 0),
-    figure("shared_prefix", "shared_prefix", ("shared_prefix",), 0),
+    figure("traffic_plots", "traffic", ("traffic_vs_N", "traffic_vs_M"), 1.8),
+    figure("paper_figures", "paper_figures", ("fig2_block_size", "fig2_block_sparse", "theorem5_backward"), 1.2),
+    figure("gpt2_table", "gpt2_table", ("gpt2_table",), 0.9),
+    figure("optimal_constants", "optimal_constants", ("optimal_constants",), 1.2),
+    figure("decode", "decode", ("decode",), 1.4),
+    figure("window", "window", ("window",), 0.8),
+    figure("varlen", "varlen", ("varlen",), 0.9),
+    figure("chunked_prefill", "chunked_prefill", ("chunked_prefill",), 1.6),
+    figure("paged_kv", "paged_kv", ("paged_kv",), 1.1),
+    figure("shared_prefix", "shared_prefix", ("shared_prefix",), 1.1),
     Output("bound", "python -m iosim bound --N 4096 --d 64", ("docs/figures/bound.json", "docs/figures/bound.png"),
-           ("--out", "{root}/docs/figures/bound.png", "--json", "{root}/docs/figures/bound.json"), FAST, 0),
+           ("--out", "{root}/docs/figures/bound.png", "--json", "{root}/docs/figures/bound.json"), FAST, 2.2),
     Output("l2_analysis", "python -m experiments.l2_analysis", ("experiments/results/l2_analysis.json",),
-           ("--out", "{root}/experiments/results/l2_analysis.json"), FAST, 0),
+           ("--out", "{root}/experiments/results/l2_analysis.json"), FAST, 0.6),
     Output("sawtooth", "python -m experiments.sawtooth", ("experiments/results/sawtooth.json",),
-           ("--out", "{root}/experiments/results/sawtooth.json"), SLOW, 0),
+           ("--out", "{root}/experiments/results/sawtooth.json"), SLOW, 303),
     # call 1's rows against the L2 model; the two below read l2_call1.json, so they come after it
-    report("l2_call1", "python -m experiments.l2_call1 --jobs 2", f"{GPU_DIR}/l2_call1", 0, SLOW),
+    report("l2_call1", "python -m experiments.l2_call1 --jobs 2", f"{GPU_DIR}/l2_call1", 448, SLOW),
     report("l2_call1-staggered", "python -m experiments.l2_call1 --schedule staggered",
-           f"{GPU_DIR}/l2_call1-staggered", 0, SLOW),
+           f"{GPU_DIR}/l2_call1-staggered", 184, SLOW),
     report("ncu_traffic_call1", f"python -m experiments.ncu_traffic compare {GPU_DIR}/call1/ncu "
-           f"--predictions {GPU_DIR}/l2_call1.json", f"{GPU_DIR}/ncu_traffic_call1", 0, FAST),
-    figure("plot_l2_call1", "l2_call1", ("l2_call1",), 0),
-    prediction("80f2354", "--jobs 2", 0),
-    prediction("92a2cc8", "--grid call3 --schedule staggered", 0, "-staggered"),
-    prediction("6d16ff6", "--grid call3-tc-backward --jobs 2", 0),
-    prediction("bda8144", "--grid call3-gqa --jobs 2", 0),
-    prediction("69c24cc", "--grid call3-split-kv", 0),
-    prediction("159b338", "--grid call3-sawtooth", 0),
-    prediction("159b338", "--grid call3-sawtooth --schedule staggered", 0, "-staggered"),
+           f"--predictions {GPU_DIR}/l2_call1.json", f"{GPU_DIR}/ncu_traffic_call1", 1.1, FAST),
+    figure("plot_l2_call1", "l2_call1", ("l2_call1",), 1.1),
+    prediction("80f2354", "--jobs 2", 1101),
+    prediction("92a2cc8", "--grid call3 --schedule staggered", 1412, "-staggered"),
+    prediction("6d16ff6", "--grid call3-tc-backward --jobs 2", 34),
+    prediction("bda8144", "--grid call3-gqa --jobs 2", 186),
+    prediction("69c24cc", "--grid call3-split-kv", 9.7),
+    prediction("159b338", "--grid call3-sawtooth", 342),
+    prediction("159b338", "--grid call3-sawtooth --schedule staggered", 489, "-staggered"),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
            ("--out", "{root}/experiments/results/kernels_resources_sm90",
-            "--json", "{root}/iosim/gpu/kernels_resources_sm90.json"), SLOW, 0),
+            "--json", "{root}/iosim/gpu/kernels_resources_sm90.json"), SLOW, 140),
     report("kernels_static_model_sm90", "python -m experiments.kernel_static_model",
-           "experiments/results/kernels_static_model_sm90", 0, SLOW),
+           "experiments/results/kernels_static_model_sm90", 391, SLOW),
     Output("speed", "python -m experiments.speed", ("experiments/results/speed.json",),
            ("--out", "{root}/experiments/results/speed.json"), TIMING, 0),
     Output("speed_l2", "python -m experiments.speed --only l2 --out experiments/results/speed_l2.json",
-           ("experiments/results/speed_l2.json",), ("--out", "{root}/experiments/results/speed_l2.json"), TIMING, 0),
+           ("experiments/results/speed_l2.json",), ("--out", "{root}/experiments/results/speed_l2.json"), TIMING, 21),
     # call 1 on an H100 at d4169c1 (call1/README.md): the raw output of the device call
     Output("call1", "bash experiments/results/gpu/call1.sh",
            tuple(f"{GPU_DIR}/call1/{f}" for f in ("README.md", "env.txt", "ncu.log", "ncu/command.txt",
                                                    "ncu/configs.json", "ncu/ncu.csv", "pytest_gpu.log",
                                                    "sanitizer_memcheck.log", "sanitizer_racecheck.log",
-                                                   "steps.txt")), (), GPU, 0),
+                                                   "steps.txt")), (), GPU, None),
 )
 BY_NAME = {o.name: o for o in OUTPUTS}
 
@@ -162,10 +166,9 @@ def differences(committed, now, path: str = "") -> list[str]:
             if k in now:
                 out += differences(committed[k], now[k], f"{path}.{k}")
         return out
-    if isinstance(committed, list) and isinstance(now, list):
-        if len(committed) != len(now):
-            return [f"{path}: {len(committed)} items committed, {len(now)} now"]
-        return [d for i, (a, b) in enumerate(zip(committed, now)) for d in differences(a, b, f"{path}[{i}]")]
+    if isinstance(committed, list) and isinstance(now, list):  # the lengths, then the items both have
+        out = [] if len(committed) == len(now) else [f"{path}: {len(committed)} items committed, {len(now)} now"]
+        return out + [d for i, (a, b) in enumerate(zip(committed, now)) for d in differences(a, b, f"{path}[{i}]")]
     numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (committed, now))
     if numbers and (isinstance(committed, float) or isinstance(now, float)):
         same = math.isclose(committed, now, rel_tol=FLOAT_RTOL) or (math.isnan(committed) and math.isnan(now))
@@ -177,7 +180,7 @@ def differences(committed, now, path: str = "") -> list[str]:
 @dataclass(frozen=True)
 class Verdict:
     output: Output
-    status: str  # "reproduces", "DIFFERS", "FAILED", "not checked"
+    status: str  # "reproduces", "DIFFERS", "FIELDS", "FAILED" or "not checked" (check_one)
     details: tuple[str, ...] = ()
     seconds: float | None = None
 
@@ -186,25 +189,41 @@ class Verdict:
         return [f"{self.output.name:28} {self.status}{took}", *(f"    {d}" for d in self.details)]
 
 
-def compare(output: Output, root: Path) -> list[str]:
-    """The differences between the committed JSON files of ``output`` and those written under ``root``."""
-    found = []
+LAYOUT = ("only in the committed file", "not in the committed file")  # the ends of a difference of fields
+
+
+def compare(output: Output, root: Path) -> tuple[list[str], list[str]]:
+    """The values and the fields in which the committed JSON files of ``output`` differ from those written under
+    ``root``, grouped by kind."""
+    values, fields = [], []
     for name in output.files:
         if not name.endswith(".json"):
             continue  # a figure or a table: checked through its JSON
         fresh = root / name
         if not fresh.exists() or not (REPO / name).exists():
-            found.append(f"{name}: {'not written' if not fresh.exists() else 'not committed'}")
+            values.append(f"{name}: {'not written' if not fresh.exists() else 'not committed'}")
             continue
-        diffs = differences(deterministic(json.loads((REPO / name).read_text())),
+        found = differences(deterministic(json.loads((REPO / name).read_text())),
                             deterministic(json.loads(fresh.read_text())))
-        found += [f"{name}: {d}" for d in diffs[:5]]
-        if len(diffs) > 5:
-            found.append(f"{name}: and {len(diffs) - 5} more differences")
-    return found
+        values += grouped(name, [d for d in found if not d.endswith(LAYOUT)])
+        fields += grouped(name, [d for d in found if d.endswith(LAYOUT)])
+    return values, fields
+
+
+def grouped(name: str, diffs: list[str], limit: int = 8) -> list[str]:
+    """One line per kind of difference (its path without the list indices): the first, and how many more."""
+    kinds: dict[str, list[str]] = {}
+    for d in diffs:
+        kinds.setdefault(re.sub(r"\[\d+\]", "[]", d.split(": ", 1)[0]), []).append(d)
+    lines = [f"{name}: {same[0]}" + (f" (and {len(same) - 1} more like it)" if len(same) > 1 else "")
+             for same in kinds.values()]
+    more = [f"{name}: and {len(lines) - limit} more kinds of difference"] if len(lines) > limit else []
+    return lines[:limit] + more
 
 
 def check_one(output: Output, tmp: Path) -> Verdict:
+    """Run ``output``'s command into ``tmp`` and compare: "reproduces", "DIFFERS" (a value), "FIELDS" (every value
+    the same, fields added or gone), "FAILED" (the command), or "not checked"."""
     if output.kind not in CHECKED:
         why = {TIMING: "a timing of the machine that ran it", GPU: "measured on a GPU"}[output.kind]
         return Verdict(output, "not checked", (why,))
@@ -217,8 +236,9 @@ def check_one(output: Output, tmp: Path) -> Verdict:
     if run.returncode != 0:
         return Verdict(output, "FAILED", (f"exit status {run.returncode}: {output.command}",
                                           *run.stderr.strip().splitlines()[-5:]), seconds)
-    found = compare(output, root)
-    return Verdict(output, "DIFFERS" if found else "reproduces", tuple(found), seconds)
+    values, fields = compare(output, root)
+    status = "DIFFERS" if values else "FIELDS" if fields else "reproduces"
+    return Verdict(output, status, (*values, *fields), seconds)
 
 
 def check(outputs: Sequence[Output], tmp: Path | None = None) -> list[Verdict]:
@@ -256,7 +276,8 @@ def regenerate(outputs: Sequence[Output], named: bool) -> int:
 def listing(outputs: Sequence[Output]) -> str:
     lines = []
     for o in outputs:
-        lines.append(f"{o.name} [{o.kind}, {o.seconds:g} s]: {o.command}")
+        took = "on a GPU" if o.seconds is None else f"{o.seconds:g} s"
+        lines.append(f"{o.name} [{o.kind}, {took}]: {o.command}")
         lines += [f"    {f}" for f in o.files]
     return "\n".join(lines)
 
@@ -288,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.check:
         return regenerate(outputs, named=bool(args.only))
     verdicts = check(outputs)
-    bad = [v for v in verdicts if v.status in ("DIFFERS", "FAILED")]
+    bad = [v for v in verdicts if v.status in ("DIFFERS", "FIELDS", "FAILED")]
     print(f"{sum(v.status == 'reproduces' for v in verdicts)} reproduce, {len(bad)} do not"
           + (f": {', '.join(v.output.name for v in bad)}" if bad else ""))
     return 1 if bad else 0

@@ -61,8 +61,10 @@ def main() -> None:
                    seconds=time.perf_counter() - start)
         rows.append(row)
         print(f"bh={bh} N={n} d={d}: K/V read {row['kv_read_plain'] / 1e6:,.1f} MB in order, "
-              f"{row['kv_read_sawtooth'] / 1e6:,.1f} MB sawtooth ({row['kv_read_sawtooth'] / row['kv_read_plain']:.3f}x); "
-              f"staggered {row['kv_read_plain_staggered'] / 1e6:,.1f} and {row['kv_read_sawtooth_staggered'] / 1e6:,.1f} "
+              f"{row['kv_read_sawtooth'] / 1e6:,.1f} MB sawtooth "
+              f"({row['kv_read_sawtooth'] / row['kv_read_plain']:.3f}x); "
+              f"staggered {row['kv_read_plain_staggered'] / 1e6:,.1f} and "
+              f"{row['kv_read_sawtooth_staggered'] / 1e6:,.1f} "
               f"MB; K/V of a head {row['kv_bytes_per_head'] / 1e6:,.1f} MB, {row['seconds']:.1f} s", flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     args.out.write_text(json.dumps(dict(command="python -m experiments.sawtooth", commit=commit, gpu=GPU,

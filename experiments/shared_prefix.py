@@ -22,8 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from experiments.figure_cli import run  # noqa: E402
-from iosim.serving.cascade import kv_reads  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
+from iosim.serving.cascade import kv_reads  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

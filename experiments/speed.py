@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 import iosim
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
 from iosim.gpu import call1
 from iosim.gpu.dram import pass_counts
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Kernel, Launch
-from iosim.core.problem import AttentionShape, Problem
-from iosim.core.tiling import Tiling
 
 # (name, iosim command line, target seconds): timed as fresh processes.
 COMMANDS = [

@@ -19,8 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 
 import iosim  # noqa: E402
 from experiments.figure_cli import run  # noqa: E402
-from iosim.core.problem import AttentionShape  # noqa: E402
-from iosim.core.problem import Problem  # noqa: E402
+from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 
 import iosim
-from iosim.core.problem import AttentionShape
-from iosim.core.problem import Problem
+from iosim.core.problem import AttentionShape, Problem
 from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import shape_rule
 

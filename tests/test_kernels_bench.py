@@ -28,7 +28,9 @@ def test_smoke_sweep_writes_seed_002_json_per_config_and_resumes(tmp_path):
             assert record[mode]["time(s)"] > 0
         peak, reserved = record["peak_memory_usage(MB)"], record["peak_memory_reserved(MB)"]
         if simulator_enabled():
-            assert peak is None and reserved is None, f"{path.name}: the simulator has no device memory: {peak}, {reserved}"
+            assert peak is None and reserved is None, (
+                f"{path.name}: the simulator has no device memory: {peak}, {reserved}"
+            )
         else:  # inputs alone are 4 · 16 · 2 · 16 · 4 bytes; the pass allocates more
             assert 0 < peak <= reserved, f"{path.name}: peak allocated {peak} MB, reserved {reserved} MB"
         assert set(record["implementation"]) == {"forward", "backward"}, record["implementation"]
@@ -58,7 +60,9 @@ def test_bfloat16_runs_the_tensor_core_kernels_and_records_the_others_refusal(tm
 
 
 def test_flop_counts_follow_flashattention_convention():
-    cfg = bench.BenchConfig(batch_size=2, seq_len=8, num_heads=3, emb_dim=12, causal=False, impl="flash", dtype="float32")
+    cfg = bench.BenchConfig(
+        batch_size=2, seq_len=8, num_heads=3, emb_dim=12, causal=False, impl="flash", dtype="float32"
+    )
     forward = 4 * 2 * 3 * 8**2 * 4  # two N × N × d matmuls, 2 FLOPs per multiply-add
     assert bench.flops(cfg, "forward") == forward
     assert bench.flops(cfg, "backward") == 2.5 * forward

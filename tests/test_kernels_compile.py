@@ -67,8 +67,11 @@ def test_the_pairwise_kernels_cover_every_pair_of_settings():
             missing = levels - {(settings[a], settings[b]) for settings in compiled}
             assert not missing, f"{family}: settings {a}, {b} never compiled together at {missing}"
     rest = [case.name for case in kernel_resources.cases() if not case.name.startswith("flash-swapped")]
-    products = {case.name.split(" fp")[0] for case in kernel_resources.cases() if case.name.startswith("standard matmul")
-                and case.pairwise}
+    products = {
+        case.name.split(" fp")[0]
+        for case in kernel_resources.cases()
+        if case.name.startswith("standard matmul") and case.pairwise
+    }
     assert len(products) == 4, products
     # split-kv's split kernel differs between split counts only in that constant: one count, and both combines
     splits = [case for case in kernel_resources.cases() if case.name.startswith("split-kv split")]

@@ -18,8 +18,14 @@ HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context",
 
 
 def _rows(kernel_id: int, name: str, grid: int, read: str, write: str, unit: str = "byte") -> list[str]:
-    common = f'"{kernel_id}","7","python3.12","127.0.0.1","{name}","1","7","(64, 1, 1)","({grid}, 1, 1)","0","9.0","m"'
-    return [f'{common},"dram__bytes_read.sum","{unit}","{read}"', f'{common},"dram__bytes_write.sum","{unit}","{write}"']
+    common = (
+        f'"{kernel_id}","7","python3.12","127.0.0.1","{name}","1","7","(64, 1, 1)",'
+        f'"({grid}, 1, 1)","0","9.0","m"'
+    )
+    return [
+        f'{common},"dram__bytes_read.sum","{unit}","{read}"',
+        f'{common},"dram__bytes_write.sum","{unit}","{write}"',
+    ]
 
 
 def _marker(kernel_id: int, index: int) -> list[str]:

@@ -11,8 +11,10 @@ import pytest
 
 from experiments import ncu_traffic as ncu
 from experiments import predict_next_call as predict
-
 from iosim.core.gpus import GPUS
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
 from iosim.gpu import call1
 from iosim.gpu.dram import kernel_counts
 from iosim.gpu.grids import _device, flash_swapped, flash_swapped_tc
@@ -22,9 +24,6 @@ from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import L2Config, in_sequence
 from iosim.gpu.schedule import simulate
-from iosim.core.problem import AttentionShape, Problem
-from iosim.core.tiling import Tiling
-from iosim.core.visits import visits
 
 RESULTS = Path(__file__).resolve().parents[1] / "experiments/results/gpu"
 H100 = GPUS["h100"]

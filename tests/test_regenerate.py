@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from helpers import REPO
 
 from experiments import regenerate
-from helpers import REPO
 
 
 def test_every_fast_output_reproduces(tmp_path):

@@ -18,8 +18,8 @@ from experiments import window
 from iosim.api import count_problem
 from iosim.core.counts import combined
 from iosim.core.problem import Band
-from iosim.registry import ALGORITHMS
 from iosim.core.visits import visits
+from iosim.registry import ALGORITHMS
 
 WINDOWED = [name for name, a in ALGORITHMS.items() if a.accepts("window")]
 WINDOWED_BACKWARD = [name for name in WINDOWED if ALGORITHMS[name].backward is not None]  # split-kv decodes only
