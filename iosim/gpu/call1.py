@@ -48,8 +48,7 @@ def _flash_swapped(launch: Launch) -> tuple[Grid, ...]:
     if launch.backward:
         main = flash_swapped.backward(pb, t, SWAPPED_BACKWARD.get((pb.shape.d, t.Br))
                                       or flash_swapped.backward_smem(pb, t))
-        grids = (_device.row_dot(pb, GRID_STRIDE), _device.fill(pb, GRID_STRIDE), main)
-        return grids if pb.dtype == "float32" else grids + (_device.cast(pb, GRID_STRIDE),)
+        return _device.around(pb, main, GRID_STRIDE, GRID_STRIDE, GRID_STRIDE)
     per_sm = SWAPPED_FORWARD.get((pb.shape.d, t.Br, t.Bc)) or flash_swapped.forward_smem(pb, t)
     return (flash_swapped.forward(pb, t, per_sm),)
 

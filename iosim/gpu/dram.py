@@ -22,7 +22,7 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernel import Kernel, Launch
-from iosim.gpu.kernels import get_kernel, kernel_for
+from iosim.gpu.kernels import kernel_for, named_for
 from iosim.gpu.l2 import DramCounts, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
@@ -104,8 +104,7 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
     """``request_dram`` of the kernel a request of ``algorithm`` runs (``kernel`` where it implements the algorithm,
     else the algorithm's own), or None where the L2 model does not cover the request: an algorithm with no kernel,
     an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name below."""
-    chosen = kernel if kernel is not None and get_kernel(kernel).algorithm == algorithm else None
     try:
-        return request_dram(plans, hw, kernel_for(algorithm, chosen), sawtooth)
+        return request_dram(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), sawtooth)
     except InputError:  # the L2 model refuses the run by name: it has nothing to say
         return None

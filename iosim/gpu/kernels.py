@@ -18,12 +18,8 @@ from iosim.gpu.l2 import Grid
 def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
     """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
     of dQ; the grid-stride kernels at the report's blocks per SM (one build of each stands for every dtype)."""
-    pb = launch.problem
-    row_dot = _device.row_dot(pb, measured("row_dot", "row_dot", launch, None, any_dtype=True))
-    fill = _device.fill(pb, measured("fill", "fill", launch, None, any_dtype=True))
-    grids = (row_dot, fill, main)
-    return grids if pb.dtype == "float32" else grids + (_device.cast(pb, measured("cast", "cast", launch, None,
-                                                                                    any_dtype=True)),)
+    per_sm = [measured(k, k, launch, None, any_dtype=True) for k in ("row_dot", "fill", "cast")]
+    return _device.around(launch.problem, main, *per_sm)
 
 
 def _flash(launch: Launch) -> tuple[Grid, ...]:
@@ -79,14 +75,6 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
 )}
 
 
-def register_kernel(kernel: Kernel) -> Kernel:
-    """Add a kernel description (a dated one, or one written outside iosim) to ``KERNELS``."""
-    if kernel.name in KERNELS:
-        raise InputError(f"kernel={kernel.name!r} is already described; allowed: a new name")
-    KERNELS[kernel.name] = kernel
-    return kernel
-
-
 def get_kernel(name: str) -> Kernel:
     if name not in KERNELS:
         raise InputError(f"kernel={name!r} is not one of {sorted(KERNELS)}")
@@ -99,6 +87,12 @@ def default_kernel(algorithm: str) -> Kernel:
         raise InputError(f"algorithm {algorithm!r} has no GPU kernel that the L2 model describes; allowed: "
                          f"{sorted({k.algorithm for k in KERNELS.values()})}")
     return KERNELS[algorithm]
+
+
+def named_for(algorithm: str, kernel: str | None) -> str | None:
+    """``kernel`` where it implements ``algorithm``, else None (the algorithm's default): a ``--kernel`` given to a
+    command over several algorithms serves the rows of the one it implements."""
+    return kernel if kernel is not None and get_kernel(kernel).algorithm == algorithm else None
 
 
 def kernel_for(algorithm: str, kernel: str | None) -> Kernel:

@@ -51,7 +51,7 @@ from iosim.core.units import parse_size
 from iosim.gpu.dram import pass_counts
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernel import Launch, check_launchable
-from iosim.gpu.kernels import KERNELS, get_kernel, kernel_for
+from iosim.gpu.kernels import KERNELS, kernel_for, named_for
 from iosim.gpu.l2 import DramCounts
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.tilings.policies import POLICIES
@@ -166,7 +166,7 @@ def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], hw: H
     if algo.is_backward or algo.name not in with_kernel:
         raise InputError(f"{algo.name}: objective 'dram' ranks the forward passes of the algorithms with a GPU "
                          f"kernel: {with_kernel}")
-    found = kernel_for(algo.name, kernel if kernel is not None and get_kernel(kernel).algorithm == algo.name else None)
+    found = kernel_for(algo.name, named_for(algo.name, kernel))
     check_launchable(pb)  # before the shortlist: a mask, a window or documents no kernel takes
     scored = sorted(((pass_counts(found, Launch(pb, x.tiling), hw), x)
                      for x in searched[:DRAM_CANDIDATES]),

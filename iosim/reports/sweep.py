@@ -24,7 +24,7 @@ from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
 from iosim.gpu.dram import covered_dram
 from iosim.gpu.hardware import Hardware, hardware
-from iosim.gpu.kernels import get_kernel
+from iosim.gpu.kernels import named_for
 from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.variants.sparsity import BlockSparsity
@@ -235,8 +235,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 gpu=None if gpu is None else get_gpu(gpu).name,
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
                 **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
-                kernel=kernel if hw is not None and kernel is not None and get_kernel(kernel).algorithm == algorithm
-                else None)
+                kernel=named_for(algorithm, kernel) if hw is not None else None)
 
 
 def config_key(config: dict) -> tuple[str, ...]:

@@ -54,3 +54,11 @@ def fill(pb: Problem, per_sm: int | SharedMemoryBound) -> Grid:
     """fill_kernel: one thread per element of the float32 dq_acc (bh, N_q, d), each set to zero."""
     s = pb.shape
     return _grid_stride(s.bh * s.n_q * s.d, lambda c, n: (TILES.access("dQ", c, n * 4, WRITE),), per_sm)
+
+
+def around(pb: Problem, main: Grid, row_dot_per_sm: int | SharedMemoryBound, fill_per_sm: int | SharedMemoryBound,
+           cast_per_sm: int | SharedMemoryBound) -> tuple[Grid, ...]:
+    """A flash-swapped backward's launches in order: row_dot, fill, its ``main`` kernel, and in a dtype narrower than
+    float32 the cast of dQ (kernels/flash_swapped.py's and kernels/flash_swapped_tc.py's ``backward``)."""
+    grids = (row_dot(pb, row_dot_per_sm), fill(pb, fill_per_sm), main)
+    return grids if pb.dtype == "float32" else grids + (cast(pb, cast_per_sm),)
