@@ -257,6 +257,24 @@ class TorchRunner:
         end.synchronize()
         return start.elapsed_time(end)
 
+    def kernels_launched(self) -> dict:
+        """The CUDA kernels one forward and one backward call launch, by name (torch.profiler).
+
+        For SDPA the names say which kernel ran and with what tiles (FlashAttention-2's template arguments), the
+        launch a DRAM prediction of SDPA has to describe (issue 28)."""
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        launched = {}
+        for mode in ("forward", "backward"):
+            state = self.setup(mode)
+            self.sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                self.call(mode, *state)
+                self.sync()
+            launched[mode] = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+        return launched
+
     def reset_peak(self) -> None:
         self.torch.cuda.reset_peak_memory_stats()
 
@@ -406,6 +424,8 @@ def measure(cfg: BenchConfig, warmup: int, repeats: int, record: dict) -> None:
         peak = runner.peak_mb()
         record["peak_memory_usage(MB)"] = peak["allocated"]
         record["peak_memory_reserved(MB)"] = peak["reserved"]
+        if cfg.impl == "torch-sdpa":
+            record["kernels_launched"] = runner.kernels_launched()
     finally:
         runner.release()
         runner = None  # drop the last reference, as `del runner` did

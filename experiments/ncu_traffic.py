@@ -122,14 +122,18 @@ def traffic_grid() -> list[LaunchConfig]:
 
 
 def sanitize_grid() -> list[LaunchConfig]:
-    """Every impl and direction at small ragged shapes: causal with dropout and N_q ≠ N_k both ways, float16; and
-    split-kv decoding with its query heads packed by group, over several splits."""
+    """Every impl and direction at small ragged shapes: causal with dropout and N_q ≠ N_k both ways, float16; split-kv
+    decoding with its query heads packed by group, over several splits; flash-swapped-tc in bfloat16 and
+    flash-swapped's sawtooth order."""
     configs = []
     for impl in kernels.IMPLS:
         for direction in DIRECTIONS if impl in BACKWARD_IMPLS else ("forward",):
             configs.append(LaunchConfig(impl, direction, 1, 2, 100, 77, 64, "float32", causal=True, dropout_p=0.2))
             configs.append(LaunchConfig(impl, direction, 1, 1, 77, 100, 128, "float16", causal=True))
     configs.append(LaunchConfig("split-kv", "forward", 2, 8, 1, 1000, 128, "float16", kv_heads=2, splits=7))
+    for direction in DIRECTIONS:  # the tensor-core kernel's bfloat16 build
+        configs.append(LaunchConfig("flash-swapped-tc", direction, 1, 1, 77, 100, 64, "bfloat16", causal=True))
+    configs.append(LaunchConfig("flash-swapped", "forward", 1, 2, 100, 77, 64, "float16", sawtooth=True))
     return configs
 
 
@@ -256,11 +260,64 @@ def call3_grid() -> list[LaunchConfig]:
             + call3_split_kv_grid() + call3_sawtooth_grid())
 
 
+def _short(impl: str, direction: str, dtype: str, bh: int, n: int, d: int, **options) -> LaunchConfig:
+    """A call-3 row as the call-3 grids lay it out: batch·heads bh as batch 1, heads bh up to 16, else batch bh/16
+    by 16 heads; the sawtooth grid's rows as batch 1, heads bh."""
+    batch, heads = (1, bh) if options.get("sawtooth") is not None else (max(1, bh // 16), min(bh, 16))
+    return LaunchConfig(impl, direction, batch, heads, n, n, d, dtype, **options)
+
+
+FS, TC = "flash-swapped", "flash-swapped-tc"
+
+
+def call3_short_schedule_grid() -> list[LaunchConfig]:
+    """Call 3's short grid, part 1 (issue 28, item 4): rows of the committed call-3 predictions on which the lockstep
+    and the staggered schedule part by 3× to 460×, in few waves (one head) and many (16 heads), with one head's K and
+    V under and over the L2, both K/V orders where the sawtooth rows part; then a row each of the tensor-core kernel
+    and of the causal mask. experiments/call3_short.py prints each row's two predictions."""
+    f = "forward"
+    return [
+        _short(FS, f, "float16", 1, 131072, 128, sawtooth=False),
+        _short(FS, f, "float16", 1, 131072, 128, sawtooth=True),
+        _short(FS, f, "float32", 1, 65536, 128), _short(FS, f, "float32", 16, 65536, 128),
+        _short(FS, f, "float16", 4, 131072, 64, sawtooth=False),
+        _short(FS, f, "float16", 4, 131072, 64, sawtooth=True),
+        _short(FS, f, "float16", 1, 131072, 64, sawtooth=False),
+        _short(FS, f, "float16", 4, 65536, 128, sawtooth=False), _short(FS, f, "float16", 4, 65536, 128, sawtooth=True),
+        _short(TC, f, "float16", 16, 65536, 128), _short(FS, f, "float32", 16, 65536, 64),
+        _short(FS, f, "float32", 1, 65536, 128, causal=True),
+    ]
+
+
+def call3_short_rest_grid() -> list[LaunchConfig]:
+    """Call 3's short grid, part 2: the backward rows where the schedules part most (1.4× to 1.8×), the longest
+    sawtooth rows, a 16-head causal row the model has K/V re-read about 50 times, and controls: a row with every
+    block resident at once (batch·heads 256), a tiny launch, the bfloat16 twin of a float16 row (equal bytes),
+    grouped-query heads, and split-kv decoding's two kernels, which have never run on hardware."""
+    f, b = "forward", "backward"
+    return [
+        _short(FS, b, "float32", 16, 16384, 128), _short(FS, b, "float32", 1, 16384, 128),
+        _short(TC, b, "float16", 16, 16384, 128), _short(FS, b, "float32", 16, 16384, 64),
+        _short(FS, f, "float16", 4, 131072, 128, sawtooth=False),
+        _short(FS, f, "float16", 4, 131072, 128, sawtooth=True),
+        _short(FS, f, "float32", 16, 65536, 128, causal=True),
+        _short(FS, f, "float32", 256, 4096, 128), _short(FS, f, "float32", 1, 1024, 64),
+        _short(TC, f, "bfloat16", 16, 65536, 128), _short(FS, f, "float32", 16, 16384, 128),
+        LaunchConfig(FS, f, 1, 32, 65536, 65536, 64, "float16", kv_heads=8),
+        *[c for c in call3_split_kv_grid() if (c.batch, c.heads, c.kv_heads, c.n_k, c.d) in SHORT_SPLIT_KV],
+    ]
+
+
+# split-kv rows of the short grid: Llama-3-8B's heads at one batch and at 8, the longest K/V
+SHORT_SPLIT_KV = ((1, 32, 8, 131072, 128), (8, 32, 8, 16384, 128))
+
+
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
-         "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid}
+         "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid,
+         "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -37,6 +37,7 @@ from numba import cuda, float32
 
 from iosim.algorithms import flash_swapped as simulated
 from iosim.kernels import _device as dev
+from iosim.kernels import _trace
 from iosim.kernels._register_tiles import SHARED_ALIGN, VEC, Layout, tiles
 from iosim.kernels.config import FLOAT32_BYTES, TileConfig
 
@@ -105,7 +106,7 @@ def lse_from_log2(m2, l):
 
 @functools.cache
 def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, splits: int = 1, packed: bool = False,
-                   sawtooth: bool = False):
+                   sawtooth: bool = False, trace: bool = False):
     """Compile-time specialised forward kernel: grid (batch·heads · T_r,), block config.threads().
 
     q, out are flat (batch·heads·N_q·d) arrays and k, v flat (batch·heads·N_k·d), so every
@@ -124,6 +125,10 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
     ``sawtooth``: odd query blocks visit their key blocks last to first (the "sawtooth" order of arXiv
     2601.16032), so that a block starts on the K_j, V_j its even predecessor ended on; the online softmax gives
     the same attention in any order. ``iosim.algorithms.flash_swapped.sawtooth_grid`` declares its grid.
+
+    ``trace``: the kernel takes one more argument, a uint64 array of 3 words per block, where thread 0 of each block
+    writes its SM, its start and its end time (kernels/_trace.py); the block's work is the untraced kernel's, one
+    device function inlined into both.
     """
     lay = layout(config, d, False)
     t = tiles(lay)
@@ -178,8 +183,8 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
                                            query(row + a, n_q), col + TC * b)
                 P_s[r0 + a, tx + TC * b] = p
 
-    @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
-    def kernel(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep):
+    @cuda.jit(device=True, **dev.inline_options())
+    def attend(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep):
         rows = n_q * group if PACKED else n_q  # query rows of a head: a packed head holds its group's G·N_q
         Tr = (rows + Br - 1) // Br
         unit = cuda.blockIdx.x // Tr  # (head, split) h·S + s
@@ -257,6 +262,20 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
             if tx == 0 and row < rows:
                 lse[unit * rows + row] = lse_from_log2(m_i[a], l_i[a])
         t.store_acc(out, acc, unit * rows + row0, rows - row0, ONE, r0, tx)
+
+    if trace:
+        @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
+        def traced(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep, stamps):
+            start = _trace.global_timer()
+            attend(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep)
+            cuda.syncthreads()
+            _trace.stamp(stamps, cuda.blockIdx.x, start)
+
+        return traced
+
+    @cuda.jit(**dev.launch_bounds(lay.threads, FORWARD_MIN_BLOCKS))
+    def kernel(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep):
+        attend(q, k, v, out, lse, n_q, n_k, group, tau, seed_lo, seed_hi, threshold, inv_keep)
 
     return kernel
 
@@ -370,25 +389,37 @@ def backward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool):
     return kernel
 
 
-def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig, sawtooth: bool = False):
+def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig, sawtooth: bool = False,
+            stamps=None):
     """O and lse of attention on device arrays q (bh, N_q, d), k, v (b·kv_heads, N_k, d).
 
     Under grouped-query attention each group of bh / (b·kv_heads) consecutive query heads reads one K/V head,
     by its index, with one thread block per (query block, query head) as without groups (per-head blocks: a
     group's blocks share its K_j, V_j only in the L2). ``sawtooth``: odd query blocks scan K/V backward. Returns
     (out (bh, N_q, d) in q's dtype, lse (bh, N_q) float32). Inputs are checked by kernels.api before this is called.
+    ``stamps``: a device uint64 array of 3 words per block (`blocks`), run the traced kernel, which fills it with each
+    block's SM, start and end time (kernels/_trace.py).
     """
     n_bh, n_q, d = q.shape
     n_k = k.shape[1]
     group = n_bh // k.shape[0]
     out = cuda.device_array((n_bh, n_q, d), dtype=q.dtype)
     lse = cuda.device_array((n_bh, n_q), dtype=np.float32)
-    kernel = forward_kernel(d, config, bool(causal), dropout.enabled, sawtooth=bool(sawtooth))
-    Tr = -(-n_q // config.Br)
-    kernel[n_bh * Tr, config.threads()](
-        flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, group, np.float32(tau), *dropout.kernel_args()
-    )
+    traced = stamps is not None
+    kernel = forward_kernel(d, config, bool(causal), dropout.enabled, sawtooth=bool(sawtooth), trace=traced)
+    args = (flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, group, np.float32(tau), *dropout.kernel_args())
+    if traced:
+        if stamps.shape != (_trace.STAMPS_PER_BLOCK * blocks(n_bh, n_q, config),):
+            raise ValueError(f"stamps: shape {stamps.shape}, needs ({_trace.STAMPS_PER_BLOCK} · blocks,) = "
+                             f"({_trace.STAMPS_PER_BLOCK * blocks(n_bh, n_q, config)},)")
+        args += (stamps,)
+    kernel[blocks(n_bh, n_q, config), config.threads()](*args)
     return out, lse
+
+
+def blocks(n_bh: int, n_q: int, config: TileConfig) -> int:
+    """Thread blocks of the forward grid: one per (batch·head, query block)."""
+    return n_bh * -(-n_q // config.Br)
 
 
 def flat(x):

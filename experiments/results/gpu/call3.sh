@@ -1,41 +1,89 @@
 #!/usr/bin/env bash
-# Device call 3 (H100): ncu DRAM bytes of exactly the configurations whose DRAM bytes were predicted before it.
-# The default grid, call3, is 388 rows (issue 17, items 4 and 5), each part predicted in its own file:
-# - experiments/results/gpu/predictions-80f2354.json: the first 240, the forward of flash-swapped (float32, float16)
-#   and flash-swapped-tc (float16, bfloat16), 176 rows, then the backward of flash-swapped (float32, float16), 64;
-# - predictions-6d16ff6.json (grid call3-tc-backward): the backward of flash-swapped-tc (float16, bfloat16), 64 rows;
-# - predictions-bda8144.json (grid call3-gqa): flash-swapped's forward with grouped heads (32 over 8 and over 1),
-#   float16, 20 rows;
-# - predictions-69c24cc.json (grid call3-split-kv): split-kv decoding, its split kernel and its combine, float16,
-#   40 rows;
-# - predictions-159b338.json (grid call3-sawtooth): flash-swapped's forward in both K/V orders, float16, 24 rows;
-# and every row again with the first blocks started staggered: predictions-92a2cc8-staggered.json (the first 364)
-# and predictions-159b338-staggered.json (call3-sawtooth).
-# Usage: bash experiments/results/gpu/call3.sh [call3 | call3-swapped | call3-tc | call3-backward | call3-tc-backward
-#                                               | call3-gqa | call3-split-kv | call3-sawtooth]
-# The seven parts (88, 88, 64, 64, 20, 40 and 24 rows) can run as separate device commands if one exceeds the 10-minute
-# limit; each row carries its full configuration, so the parts join the predictions on impl, direction,
-# dtype, batch, heads, kv_heads, N, d, causal, splits, sawtooth (configs.json beside ncu.csv), not on the index.
-# Runs from the root of `git archive <commit>` (COMMIT names it); everything lands in $OUT/<grid>.tgz.
-# The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: the caller puts a
-# numpy 2.4.6 wheel first on PYTHONPATH (docs/gpu.md says how).
+# Device call 3 (H100): the short prioritized script (issue 28, item 5; issue 29), in two halves of at most 5 minutes,
+# one device call each, most decisive first. `python -m experiments.call3_short` is its dry run: each ncu row with the
+# DRAM bytes read predicted before the run under both schedules, and each step's time limit.
+#   first:  ncu DRAM bytes of the short grid's first part (short-schedule: 12 rows where the committed lockstep and
+#           staggered predictions part by 1.35× to 460×), the block-timing probe (experiments/block_trace.py), then
+#           the short grid's second part (short-rest, 14 rows) in the time left;
+#   second: timings of flash-swapped float32, flash-swapped-tc float16/bfloat16, SDPA's flash backend and torch eager,
+#           forward and backward (experiments/gpu_bench.py); the kernel tests on the GPU beside compute-sanitizer
+#           memcheck and racecheck on one launch of each kernel; the L2 capacity curve (experiments/l2_capacity.py).
+# Each step works in /tmp/call3/<half> and is packed into $OUT/<half>-<step>.tgz as soon as it ends, so a cut call
+# returns what finished, in at most 8 files.
+# The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
+# call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
+#
+# Usage, from the repository's root on the device (IOSIM_GIT_COMMIT names the commit the tree is):
+#   IOSIM_GIT_COMMIT=<commit> bash experiments/results/gpu/call3.sh first|second|<call-3 grid>
+# The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: a numpy 2.4.6 wheel is carried in .whl
+# and installed to /tmp/site, first on PYTHONPATH (docs/gpu.md). iosim.kernels is kernels/ (pyproject's package-dir):
+# the disposable device copy links it into iosim/ so that the tree imports without an install.
 set -o pipefail
-GRID=${1:-call3}
-export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-R=${OUT:?}/$GRID
+PART=${1:-first}
+: "${OUT:?}"
+R=/tmp/call3/$PART
 mkdir -p "$R"
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+[ -e iosim/kernels ] || ln -s ../kernels iosim/kernels
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} IOSIM_GIT_COMMIT=${IOSIM_GIT_COMMIT:-unknown}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer | tail -1)
 {
-  date -u; echo "commit $(cat COMMIT 2>/dev/null || git rev-parse HEAD)"; echo "grid $GRID"; nvidia-smi
+  date -u; echo "commit $IOSIM_GIT_COMMIT"; echo "part $PART"; nvidia-smi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
   python3 experiments/results/gpu/versions.py
-  "$NCU" --version
-} > "$R/env.txt" 2>&1
-cat "$R/env.txt"
+  "$NCU" --version; "$SANITIZER" --version
+} > "$OUT/$PART-env.txt" 2>&1
+head -n 3 "$OUT/$PART-env.txt"
 
-# ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum --cache-control all (ncu_traffic.ncu_command)
-timeout 560 env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid "$GRID" --out "$R/ncu" > "$R/ncu.log" 2>&1
-echo "ncu rc=$?" | tee -a "$R/steps.txt"
+pack() {  # pack NAME: $R/NAME* into $OUT/$PART-NAME.tgz
+  tar czf "$OUT/$PART-$1.tgz" -C "$R" $(cd "$R" && ls -d "$1"*) && echo "packed $PART-$1.tgz"
+}
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $R/NAME.log, note the status and the time
+  local name=$1 limit=$2 t0=$SECONDS; shift 2
+  timeout "$limit" "$@" > "$R/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$R/steps.txt"
+  tail -n 4 "$R/$name.log"
+}
+ncu_grid() {  # ncu_grid GRID SECONDS: ncu DRAM bytes of a grid of experiments/ncu_traffic.py
+  step "ncu-$1" "$2" env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid "$1" --out "$R/ncu-$1"
+  pack "ncu-$1"
+}
 
-tail -n 5 "$R/ncu.log"
-tar czf "$OUT/$GRID.tgz" -C "$OUT" "$GRID" && rm -rf "$R"
+case $PART in
+  first)
+    ncu_grid short-schedule 160
+    step trace 75 python3 -m experiments.block_trace --out "$R/trace"
+    pack trace
+    ncu_grid short-rest 75
+    ;;
+  second)
+    B=(python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 16 --num-heads 16 --seq-len 4096
+       --emb-dim 1024 2048 --warmup 1 --repeats 3)
+    step bench-16bit 45 "${B[@]}" --impl flash-swapped-tc torch-sdpa --dtype float16 bfloat16
+    step bench-fp32 55 "${B[@]}" --impl flash-swapped torch --dtype float32
+    S=(python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 2 --num-heads 16 --emb-dim 1024
+       --seq-len 1024 2048 4096 8192 16384 --warmup 1 --repeats 3)
+    step bench-scan-fp32 20 "${S[@]}" --impl flash-swapped torch --dtype float32
+    step bench-scan-16bit 20 "${S[@]}" --impl flash-swapped-tc torch-sdpa --dtype float16
+    pack bench
+    SAN=(python3 -m experiments.ncu_traffic launch --grid sanitize)
+    step memcheck 130 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
+    step racecheck 130 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
+    step pytest 130 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels.py tests/test_kernels_split_kv.py \
+      tests/test_kernels_bench.py tests/test_kernels_gpu.py -n 10 -p no:cacheprovider -rA --durations=20
+    wait
+    pack memcheck; pack racecheck; pack pytest
+    step l2 20 python3 -m experiments.l2_capacity --out "$R/l2"
+    step l2-ncu 20 "$NCU" --metrics dram__bytes_read.sum --cache-control none --profile-from-start off --csv \
+      --print-units base --log-file "$R/l2/ncu.csv" python3 -m experiments.l2_capacity --out "$R/l2" --profile
+    pack l2
+    ;;
+  *)
+    ncu_grid "$PART" 560
+    ;;
+esac
+cp "$R/steps.txt" "$OUT/$PART-steps.txt"

@@ -1,0 +1,148 @@
+"""Call 3's short script, dry run: what each half of experiments/results/gpu/call3.sh runs, and how long it may take.
+
+    python -m experiments.call3_short [--json FILE]
+
+Call 3 as first prepared (388 ncu rows in seven parts) is over an hour of profiling; a GPU is lent for 15 minutes,
+machine start included. The short script runs in two halves of at most 5 minutes (issue 28, item 5; issue 29):
+
+- first: ncu DRAM bytes of the short grid's first part (experiments/ncu_traffic.py, short-schedule: the rows where
+  the committed lockstep and staggered predictions part most), the block-timing probe (experiments/block_trace.py),
+  then the short grid's second part (short-rest) in the time left;
+- second: the timings (experiments/gpu_bench.py), the kernel tests on the GPU beside compute-sanitizer on one
+  launch of each kernel, and the L2 capacity curve (experiments/l2_capacity.py).
+
+For each ncu row this prints the DRAM bytes read that the predictions committed before the run give under both
+schedules (lockstep: predictions-80f2354, -6d16ff6, -bda8144, -69c24cc, -159b338; staggered: -92a2cc8-staggered,
+-159b338-staggered), their ratio, and an estimated time. The estimate is a stated guess, not a measurement (no
+kernel of this repository has been timed): NVVM's compile time per kernel specialisation measured on this CPU (3 to
+9 s), the host's random inputs at 150 million values a second, the kernels at ESTIMATED_TFLOPS, and one second of
+ncu overhead per launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from experiments import ncu_traffic
+
+REPO = Path(__file__).resolve().parents[1]
+PREDICTIONS = REPO / "experiments" / "results" / "gpu"
+LOCKSTEP = ("predictions-80f2354", "predictions-6d16ff6", "predictions-bda8144", "predictions-69c24cc",
+            "predictions-159b338")
+STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered")
+COMPILE_S = 9.0  # the slowest specialisation NVVM compiled here (flash-swapped's backward, d = 128)
+HOST_VALUES_PER_S = 1.5e8  # numpy's standard_normal on one core, about
+ESTIMATED_TFLOPS = {"flash-swapped": 10.0, "flash-swapped-tc": 100.0, "split-kv": 1.0}
+NCU_OVERHEAD_S = 1.0
+SCRIPT = PREDICTIONS / "call3.sh"
+STEP = re.compile(r"^\s*(?:step|ncu_grid) (\S+) (\d+)\b", re.M)
+
+
+def halves(script: Path = SCRIPT) -> dict[str, dict[str, int]]:
+    """Each half's steps and their time limits in seconds, read from call3.sh's `first)` and `second)` branches."""
+    text = script.read_text()
+    out = {}
+    for half in ("first", "second"):
+        body = text.split(f"\n  {half})\n", 1)[1].split(";;", 1)[0]
+        out[half] = {name: int(limit) for name, limit in STEP.findall(body)}
+    return out
+
+
+def predictions(files: tuple[str, ...]) -> dict[tuple, dict]:
+    rows = {}
+    for name in files:
+        for row in json.loads((PREDICTIONS / f"{name}.json").read_text())["rows"]:
+            rows[key(row)] = {"reads": _reads(row["predicted"]), "file": name}
+    return rows
+
+
+def key(row: dict) -> tuple:
+    return tuple(ncu_traffic.JOIN_DEFAULTS.get(k) if row.get(k) is None else row[k] for k in ncu_traffic.JOIN)
+
+
+def _reads(predicted: dict) -> int:
+    """DRAM bytes read at the effective L2, summed over the kernels of a pass where a row has several."""
+    if "effective" in predicted:
+        return predicted["effective"]["reads"]
+    return sum(_reads(v) for v in predicted.values() if isinstance(v, dict))
+
+
+def flops(cfg: ncu_traffic.LaunchConfig) -> float:
+    forward = 4 * cfg.batch * cfg.heads * cfg.n_q * cfg.n_k * cfg.d / (2 if cfg.causal else 1)
+    return forward * (2.5 if cfg.direction == "backward" else 1.0)
+
+
+def estimate_s(cfg: ncu_traffic.LaunchConfig) -> float:
+    values = cfg.batch * (2 * cfg.heads * cfg.n_q + 2 * cfg.kv * cfg.n_k) * cfg.d
+    return values / HOST_VALUES_PER_S + flops(cfg) / (ESTIMATED_TFLOPS[cfg.impl] * 1e12) + NCU_OVERHEAD_S
+
+
+def specialisation(cfg: ncu_traffic.LaunchConfig) -> tuple:
+    return cfg.impl, cfg.direction, cfg.dtype, cfg.d, cfg.causal, cfg.sawtooth
+
+
+def plan() -> dict:
+    lockstep, staggered = predictions(LOCKSTEP), predictions(STAGGERED)
+    parts = {}
+    for grid in ("short-schedule", "short-rest"):
+        rows, compiled = [], set()
+        for cfg in ncu_traffic.GRIDS[grid]():
+            k = key(vars(cfg))
+            lock, stag = lockstep.get(k), staggered.get(k)
+            if lock is None or stag is None:
+                raise LookupError(f"{grid}: {cfg} has no committed {'lockstep' if lock is None else 'staggered'} "
+                                  f"prediction")
+            seconds = estimate_s(cfg) + (0.0 if specialisation(cfg) in compiled else COMPILE_S)
+            compiled.add(specialisation(cfg))
+            rows.append({"config": vars(cfg), "lockstep_reads": lock["reads"], "lockstep_file": lock["file"],
+                         "staggered_reads": stag["reads"], "staggered_file": stag["file"],
+                         "parting": max(lock["reads"], stag["reads"]) / max(1, min(lock["reads"], stag["reads"])),
+                         "estimated_s": seconds})
+        parts[grid] = {"rows": rows, "estimated_s": sum(r["estimated_s"] for r in rows)}
+    steps = halves()
+    return {"halves": steps, "halves_s": {h: _sequential_s(s) for h, s in steps.items()}, "ncu": parts}
+
+
+def _sequential_s(steps: dict[str, int]) -> int:
+    """The longest the steps of a half can take: memcheck and racecheck run beside pytest (call3.sh)."""
+    return sum(limit for name, limit in steps.items() if name not in ("memcheck", "racecheck"))
+
+
+def describe(cfg: dict) -> str:
+    heads = f"{cfg['batch']}×{cfg['heads']}" + (f"/{cfg['kv_heads']}" if cfg["kv_heads"] else "")
+    flags = [f for f, on in (("causal", cfg["causal"]), ("sawtooth", cfg["sawtooth"])) if on]
+    flags += [f"splits {cfg['splits']}"] if cfg["splits"] else []
+    return (f"{cfg['impl']} {cfg['direction']} {cfg['dtype']} {heads} N={cfg['n_k']} d={cfg['d']}"
+            + (f" ({', '.join(flags)})" if flags else ""))
+
+
+def text(report: dict) -> str:
+    lines = []
+    for half, steps in report["halves"].items():
+        lines.append(f"{half} half: {report['halves_s'][half]} s of time limits: "
+                     + ", ".join(f"{step} {s} s" for step, s in steps.items()))
+    for grid, part in report["ncu"].items():
+        lines.append(f"\nncu {grid}: {len(part['rows'])} rows, estimated {part['estimated_s']:.0f} s")
+        lines.append(f"  {'row':<62} {'lockstep MB':>12} {'staggered MB':>13} {'part':>7} {'est s':>6}")
+        for r in part["rows"]:
+            lines.append(f"  {describe(r['config']):<62} {r['lockstep_reads'] / 1e6:>12,.1f} "
+                         f"{r['staggered_reads'] / 1e6:>13,.1f} {r['parting']:>6.2f}× {r['estimated_s']:>6.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=None, help="also write the plan as JSON")
+    args = parser.parse_args(argv)
+    report = plan()
+    print(text(report), end="")
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
