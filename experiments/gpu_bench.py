@@ -445,12 +445,15 @@ def free_device_memory() -> None:
 
 
 def git_commit() -> str:
-    """HEAD's commit, or IOSIM_GIT_COMMIT for a copy without .git (a `git archive` run on a GPU machine)."""
+    """IOSIM_GIT_COMMIT where set (a device call names the commit its tree is: the copy's .git, if it has one, may be
+    another's), else HEAD's commit."""
+    if os.environ.get("IOSIM_GIT_COMMIT"):
+        return os.environ["IOSIM_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("IOSIM_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def metadata(args: argparse.Namespace) -> dict:

@@ -138,12 +138,18 @@ OUTPUTS = (
            ("--out", "{root}/experiments/results/speed.json"), TIMING, 189),
     Output("speed_l2", "python -m experiments.speed --only l2 --out experiments/results/speed_l2.json",
            ("experiments/results/speed_l2.json",), ("--out", "{root}/experiments/results/speed_l2.json"), TIMING, 21),
+    # call 3 on an H100 at 39edb2a (call3/README.md) against the predictions committed before it
+    Output("call3", "python -m experiments.call3", ("experiments/results/call3.json", "docs/figures/call3.png"),
+           ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/call3.json"), FAST, 2.0),
     # call 1 on an H100 at d4169c1 (call1/README.md): the raw output of the device call
     Output("call1", "bash experiments/results/gpu/call1.sh",
            tuple(f"{GPU_DIR}/call1/{f}" for f in ("README.md", "env.txt", "ncu.log", "ncu/command.txt",
                                                    "ncu/configs.json", "ncu/ncu.csv", "pytest_gpu.log",
                                                    "sanitizer_memcheck.log", "sanitizer_racecheck.log",
                                                    "steps.txt")), (), GPU, None),
+    Output("call3-raw", "bash experiments/results/gpu/call3.sh first; … second (call3/README.md: five commands)",
+           tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / GPU_DIR / "call3").rglob("*") if p.is_file())),
+           (), GPU, None),
 )
 BY_NAME = {o.name: o for o in OUTPUTS}
 

@@ -27,7 +27,8 @@ if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 [ -e iosim/kernels ] || ln -s ../kernels iosim/kernels
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} IOSIM_GIT_COMMIT=${IOSIM_GIT_COMMIT:-unknown}
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+export IOSIM_GIT_COMMIT=${IOSIM_GIT_COMMIT:?name the commit this tree is: the device copy may carry another .git}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer | tail -1)
 {
@@ -74,7 +75,7 @@ case $PART in
     step memcheck 130 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
     step racecheck 130 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
     step pytest 130 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels.py tests/test_kernels_split_kv.py \
-      tests/test_kernels_bench.py tests/test_kernels_gpu.py -n 10 -p no:cacheprovider -rA --durations=20
+      tests/test_kernels_bench.py tests/test_kernels_gpu.py -n 10 -p no:cacheprovider -v -rA --durations=20
     wait
     pack memcheck; pack racecheck; pack pytest
     step l2 20 python3 -m experiments.l2_capacity --out "$R/l2"
