@@ -417,14 +417,16 @@ UNBOUNDED_M = 2**50
 
 
 def simulated(cfg: LaunchConfig, Br: int, Bc: int) -> dict:
-    """iosim's forward count at tiles B_r × B_c and cfg's dtype, with M the SRAM those tiles need."""
+    """iosim's forward count of the kernel's algorithm at tiles B_r × B_c and cfg's dtype, with M the SRAM those tiles
+    need."""
     options = dict(
         N=cfg.n_q, N_k=cfg.n_k, d=cfg.d, batch=cfg.batch, heads=cfg.heads, kv_heads=cfg.kv_heads, causal=cfg.causal,
         dropout_p=cfg.dropout_p, dtype=cfg.dtype, tiling=iosim.Tiling(Br=Br, Bc=Bc),
         **({} if cfg.splits is None else {"splits": cfg.splits}),
     )
-    M = iosim.count(cfg.impl, M=UNBOUNDED_M, **options).traffic.peak_sram
-    result = iosim.count(cfg.impl, M=M, **options)
+    algorithm = kernels.IMPLS[cfg.impl].ALGORITHM.name  # flash-swapped-tc computes flash-swapped's algorithm
+    M = iosim.count(algorithm, M=UNBOUNDED_M, **options).traffic.peak_sram
+    result = iosim.count(algorithm, M=M, **options)
     traffic = result.traffic
     data, stat = traffic.tensor("Q").itemsize, traffic.tensor("l").itemsize
     return {

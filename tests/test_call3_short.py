@@ -89,3 +89,13 @@ def test_the_sanitize_grid_launches_every_kernel_build_once():
     builds = {(c.impl, c.direction, c.dtype, c.sawtooth) for c in ncu_traffic.sanitize_grid()}
     assert ("flash-swapped-tc", "backward", "bfloat16", False) in builds
     assert ("flash-swapped", "forward", "float16", True) in builds
+
+
+def test_compare_counts_the_tensor_core_kernels_rows_by_their_algorithm(tmp_path):
+    folder = call3_short.PREDICTIONS / "call3" / "first" / "ncu-short-schedule"
+    rows = ncu_traffic.compare(folder, tmp_path / "traffic")
+    (tc,) = [r for r in rows if r["impl"] == "flash-swapped-tc"]
+    assert len(rows) == 12
+    fields = {f: tc[f] for f in ("direction", "batch", "heads", "n_q", "n_k", "d", "dtype", "causal")}
+    twin = ncu_traffic.simulated(ncu_traffic.LaunchConfig("flash-swapped", **fields), **tc["tiling"])
+    assert tc["simulated"]["read_bytes"] == twin["read_bytes"] and tc["simulated"]["Br"] == tc["tiling"]["Br"]
