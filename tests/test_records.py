@@ -135,3 +135,53 @@ def test_a_killed_run_leaves_a_journal_that_resume_reads(tmp_path):
                       "--resume"))
     assert again.skipped == 1 and [r.algorithm for r in again.rows] == ["standard"]
     assert [r["algorithm"] for r in records(path)] == ["flash", "standard"] and not journal.exists()
+
+
+SWEEP = ["sweep", "--N", "1024", "--d", "64", "--algo", "flash"]
+
+
+def test_a_fifo_is_written_through_and_stays_a_fifo(tmp_path):
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert main([*SWEEP, "--csv", str(fifo)]) == 0
+    reader.join(timeout=30)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and got[0].startswith("algorithm,N,")
+    assert not (tmp_path / "pipe.partial").exists() and not (tmp_path / "pipe.tmp").exists()
+
+
+def test_a_character_device_is_written_through_never_replaced(capsys):
+    import os
+    import stat
+
+    assert main([*SWEEP, "--json", "/dev/null"]) == 0
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert main([*SWEEP, "--json", "/dev/null", "--resume"]) == 2
+    assert "character device or a FIFO" in capsys.readouterr().err
+
+
+def test_a_symlink_keeps_its_link_and_its_target_gets_the_records(tmp_path):
+    target = tmp_path / "target.json"
+    target.write_text("[]\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target.name)
+    assert main([*SWEEP, "--json", str(link)]) == 0
+    assert link.is_symlink() and records(target)[0]["algorithm"] == "flash"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "target.json"]
+
+
+def test_a_socket_is_refused_by_name_before_any_work(tmp_path, capsys):
+    import socket
+
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        assert main([*SWEEP, "--csv", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a socket, not a regular file" in err and "Traceback" not in err

@@ -11,6 +11,7 @@ import csv
 import io
 import json
 import os
+import stat
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
@@ -18,7 +19,11 @@ from iosim.core.errors import InputError
 
 
 def check_output_path(what: str, path: str | None) -> Path | None:
-    """A file path that records can be written to, or an InputError naming ``what``."""
+    """A path that records can be written to, or an InputError naming ``what``.
+
+    A regular file (or a new one) is replaced atomically; through a symbolic link, the link's target is, and the link
+    is kept. A character device or a FIFO (``/dev/stdout``, ``/dev/null``, a pipe) is written through, never
+    replaced. Anything else is refused here, before any work."""
     if path is None:
         return None
     if not path.strip():
@@ -28,7 +33,28 @@ def check_output_path(what: str, path: str | None) -> Path | None:
         raise InputError(f"{what}={path!r} is a directory; give a file name")
     if not p.parent.is_dir():
         raise InputError(f"{what}={path!r}: the directory {str(p.parent)!r} does not exist")
+    if p.exists() and not (is_stream(p) or p.is_file()):
+        raise InputError(f"{what}={path!r} is {_kind(p)}, not a regular file, a character device or a FIFO; "
+                         f"give a file name")
+    if not is_stream(p):
+        folder = Path(os.path.realpath(p)).parent
+        if not os.access(folder, os.W_OK):
+            raise InputError(f"{what}={path!r}: the directory {str(folder)!r} is not writable")
     return p
+
+
+def is_stream(path: Path) -> bool:
+    """A character device or a FIFO (following links): written through, never replaced."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    return "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file"
 
 
 def check_distinct(paths: dict[str, Path | None]) -> None:
@@ -60,10 +86,14 @@ class RecordWriter:
                  key: Callable[[dict], Hashable] | None = None):
         self.outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
         check_distinct(self.outputs)
-        named = [p for p in self.outputs.values() if p is not None]
-        self.journal = named[0].with_name(named[0].name + ".partial") if named else None
+        files = [p for p in self.outputs.values() if p is not None and not is_stream(p)]
+        self.journal = files[0].with_name(files[0].name + ".partial") if files else None  # none beside a stream
         if resume and key is None:
             raise ValueError("resume needs the key that tells records apart")
+        for what, p in self.outputs.items():
+            if resume and p is not None and is_stream(p):
+                raise InputError(f"--resume reads the records already in {what}={str(p)!r}, which is a character "
+                                 f"device or a FIFO; resume into a regular file")
         self.resume = resume
         self.done: dict[Hashable, dict] = {}
         for record in _read_all(self.outputs, self.journal) if resume else []:
@@ -105,7 +135,7 @@ class RecordWriter:
             if self.outputs["csv"]:
                 _replace(self.outputs["csv"], _csv_text(records))
         except OSError as err:
-            if self.new:
+            if self.new and self.journal is not None and self.journal.exists():
                 raise OSError(f"{err}; the {len(self.new)} records finished are kept in {self.journal}, which "
                               f"--resume reads") from None
             raise
@@ -147,11 +177,17 @@ def _csv_text(records: list[dict]) -> str:
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a reader sees the old file or the new, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``text`` to ``path``: a regular file atomically (a reader sees the old file or the new, never half of
+    one), through a symbolic link to its target (the link stays), to a character device or FIFO as a stream."""
+    if is_stream(path):
+        with path.open("w") as stream:
+            stream.write(text)
+        return
+    target = Path(os.path.realpath(path))
+    tmp = target.with_name(target.name + ".tmp")
     try:
         tmp.write_text(text)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as err:
         tmp.unlink(missing_ok=True)
         raise OSError(f"cannot write records to {path}: {err.strerror or err}") from None
