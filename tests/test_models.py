@@ -196,12 +196,17 @@ def test_gpt2_field_names_and_head_dim(tmp_path):
     ({"hidden_size": 4100}, "hidden_size=4100 is not a multiple of num_attention_heads=32"),
     ({"hidden_size": None}, "hidden_size (or n_embd) is missing"),
     ({"head_dim": "128"}, "head_dim='128'"),
-    ({"max_position_embeddings": None}, "max_position_embeddings (or n_positions) is missing"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a whole number >= 1"),
     ({"sliding_window": -1}, "sliding_window=-1"),
     ({"sliding_window": 4096, "use_sliding_window": "yes"}, "use_sliding_window='yes'"),
     ({"sliding_window": 1024, "sliding_window_pattern": 6}, "sliding_window_pattern=6 without layer_types"),
     ({"sliding_window": 1024, "layer_types": [LOCAL] * 31}, "layer_types has 31 entries; num_hidden_layers=32"),
-    ({"sliding_window": 1024, "layer_types": ["chunked_attention"] * 32}, "layer_types holds ['chunked_attention']"),
+    ({"sliding_window": 1024, "layer_types": ["chunked_attention"] * 32}, "attention_chunk_size is missing or null"),
+    ({"layer_types": ["linear_attention"] * 32}, "layer_types holds ['linear_attention']"),
+    ({"kv_lora_rank": 512}, "kv_lora_rank=512: multi-head latent attention"),
+    ({"is_encoder_decoder": True}, "is_encoder_decoder=true"),
+    ({"num_key_value_heads": None, "multi_query": "yes"}, "multi_query='yes' must be true or false"),
+    ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers=[1, 0] must be a list of 0 and 1"),
     ({"layer_types": [LOCAL] * 32}, "sliding_window is missing or null"),
     ({"attention_dropout": 1.5}, "attention_dropout=1.5"),
     ({"sliding_window": 4096, "max_window_layers": -1}, "max_window_layers=-1 must be a whole number >= 0"),
@@ -223,6 +228,8 @@ def test_a_file_that_is_not_a_config(tmp_path):
         load_config(tmp_path / "absent.json")
     with pytest.raises(iosim.InputError, match="a config.json holds an object"):
         from_hf_config("llama", source="text")
+    with pytest.raises(iosim.InputError, match="must be a path to a config.json"):
+        load_config(5)
 
 
 # --- the command --------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def render_phase(console, pc: PhaseCost) -> None:
         for i, c in enumerate(a.layers):
             first = i == 0
             table.add_row(a.algorithm if first else "",
-                          f"{c.kind.layers} {'global' if c.kind.window is None else 'local'}",
+                          f"{c.kind.layers} {c.kind.label.split()[0]}",
                           nbytes(c.counts.total_bytes), eng(c.flops.matmul), seconds(c.roofline.seconds),
                           c.roofline.bound, *((nbytes(a.total_bytes), eng(a.flops.matmul), seconds(a.seconds),
                                                f"{pc.ratio(a):.2f}×") if first else ("",) * 4))

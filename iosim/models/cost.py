@@ -25,6 +25,8 @@ Deviations from the model as it runs:
 - A local layer whose keys all fit its window (N_k <= W) is counted as the causal
   attention it then equals; one whose window clips passes ``window=(W - 1, 0)``
   (flash-attn's convention for Hugging Face's W) to ``iosim.count``.
+- A chunked layer (Llama 4's attention_chunk_size C) is counted as its chunks: packed documents of C tokens in a
+  prefill or training step (``layer_lengths``), the new token's chunk in decoding.
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ def check_algorithms(algorithms: Iterable[str] | None) -> list[str]:
 def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = PHASES) -> list[Phase]:
     """The phases a report counts, in order: training and prefill at each N (default: the model's max context),
     then decoding at each context (default: each N)."""
+    if N is None and cfg.max_context is None:
+        raise InputError(f"N=None: {cfg.name} states no max_position_embeddings to default to; give N (--N)")
     Ns = _lengths("N", cfg.max_context if N is None else N)
     contexts = Ns if context is None else _lengths("context", context)
     chosen = list(phases)
@@ -204,13 +208,30 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     training = phase.pass_ != "fwd"
     kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
     window = layer_window(kind, phase.n_k)
-    pb = count_problem(phase.n_q, cfg.head_dim, phase.n_k, batch, cfg.heads, causal=True,
+    n_q, n_k, batch, seqlens = layer_lengths(kind, phase, batch)
+    pb = count_problem(n_q, cfg.head_dim, n_k, batch, cfg.heads, causal=True, seqlens=seqlens,
                        dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window)
     request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
     measured, exact = measure(request, gpu), closed_form(request)
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
                      roofline(get_gpu(gpu), dtype, measured.traffic.total_bytes, measured.flops))
+
+
+def layer_lengths(kind: LayerKind, phase: Phase, batch: int) -> tuple[int | None, int | None, int, list | None]:
+    """(N_q, N_k, batch, seqlens) to count a layer of ``kind`` in ``phase`` with.
+
+    A chunked layer (Llama 4) lets a query see the earlier keys of its own C-token chunk: a prefill or training step
+    longer than C is its chunks as packed documents, each causal (``seqlens``: every sequence of the batch cut into
+    chunks), and decoding at a context of c keys sees the (c − 1) mod C + 1 keys of the new token's chunk.
+    """
+    C = kind.chunk
+    if C is None or phase.n_k <= C:
+        return phase.n_q, phase.n_k, batch, None
+    if phase.n_q == 1:
+        return 1, (phase.n_k - 1) % C + 1, batch, None
+    full, rest = divmod(phase.n_q, C)
+    return None, None, 1, ([C] * full + ([rest] if rest else [])) * batch
 
 
 def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
@@ -240,8 +261,12 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
         notes.append(f"local layers: a query sees the last {cfg.sliding_window:,} keys, itself included (Hugging "
                      f"Face's sliding_window; flash-attn's window ({cfg.sliding_window - 1}, 0)); where N_k <= "
                      f"{cfg.sliding_window:,} that is causal attention")
+    if cfg.attention_chunk is not None:
+        notes.append(f"chunked layers: a query sees the earlier keys of its own {cfg.attention_chunk:,}-token chunk "
+                     f"(attention_chunk_size); prefill and training count the chunks as packed documents, decoding "
+                     f"the keys of the new token's chunk")
     longest = max(max(p.n_q, p.n_k) for p in plan) if plan else 0
-    if longest > cfg.max_context:
+    if cfg.max_context is not None and longest > cfg.max_context:
         notes.append(f"{longest:,} keys is beyond the {cfg.max_context:,} of max_position_embeddings")
     return tuple(notes)
 
@@ -266,6 +291,7 @@ def records(report: ModelReport) -> list[dict]:
             for c in a.layers:
                 f, b = c.forward_tiling, c.backward_tiling
                 out.append(dict(head, layer_kind=c.kind.label, layers=c.kind.layers, window=c.kind.window,
+                                chunk=c.kind.chunk,
                                 counted_window=None if c.window is None else list(c.window), kv_heads=c.kv_heads,
                                 **tiling_record(f), **tiling_record(b, "bwd_"),
                                 **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,

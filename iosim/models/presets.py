@@ -12,10 +12,16 @@ it; nothing is downloaded) with these fields:
 
 - ``num_attention_heads`` (GPT-2: ``n_head``), ``num_hidden_layers`` (``n_layer``):
   required;
-- ``num_key_value_heads``: default ``num_attention_heads`` (multi-head attention);
+- ``num_key_value_heads``: default ``num_attention_heads`` (multi-head attention); without it, Falcon's fields as
+  transformers' FalconAttention reads them (``num_kv_heads`` (``n_head_kv``) where ``new_decoder_architecture`` is
+  true or ``multi_query`` false, else one; ``multi_query`` defaults to true for Falcon), and GPT-BigCode's
+  ``multi_query: true`` (one);
+- a multimodal config's ``text_config`` (Llama 4), where the top level has no ``num_attention_heads``;
 - ``head_dim``, else ``hidden_size`` (``n_embd``) / ``num_attention_heads``;
 - ``max_position_embeddings`` (``n_positions``): the longest context it was trained for,
-  the default sequence length;
+  the default sequence length; a config without one (Falcon, BLOOM) needs N given;
+- ``attention_chunk_size`` C (Llama 4): the layers that use RoPE (``no_rope_layers``, 1 a layer; default every
+  layer but each ``no_rope_layer_interval``-th, 4) attend within their C-token chunk (``chunked_attention``);
 - ``attention_dropout`` (``attn_pdrop``): the attention dropout of a training step, default 0;
 - ``sliding_window``: W, the keys a local layer sees, itself included (Hugging Face's
   convention: query i sees key j when i − W < j ≤ i, flash-attn's ``window_size=(W − 1, 0)``);
@@ -27,7 +33,11 @@ it; nothing is downloaded) with these fields:
     layers from ``max_window_layers`` on are local (transformers' Qwen2 rule);
   - else every layer is local (Mistral).
   A ``sliding_window_pattern`` without ``layer_types`` (Gemma 3) is refused by name, as is
-  any other entry of ``layer_types`` (``chunked_attention``): iosim does not guess them.
+  an entry of ``layer_types`` other than the three kinds: iosim does not guess them.
+
+Fields that shape attention in a way iosim does not count (``UNMODELLED``: multi-head latent attention's
+``kv_lora_rank``, GPT-Neo's ``attention_types``, ``cross_attention_layers``) and ``is_encoder_decoder: true`` are
+refused by name.
 
 GPT-2's field names are those its ``GPT2Config.attribute_map`` maps to the common ones.
 A missing or malformed field raises ``iosim.InputError`` naming it.
@@ -38,11 +48,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 
 from iosim.core.errors import InputError
 
-GLOBAL, LOCAL = "full_attention", "sliding_attention"  # Hugging Face's names of a layer's attention (layer_types)
+# Hugging Face's names of a layer's attention (layer_types)
+GLOBAL, LOCAL, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
 
 
 def _check_count(name: str, value, least: int = 1) -> int:
@@ -53,13 +65,17 @@ def _check_count(name: str, value, least: int = 1) -> int:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """The attention of a group of layers that count the same: a global layer, or a local one of window W."""
+    """The attention of a group of layers that count the same: a global layer, a local one of window W, or a chunked
+    one of chunk C (Llama 4: a query sees the earlier keys of its own C-token chunk)."""
 
     window: int | None  # W, the keys a query sees, itself included (HF's sliding_window); None: every earlier key
     layers: int  # how many of the model's layers are of this kind
+    chunk: int | None = None  # C, HF's attention_chunk_size, on a chunked layer
 
     @property
     def label(self) -> str:
+        if self.chunk is not None:
+            return f"chunked {self.chunk}"
         return "global" if self.window is None else f"local {self.window}"
 
 
@@ -72,32 +88,38 @@ class ModelConfig:
     heads: int  # num_attention_heads
     kv_heads: int  # num_key_value_heads: K/V heads shared by the query heads (grouped-query attention)
     head_dim: int  # head_dim, or hidden_size / num_attention_heads
-    max_context: int  # max_position_embeddings
+    max_context: int | None  # max_position_embeddings; None where the config has none (then N must be given)
     source: str  # where the numbers come from: the config.json's URL, or the file given
     sliding_window: int | None = None  # W of the local layers; None when no layer is local
-    layer_types: tuple[str, ...] = ()  # GLOBAL or LOCAL, one a layer; () means every layer GLOBAL
+    layer_types: tuple[str, ...] = ()  # GLOBAL, LOCAL or CHUNKED, one a layer; () means every layer GLOBAL
     dropout_p: float = 0.0  # attention_dropout, applied in a training step only
+    attention_chunk: int | None = None  # C of the chunked layers (attention_chunk_size); None when none is chunked
 
     def __post_init__(self):
-        for name in ("layers", "heads", "kv_heads", "head_dim", "max_context"):
+        for name in ("layers", "heads", "kv_heads", "head_dim"):
             _check_count(name, getattr(self, name))
+        if self.max_context is not None:
+            _check_count("max_position_embeddings", self.max_context)
         if self.heads % self.kv_heads:
             raise InputError(f"num_key_value_heads={self.kv_heads} must divide num_attention_heads={self.heads}")
         if self.layer_types and len(self.layer_types) != self.layers:
             raise InputError(f"layer_types has {len(self.layer_types)} entries; num_hidden_layers={self.layers}")
-        unknown = sorted(set(self.layer_types) - {GLOBAL, LOCAL})
+        unknown = sorted(set(self.layer_types) - {GLOBAL, LOCAL, CHUNKED})
         if unknown:
-            raise InputError(f"layer_types holds {unknown}; iosim counts {GLOBAL!r} and {LOCAL!r} layers only")
+            raise InputError(f"layer_types holds {unknown}; iosim counts {GLOBAL!r}, {LOCAL!r} and {CHUNKED!r} layers")
         if LOCAL in self.layer_types:
             _check_count("sliding_window", self.sliding_window)
+        if CHUNKED in self.layer_types:
+            _check_count("attention_chunk_size", self.attention_chunk)
         if not 0 <= self.dropout_p < 1:
             raise InputError(f"attention_dropout={self.dropout_p!r} is outside the allowed range [0, 1)")
 
     def kinds(self) -> tuple[LayerKind, ...]:
         """The distinct kinds of layer and how many layers each: what is counted once and multiplied."""
         counts = Counter(self.layer_types or (GLOBAL,) * self.layers)
-        return tuple(LayerKind(self.sliding_window if kind == LOCAL else None, counts[kind])
-                     for kind in (LOCAL, GLOBAL) if counts[kind])
+        return tuple(LayerKind(self.sliding_window if kind == LOCAL else None, counts[kind],
+                               self.attention_chunk if kind == CHUNKED else None)
+                     for kind in (LOCAL, CHUNKED, GLOBAL) if counts[kind])
 
     @property
     def grouped(self) -> bool:
@@ -145,9 +167,10 @@ PRESETS: dict[str, ModelConfig] = {
                               source=f"{HF}/Qwen/Qwen2.5-7B/blob/main/config.json"),
 }
 
-# GPT-2's names of the common fields (transformers' GPT2Config.attribute_map)
+# GPT-2's names of the common fields (transformers' GPT2Config.attribute_map; BLOOM's and GPT-J's are the same),
+# and the older Falcon configs' n_head_kv (FalconConfig.attribute_map)
 ALIASES = {"num_attention_heads": "n_head", "num_hidden_layers": "n_layer", "hidden_size": "n_embd",
-           "max_position_embeddings": "n_positions", "attention_dropout": "attn_pdrop"}
+           "max_position_embeddings": "n_positions", "attention_dropout": "attn_pdrop", "num_kv_heads": "n_head_kv"}
 
 
 def get_model(name: str) -> ModelConfig:
@@ -158,6 +181,9 @@ def get_model(name: str) -> ModelConfig:
 
 def load_config(path: str | Path) -> ModelConfig:
     """A Hugging Face-style config.json as a model (the module docstring lists the fields read)."""
+    if not isinstance(path, (str, PathLike)):
+        raise InputError(f"config={path!r} must be a path to a config.json (a str or a path), not a "
+                         f"{type(path).__name__}")
     p = Path(path)
     try:
         data = json.loads(p.read_text())
@@ -172,9 +198,14 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
     """A model from a Hugging Face config dict; ``source`` says where it came from."""
     if not isinstance(config, dict):
         raise InputError(f"config {source!r} is a JSON {type(config).__name__}; a config.json holds an object")
+    outer = config
+    text = config.get("text_config")
+    if isinstance(text, dict) and _field(config, "num_attention_heads")[1] is _MISSING:
+        config = text  # a multimodal config (Llama 4): the language model's attention is in text_config
+    _refuse_unmodelled(config)
     heads = _count(config, "num_attention_heads")
     layers = _count(config, "num_hidden_layers")
-    kv_heads = _count(config, "num_key_value_heads", default=heads)
+    kv_heads = _kv_heads(config, heads)
     if config.get("head_dim") is not None:
         head_dim = _count(config, "head_dim")
     else:
@@ -184,22 +215,70 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
                              f"no head_dim field")
         head_dim = hidden // heads
     window = _count(config, "sliding_window", default=None)
-    types = _layer_types(config, layers, window)
-    return ModelConfig(str(config.get("_name_or_path") or name), layers=layers, heads=heads, kv_heads=kv_heads,
-                       head_dim=head_dim, max_context=_count(config, "max_position_embeddings"), source=source,
+    chunk = _count(config, "attention_chunk_size", default=None)
+    types = _layer_types(config, layers, window, chunk)
+    return ModelConfig(str(outer.get("_name_or_path") or config.get("_name_or_path") or name), layers=layers,
+                       heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                       max_context=_count(config, "max_position_embeddings", default=None), source=source,
                        sliding_window=window if LOCAL in types else None, layer_types=types,
-                       dropout_p=_fraction(config, "attention_dropout"))
+                       dropout_p=_fraction(config, "attention_dropout"),
+                       attention_chunk=chunk if CHUNKED in types else None)
 
 
-def _layer_types(config: dict, layers: int, window: int | None) -> tuple[str, ...]:
-    """Which layers are local, by the rules of the module docstring, in that order."""
+# Fields that shape attention in a way iosim does not model: refused by name rather than counted wrong
+UNMODELLED = {
+    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): K and V come from one shared latent",
+    "attention_types": "GPT-Neo's per-layer local/global attention pattern",
+    "cross_attention_layers": "cross-attention layers",
+}
+FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+
+
+def _refuse_unmodelled(config: dict) -> None:
+    for field, what in UNMODELLED.items():
+        if config.get(field) is not None:
+            raise InputError(f"{field}={config[field]!r}: {what}, which iosim does not count; no preset or config of "
+                             f"it is read")
+    if config.get("is_encoder_decoder") is True:
+        raise InputError("is_encoder_decoder=true: iosim counts a decoder's causal self-attention, not an "
+                         "encoder-decoder's")
+
+
+def _flag(config: dict, name: str, default: bool) -> bool:
+    value = config.get(name, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{name}={value!r} must be true or false")
+    return value
+
+
+def _kv_heads(config: dict, heads: int) -> int:
+    """K/V heads: num_key_value_heads; else Falcon's (and GPT-BigCode's) fields, as transformers reads them.
+
+    FalconAttention keeps num_kv_heads (n_head_kv) K/V heads when new_decoder_architecture is true or multi_query
+    false, and one otherwise; FalconConfig defaults multi_query to true. GPT-BigCode's multi_query: true is one too.
+    """
+    if config.get("num_key_value_heads") is not None:
+        return _count(config, "num_key_value_heads")
+    multi_query = _flag(config, "multi_query", config.get("model_type") in FALCON_TYPES)
+    new_architecture = _flag(config, "new_decoder_architecture", False)
+    if multi_query and not new_architecture:
+        return 1
+    return _count(config, "num_kv_heads", default=heads)
+
+
+def _layer_types(config: dict, layers: int, window: int | None, chunk: int | None) -> tuple[str, ...]:
+    """Which layers are local or chunked, by the rules of the module docstring, in that order."""
     if "layer_types" in config:
         types = config["layer_types"]
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise InputError(f"layer_types={types!r} must be a list of strings, one a layer")
         if LOCAL in types and window is None:
             raise InputError("layer_types names sliding_attention layers but sliding_window is missing or null")
+        if CHUNKED in types and chunk is None:
+            raise InputError("layer_types names chunked_attention layers but attention_chunk_size is missing or null")
         return tuple(types)
+    if chunk is not None:
+        return _chunked_layers(config, layers)
     if window is None:
         return uniform(layers)
     if "sliding_window_pattern" in config:
@@ -214,6 +293,18 @@ def _layer_types(config: dict, layers: int, window: int | None) -> tuple[str, ..
         return uniform(layers)
     first = _count(config, "max_window_layers", default=0, least=0)
     return tuple(LOCAL if i >= first else GLOBAL for i in range(layers))
+
+
+def _chunked_layers(config: dict, layers: int) -> tuple[str, ...]:
+    """Llama 4: the layers that use RoPE attend within their chunk, the NoPE ones globally (transformers'
+    Llama4TextConfig: no_rope_layers, 1 for a RoPE layer, default every layer but each no_rope_layer_interval-th)."""
+    flags = config.get("no_rope_layers")
+    if not flags:  # absent, null or [] (transformers: ``no_rope_layers if no_rope_layers else`` the default)
+        interval = _count(config, "no_rope_layer_interval", default=4)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if not isinstance(flags, list) or len(flags) < layers or not all(f in (0, 1) for f in flags):
+        raise InputError(f"no_rope_layers={flags!r} must be a list of 0 and 1, one a layer ({layers})")
+    return tuple(CHUNKED if flags[i] else GLOBAL for i in range(layers))
 
 
 def _field(config: dict, name: str):

@@ -1,0 +1,89 @@
+"""Published Hugging Face configs of eleven model families, read as their attention is (issue 30, item 2).
+
+tests/data/hf_configs/ holds each family's config.json as published, its URL in ``_source``: the fields that shape
+attention and a few beside them. What each must read as is the model's architecture as its paper or transformers'
+modelling code states it (Falcon-7B multi-query: one K/V head; Falcon-40B eight; Llama 4 chunked on three layers of
+four), independent of iosim's reading rules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import iosim
+from iosim.models.cost import model
+from iosim.models.presets import CHUNKED, GLOBAL, LOCAL, load_config
+
+DATA = Path(__file__).parent / "data" / "hf_configs"
+
+# file: layers, heads, K/V heads, head dim, max context (None: the config states none), {layer type: count}, chunk
+EXPECTED = {
+    "falcon-7b": (32, 71, 1, 64, None, {GLOBAL: 32}, None),
+    "falcon-40b": (60, 128, 8, 64, None, {GLOBAL: 60}, None),
+    "llama-4-scout": (48, 40, 8, 128, 10485760, {CHUNKED: 36, GLOBAL: 12}, 8192),
+    "phi-3-mini-4k": (32, 32, 32, 96, 4096, {LOCAL: 32}, None),
+    "mixtral-8x7b": (32, 32, 8, 128, 32768, {GLOBAL: 32}, None),
+    "gpt-neox-20b": (44, 64, 64, 96, 2048, {GLOBAL: 44}, None),
+    "gpt-j-6b": (28, 16, 16, 256, 2048, {GLOBAL: 28}, None),
+    "opt-6.7b": (32, 32, 32, 128, 2048, {GLOBAL: 32}, None),
+    "bloom-7b1": (30, 32, 32, 128, None, {GLOBAL: 30}, None),
+    "qwen1.5-moe-a2.7b": (24, 16, 16, 128, 8192, {GLOBAL: 24}, None),
+    "starcoder": (40, 48, 1, 128, 8192, {GLOBAL: 40}, None),
+}
+
+
+def test_every_stored_config_is_checked_and_cites_its_source():
+    stored = sorted(p.stem for p in DATA.glob("*.json"))
+    assert stored == sorted(EXPECTED)
+    for p in DATA.glob("*.json"):
+        assert json.loads(p.read_text())["_source"].startswith("https://huggingface.co/")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_published_config_reads_as_its_architecture(name):
+    layers, heads, kv_heads, head_dim, context, types, chunk = EXPECTED[name]
+    cfg = load_config(DATA / f"{name}.json")
+    assert (cfg.layers, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.max_context) == (layers, heads, kv_heads, head_dim,
+                                                                                    context)
+    assert {t: cfg.layer_types.count(t) for t in set(cfg.layer_types)} == types
+    assert cfg.attention_chunk == chunk
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_published_config_counts_exactly_at_a_given_length(name):
+    cfg = load_config(DATA / f"{name}.json")
+    report = model(cfg, N=4096, phases=("prefill", "decode"), algorithms=["flash-swapped", "split-kv"])
+    for phase in report.phases:
+        ran = phase.ran
+        assert ran and all(c.exact for a in ran for c in a.layers)
+
+
+def test_falcon_decoding_reads_one_kv_head_not_seventy_one():
+    falcon = load_config(DATA / "falcon-7b.json")
+    (layer,) = model(falcon, N=2048, phases=("decode",), algorithms=["split-kv"]).phases[0].ran[0].layers
+    kv_read = sum(layer.counts.tensor(x).read_bytes for x in ("K", "V"))
+    assert layer.kv_heads == 1 and kv_read == 2 * 2048 * 64 * 2  # K and V of one head, float16, once
+
+
+def test_a_config_without_max_position_embeddings_needs_n():
+    falcon = load_config(DATA / "falcon-7b.json")
+    with pytest.raises(iosim.InputError, match="states no max_position_embeddings"):
+        model(falcon)
+
+
+def test_llama4_chunked_layers_are_their_chunks():
+    scout = load_config(DATA / "llama-4-scout.json")
+    (chunked,) = [k for k in scout.kinds() if k.chunk is not None]
+    assert chunked.layers == 36 and chunked.label == "chunked 8192"
+    report = model(scout, N=3 * 8192 + 100, phases=("prefill", "decode"), algorithms=["flash-swapped"])
+    prefill, decode = (p.ran[0] for p in report.phases)
+    by_kind = {c.kind.label: c for c in prefill.layers}
+    docs = iosim.count("flash-swapped", seqlens=[8192, 8192, 8192, 100], d=128, heads=40, kv_heads=8, causal=True,
+                       M=report.M)
+    assert by_kind["chunked 8192"].counts.total_bytes == docs.traffic.total_bytes
+    last = {c.kind.label: c for c in decode.layers}["chunked 8192"]
+    one = iosim.count("flash-swapped", N=1, N_k=100, d=128, heads=40, kv_heads=8, causal=True, M=report.M)
+    assert last.counts.total_bytes == one.traffic.total_bytes  # the new token's chunk holds 100 keys
