@@ -129,7 +129,7 @@ def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str, schedule: st
     out: dict = {"grid": grid, "method": "simulation, kernel by kernel"}
     for label, hw in capacities(schedule):
         start = time.perf_counter()
-        parts = kernel_counts(KERNELS[cfg.impl], launch(cfg), hw)
+        parts = kernel_counts(KERNELS[cfg.impl], launch(cfg), hw, budget_s=None)
         out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
                       "kernels": [{"kernel": name, **{k: v for k, v in _counts(part).items() if k != "by_tensor"}}
                                   for name, part in zip(names, parts)]}
@@ -155,10 +155,11 @@ def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     out: dict = {"grid": grid, "method": method}
     for label, hw in capacities(schedule):
         start = time.perf_counter()
-        dram = pass_counts(KERNELS[cfg.impl], launch(cfg), hw)
+        dram = pass_counts(KERNELS[cfg.impl], launch(cfg), hw, budget_s=None)
         out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
     if tc and not cfg.causal:  # the declared grid at the same tiles: what the one-step-early fetch changes
-        declared = pass_counts(KERNELS["flash-swapped"], launch(cfg), hardware(GPU, blocks_per_sm=blocks_per_sm(cfg)))
+        declared = pass_counts(KERNELS["flash-swapped"], launch(cfg), hardware(GPU, blocks_per_sm=blocks_per_sm(cfg)),
+                               budget_s=None)
         out["declared_grid_effective"] = {k: v for k, v in _counts(declared).items() if k != "by_tensor"}
     return out
 

@@ -13,7 +13,7 @@ from iosim.core.errors import BlockSizeError, InputError, InputTypeError, Search
 from iosim.core.memory import CapacityError
 from iosim.core.problem import Band
 from iosim.core.tiling import Tiling
-from iosim.gpu.dram import DramResult, dram
+from iosim.gpu.dram import DramResult, DramTooLong, dram
 from iosim.gradients import GradResult, gradients
 from iosim.models.cost import ModelReport, model
 from iosim.models.presets import PRESETS as MODELS
@@ -27,7 +27,8 @@ from iosim.variants.sparsity import BlockSparsity
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Cascade", "ChunkedPrefill",
-    "Counts", "DramResult", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig", "ModelReport",
+    "Counts", "DramResult", "DramTooLong", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig",
+    "ModelReport",
     "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
     "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict",
     "register", "simulate", "simulate_cascade",

@@ -221,3 +221,32 @@ def test_an_l2_override_without_a_gpu_is_refused_in_one_line(command, capsys):
 def test_bad_l2_overrides_are_refused_by_name(kwargs, message):
     with pytest.raises(iosim.InputError, match=message):
         iosim.dram("flash-swapped", N=64, d=16, M="100k", **kwargs)
+
+
+def test_flash_swapped_forward_dram_is_independent_of_the_number_of_blocks():
+    # the closed form's work is O(waves at a head boundary), not O(T_r·T_c): a billion tokens answer at once
+    r = iosim.dram("flash-swapped", N=10**9, d=128, M="200k")
+    t = r.forward_tiling
+    kv = -(-10**9 // t.Bc) * t.Bc * 128 * 2  # K of one head, float16, read from DRAM at least once
+    assert r.dram.tensor("K").reads >= kv and r.dram.tensor("Q").reads == 10**9 * 128 * 2
+
+
+def test_a_count_that_would_take_too_long_is_refused_with_its_estimate():
+    from iosim.gpu.dram import DramTooLong
+
+    with pytest.raises(DramTooLong, match=r"lockstep count of its [\d,]+ tile visits would take about [\d,]+ s"):
+        iosim.dram("flash", N=16 * 2**20, d=128, M="100k", causal=True)
+    with pytest.raises(DramTooLong, match="the simulation"):
+        iosim.dram("flash-swapped", N=2**22, d=128, M="100k", causal=True)
+    with pytest.raises(DramTooLong, match=r"more than 1e-09 s"):  # the budget is the caller's
+        iosim.dram("flash-swapped", N=4096, d=128, M="100k", causal=True, budget_s=1e-9)
+    assert iosim.dram("flash-swapped", N=4096, d=128, M="100k", causal=True, budget_s=None).dram.reads > 0
+
+
+def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    assert main(["sweep", "--gpu", "h100", "--N", "16Mi", "--d", "128", "--algo", "flash", "--causal",
+                 "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())
+    assert row["dram_read_bytes"] is None and "would take about" in row["dram_note"]
+    assert "DRAM B —: the DRAM level of flash" in capsys.readouterr().out

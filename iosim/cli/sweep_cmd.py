@@ -189,6 +189,8 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         if r.status != "ok":
             console.print(f"[yellow]{r.algorithm} N={r.N} d={r.d}: {r.status}[/]")
             break
+    for note in dict.fromkeys(r.dram_note for r in rows if r.dram_note):  # each once: "—" under DRAM B says why
+        console.print(f"[yellow]DRAM B —: {note}[/]")
     labels = {r.algorithm: r.paper_label for r in rows}
     console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
     _render_ranking(console, [dict(algorithm=r.algorithm, N=r.N, d=r.d, total=r.total) for r in rows] + outcome.kept)

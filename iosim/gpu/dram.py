@@ -20,6 +20,8 @@ from iosim.core.counts import Counts
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
+from iosim.core.visits import visits
+from iosim.gpu.grids.flash import FORM_MAX_QUERY_BLOCKS
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import kernel_for, named_for
@@ -29,9 +31,46 @@ from iosim.gpu.schedule import simulate
 from iosim.plans import Plan
 
 
-def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware) -> list[DramCounts]:
+class DramTooLong(InputError):
+    """The DRAM count of a request would take longer than ``BUDGET_S``: refused, with the estimate, before it runs."""
+
+
+BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
+# tile visits (query block, key block) a second, measured on this project's 2-core container (2026-11-27): the
+# lockstep count of flash's one block per head about 50,000; the simulation of a grid's every block, at least 500,000
+# (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million)
+LOCKSTEP_VISITS_PER_S = 5e4
+SIMULATION_VISITS_PER_S = 5e5
+
+
+def tile_visits(launch: Launch) -> int:
+    """The (query block, key block) tiles one batch·head's pass visits: what a count's work grows with."""
+    return sum(n for _, _, n in visits(launch.problem, launch.tiling, skips_hidden=True).pairs())
+
+
+def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: float | None) -> None:
+    """Refuse, with the estimate, a lockstep count or a simulation that would take longer than ``budget_s`` (None:
+    no limit)."""
+    if budget_s is None:
+        return
+    per_head = tile_visits(launch)
+    work, rate = (per_head, LOCKSTEP_VISITS_PER_S) if lockstep_path else (
+        per_head * launch.problem.shape.bh, SIMULATION_VISITS_PER_S)
+    seconds = work / rate
+    if seconds > budget_s:
+        s = launch.problem.shape
+        how = "the lockstep count" if lockstep_path else "the simulation"
+        raise DramTooLong(
+            f"the DRAM level of {kernel.name} at N={s.n_q:,}, N_k={s.n_k:,}, batch·heads={s.bh:,}: {how} of its "
+            f"{work:,} tile visits would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
+            f"at once for the forward without a mask or grouped heads of flash-swapped (any N) and of flash (up to "
+            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks)")
+
+
+def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float | None = BUDGET_S) -> list[DramCounts]:
     """The DRAM counts of every kernel ``launch``'s pass launches, in launch order, each from a cold L2 (what ncu
-    reports kernel by kernel)."""
+    reports kernel by kernel). A lockstep count or a simulation estimated to take longer than ``budget_s`` raises
+    ``DramTooLong`` before it starts (None: no limit)."""
     grids = kernel.grids(launch)
     form = kernel.closed_form(launch) if len(grids) == 1 else None
     parts = []
@@ -40,20 +79,28 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware) -> list[DramCoun
         counts = None
         if config.schedule == "lockstep":
             found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
-            counts = found.counts(g.tiles, config) if found is not None else lockstep(g, config) if g.uniform else None
-        parts.append(simulate(g, config) if counts is None else counts)
+            if found is not None:
+                counts = found.counts(g.tiles, config)
+            elif g.uniform:
+                check_budget(kernel, launch, True, budget_s)
+                counts = lockstep(g, config)
+        if counts is None:
+            check_budget(kernel, launch, False, budget_s)
+            counts = simulate(g, config)
+        parts.append(counts)
     return parts
 
 
-def pass_counts(kernel: Kernel, launch: Launch, hw: Hardware) -> DramCounts:
+def pass_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float | None = BUDGET_S) -> DramCounts:
     """The DRAM bytes of one pass's kernels run one after another, each from a cold L2 (``in_sequence``)."""
-    return in_sequence(kernel_counts(kernel, launch, hw))
+    return in_sequence(kernel_counts(kernel, launch, hw, budget_s))
 
 
-def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth: bool = False) -> DramCounts:
+def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth: bool = False,
+                 budget_s: float | None = BUDGET_S) -> DramCounts:
     """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another."""
-    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth), hw)
-                        for p in plans])
+    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth), hw,
+                                    budget_s) for p in plans])
 
 
 @dataclass(frozen=True)
@@ -78,7 +125,8 @@ class DramResult:
 
 def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
          tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None,
-         window=None, schedule="lockstep", kernel: str | None = None, sawtooth: bool = False) -> DramResult:
+         window=None, schedule="lockstep", kernel: str | None = None, sawtooth: bool = False,
+         budget_s: float | None = BUDGET_S) -> DramResult:
     """The DRAM bytes of ``algorithm``'s kernels on ``gpu``, beside its two-level count.
 
     ``kernel`` names the kernel description (``iosim.gpu.kernels.KERNELS``; default the kernel of ``kernels/`` named
@@ -87,7 +135,9 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     ``schedule`` how their first blocks start (``iosim.gpu.hardware.SCHEDULES``). The forward passes of flash and
     flash-swapped have closed forms (milliseconds); other passes are simulated, which takes seconds to minutes at
     batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count`` takes it, and a sliding
-    window (other than causal's (−1, 0)) is refused: no kernel of iosim takes one.
+    window (other than causal's (−1, 0)) is refused: no kernel of iosim takes one. A lockstep count or a simulation
+    estimated (from its tile visits) to take longer than ``budget_s`` seconds raises ``DramTooLong`` before it runs;
+    None lifts the limit.
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
@@ -96,15 +146,18 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
               block_policy=block_policy, tiling=tiling, kv_heads=kv_heads, pass_=pass_, gpu=gpu, window=window)
     found = kernel_for(algorithm if isinstance(algorithm, str) else algorithm.name, kernel)
     return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
-                      request_dram(r.plans, hw, found, sawtooth))
+                      request_dram(r.plans, hw, found, sawtooth, budget_s))
 
 
 def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
                  sawtooth: bool = False) -> DramCounts | None:
     """``request_dram`` of the kernel a request of ``algorithm`` runs (``kernel`` where it implements the algorithm,
     else the algorithm's own), or None where the L2 model does not cover the request: an algorithm with no kernel,
-    an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name below."""
+    an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name below. A count that
+    would take too long raises ``DramTooLong``."""
     try:
         return request_dram(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), sawtooth)
+    except DramTooLong:  # it has something to say, too slowly: the caller says so
+        raise
     except InputError:  # the L2 model refuses the run by name: it has nothing to say
         return None

@@ -22,7 +22,7 @@ from iosim.core.inputs import check_scale
 from iosim.core.problem import check_window
 from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
-from iosim.gpu.dram import covered_dram
+from iosim.gpu.dram import DramTooLong, covered_dram
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import named_for
 from iosim.gpu.l2 import DramCounts, dram_record
@@ -79,6 +79,7 @@ class SweepRow:
     blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
     schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.hardware.SCHEDULES); None: lockstep
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
+    dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (a count that would take too long)
 
     @property
     def tiling(self) -> Tiling | None:
@@ -143,7 +144,7 @@ class SweepRow:
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
                 "paper_label": self.paper_label, "padded_total": self.padded, "packing_ratio": self.packing_ratio,
-                "status": self.status}
+                "dram_note": self.dram_note, "status": self.status}
 
 
 # every option that changes a row: what --resume tells rows apart by
@@ -203,12 +204,18 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     measured, pred = measure(request, gpu), closed_form(request)
     counts, flops = measured.traffic, measured.flops
     # a backward pass is simulated: too slow for a sweep
-    dram = covered_dram(measured.plans, hw, algorithm, kernel) if hw is not None and pass_ == "fwd" else None
+    dram, dram_note = None, None
+    if hw is not None and pass_ == "fwd":
+        try:
+            dram = covered_dram(measured.plans, hw, algorithm, kernel)
+        except DramTooLong as err:
+            dram_note = str(err)
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram,
+                    dram_note=dram_note,
                     padded=None if measured.padded is None else measured.padded.total)
 
 

@@ -61,10 +61,16 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gri
     return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
 
 
+# the closed form's arrays run over the query blocks: 2²¹ of them take about 3 s and 0.6 GB on this project's 2-core
+# container (N = 128Mi at B_r = 64, 2026-11-27); beyond, it declines
+FORM_MAX_QUERY_BLOCKS = 2**21
+
+
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
     """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no causal
-    mask, no GQA), every tile at most ``capacity``: reads, bytes written and dirty bytes at the end, per tensor. None
-    elsewhere.
+    mask, no GQA), every tile at most ``capacity``, up to ``FORM_MAX_QUERY_BLOCKS`` query blocks: reads, bytes
+    written and dirty bytes at the end, per tensor. None elsewhere. Its work is O(T_r): the steps j ≥ 1 differ only
+    through K_j, K_(j−1) and whether j is the last.
 
     Every block has the same steps (its own head's tiles), so blocks run in waves of w = ``concurrent`` (the
     last w = batch·heads mod W) in lockstep, and a wave's hits depend on w alone. An access by the block at
@@ -91,6 +97,8 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
     if not pb.band.full or pb.has_mask or pb.block_sparsity is not None or s.kv_heads != s.heads:
         return None
     Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    if Tr > FORM_MAX_QUERY_BLOCKS:
+        return None  # its arrays over the query blocks would outgrow memory (iosim.gpu.dram then refuses by time)
     data, stat, acc = pb.itemsize("data"), pb.itemsize("stat"), 4
     rows = np.minimum(Br, s.n_q - Br * np.arange(Tr))
     raw = {"Q": rows * s.d * data, "O": rows * s.d * acc, "l": rows * stat, "m": rows * stat, "lse": rows * stat,
@@ -107,11 +115,14 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
     lt = lambda x: np.cumsum(x) - x  # Σ over i' < i  # noqa: E731
     ge = lambda x: np.cumsum(x[::-1])[::-1]  # Σ over i' ≥ i  # noqa: E731
     i, one = np.arange(Tr), Tc == 1
-    j = np.arange(1, Tc)[:, None]  # steps j ≥ 1: (Tc−1, Tr)
-    last = j == Tc - 1
-    own_j = S + 2 * kv[j] + last * lt(LO)
-    F1_j = S + 2 * np.where(i >= 1, kv[j], kv[j - 1]) + last * lt(LO)
-    F2_j = S + 2 * kv[j] + last * (lt(LO) + LO)
+    # steps j ≥ 1 differ only through K_j, K_(j−1) and whether j is the last: one row per distinct triple, with how
+    # many steps share it, so that the work is O(T_r), not O(T_r·T_c)
+    js = np.arange(1, Tc)
+    triples, repeats = np.unique(np.stack([kv[js], kv[js - 1], js == Tc - 1], axis=1), axis=0, return_counts=True)
+    k_j, k_prev, last = (triples[:, c][:, None] for c in range(3))
+    own_j = S + 2 * k_j + last * lt(LO)
+    F1_j = S + 2 * np.where(i >= 1, k_j, k_prev) + last * lt(LO)
+    F2_j = S + 2 * k_j + last * (lt(LO) + LO)
     own_0 = ge(E) + lt(A) + size["Q"] + 2 * kv[0] + one * lt(LO)
     F1_0 = ge(E) + lt(A) + (i >= 1) * 2 * kv[0] + one * lt(LO)
     F2_0 = ge(E) - E + lt(A) + A + 2 * kv[0] + one * (lt(LO) + LO)
@@ -129,7 +140,7 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
     written, dirty = {x: 0 for x in raw}, {x: 0 for x in raw}
     for w in sorted(set(waves)):
         n = waves.count(w)
-        miss_j = (w - hits(own_j, F1_j, F2_j, w)).sum(axis=0)  # by i, over j ≥ 1
+        miss_j = repeats @ (w - hits(own_j, F1_j, F2_j, w)) if Tc > 1 else np.zeros(Tr, np.int64)  # by i, j ≥ 1
         miss = miss_j + w - hits(own_0, F1_0, F2_0, w)  # O, ℓ, m
         miss_L = w - (hits(own_0, F1_0, F2_0, w) if one else hits(S + L + 2 * KV, F1_L, S + L + 2 * KV, w))
         miss_Q = miss_j + w  # the first Q_i always misses

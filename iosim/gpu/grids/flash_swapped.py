@@ -121,53 +121,95 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
         return None
     Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
-    kv = np.array([sectors(min(Bc, s.n_k - j * Bc) * s.d * data) for j in range(Tc)])  # one K_j (= V_j)
-    q_of = [sectors(min(Br, s.n_q - i * Br) * s.d * data) for i in range(Tr)]  # Q_i (= O_i), by i
-    lse_of = [sectors(min(Br, s.n_q - i * Br) * stat) for i in range(Tr)]
+    # every block but the last of a head is full: a size is (full, last), and the work O(waves), not O(T_r·T_c)
+    r_last, k_last = s.n_q - (Tr - 1) * Br, s.n_k - (Tc - 1) * Bc
+    K, Kl = sectors(Bc * s.d * data), sectors(k_last * s.d * data)  # K_j (= V_j): j < T_c − 1, and the last
+    Q, Ql = sectors(Br * s.d * data), sectors(r_last * s.d * data)  # Q_i (= O_i)
+    L, Ll = sectors(Br * stat), sectors(r_last * stat)  # lse_i
+    if Tr == 1:
+        Q, L = Ql, Ll
+    if Tc == 1:
+        K = Kl
+    kv_sum = (Tc - 1) * K + Kl
     blocks, W = s.bh * Tr, concurrent
-    if 2 * kv.max() + 2 * q_of[0] + lse_of[0] > capacity:
+    if 2 * max(K, Kl) + 2 * Q + L > capacity:
         return None  # outside the domain: two blocks of a head in one round may not share K_j, V_j
-    after = np.concatenate((np.cumsum(kv[::-1])[::-1][1:], [0]))  # Σ_{r > j} kv(r)
-    before = np.concatenate(([0], np.cumsum(kv)[:-1]))  # Σ_{r < j} kv(r)
-    kv_reads = s.bh * int(kv.sum())  # once per head at its first wave
-    for w in range(W, blocks, W):  # wave boundaries: block w is the first of the next wave
-        first, last = w // Tr, (w - 1) // Tr  # heads of the first block of w+1 and the last block of w
-        if first != last:
-            continue  # no head crosses this boundary
-        heads_w = last - (w - W) // Tr + 1
-        heads_next = (min(w + W, blocks) - 1) // Tr - first + 1
-        out_w = sum(q_of[b % Tr] + lse_of[b % Tr] for b in range(w - W, w))
-        q_next = sum(q_of[b % Tr] for b in range(w, min(w + W, blocks)))
-        D = 2 * kv + 2 * heads_w * after + 2 * heads_next * before
-        D = D + np.where(np.arange(Tc) < Tc - 1, out_w, q_of[(w - 1) % Tr] + lse_of[(w - 1) % Tr])
-        D = D + np.where(np.arange(Tc) >= 1, q_next, q_of[w % Tr])
-        kv_reads += int(kv[D > capacity].sum())
-    q, lse = s.bh * sum(q_of), s.bh * sum(lse_of)
-    rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]  # a write of part of a sector reads it first (iosim.gpu.l2)
-    fetched = {"O": s.bh * sum(q_of[i] for i, r in enumerate(rows) if r * s.d * data % SECTOR),
-               "lse": s.bh * sum(lse_of[i] for i, r in enumerate(rows) if r * stat % SECTOR)}
-    dirty = _dirty_at_end(np.array(q_of), np.array(lse_of), kv, Tr, blocks, W, capacity)
+    kv_reads = s.bh * kv_sum  # once per head at its first wave
+    w = np.arange(W, blocks, W, dtype=np.int64)  # wave boundaries: block w is the first of the next wave
+    w = w[w // Tr == (w - 1) // Tr]  # only where a head crosses the boundary
+    if len(w):
+        end = np.minimum(w + W, blocks)
+        heads_w = (w - 1) // Tr - (w - W) // Tr + 1
+        heads_next = (end - 1) // Tr - w // Tr + 1
+        ends = lambda a, b: b // Tr - a // Tr  # noqa: E731  (blocks in [a, b) that end a head)
+        out_w = W * (Q + L) - ends(w - W, w) * (Q - Ql + L - Ll)
+        q_next = (end - w) * Q - ends(w, end) * (Q - Ql)
+        ends_head = (w - 1) % Tr == Tr - 1
+        last_of_w = np.where(ends_head, Ql + Ll, Q + L)  # O, lse of the last block of wave w
+        first_next = np.where(w % Tr == Tr - 1, Ql, Q)  # Q of the first block of w + 1
+
+        def misses(D):  # K_j, V_j evicted between the head's two uses
+            return D > capacity
+
+        if Tc == 1:
+            kv_reads += int(Kl * misses(2 * Kl + last_of_w + first_next).sum())
+        else:
+            after0 = kv_sum - K
+            kv_reads += int(K * misses(2 * K + 2 * heads_w * after0 + out_w + first_next).sum())  # j = 0
+            kv_reads += int(Kl * misses(2 * Kl + 2 * heads_next * (Tc - 1) * K + last_of_w + q_next).sum())  # last
+            if Tc > 2:  # 1 <= j <= T_c − 2: D_j = c0 + β·j
+                c0 = 2 * K + 2 * heads_w * ((Tc - 2) * K + Kl) + out_w + q_next
+                beta = 2 * K * (heads_next - heads_w)
+                kv_reads += int(K * _count_above(c0, beta, 1, Tc - 2, capacity).sum())
+    q, lse = s.bh * ((Tr - 1) * Q + Ql), s.bh * ((Tr - 1) * L + Ll)
+    # a write of part of a sector reads it first (iosim.gpu.l2)
+    partial = lambda rows, size: size * (rows % SECTOR != 0)  # noqa: E731
+    fetched = {"O": s.bh * ((Tr - 1) * partial(Br * s.d * data, Q) + partial(r_last * s.d * data, Ql)),
+               "lse": s.bh * ((Tr - 1) * partial(Br * stat, L) + partial(r_last * stat, Ll))}
+    dirty = _dirty_at_end((Q, Ql), (L, Ll), (K, Kl, Tc), Tr, blocks, W, capacity)
     return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse},
                     dirty_at_end=dirty)
 
 
-def _dirty_at_end(q_of: np.ndarray, lse_of: np.ndarray, kv: np.ndarray, Tr: int, blocks: int, W: int,
-                  capacity: int) -> dict[str, int]:
-    """O_b, lse_b of each block b still in the L2 at the end: those whose stack distance at the end fits."""
-    b = np.arange(blocks)
-    head = np.arange(blocks + 1) // Tr  # head[blocks] = batch·heads: past the last block
-    q_b, lse_b = q_of[b % Tr], lse_of[b % Tr]  # Q_b (= O_b), lse_b
+def _count_above(c0: np.ndarray, beta: np.ndarray, lo: int, hi: int, capacity: int) -> np.ndarray:
+    """How many j in lo..hi have c0 + β·j > capacity, elementwise (integers)."""
+    c0, beta = np.broadcast_arrays(np.asarray(c0, np.int64), np.asarray(beta, np.int64))
+    n = hi - lo + 1
+    step = np.where(beta == 0, 1, np.abs(beta))
+    first = (capacity - c0) // step + 1  # β > 0: j >= first
+    below = -((c0 - capacity) // -step) - 1  # β < 0: j <= below (j < (c0 − capacity) / |β|)
+    up = np.clip(hi - np.maximum(lo, first) + 1, 0, n)
+    down = np.clip(np.minimum(hi, below) - lo + 1, 0, n)
+    return np.where(beta > 0, up, np.where(beta < 0, down, n * (c0 > capacity)))
 
-    def suffix(x):  # Σ over blocks >= c, for c in 0..blocks
+
+def _dirty_at_end(q: tuple[int, int], lse: tuple[int, int], kv: tuple[int, int, int], Tr: int, blocks: int, W: int,
+                  capacity: int) -> dict[str, int]:
+    """O_b, lse_b of each block b still in the L2 at the end: those whose stack distance at the end fits. Only the
+    blocks of the last waves can: a block with more than ``capacity`` of Q, O and lse of later blocks after it is
+    evicted, so the work is over those last blocks alone. ``q``, ``lse``: (a head's full block's, its last's);
+    ``kv``: (K_j, the last K_j, T_c)."""
+    (Q, Ql), (L, Ll), (K, Kl, Tc) = q, lse, kv
+    kv_sum = (Tc - 1) * K + Kl
+    smallest = min(2 * Q + L, 2 * Ql + Ll)
+    b0 = max(0, blocks - W - capacity // smallest - 1)  # blocks before b0 have more than the capacity after them
+    c = np.arange(b0, blocks + 1)  # block indices and one past the last
+    is_last = (c % Tr == Tr - 1)[:-1]
+    q_b, lse_b = np.where(is_last, Ql, Q), np.where(is_last, Ll, L)  # Q_b (= O_b), lse_b, b >= b0
+
+    def suffix(x):  # Σ over blocks >= c, for c in b0..blocks
         return np.concatenate((np.cumsum(x[::-1])[::-1], [0]))
 
-    last_round = suffix(q_b + lse_b + (len(kv) == 1) * q_b)  # what a block touches after its K, V in its last round
+    at = lambda table, index: table[index - b0]  # noqa: E731
+    last_round = suffix(q_b + lse_b + (Tc == 1) * q_b)  # what a block touches after its K, V in its last round
     whole = suffix(2 * q_b + lse_b)  # Q, O, lse of a block
+    b = c[:-1]
     start = np.minimum((b // W + 1) * W, blocks)  # the first block of the next wave
-    later = whole[start] + 2 * int(kv.sum()) * (head[-1] - head[start])  # every tile of the later waves
+    heads_total = blocks // Tr
+    later = at(whole, start) + 2 * kv_sum * (heads_total - start // Tr)  # every tile of the later waves
     # the heads of the blocks after b in its wave, less one that goes on into the next wave (counted there)
-    heads = np.maximum(0, head[start - 1] - (head[start] == head[start - 1]) - head[b + 1] + 1) * (b + 1 < start)
-    rest = last_round[b + 1] - last_round[start] + 2 * int(kv[-1]) * heads + later
+    heads = np.maximum(0, (start - 1) // Tr - (start // Tr == (start - 1) // Tr) - (b + 1) // Tr + 1) * (b + 1 < start)
+    rest = at(last_round, b + 1) - at(last_round, start) + 2 * Kl * heads + later
     return {"O": int(q_b @ (q_b + lse_b + rest <= capacity)), "lse": int(lse_b @ (lse_b + rest <= capacity))}
 
 
