@@ -18,14 +18,17 @@ after it stand to the queries exactly as before; so the traffic of the chunks of
 length and one tiling is affine in k along each residue class of k·C mod B_c, and
 each class is summed as an arithmetic series from its first two members (its last
 member is evaluated too, and checked against the series; a class that disagrees is
-summed member by member). The cost is one block-policy choice per chunk (an explicit
-``tiling`` needs none) and three closed forms per class: at most 3·B_c/gcd(C, B_c)
-per tiling, however long the prompt.
+summed member by member). The chunks' tilings settle as N_k grows (``_runs``), so the cost is a bisection
+for where they settle, a block-policy choice per chunk before it, and three closed forms per class: at most
+3·B_c/gcd(C, B_c) per tiling, however long the prompt. Block policy 'optimal' searches every chunk's tiling:
+it is refused above ``SEARCHED_MAX_CHUNKS`` chunks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cache
 from math import gcd
 
 from iosim.api import count_problem, plan
@@ -115,39 +118,77 @@ def chunked_prefill(algorithm, *, N, C, d, M, prefix=0, batch=1, heads=1, kv_hea
         return request.forward
 
     full, last = divmod(N, C)
-    groups = [_group(C, [chunk_plan(C, prefix + (k + 1) * C) for k in range(full)], C)]
+    searched = tiling is None and block_policy == "optimal"
+    if searched and full > SEARCHED_MAX_CHUNKS:
+        raise InputError(f"block_policy='optimal' searches each chunk's tiling: N={N:,} in chunks of C={C:,} is "
+                         f"{full:,} chunks; allowed up to {SEARCHED_MAX_CHUNKS:,} (block policy 'fit' or 'paper', or "
+                         f"a tiling, count any number at once)")
+    at = cache(lambda k: chunk_plan(C, prefix + (k + 1) * C))  # chunk k of length C
+    groups = [_group(C, at, _runs(at, full, settles=not searched), C)]
     if last:
-        groups.append(_group(last, [chunk_plan(last, prefix + N)], C))
+        tail = cache(lambda k: chunk_plan(last, prefix + N))
+        groups.append(_group(last, tail, [(0, 1)], C))
     whole = chunk_plan(N, prefix + N)
     return ChunkedPrefill(whole.algorithm.name, N, C, prefix, first, whole.M, tuple(groups), whole.exact())
 
 
-def _group(length: int, plans: list[Plan], C: int) -> ChunkGroup:
-    """The chunks of one length, consecutive (N_k growing by C from one to the next), summed."""
+# block_policy "optimal" searches every chunk's tiling, one by one: at most this many chunks
+SEARCHED_MAX_CHUNKS = 20_000
+
+
+def _runs(at: Callable[[int], Plan], n: int, settles: bool) -> list[tuple[int, int]]:
+    """The chunks 0 … n − 1 as runs [start, end) of one tiling.
+
+    ``settles``: the tiling of chunk k depends on its N_k only through caps that stop binding as N_k grows (the
+    blocks capped to the sequence, split-kv's splits to its key blocks: the policies 'fit' and 'paper', and a given
+    tiling), so once a chunk has the last chunk's tiling every later one has it. The first such chunk is found by
+    bisection and the chunks before it are looked at one by one: O(log n) tilings chosen and a few runs, whatever n.
+    Otherwise every chunk's tiling is chosen.
+    """
+    final = at(n - 1).tiling
+    settled = n - 1
+    if settles:
+        lo, hi = 0, n - 1  # the first k with the final tiling is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if at(mid).tiling == final else (mid + 1, hi)
+        settled = lo
+    runs: list[tuple[int, int]] = []
+    for k in range(settled):
+        if runs and at(runs[-1][0]).tiling == at(k).tiling:
+            runs[-1] = (runs[-1][0], k + 1)
+        else:
+            runs.append((k, k + 1))
+    if runs and at(runs[-1][0]).tiling == final:
+        runs[-1] = (runs[-1][0], n)
+    else:
+        runs.append((settled, n))
+    return runs
+
+
+def _group(length: int, at: Callable[[int], Plan], runs: list[tuple[int, int]], C: int) -> ChunkGroup:
+    """The chunks of one length, consecutive (N_k growing by C from one to the next), summed run by run."""
     traffic, flops = [], []
-    start = 0
-    while start < len(plans):  # runs of chunks with one tiling
-        end = start
-        while end < len(plans) and plans[end].tiling == plans[start].tiling:
-            end += 1
-        period = plans[start].tiling.Bc // gcd(C, plans[start].tiling.Bc)  # k·C mod B_c repeats after it
+    for start, end in runs:  # runs of chunks with one tiling
+        period = at(start).tiling.Bc // gcd(C, at(start).tiling.Bc)  # k·C mod B_c repeats after it
         for r in range(start, min(start + period, end)):
-            t, f = _series(plans[r:end:period])
+            t, f = _series(at, range(r, end, period))
             traffic.append(t)
             flops.append(f)
-        start = end
-    return ChunkGroup(length, len(plans), combined(*traffic), None if None in flops else sum(flops[1:], flops[0]))
+    chunks = sum(end - start for start, end in runs)
+    return ChunkGroup(length, chunks, combined(*traffic), None if None in flops else sum(flops[1:], flops[0]))
 
 
-def _series(plans: list[Plan]) -> tuple[Counts, Flops | None]:
+def _series(at: Callable[[int], Plan], chunks: range) -> tuple[Counts, Flops | None]:
     """Σ of the closed forms of chunks whose N_k grow by a whole number of key blocks from one to the next.
 
     Affine in the chunk's place, so n·f₀ + n(n−1)/2·(f₁ − f₀), checked at the last; summed one by one if not.
     """
-    n = len(plans)
+    n = len(chunks)
     if n >= 3:
-        f0, f1, fn = (p.exact() for p in (plans[0], plans[1], plans[-1]))
-        g0, g1, gn = (p.flops() for p in (plans[0], plans[1], plans[-1]))
+        first, second, final = at(chunks[0]), at(chunks[1]), at(chunks[-1])
+        f0, f1, fn = (p.exact() for p in (first, second, final))
+        g0, g1, gn = (p.flops() for p in (first, second, final))
         if _affine(f0, f1, fn, n) and (g0 is None or _affine_flops(g0, g1, gn, n)):
             traffic = Counts(tuple(TensorCounts(a.name, n * a.reads + n * (n - 1) // 2 * (b.reads - a.reads),
                                                 n * a.writes + n * (n - 1) // 2 * (b.writes - a.writes), a.itemsize)
@@ -155,8 +196,8 @@ def _series(plans: list[Plan]) -> tuple[Counts, Flops | None]:
             flops = None if g0 is None else Flops(n * g0.matmul + n * (n - 1) // 2 * (g1.matmul - g0.matmul),
                                                   n * g0.exp + n * (n - 1) // 2 * (g1.exp - g0.exp))
             return traffic, flops
-    exact = [p.exact() for p in plans]
-    flops = [p.flops() for p in plans]
+    exact = [at(k).exact() for k in chunks]
+    flops = [at(k).flops() for k in chunks]
     return combined(*exact), None if None in flops else sum(flops[1:], flops[0])
 
 
