@@ -261,9 +261,28 @@ def test_main_prints_the_tables(capsys):
     assert main(["model", "llama-3-70b", "--N", "32Ki", "--algo", "flash", "flash-swapped", "split-kv"]) == 0
     text = capsys.readouterr().out
     assert "attention only: no MLP, no KV-cache capacity" in text
-    assert "least HBM bytes: flash-swapped" in text and "least HBM bytes: split-kv" in text
+    assert "least HBM bytes (÷ least): flash-swapped" in text and "least HBM bytes (÷ least): split-kv" in text
     assert "not counted: split-kv: algorithm='split-kv' has no backward pass" in text
-    assert max(len(line) for line in text.splitlines()) <= 100
+    flowing = " ".join(text.split())  # the lines as wrapped at 80 columns, joined
+    assert "KV cache: 4.1KB a token a layer (K and V, 8 K/V heads × 128 × 2 B each), 328KB a token over 80 layers" \
+        in flowing
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert main(["model", "llama-3-70b", "--N", "32Ki", "--algo", "flash", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "Σ DRAM" in wide and max(len(line) for line in wide.splitlines()) <= 130
+
+
+def test_prefill_and_decoding_are_timed_from_dram_where_the_l2_model_covers_them():
+    # the case: Llama-3-8B's 8k prefill, 168.8 MB a layer from DRAM, is compute-bound (578 µs), not
+    # memory-bound at the HBM count's 2.8 GB
+    report = iosim.model("llama-3-8b", N=8192, phases=("training", "prefill"), algorithms=["flash-swapped"])
+    training, prefill = (p.ran[0].layers[0] for p in report.phases)
+    assert training.time_from == "HBM" and training.dram is None  # a backward pass: the two-level bytes
+    assert prefill.time_from == "DRAM" and prefill.dram.moved < prefill.counts.total_bytes / 10
+    assert prefill.roofline.bound == "compute"
+    (record,) = [r for r in records(report) if r["phase"] == "prefill"]
+    assert record["time_from"] == "DRAM" and record["dram_read_bytes"] == prefill.dram.reads
+    assert record["kv_cache_bytes_per_token"] == 32 * 2 * 8 * 128 * 2
 
 
 @pytest.mark.parametrize("argv, message", [

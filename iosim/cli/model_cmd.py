@@ -18,6 +18,7 @@ from iosim.models.cost import (
     ModelReport,
     PhaseCost,
     check_algorithms,
+    kv_cache_bytes,
     model,
     plan_phases,
     records,
@@ -25,6 +26,8 @@ from iosim.models.cost import (
 from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import RecordWriter
+
+WIDTH, WIDE = 80, 130  # the tables' width by default (piped output gets it too) and with --wide
 
 
 def add_parser(sub) -> None:
@@ -49,6 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                    help="algorithms to count (default: all but the block-sparse ones, which need a block mask)")
     p.add_argument("--phase", choices=PHASES, nargs="+", default=list(PHASES), help="phases to count (default: all)")
+    p.add_argument("--wide", action="store_true",
+                   help=f"every column (FLOPs, the sums of HBM, DRAM and FLOPs), {WIDE} columns wide; by default the "
+                        f"tables fit {WIDTH}")
     add_outputs(p, "one record per (phase, algorithm, kind of layer)")
 
 
@@ -69,21 +75,18 @@ def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None
     return report
 
 
-WIDTH = 100  # the phase tables' width: piped output gets it too
-
-
 def main(args: argparse.Namespace, console) -> None:
-    if not console.is_terminal:
+    if not console.is_terminal or args.wide:
         from rich.console import Console
 
-        console = Console(width=WIDTH)
+        console = Console(width=WIDE if args.wide else WIDTH)
     steps = len(plan_phases(config_of(args), args.N, args.context, args.phase)) * len(check_algorithms(args.algo))
     with progress_bar(console, "model", steps) as step:
         report = run(args, on_row=step)
-    render(console, report)
+    render(console, report, wide=args.wide)
 
 
-def render(console, report: ModelReport) -> None:
+def render(console, report: ModelReport, wide: bool = False) -> None:
     cfg = report.model
     grouped = f", {cfg.kv_heads} K/V heads" if cfg.grouped else ""
     kinds = " + ".join(f"{k.layers} {k.label}" for k in cfg.kinds())
@@ -94,29 +97,45 @@ def render(console, report: ModelReport) -> None:
     console.print(f"[bold]{ATTENTION_ONLY}[/]")
     for note in report.notes[1:]:
         console.print(f"[yellow]{note}[/]")
+    kv = kv_cache_bytes(cfg, report.dtype)
+    console.print(f"KV cache: {nbytes(kv['per_layer'])} a token a layer (K and V, {cfg.kv_heads} K/V heads × "
+                  f"{cfg.head_dim} × {DTYPE_ITEMSIZE[report.dtype]} B each), {nbytes(kv['per_token'])} a token over "
+                  f"{cfg.layers} layers")
     for pc in report.phases:
-        render_phase(console, pc)
+        render_phase(console, pc, wide)
 
 
-def render_phase(console, pc: PhaseCost) -> None:
+def render_phase(console, pc: PhaseCost, wide: bool = False) -> None:
     console.print()
-    console.print(f"[bold]{pc.phase.title}[/]: HBM bytes, matmul FLOPs and roofline time of one layer of each "
-                  f"kind; Σ: of every layer")
+    console.print(f"[bold]{pc.phase.title}[/]: one layer of each kind, and Σ over every layer; time: the roofline "
+                  f"from DRAM bytes (the L2 model) where shown, else from HBM bytes")
+    columns = {  # name: (the layer's cell, the algorithm's total, in the narrow table)
+        "algorithm": (None, lambda a: a.algorithm, True),
+        "layers": (lambda c: f"{c.kind.layers} {c.kind.label.split()[0]}", None, True),
+        "HBM": (lambda c: nbytes(c.counts.total_bytes), None, True),
+        "DRAM": (lambda c: "—" if c.dram is None else nbytes(c.dram.moved), None, True),
+        "FLOPs": (lambda c: eng(c.flops.matmul), None, False),
+        "time": (lambda c: seconds(c.roofline.seconds), None, True),
+        "bound": (lambda c: c.roofline.bound, None, False),
+        "Σ HBM": (None, lambda a: nbytes(a.total_bytes), True),
+        "Σ DRAM": (None, lambda a: "—" if a.dram_bytes is None else nbytes(a.dram_bytes), False),
+        "Σ FLOPs": (None, lambda a: eng(a.flops.matmul), False),
+        "Σ time": (None, lambda a: seconds(a.seconds), True),
+        "÷ least": (None, lambda a: f"{pc.ratio(a):.2f}×", True),
+    }
+    shown = {name: cells for name, cells in columns.items() if wide or cells[2]}
     table = compact_table()
-    for name in ("algorithm", "layers", "HBM", "FLOPs", "time", "bound", "Σ HBM", "Σ FLOPs", "Σ time", "÷ least"):
+    for name in shown:
         table.add_column(name, justify="left" if name in ("algorithm", "layers", "bound") else "right",
                          no_wrap=True)
     for a in pc.ran:
         for i, c in enumerate(a.layers):
-            first = i == 0
-            table.add_row(a.algorithm if first else "",
-                          f"{c.kind.layers} {c.kind.label.split()[0]}",
-                          nbytes(c.counts.total_bytes), eng(c.flops.matmul), seconds(c.roofline.seconds),
-                          c.roofline.bound, *((nbytes(a.total_bytes), eng(a.flops.matmul), seconds(a.seconds),
-                                               f"{pc.ratio(a):.2f}×") if first else ("",) * 4))
+            table.add_row(*(layer(c) if layer else total(a) if i == 0 else "" for layer, total, _ in shown.values()))
     if pc.ran:
         console.print(table)
-        console.print(f"least HBM bytes: {pc.least.algorithm}")
+        console.print(f"least HBM bytes (÷ least): {pc.least.algorithm}")
+    for note in dict.fromkeys(c.dram_note for a in pc.ran for c in a.layers if c.dram_note):
+        console.print(f"[yellow]DRAM —: {note}[/]")
     inexact = [a.algorithm for a in pc.ran if not all(c.exact for c in a.layers)]
     if inexact:
         console.print(f"[red]count differs from the closed form: {', '.join(inexact)}[/]")

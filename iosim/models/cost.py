@@ -11,8 +11,9 @@ algorithm of the registry is counted (``iosim.count``, checked against
 all causal. Each distinct kind of layer (global, or local with a sliding window) is
 counted once and multiplied by its number of layers, so a model costs a few counts, each
 O(1) in N. The time is the preset's roofline (``iosim.core.gpus.roofline``, the sweep's) from
-the two-level HBM bytes (not the L2 model's DRAM bytes, so every algorithm is timed on the
-same footing), and layers run one after another, so times add.
+the L2 model's DRAM bytes (``iosim.gpu``) where it covers the layer (a forward pass of an algorithm with a kernel),
+else from the two-level HBM bytes, each layer saying which (``LayerCost.time_from``), and layers run one after
+another, so times add.
 An algorithm that refuses a phase (no backward pass, a shape it does not take) is listed
 with the reason. Attention only: no MLP, no KV-cache capacity.
 
@@ -40,7 +41,10 @@ from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
 from iosim.core.tiling import Tiling, tiling_record
-from iosim.core.units import check_dtype, parse_count
+from iosim.core.units import DTYPE_ITEMSIZE, check_dtype, parse_count
+from iosim.gpu.dram import DramTooLong, covered_dram
+from iosim.gpu.hardware import hardware
+from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.models.presets import LayerKind, ModelConfig, get_model
 from iosim.registry import ALGORITHMS
 
@@ -76,7 +80,14 @@ class LayerCost:
     counts: Counts  # one layer, measured count-only
     exact: bool  # the count equals the closed form (iosim.predict)
     flops: Flops
-    roofline: Roofline
+    roofline: Roofline  # from the DRAM bytes where the L2 model covers the layer, else from the HBM bytes
+    dram: DramCounts | None = None  # the L2 model's bytes of a forward pass its kernels cover (iosim.gpu); else None
+    dram_note: str | None = None  # why a layer the L2 model covers has none (a count that would take too long)
+
+    @property
+    def time_from(self) -> str:
+        """What the roofline time was computed from: "DRAM" (the L2 model's bytes) or "HBM" (the two-level count)."""
+        return "HBM" if self.dram is None else "DRAM"
 
 
 @dataclass(frozen=True)
@@ -95,6 +106,13 @@ class AlgorithmCost:
     @property
     def flops(self) -> Flops | None:
         return None if self.skipped else sum((c.flops.scaled(c.kind.layers) for c in self.layers), Flops())
+
+    @property
+    def dram_bytes(self) -> int | None:
+        """The L2 model's DRAM bytes of every layer; None unless it covers every kind of layer."""
+        if self.skipped or any(c.dram is None for c in self.layers):
+            return None
+        return sum(c.dram.moved * c.kind.layers for c in self.layers)
 
     @property
     def seconds(self) -> float | None:
@@ -213,9 +231,16 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
                        dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window)
     request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
     measured, exact = measure(request, gpu), closed_form(request)
+    dram, note = None, None
+    if not training:  # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu)
+        try:
+            dram = covered_dram(measured.plans, hardware(gpu), algorithm)
+        except DramTooLong as err:
+            note = str(err)
+    moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
-                     roofline(get_gpu(gpu), dtype, measured.traffic.total_bytes, measured.flops))
+                     roofline(get_gpu(gpu), dtype, moved, measured.flops), dram, note)
 
 
 def layer_lengths(kind: LayerKind, phase: Phase, batch: int) -> tuple[int | None, int | None, int, list | None]:
@@ -247,8 +272,9 @@ def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
 
 
 def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> tuple[str, ...]:
-    notes = [ATTENTION_ONLY + "; roofline times from the two-level HBM bytes (an L2 that serves re-reads is not "
-                              "modelled), summed over the layers"]
+    notes = [ATTENTION_ONLY + "; roofline times from the L2 model's DRAM bytes where it covers a layer (a forward "
+                              "pass of an algorithm with a kernel: prefill and decoding), else from the two-level HBM "
+                              "bytes (training), summed over the layers"]
     left = [a for a in ALGORITHMS if a not in algorithms and not ALGORITHMS[a].listed_by_default(())]
     if left:
         notes.append(f"{', '.join(left)}: not counted, they need a block mask and a model's attention has none")
@@ -271,14 +297,23 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     return tuple(notes)
 
 
+def kv_cache_bytes(cfg: ModelConfig, dtype: str) -> dict[str, int]:
+    """The KV cache a token adds: K and V of every K/V head, per layer of each kind and over every layer (a local
+    layer keeps at most W tokens, a chunked one at most C; this is the cost of one more token until then)."""
+    per_layer = 2 * cfg.kv_heads * cfg.head_dim * DTYPE_ITEMSIZE[dtype]
+    return {"per_layer": per_layer, "per_token": per_layer * cfg.layers}
+
+
 def records(report: ModelReport) -> list[dict]:
     """One record per (phase, algorithm, kind of layer): the layer's counts, and the model's totals beside them.
 
     A skipped algorithm has one record per phase, its reason under ``status``.
     """
     cfg, out = report.model, []
+    kv = kv_cache_bytes(cfg, report.dtype)
     base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim,
-                gpu=report.gpu, dtype=report.dtype, M=report.M)
+                gpu=report.gpu, dtype=report.dtype, M=report.M, kv_cache_bytes_per_token=kv["per_token"],
+                kv_cache_bytes_per_token_layer=kv["per_layer"])
     for pc in report.phases:
         ph = pc.phase
         for a in pc.algorithms:
@@ -296,7 +331,8 @@ def records(report: ModelReport) -> list[dict]:
                                 **tiling_record(f), **tiling_record(b, "bwd_"),
                                 **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,
                                 roofline_s=c.roofline.seconds, bound=c.roofline.bound,
-                                intensity=c.roofline.intensity, **model_totals, status="ok"))
+                                intensity=c.roofline.intensity, time_from=c.time_from, **dram_record(c.dram),
+                                dram_note=c.dram_note, **model_totals, status="ok"))
     return out
 
 
