@@ -185,3 +185,12 @@ def test_a_socket_is_refused_by_name_before_any_work(tmp_path, capsys):
         assert main([*SWEEP, "--csv", str(path)]) == 2
     err = capsys.readouterr().err
     assert "is a socket, not a regular file" in err and "Traceback" not in err
+
+
+def test_resume_refuses_a_file_that_is_not_iosims_records(tmp_path, capsys):
+    junk = tmp_path / "c.csv"
+    junk.write_text('algorithm,N\nflash,"unterminated\n')
+    assert main([*SWEEP, "--csv", str(junk), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "its records lack ['M', 'd', 'status']" in err and "Traceback" not in err
+    assert junk.read_text() == 'algorithm,N\nflash,"unterminated\n'  # left as it was

@@ -153,7 +153,8 @@ def hardware_of(args: argparse.Namespace) -> Hardware | None:
             raise InputError(f"{name} {value} without --gpu: it changes a GPU preset's L2 model; allowed: --gpu NAME "
                              f"{name} {value}")
         return None
-    return hardware(args.gpu, l2_bytes=args.l2_bytes, blocks_per_sm=args.blocks_per_sm, schedule=args.schedule)
+    return hardware(args.gpu, l2_bytes=args.l2_bytes, blocks_per_sm=args.blocks_per_sm, schedule=args.schedule,
+                    physical=True)
 
 
 def window_of(args: argparse.Namespace) -> tuple[int, int] | None:

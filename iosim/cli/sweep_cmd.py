@@ -24,7 +24,16 @@ from iosim.core.gpus import resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import RecordWriter
-from iosim.reports.sweep import DEFAULT_D, DEFAULT_N, SweepRow, config_key, rank_by_traffic, run_sweep, sweep_configs
+from iosim.reports.sweep import (
+    DEFAULT_D,
+    DEFAULT_N,
+    RESUME_REQUIRED,
+    SweepRow,
+    config_key,
+    rank_by_traffic,
+    run_sweep,
+    sweep_configs,
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
-    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key) as writer:
+    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=RESUME_REQUIRED) as writer:
         rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=args.seqlens, batch=args.batch,
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,

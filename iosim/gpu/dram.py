@@ -22,7 +22,7 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.core.visits import visits
 from iosim.gpu.grids.flash import FORM_MAX_QUERY_BLOCKS
-from iosim.gpu.hardware import Hardware, hardware
+from iosim.gpu.hardware import Hardware, OverrideError, hardware
 from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import kernel_for, named_for
 from iosim.gpu.l2 import DramCounts, in_sequence
@@ -157,7 +157,7 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
     would take too long raises ``DramTooLong``."""
     try:
         return request_dram(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), sawtooth)
-    except DramTooLong:  # it has something to say, too slowly: the caller says so
+    except (DramTooLong, OverrideError):  # too slow to say, or the user's override does not fit: the caller says so
         raise
     except InputError:  # the L2 model refuses the run by name: it has nothing to say
         return None

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPU, get_gpu
 from iosim.core.units import parse_count
-from iosim.gpu.l2 import Grid, L2Config
+from iosim.gpu.l2 import SECTOR, Grid, L2Config
 
 # How the first W blocks start (iosim.gpu.schedule). "lockstep": all in the first round, so equal blocks run in
 # waves that start and end together. "staggered": slot s's first block starts s/W of a mean block's steps late, so
 # that blocks finish one after another and the running blocks are a window sliding along the grid, the steady state
 # of dynamic dispatch once blocks of equal work drift apart.
 SCHEDULES = ("lockstep", "staggered")
+
+
+class OverrideError(InputError):
+    """An override of the L2 model that the kernel it meets cannot take (more blocks per SM than fit)."""
 
 
 def check_schedule(schedule) -> str:
@@ -48,13 +52,18 @@ class Hardware:
 
     def config(self, grid: Grid) -> L2Config:
         """The L2 model's view of one kernel: the L2 bytes, its blocks at once (SMs × its blocks per SM) and the
-        schedule."""
-        per_sm = grid.per_sm(self.gpu) if self.blocks_per_sm is None else self.blocks_per_sm
+        schedule. An override of the blocks per SM above what the kernel's registers and shared memory allow on
+        this GPU is refused."""
+        fits = grid.per_sm(self.gpu)
+        if self.blocks_per_sm is not None and self.blocks_per_sm > fits:
+            raise OverrideError(f"blocks_per_sm={self.blocks_per_sm}: the kernel's registers and shared memory fit at "
+                             f"most {fits} of its blocks on an SM of the {self.gpu.name}; allowed: 1 to {fits}")
+        per_sm = fits if self.blocks_per_sm is None else self.blocks_per_sm
         return L2Config(self.l2_bytes, self.sms * per_sm, self.schedule)
 
     def with_l2_bytes(self, l2_bytes: int) -> Hardware:
         """The same GPU with an L2 of ``l2_bytes`` (a capacity sweep)."""
-        return Hardware(self.gpu, parse_count("l2_bytes", l2_bytes), self.blocks_per_sm, self.schedule, True)
+        return Hardware(self.gpu, check_l2_bytes(self.gpu, l2_bytes), self.blocks_per_sm, self.schedule, True)
 
     def overrides(self) -> dict:
         """What the user set: the keys a record carries (None where the preset's or the kernel's own stands)."""
@@ -62,9 +71,31 @@ class Hardware:
                 "schedule": None if self.schedule == "lockstep" else self.schedule}
 
 
-def hardware(gpu: str | GPU = "h100", *, l2_bytes=None, blocks_per_sm=None, schedule: str = "lockstep") -> Hardware:
-    """Resolve a preset (by name, ``iosim.core.gpus.GPUS``) and the user's overrides once, checking each."""
+def hardware(gpu: str | GPU = "h100", *, l2_bytes=None, blocks_per_sm=None, schedule: str = "lockstep",
+             physical: bool = False) -> Hardware:
+    """Resolve a preset (by name, ``iosim.core.gpus.GPUS``) and the user's overrides once, checking each
+    (``physical``: the L2 no larger than the preset's, as the command line asks)."""
     preset = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
-    cap = int(preset.l2_effective.value) if l2_bytes is None else parse_count("l2_bytes", l2_bytes)
+    cap = int(preset.l2_effective.value) if l2_bytes is None else check_l2_bytes(preset, l2_bytes, physical)
     per_sm = None if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
+    if per_sm is not None and per_sm > MAX_BLOCKS_PER_SM:
+        raise InputError(f"blocks_per_sm={per_sm} is more than an SM holds; allowed: 1 to {MAX_BLOCKS_PER_SM}")
     return Hardware(preset, cap, per_sm, check_schedule(schedule), l2_bytes is not None)
+
+
+# resident thread blocks per SM at most, compute capability 8.0 to 9.0 (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability": 32)
+MAX_BLOCKS_PER_SM = 32
+
+
+def check_l2_bytes(preset: GPU, l2_bytes, physical: bool = False) -> int:
+    """An L2 capacity of at least one sector (the L2's unit to DRAM); with ``physical`` (the command line's
+    ``--l2-bytes``) at most the preset's nominal L2 too. The API takes a larger one, an L2 that holds everything, as
+    a what-if."""
+    value = parse_count("l2_bytes", l2_bytes)
+    nominal = int(preset.l2.value)
+    if value < SECTOR or (physical and value > nominal):
+        allowed = f"[{SECTOR}, {nominal:,}]: from one {SECTOR}-byte sector to the {preset.name}'s nominal L2" \
+            if physical else f"at least one sector, {SECTOR}"
+        raise InputError(f"l2_bytes={value:,} is outside the allowed range {allowed}")
+    return value

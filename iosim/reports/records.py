@@ -79,11 +79,12 @@ class RecordWriter:
     after it keeps what finished; one killed leaves the journal, which ``resume`` reads.
 
     With ``resume``, the records already in the outputs (and in a journal left behind)
-    are kept and ``done`` maps ``key`` of each to it; every output gets all of them.
+    are kept and ``done`` maps ``key`` of each to it; every output gets all of them. A file whose records lack a
+    field of ``required`` (those that identify the command's records) is refused by name, before any work.
     """
 
     def __init__(self, json_path: str | None = None, csv_path: str | None = None, *, resume: bool = False,
-                 key: Callable[[dict], Hashable] | None = None):
+                 key: Callable[[dict], Hashable] | None = None, required: tuple[str, ...] = ()):
         self.outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
         check_distinct(self.outputs)
         files = [p for p in self.outputs.values() if p is not None and not is_stream(p)]
@@ -96,7 +97,7 @@ class RecordWriter:
                                  f"device or a FIFO; resume into a regular file")
         self.resume = resume
         self.done: dict[Hashable, dict] = {}
-        for record in _read_all(self.outputs, self.journal) if resume else []:
+        for record in _read_all(self.outputs, self.journal, required) if resume else []:
             self.done.setdefault(key(record), record)  # a record in the JSON and the CSV is kept once
         self.kept: list[dict] = list(self.done.values())
         self.new: list[dict] = []
@@ -193,13 +194,20 @@ def _replace(path: Path, text: str) -> None:
         raise OSError(f"cannot write records to {path}: {err.strerror or err}") from None
 
 
-def _read_all(outputs: dict[str, Path | None], journal: Path | None) -> list[dict]:
-    """The records a resumed run keeps: the JSON file's, a journal's left by a killed run, then the CSV's."""
-    records = _read_json(outputs["json"]) if outputs["json"] else []
-    if journal is not None:
-        records += _read_journal(journal)
-    if outputs["csv"]:
-        records += _read_csv(outputs["csv"])
+def _read_all(outputs: dict[str, Path | None], journal: Path | None, required: tuple[str, ...] = ()) -> list[dict]:
+    """The records a resumed run keeps: the JSON file's, a journal's left by a killed run, then the CSV's; each
+    source's records must hold every field of ``required``."""
+    sources = [(outputs["json"], _read_json), (journal, _read_journal), (outputs["csv"], _read_csv)]
+    records = []
+    for path, read in sources:
+        if path is None:
+            continue
+        found = read(path)
+        missing = sorted({k for record in found for k in required if k not in record})
+        if missing:
+            raise InputError(f"cannot resume from {str(path)!r}: its records lack {missing}, which identify the "
+                             f"records this command writes; resume from a file it wrote, or write to a new one")
+        records += found
     return records
 
 

@@ -153,6 +153,8 @@ CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "m
                "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
                "blocks_per_sm", "schedule", "kernel")
 CONFIG_DEFAULTS = {"pass": "fwd"}  # what a record written before a key existed means by its absence
+# fields every sweep record has held since the first release: a file to --resume from must have them
+RESUME_REQUIRED = ("algorithm", "N", "d", "M", "status")
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
