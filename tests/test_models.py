@@ -209,6 +209,7 @@ def test_gpt2_field_names_and_head_dim(tmp_path):
     ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers=[1, 0] must be a list of 0 and 1"),
     ({"layer_types": [LOCAL] * 32}, "sliding_window is missing or null"),
     ({"attention_dropout": 1.5}, "attention_dropout=1.5"),
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers=1,000,000,000,000 is outside the allowed range [1, 100,000]"),
     ({"sliding_window": 4096, "max_window_layers": -1}, "max_window_layers=-1 must be a whole number >= 0"),
 ])
 def test_bad_config_fields_are_named(tmp_path, change, message):

@@ -63,3 +63,18 @@ def test_split_kv_fills_the_sms_of_the_preset_it_is_given():
     assert a100 != h100, (a100, h100)
     rows = run(build_parser().parse_args(["sweep", "--N", "1", "--d", "128", "--gpu", "a100", "--algo", "split-kv"]))
     assert rows.rows[0].tiling.splits == iosim.count("split-kv", gpu="a100", N=1, d=128, M=rows.rows[0].M).tiling.splits
+
+
+def test_a_given_tiling_with_splits_is_refused_by_an_algorithm_without_them():
+    with pytest.raises(iosim.InputError, match="splits=2 for flash at N_k=256; allowed: 1"):
+        iosim.count("flash", N=256, d=64, M="100k", tiling=iosim.Tiling(64, 64, splits=2))
+    assert iosim.count("split-kv", N=256, d=64, M="100k", tiling=iosim.Tiling(64, 64, splits=2)).tiling.splits == 2
+
+
+@pytest.mark.parametrize("flag, left", [(["--N", "1024", "--window", "128", "0"], "--window leaves out small-cache: it "
+                                                                                 "takes no sliding window"),
+                                        (["--seqlens", "100", "200"], "--seqlens leaves out split-kv: it takes no "
+                                                                      "packed documents")])
+def test_a_sweep_names_the_algorithms_an_option_leaves_out(flag, left, capsys):
+    assert main(["sweep", "--d", "64", *flag]) == 0
+    assert left in " ".join(capsys.readouterr().out.split())

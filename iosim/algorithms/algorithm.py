@@ -217,6 +217,8 @@ class Algorithm:
         S splits, as a decode kernel sizes its splits first."""
         n_k = pb.shape.n_k
         rule = self.needs.splits
+        if splits is None and fixed and tiling.splits != 1:  # a given Tiling(splits=S) asks for S splits
+            splits = tiling.splits
         if splits is None and rule is not None and default:
             splits = rule.default(pb, tiling, sms)
         if splits is None:

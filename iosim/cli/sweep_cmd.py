@@ -56,6 +56,15 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         if value is not None and ignoring:
             takers = [a for a in ALGORITHMS if ALGORITHMS[a].accepts(option)]
             out.append(f"{flag} {value:g} applies to {', '.join(takers)} only; ignored by {', '.join(ignoring)}")
+    if args.algo is None:  # a window or packed documents leave out the algorithms that take none: say which
+        for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens)):
+            if value is not None:
+                left = [name for name, a in ALGORITHMS.items() if a.listed_by_default(())
+                        and not a.listed_by_default((option,))]
+                what = {"window": "sliding window", "seqlens": "packed documents"}[option]
+                if left:
+                    out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
+                               f"no {what}")
     if args.algo is None and args.pass_ != "fwd":
         left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
             ("block_sparsity",) if args.sparsity is not None else ())]

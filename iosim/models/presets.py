@@ -205,6 +205,8 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
     _refuse_unmodelled(config)
     heads = _count(config, "num_attention_heads")
     layers = _count(config, "num_hidden_layers")
+    if layers > MAX_LAYERS:
+        raise InputError(f"num_hidden_layers={layers:,} is outside the allowed range [1, {MAX_LAYERS:,}]")
     kv_heads = _kv_heads(config, heads)
     if config.get("head_dim") is not None:
         head_dim = _count(config, "head_dim")
@@ -232,6 +234,7 @@ UNMODELLED = {
     "cross_attention_layers": "cross-attention layers",
 }
 FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+MAX_LAYERS = 100_000  # a config's layers are listed one by one (layer_types): far beyond any model, never a MemoryError
 
 
 def _refuse_unmodelled(config: dict) -> None:
