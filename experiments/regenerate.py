@@ -17,8 +17,9 @@ Kinds of output:
 
 - ``fast``: recomputed in seconds; ``--fast`` selects these, and tests/test_regenerate.py checks them in CI;
 - ``slow``: recomputed on a CPU in minutes (the L2 model's simulations, the kernels compiled for sm_90);
-- ``record``: a prediction committed before the GPU run it predicts (docs/gpu-logs/): checked like a slow output,
-  but rewritten only when ``--only`` names it, since its name holds the commit that made it;
+- ``record``: a prediction committed before the GPU run it predicts (docs/gpu-logs/): checked on the DRAM bytes it
+  holds, row by row, against today's grid (``record_differences``), and rewritten only when ``--only`` names it,
+  since its name holds the commit that made it;
 - ``timing``: a measurement of the machine that ran it (experiments/speed.py): rewritten only when ``--only``
   names it, never checked;
 - ``gpu``: measured on a GPU by a device call: neither rerun nor checked here.
@@ -200,7 +201,7 @@ LAYOUT = ("only in the committed file", "not in the committed file")  # the ends
 
 def compare(output: Output, root: Path) -> tuple[list[str], list[str]]:
     """The values and the fields in which the committed JSON files of ``output`` differ from those written under
-    ``root``, grouped by kind."""
+    ``root``, grouped by kind. A record is compared on what it was committed to hold (``record_differences``)."""
     values, fields = [], []
     for name in output.files:
         if not name.endswith(".json"):
@@ -209,11 +210,53 @@ def compare(output: Output, root: Path) -> tuple[list[str], list[str]]:
         if not fresh.exists() or not (REPO / name).exists():
             values.append(f"{name}: {'not written' if not fresh.exists() else 'not committed'}")
             continue
-        found = differences(deterministic(json.loads((REPO / name).read_text())),
-                            deterministic(json.loads(fresh.read_text())))
+        committed, now = json.loads((REPO / name).read_text()), json.loads(fresh.read_text())
+        if output.kind == RECORD:
+            values += grouped(name, record_differences(committed, now))
+            continue
+        found = differences(deterministic(committed), deterministic(now))
         values += grouped(name, [d for d in found if not d.endswith(LAYOUT)])
         fields += grouped(name, [d for d in found if d.endswith(LAYOUT)])
     return values, fields
+
+
+# a prediction record's row, as ncu_traffic joins measurements to it; and the values it was committed to hold
+RECORD_KEY = ("impl", "direction", "dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "d", "causal", "dropout_p",
+              "splits", "sawtooth")
+RECORD_BYTES = ("reads", "writes", "dirty_at_end")
+
+
+def record_differences(committed: dict, now: dict) -> list[str]:
+    """Where a prediction record's DRAM bytes are not what the code predicts now: each row the record holds, found
+    in today's grid by its configuration (a grid that has grown since keeps the record's rows), compared on every
+    ``reads``, ``writes`` and ``dirty_at_end`` under its ``predicted`` (per capacity, tensor and kernel). What the
+    record says of how it was made (its grid's labels, the blocks at once a kernel description gives, timings) is
+    its provenance, not its claim, and is not compared."""
+    def key(row):
+        return tuple(row.get(k) or None for k in RECORD_KEY)
+
+    def byte_values(value, path=""):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k in RECORD_BYTES and not isinstance(v, (dict, list)):
+                    yield f"{path}.{k}", v
+                else:
+                    yield from byte_values(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from byte_values(v, f"{path}[{v.get('name', i) if isinstance(v, dict) else i}]")
+
+    fresh = {key(r): r for r in now["rows"]}
+    out = []
+    for i, row in enumerate(committed["rows"]):
+        found = fresh.get(key(row))
+        if found is None:
+            out.append(f"rows[{i}]: {dict(zip(RECORD_KEY, key(row)))} is not in today's grid")
+            continue
+        was, is_ = dict(byte_values(row["predicted"])), dict(byte_values(found["predicted"]))
+        out += [f"rows[{i}].predicted{p}: committed {v!r}, now {is_.get(p)!r}" for p, v in was.items()
+                if is_.get(p) != v]
+    return out
 
 
 def grouped(name: str, diffs: list[str], limit: int = 8) -> list[str]:

@@ -335,3 +335,10 @@ def test_an_algorithm_without_windows_is_listed_with_the_reason():
     pc = iosim.model("mistral-7b", N=8192, phases=["prefill"], algorithms=["flash", "small-cache"]).phases[0]
     assert [a.algorithm for a in pc.ran] == ["flash"]
     assert "window" in pc.algorithms[1].skipped
+
+
+def test_the_report_says_split_kv_prefill_skips_causal_tiles_only_in_a_window():
+    report = iosim.model("gemma-2-9b", N=8192, phases=("prefill",), algorithms=["flash-swapped", "split-kv"])
+    assert any("split-kv is a decoding kernel" in note for note in report.notes)
+    decode = iosim.model("gemma-2-9b", N=8192, phases=("decode",), algorithms=["split-kv"])
+    assert not any("split-kv is a decoding kernel" in note for note in decode.notes)

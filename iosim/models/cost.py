@@ -287,6 +287,10 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
         notes.append(f"local layers: a query sees the last {cfg.sliding_window:,} keys, itself included (Hugging "
                      f"Face's sliding_window; flash-attn's window ({cfg.sliding_window - 1}, 0)); where N_k <= "
                      f"{cfg.sliding_window:,} that is causal attention")
+    if "split-kv" in algorithms and any(p.n_q > 1 for p in plan):
+        notes.append("split-kv is a decoding kernel: it skips the key blocks a causal mask hides only inside a "
+                     "sliding window (iosim.algorithms.split_kv), so on global layers its prefill reads every key "
+                     "block, where the FlashAttention family skips the hidden half")
     if cfg.attention_chunk is not None:
         notes.append(f"chunked layers: a query sees the earlier keys of its own {cfg.attention_chunk:,}-token chunk "
                      f"(attention_chunk_size); prefill and training count the chunks as packed documents, decoding "
