@@ -9,17 +9,25 @@ from contextlib import contextmanager
 
 @contextmanager
 def progress_bar(console, label: str, total: int) -> Iterator[Callable[[object], None]]:
-    """A bar of ``total`` steps shown while the block runs; yields a callback that takes a step per call.
+    """A bar of ``total`` steps shown while the block runs, with the time spent and the time left at the rate so
+    far; yields a callback that takes a step per call.
 
     Only on a terminal: piped or captured output gets the command's output alone.
     """
     if not console.is_terminal:
         yield lambda _: None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
+                  TimeRemainingColumn(), console=console, transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda _: progress.advance(task)
 
