@@ -44,7 +44,7 @@ def ncu_rows() -> dict:
     for grid in ("short-schedule", "short-rest"):
         folder = RAW / "first" / f"ncu-{grid}"
         configs = json.loads((folder / "configs.json").read_text())
-        done = {m["index"]: m for m in ncu_traffic.parse_ncu_csv(folder / "ncu.csv")}
+        done = {m["index"]: m for m in ncu_traffic.measured_rows(folder)}
         for index, cfg in enumerate(configs):
             k = call3_short.key(cfg)
             row = {"grid": grid, "row": call3_short.describe(cfg), "config": cfg,

@@ -41,14 +41,14 @@ SCRIPT = PREDICTIONS / "call3.sh"
 STEP = re.compile(r"^\s*(?:step|ncu_grid) (\S+) (\d+)\b", re.M)
 
 
+HALF = re.compile(r"^  ([a-z-]+)\)(?:  #[^\n]*)?\n(.*?);;", re.M | re.S)
+
+
 def halves(script: Path = SCRIPT) -> dict[str, dict[str, int]]:
-    """Each half's steps and their time limits in seconds, read from call3.sh's `first)` and `second)` branches."""
-    text = script.read_text()
-    out = {}
-    for half in ("first", "second"):
-        body = text.split(f"\n  {half})\n", 1)[1].split(";;", 1)[0]
-        out[half] = {name: int(limit) for name, limit in STEP.findall(body)}
-    return out
+    """Each half's steps and their time limits in seconds, read from call3.sh's branches (first and second, which
+    call 3 ran; rest-first and rest-second, what it left for the next call)."""
+    return {half: {name: int(limit) for name, limit in STEP.findall(body)}
+            for half, body in HALF.findall(script.read_text())}
 
 
 def predictions(files: tuple[str, ...]) -> dict[tuple, dict]:
@@ -107,8 +107,11 @@ def plan() -> dict:
 
 
 def _sequential_s(steps: dict[str, int]) -> int:
-    """The longest the steps of a half can take: memcheck and racecheck run beside pytest (call3.sh)."""
-    return sum(limit for name, limit in steps.items() if name not in ("memcheck", "racecheck"))
+    """The longest the steps of a half can take: memcheck and racecheck run beside each other, and beside pytest
+    where the half runs it (call3.sh)."""
+    parallel = [limit for name, limit in steps.items() if name in ("memcheck", "racecheck")]
+    return sum(limit for name, limit in steps.items() if name not in ("memcheck", "racecheck")) + (
+        max(parallel) if parallel and "pytest" not in steps else 0)
 
 
 def describe(cfg: dict) -> str:

@@ -325,8 +325,9 @@ def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
     return bf16.to_bfloat16(x) if dtype == "bfloat16" else x.astype(dtype)
 
 
-def launch(configs: list[LaunchConfig]) -> None:
-    """Run each configuration once between cudaProfilerStart and cudaProfilerStop, after its marker."""
+def launch(configs: list[LaunchConfig], only: list[int] | None = None) -> None:
+    """Run each configuration (of ``only``, indices into ``configs``, where given) once between cudaProfilerStart and
+    cudaProfilerStop, after its marker."""
     from numba import cuda
 
     @cuda.jit
@@ -335,6 +336,8 @@ def launch(configs: list[LaunchConfig]) -> None:
 
     rng = np.random.default_rng(0)
     for index, cfg in enumerate(configs):
+        if only is not None and index not in only:
+            continue
         rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.kv, cfg.n_k, cfg.d)
         q, k, v, dout = (cuda.to_device(_inputs(rng.standard_normal(s, dtype=np.float32), cfg.dtype))
                          for s in (rows, keys, keys, rows))
@@ -358,23 +361,53 @@ def launch(configs: list[LaunchConfig]) -> None:
         print(f"launched {index}: {cfg}", flush=True)
 
 
-def ncu_command(ncu: str, grid: str, log_file: Path) -> list[str]:
+def ncu_command(ncu: str, grid: str, log_file: Path, only: list[int] | None = None) -> list[str]:
     return [
         ncu, "--metrics", ",".join(METRICS), "--cache-control", "all", "--csv", "--print-units", "base",
         "--profile-from-start", "off", "--log-file", str(log_file),
         sys.executable, "-m", "experiments.ncu_traffic", "launch", "--grid", grid,  # run from REPO (profile)
+        *(["--only", *map(str, only)] if only is not None else []),
     ]
 
 
-def profile(grid: str, out: Path, ncu: str) -> Path:
+def kernel_groups(configs: list[LaunchConfig]) -> list[list[int]]:
+    """The configurations' indices by the kernel build they compile (impl, direction, dtype, d, causal with dropout,
+    sawtooth), in the order each build first appears: one process (one compile) per group."""
+    groups: dict[tuple, list[int]] = {}
+    for index, c in enumerate(configs):
+        build = (c.impl, c.direction, c.dtype, c.d, c.causal or c.dropout_p > 0, c.sawtooth)
+        groups.setdefault(build, []).append(index)
+    return list(groups.values())
+
+
+def profile(grid: str, out: Path, ncu: str, grouped: bool = False) -> Path:
+    """Profile a grid's configurations under ncu into ``out``: one ncu.csv, or with ``grouped`` one process and one
+    ncu-NN.csv per kernel build (``kernel_groups``), so that a run cut short keeps every group that finished (ncu
+    writes its CSV when its process ends). Each group's exit status is in groups.json."""
     out.mkdir(parents=True, exist_ok=True)
     configs = GRIDS[grid]()
     (out / "configs.json").write_text(json.dumps(
         [{**asdict(c), "tiling": c.tile()} for c in configs], indent=2) + "\n")
-    command = ncu_command(ncu, grid, out / "ncu.csv")
-    (out / "command.txt").write_text(" ".join(command) + "\n")
-    subprocess.run(command, check=True, cwd=REPO)
-    return out / "ncu.csv"
+    if not grouped:
+        command = ncu_command(ncu, grid, out / "ncu.csv")
+        (out / "command.txt").write_text(" ".join(command) + "\n")
+        subprocess.run(command, check=True, cwd=REPO)
+        return out / "ncu.csv"
+    commands, statuses = [], []
+    for n, only in enumerate(kernel_groups(configs)):
+        command = ncu_command(ncu, grid, out / f"ncu-{n:02d}.csv", only)
+        commands.append(" ".join(command))
+        (out / "command.txt").write_text("\n".join(commands) + "\n")
+        statuses.append({"group": n, "rows": only, "rc": subprocess.run(command, cwd=REPO).returncode})
+        (out / "groups.json").write_text(json.dumps(statuses, indent=2) + "\n")
+    return out
+
+
+def measured_rows(folder: Path) -> list[dict]:
+    """Every profiled configuration of a folder `profile` wrote: its ncu.csv, or its ncu-NN.csv files."""
+    single = folder / "ncu.csv"
+    files = [single] if single.exists() else sorted(folder.glob("ncu-*.csv"))
+    return [row for path in files for row in parse_ncu_csv(path)]
 
 
 def _number(text: str) -> float:
@@ -469,7 +502,7 @@ def compare(folder: Path, prefix: Path | None = None, predictions: Path | None =
     """Measured against simulated bytes per profiled configuration; writes PREFIX.json and PREFIX.md."""
     configs = json.loads((folder / "configs.json").read_text())
     rows = []
-    for measured in parse_ncu_csv(folder / "ncu.csv"):
+    for measured in measured_rows(folder):
         recorded = configs[measured["index"]]
         cfg = LaunchConfig(**{k: v for k, v in recorded.items() if k != "tiling"})
         row = {**asdict(cfg), "tiling": recorded["tiling"], "measured": measured}
@@ -541,9 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="step", required=True)
     p_launch = sub.add_parser("launch", help="run a grid's configurations once each (the program ncu profiles)")
     p_launch.add_argument("--grid", choices=sorted(GRIDS), default="traffic")
+    p_launch.add_argument("--only", type=int, nargs="+", default=None, help="these configurations' indices only")
     p_profile = sub.add_parser("profile", help="run `launch` under ncu and keep its CSV")
     p_profile.add_argument("--grid", choices=sorted(GRIDS), default="traffic")
     p_profile.add_argument("--out", type=Path, required=True)
+    p_profile.add_argument("--grouped", action="store_true",
+                           help="one ncu process and CSV per kernel build, so that a cut run keeps what finished")
     p_profile.add_argument("--ncu", default=os.environ.get("NCU", "ncu"), help="the ncu executable")
     p_compare = sub.add_parser("compare", help="measured / simulated from a profiled folder")
     p_compare.add_argument("folder", type=Path, help="a folder `profile` wrote: configs.json and ncu.csv")
@@ -556,9 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace):
     if args.step == "launch":
-        return launch(GRIDS[args.grid]())
+        return launch(GRIDS[args.grid](), args.only)
     if args.step == "profile":
-        return profile(args.grid, args.out, args.ncu)
+        return profile(args.grid, args.out, args.ncu, args.grouped)
     return compare(args.folder, args.out, args.predictions)
 
 

@@ -10,11 +10,14 @@
 #           memcheck and racecheck on one launch of each kernel; the L2 capacity curve (experiments/l2_capacity.py).
 # Each step works in /tmp/call3/<half> and is packed into $OUT/<half>-<step>.tgz as soon as it ends, so a cut call
 # returns what finished, in at most 8 files.
+#   rest-first, rest-second: what call 3 (2026-11-27) did not reach, for the next call: short-rest's 14 rows, one
+#           ncu process per kernel build so that a cut keeps the groups that finished; the kernel tests with -v (which
+#           names the 8 that failed); the 4 sanitizer launches not reached; timings at d 128, in bfloat16, causal.
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
 # Usage, from the repository's root on the device (IOSIM_GIT_COMMIT names the commit the tree is):
-#   IOSIM_GIT_COMMIT=<commit> bash experiments/results/gpu/call3.sh first|second|<call-3 grid>
+#   IOSIM_GIT_COMMIT=<commit> bash experiments/results/gpu/call3.sh first|second|rest-first|rest-second|<call-3 grid>
 # The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: a numpy 2.4.6 wheel is carried in .whl
 # and installed to /tmp/site, first on PYTHONPATH (docs/gpu.md). iosim.kernels is kernels/ (pyproject's package-dir):
 # the disposable device copy links it into iosim/ so that the tree imports without an install.
@@ -49,8 +52,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $R/NAME.
   echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$R/steps.txt"
   tail -n 4 "$R/$name.log"
 }
-ncu_grid() {  # ncu_grid GRID SECONDS: ncu DRAM bytes of a grid of experiments/ncu_traffic.py
-  step "ncu-$1" "$2" env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid "$1" --out "$R/ncu-$1"
+ncu_grid() {  # ncu_grid GRID SECONDS [--grouped]: ncu DRAM bytes of a grid of experiments/ncu_traffic.py
+  step "ncu-$1" "$2" env NCU="$NCU" python3 -m experiments.ncu_traffic profile --grid "$1" --out "$R/ncu-$1" "${@:3}"
   pack "ncu-$1"
 }
 
@@ -82,6 +85,26 @@ case $PART in
     step l2-ncu 20 "$NCU" --metrics dram__bytes_read.sum --cache-control none --profile-from-start off --csv \
       --print-units base --log-file "$R/l2/ncu.csv" python3 -m experiments.l2_capacity --out "$R/l2" --profile
     pack l2
+    ;;
+  rest-first)  # what call 3 left (docs/gpu-logs/2026-11-27-h100-call3.md), one ncu process per kernel build
+    ncu_grid short-rest 200 --grouped
+    step pytest 110 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels.py tests/test_kernels_split_kv.py \
+      tests/test_kernels_bench.py tests/test_kernels_gpu.py -n 10 -p no:cacheprovider -v -rA --durations=20
+    pack pytest
+    ;;
+  rest-second)
+    SAN=(python3 -m experiments.ncu_traffic launch --grid sanitize --only 18 19 20 21)
+    step memcheck 60 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
+    step racecheck 60 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
+    wait
+    pack memcheck; pack racecheck
+    B=(python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 16 --num-heads 16 --seq-len 4096
+       --warmup 1 --repeats 2)
+    step bench-d128 80 "${B[@]}" --emb-dim 2048 --impl flash-swapped-tc torch-sdpa --dtype float16
+    step bench-bf16 50 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype bfloat16
+    step bench-causal 50 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype float16 --causal true
+    step bench-fp32-d128 60 "${B[@]}" --emb-dim 2048 --impl flash-swapped --dtype float32
+    pack bench
     ;;
   *)
     ncu_grid "$PART" 560
