@@ -79,7 +79,7 @@ def test_the_probe_summary_reads_a_known_schedule():
 def test_the_l2_curve_and_the_probe_run_their_smoke_sizes(tmp_path):
     report = l2_capacity.main(["--smoke", "--out", str(tmp_path)])
     assert [r["bytes"] for r in report["rows"]] == [4096] and (tmp_path / "l2_capacity.json").exists()
-    summary = block_trace.main(["--smoke", "--out", str(tmp_path)])
+    summary = block_trace.main(["--smoke", "--repeats", "1", "--out", str(tmp_path)])
     stamps = summary["traces"]["smoke"]["stamps"]
     assert stamps["blocks"] == summary["traces"]["smoke"]["blocks"] == 2
     assert np.load(tmp_path / "smoke.npz")["start"].min() == 0
