@@ -127,8 +127,11 @@ def text(report: dict) -> str:
     for half, steps in report["halves"].items():
         lines.append(f"{half} half: {report['halves_s'][half]} s of time limits: "
                      + ", ".join(f"{step} {s} s" for step, s in steps.items()))
+    limits = {step: limit for steps in report["halves"].values() for step, limit in steps.items()}
     for grid, part in report["ncu"].items():
-        lines.append(f"\nncu {grid}: {len(part['rows'])} rows, estimated {part['estimated_s']:.0f} s")
+        over = part["estimated_s"] > limits.get(grid, float("inf"))
+        lines.append(f"\nncu {grid}: {len(part['rows'])} rows, estimated {part['estimated_s']:.0f} s"
+                     + (f", over its step's limit of {limits[grid]} s: the rows at its end may be cut" if over else ""))
         lines.append(f"  {'row':<62} {'lockstep MB':>12} {'staggered MB':>13} {'part':>7} {'est s':>6}")
         for r in part["rows"]:
             lines.append(f"  {describe(r['config']):<62} {r['lockstep_reads'] / 1e6:>12,.1f} "
