@@ -259,7 +259,7 @@ def test_cli_config_file(tmp_path):
 
 
 def test_main_prints_the_tables(capsys):
-    assert main(["model", "llama-3-70b", "--N", "32Ki", "--algo", "flash", "flash-swapped", "split-kv"]) == 0
+    assert main(["model", "llama-3-70b", "--N", "8Ki", "--algo", "flash", "flash-swapped", "split-kv"]) == 0
     text = capsys.readouterr().out
     assert "attention only: no MLP, no KV-cache capacity" in text
     assert "least HBM bytes (÷ least): flash-swapped" in text and "least HBM bytes (÷ least): split-kv" in text
@@ -268,7 +268,7 @@ def test_main_prints_the_tables(capsys):
     assert "KV cache: 4.1KB a token a layer (K and V, 8 K/V heads × 128 × 2 B each), 328KB a token over 80 layers" \
         in flowing
     assert max(len(line) for line in text.splitlines()) <= 80
-    assert main(["model", "llama-3-70b", "--N", "32Ki", "--algo", "flash", "--wide"]) == 0
+    assert main(["model", "llama-3-70b", "--N", "8Ki", "--algo", "flash", "--wide"]) == 0
     wide = capsys.readouterr().out
     assert "Σ DRAM" in wide and max(len(line) for line in wide.splitlines()) <= 130
 
