@@ -38,6 +38,7 @@ class TraceShape:
     n: int
     d: int
     sawtooth: bool = False
+    tiles: tuple[int, int, int, int] | None = None  # (B_r, B_c, TM, TN); None: the kernel's default tiling
 
 
 SHAPES = {  # few waves (one head, 15 of 264 blocks at once) and many (16 heads, 124 waves)
@@ -45,7 +46,7 @@ SHAPES = {  # few waves (one head, 15 of 264 blocks at once) and many (16 heads,
     "fp16-h1-n131072-d128-sawtooth": TraceShape("float16", 1, 131072, 128, sawtooth=True),
     "fp32-h16-n65536-d128": TraceShape("float32", 16, 65536, 128),
 }
-SMOKE = {"smoke": TraceShape("float32", 2, 40, 16)}
+SMOKE = {"smoke": TraceShape("float32", 2, 40, 16, tiles=(16, 16, 2, 4))}  # 32 threads a block: the simulator's
 
 
 def summarize(sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> dict:
@@ -94,12 +95,12 @@ def trace(name: str, shape: TraceShape, repeats: int, out: Path) -> dict:
 
     from iosim.kernels import flash_swapped, resolve_config
     from iosim.kernels._trace import STAMPS_PER_BLOCK
-    from iosim.kernels.config import Dropout
+    from iosim.kernels.config import Dropout, TileConfig
 
     rng = np.random.default_rng(0)
     dims = (shape.heads, shape.n, shape.d)
     q, k, v = (cuda.to_device(rng.standard_normal(dims, dtype=np.float32).astype(shape.dtype)) for _ in range(3))
-    config = resolve_config("flash-swapped", shape.d, False)
+    config = resolve_config("flash-swapped", shape.d, False, None if shape.tiles is None else TileConfig(*shape.tiles))
     blocks = flash_swapped.blocks(shape.heads, shape.n, config)
     stamps = cuda.device_array(STAMPS_PER_BLOCK * blocks, dtype=np.uint64)
     options = dict(tau=1.0 / math.sqrt(shape.d), causal=False, dropout=Dropout.checked(0.0, 0), config=config,

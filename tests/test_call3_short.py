@@ -16,7 +16,7 @@ from numba import cuda
 from experiments import block_trace, call3_short, l2_capacity, ncu_traffic
 from iosim.kernels import flash_swapped, resolve_config
 from iosim.kernels._trace import STAMPS_PER_BLOCK
-from iosim.kernels.config import Dropout
+from iosim.kernels.config import Dropout, TileConfig
 
 DEVICE_CALL_S = 330  # issue 29: each half is one device call of timeout_s about 330
 
@@ -48,9 +48,9 @@ def test_the_traced_forward_computes_what_the_untraced_one_does_and_stamps_every
     rng = np.random.default_rng(3)
     heads, n, d = 2, 37, 16
     q, k, v = (cuda.to_device(rng.standard_normal((heads, n, d)).astype(np.float32)) for _ in range(3))
-    config = resolve_config("flash-swapped", d, False)
+    config = resolve_config("flash-swapped", d, False, TileConfig(Br=16, Bc=16, TM=2, TN=4))  # 32 threads a block
     blocks = flash_swapped.blocks(heads, n, config)
-    assert blocks == heads * math.ceil(n / config.Br)
+    assert blocks == heads * math.ceil(n / config.Br) == 6
     options = dict(tau=0.25, causal=False, dropout=Dropout.checked(0.0, 0), config=config, sawtooth=True)
     out, lse = flash_swapped.forward(q, k, v, **options)
     stamps = cuda.to_device(np.zeros(STAMPS_PER_BLOCK * blocks, dtype=np.uint64))
@@ -81,7 +81,7 @@ def test_the_l2_curve_and_the_probe_run_their_smoke_sizes(tmp_path):
     assert [r["bytes"] for r in report["rows"]] == [4096] and (tmp_path / "l2_capacity.json").exists()
     summary = block_trace.main(["--smoke", "--repeats", "1", "--out", str(tmp_path)])
     stamps = summary["traces"]["smoke"]["stamps"]
-    assert stamps["blocks"] == summary["traces"]["smoke"]["blocks"] == 2
+    assert stamps["blocks"] == summary["traces"]["smoke"]["blocks"] == 6  # 2 heads × 3 blocks of 16 of 40 rows
     assert np.load(tmp_path / "smoke.npz")["start"].min() == 0
 
 
