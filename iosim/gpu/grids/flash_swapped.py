@@ -31,6 +31,7 @@ from iosim.gpu.l2 import (
     Tiles,
     sectors,
 )
+from iosim.gpu.lockstep import lockstep_hits
 
 FORWARD_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
 
@@ -160,7 +161,8 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
             if Tc > 2:  # 1 <= j <= T_c − 2: D_j = c0 + β·j
                 c0 = 2 * K + 2 * heads_w * ((Tc - 2) * K + Kl) + out_w + q_next
                 beta = 2 * K * (heads_next - heads_w)
-                kv_reads += int(K * _count_above(c0, beta, 1, Tc - 2, capacity).sum())
+                # j = 1 + p for p in 0..T_c − 3: the misses are the j whose D_j does not fit
+                kv_reads += int(K * ((Tc - 2) - lockstep_hits(c0 + beta, beta, Tc - 2, capacity)).sum())
     q, lse = s.bh * ((Tr - 1) * Q + Ql), s.bh * ((Tr - 1) * L + Ll)
     # a write of part of a sector reads it first (iosim.gpu.l2)
     partial = lambda rows, size: size * (rows % SECTOR != 0)  # noqa: E731
@@ -169,18 +171,6 @@ def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) ->
     dirty = _dirty_at_end((Q, Ql), (L, Ll), (K, Kl, Tc), Tr, blocks, W, capacity)
     return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse},
                     dirty_at_end=dirty)
-
-
-def _count_above(c0: np.ndarray, beta: np.ndarray, lo: int, hi: int, capacity: int) -> np.ndarray:
-    """How many j in lo..hi have c0 + β·j > capacity, elementwise (integers)."""
-    c0, beta = np.broadcast_arrays(np.asarray(c0, np.int64), np.asarray(beta, np.int64))
-    n = hi - lo + 1
-    step = np.where(beta == 0, 1, np.abs(beta))
-    first = (capacity - c0) // step + 1  # β > 0: j >= first
-    below = -((c0 - capacity) // -step) - 1  # β < 0: j <= below (j < (c0 − capacity) / |β|)
-    up = np.clip(hi - np.maximum(lo, first) + 1, 0, n)
-    down = np.clip(np.minimum(hi, below) - lo + 1, 0, n)
-    return np.where(beta > 0, up, np.where(beta < 0, down, n * (c0 > capacity)))
 
 
 def _dirty_at_end(q: tuple[int, int], lse: tuple[int, int], kv: tuple[int, int, int], Tr: int, blocks: int, W: int,
