@@ -46,7 +46,7 @@ def ncu_rows() -> dict:
         configs = json.loads((folder / "configs.json").read_text())
         done = {m["index"]: m for m in ncu_traffic.measured_rows(folder)}
         for index, cfg in enumerate(configs):
-            k = call3_short.key(cfg)
+            k = ncu_traffic.join_key(cfg)
             row = {"grid": grid, "row": call3_short.describe(cfg), "config": cfg,
                    "lockstep_read": lockstep[k]["reads"], "staggered_read": staggered[k]["reads"]}
             m = done.get(index)

@@ -55,12 +55,8 @@ def predictions(files: tuple[str, ...]) -> dict[tuple, dict]:
     rows = {}
     for name in files:
         for row in json.loads((PREDICTIONS / f"{name}.json").read_text())["rows"]:
-            rows[key(row)] = {"reads": _reads(row["predicted"]), "file": name}
+            rows[ncu_traffic.join_key(row)] = {"reads": _reads(row["predicted"]), "file": name}
     return rows
-
-
-def key(row: dict) -> tuple:
-    return tuple(ncu_traffic.JOIN_DEFAULTS.get(k) if row.get(k) is None else row[k] for k in ncu_traffic.JOIN)
 
 
 def _reads(predicted: dict) -> int:
@@ -90,7 +86,7 @@ def plan() -> dict:
     for grid in ("short-schedule", "short-rest"):
         rows, compiled = [], set()
         for cfg in ncu_traffic.GRIDS[grid]():
-            k = key(vars(cfg))
+            k = ncu_traffic.join_key(vars(cfg))
             lock, stag = lockstep.get(k), staggered.get(k)
             if lock is None or stag is None:
                 raise LookupError(f"{grid}: {cfg} has no committed {'lockstep' if lock is None else 'staggered'} "

@@ -479,16 +479,18 @@ JOIN = ("impl", "direction", "dtype", "batch", "heads", "n_q", "n_k", "d", "caus
 JOIN_DEFAULTS = {"sawtooth": False}  # fields added later, whose absence means this (kv_heads, splits: None)
 
 
+def join_key(row: dict) -> tuple:
+    """A configuration as measurements and predictions are joined on it: the JOIN fields, where a file or row from
+    before a field has none (or null), its default."""
+    return tuple(JOIN_DEFAULTS.get(k) if row.get(k) is None else row[k] for k in JOIN)
+
+
 def join_predictions(rows: list[dict], path: Path) -> None:
     """Put the L2 model's predicted DRAM bytes (a file written before the measurement) beside each row."""
     document = json.loads(path.read_text())
-
-    def key(r: dict) -> tuple:  # a file or row from before a field has none (or null): its default
-        return tuple(JOIN_DEFAULTS.get(k) if r.get(k) is None else r[k] for k in JOIN)
-
-    predicted = {key(r): r["predicted"]["effective"] for r in document["rows"]}
+    predicted = {join_key(r): r["predicted"]["effective"] for r in document["rows"]}
     for row in rows:
-        pred = predicted.get(key(row))
+        pred = predicted.get(join_key(row))
         if pred is None:
             continue
         m = row["measured"]

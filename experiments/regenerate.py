@@ -220,10 +220,7 @@ def compare(output: Output, root: Path) -> tuple[list[str], list[str]]:
     return values, fields
 
 
-# a prediction record's row, as ncu_traffic joins measurements to it; and the values it was committed to hold
-RECORD_KEY = ("impl", "direction", "dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "d", "causal", "dropout_p",
-              "splits", "sawtooth")
-RECORD_BYTES = ("reads", "writes", "dirty_at_end")
+RECORD_BYTES = ("reads", "writes", "dirty_at_end")  # the values a prediction record was committed to hold
 
 
 def record_differences(committed: dict, now: dict) -> list[str]:
@@ -231,9 +228,8 @@ def record_differences(committed: dict, now: dict) -> list[str]:
     in today's grid by its configuration (a grid that has grown since keeps the record's rows), compared on every
     ``reads``, ``writes`` and ``dirty_at_end`` under its ``predicted`` (per capacity, tensor and kernel). What the
     record says of how it was made (its grid's labels, the blocks at once a kernel description gives, timings) is
-    its provenance, not its claim, and is not compared."""
-    def key(row):
-        return tuple(row.get(k) or None for k in RECORD_KEY)
+    its provenance, not its claim, and is not compared. Rows are found as ncu_traffic joins measurements to them."""
+    from experiments.ncu_traffic import JOIN, join_key  # here: it imports the kernels, which the rest never needs
 
     def byte_values(value, path=""):
         if isinstance(value, dict):
@@ -246,12 +242,12 @@ def record_differences(committed: dict, now: dict) -> list[str]:
             for i, v in enumerate(value):
                 yield from byte_values(v, f"{path}[{v.get('name', i) if isinstance(v, dict) else i}]")
 
-    fresh = {key(r): r for r in now["rows"]}
+    fresh = {join_key(r): r for r in now["rows"]}
     out = []
     for i, row in enumerate(committed["rows"]):
-        found = fresh.get(key(row))
+        found = fresh.get(join_key(row))
         if found is None:
-            out.append(f"rows[{i}]: {dict(zip(RECORD_KEY, key(row)))} is not in today's grid")
+            out.append(f"rows[{i}]: {dict(zip(JOIN, join_key(row)))} is not in today's grid")
             continue
         was, is_ = dict(byte_values(row["predicted"])), dict(byte_values(found["predicted"]))
         out += [f"rows[{i}].predicted{p}: committed {v!r}, now {is_.get(p)!r}" for p, v in was.items()

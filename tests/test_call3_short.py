@@ -34,7 +34,7 @@ def test_every_short_row_has_both_committed_predictions_and_the_first_part_parts
     assert len(first) + len(rest) == 26
     parting = sorted(r["parting"] for r in first)
     assert parting[len(parting) // 2] > 3.0  # the median row of the first part: schedules part by more than 3×
-    keys = [call3_short.key(r["config"]) for r in first + rest]
+    keys = [ncu_traffic.join_key(r["config"]) for r in first + rest]
     assert len(set(keys)) == len(keys)
 
 
