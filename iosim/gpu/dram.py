@@ -161,3 +161,13 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
         raise
     except InputError:  # the L2 model refuses the run by name: it has nothing to say
         return None
+
+
+def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
+                        sawtooth: bool = False) -> tuple[DramCounts | None, str | None]:
+    """``covered_dram``, and why it is None where its count would take too long (``DramTooLong``'s message), for a
+    report that carries on without it."""
+    try:
+        return covered_dram(plans, hw, algorithm, kernel, sawtooth), None
+    except DramTooLong as err:
+        return None, str(err)

@@ -56,8 +56,8 @@ class Hardware:
         this GPU is refused."""
         fits = grid.per_sm(self.gpu)
         if self.blocks_per_sm is not None and self.blocks_per_sm > fits:
-            raise OverrideError(f"blocks_per_sm={self.blocks_per_sm}: the kernel's registers and shared memory fit at "
-                             f"most {fits} of its blocks on an SM of the {self.gpu.name}; allowed: 1 to {fits}")
+            raise OverrideError(f"blocks_per_sm={self.blocks_per_sm}: the kernel's registers and shared memory fit "
+                                f"at most {fits} of its blocks on an SM of the {self.gpu.name}; allowed: 1 to {fits}")
         per_sm = fits if self.blocks_per_sm is None else self.blocks_per_sm
         return L2Config(self.l2_bytes, self.sms * per_sm, self.schedule)
 

@@ -42,8 +42,8 @@ from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
 from iosim.core.tiling import Tiling, tiling_record
 from iosim.core.units import DTYPE_ITEMSIZE, check_dtype, parse_count
-from iosim.gpu.dram import DramTooLong, covered_dram
-from iosim.gpu.hardware import hardware
+from iosim.gpu.dram import covered_dram_or_why
+from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.models.presets import LayerKind, ModelConfig, get_model
 from iosim.registry import ALGORITHMS
@@ -167,11 +167,12 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
     batch = parse_count("batch", batch)
     names = check_algorithms(algorithms)
     plan = plan_phases(cfg, N, context, phases)
+    hw = hardware(preset)  # the DRAM level's GPU, resolved once
     out = []
     for phase in plan:
         costs = []
         for a in names:
-            cost = algorithm_cost(a, cfg, phase, batch=batch, M=M, gpu=gpu, dtype=dtype)
+            cost = algorithm_cost(a, cfg, phase, batch=batch, M=M, gpu=gpu, dtype=dtype, hw=hw)
             costs.append(cost)
             if on_step is not None:
                 on_step(cost)
@@ -209,11 +210,11 @@ def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = 
 
 
 def algorithm_cost(algorithm: str, cfg: ModelConfig, phase: Phase, *, batch: int, M: int, gpu: str,
-                   dtype: str) -> AlgorithmCost:
+                   dtype: str, hw: Hardware) -> AlgorithmCost:
     """Every kind of layer of ``cfg`` counted for one algorithm, or the first refusal (an InputError) as its
     reason."""
     try:
-        layers = tuple(layer_cost(algorithm, cfg, kind, phase, batch=batch, M=M, gpu=gpu, dtype=dtype)
+        layers = tuple(layer_cost(algorithm, cfg, kind, phase, batch=batch, M=M, gpu=gpu, dtype=dtype, hw=hw)
                        for kind in cfg.kinds())
     except InputError as err:
         return AlgorithmCost(algorithm, (), str(err))
@@ -221,8 +222,9 @@ def algorithm_cost(algorithm: str, cfg: ModelConfig, phase: Phase, *, batch: int
 
 
 def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, *, batch: int, M: int, gpu: str,
-               dtype: str) -> LayerCost:
-    """One layer of ``kind``: counted, checked against its closed form, and timed on the preset."""
+               dtype: str, hw: Hardware) -> LayerCost:
+    """One layer of ``kind``: counted, checked against its closed form, and timed on the preset (``hw``: its DRAM
+    level)."""
     training = phase.pass_ != "fwd"
     kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
     window = layer_window(kind, phase.n_k)
@@ -231,16 +233,12 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
                        dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window)
     request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
     measured, exact = measure(request, gpu), closed_form(request)
-    dram, note = None, None
-    if not training:  # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu)
-        try:
-            dram = covered_dram(measured.plans, hardware(gpu), algorithm)
-        except DramTooLong as err:
-            note = str(err)
+    # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu)
+    dram, note = (None, None) if training else covered_dram_or_why(measured.plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
-                     roofline(get_gpu(gpu), dtype, moved, measured.flops), dram, note)
+                     roofline(hw.gpu, dtype, moved, measured.flops), dram, note)
 
 
 def layer_lengths(kind: LayerKind, phase: Phase, batch: int) -> tuple[int | None, int | None, int, list | None]:

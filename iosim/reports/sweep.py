@@ -22,7 +22,7 @@ from iosim.core.inputs import check_scale
 from iosim.core.problem import check_window
 from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
-from iosim.gpu.dram import DramTooLong, covered_dram
+from iosim.gpu.dram import covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import named_for
 from iosim.gpu.l2 import DramCounts, dram_record
@@ -206,12 +206,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     measured, pred = measure(request, gpu), closed_form(request)
     counts, flops = measured.traffic, measured.flops
     # a backward pass is simulated: too slow for a sweep
-    dram, dram_note = None, None
-    if hw is not None and pass_ == "fwd":
-        try:
-            dram = covered_dram(measured.plans, hw, algorithm, kernel)
-        except DramTooLong as err:
-            dram_note = str(err)
+    covered = hw is not None and pass_ == "fwd"  # the L2 model's forward rows on a preset
+    dram, dram_note = covered_dram_or_why(measured.plans, hw, algorithm, kernel) if covered else (None, None)
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
