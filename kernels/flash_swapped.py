@@ -408,12 +408,13 @@ def forward(q, k, v, *, tau: float, causal: bool, dropout, config: TileConfig, s
     traced = stamps is not None
     kernel = forward_kernel(d, config, bool(causal), dropout.enabled, sawtooth=bool(sawtooth), trace=traced)
     args = (flat(q), flat(k), flat(v), flat(out), flat(lse), n_q, n_k, group, np.float32(tau), *dropout.kernel_args())
+    grid = blocks(n_bh, n_q, config)
     if traced:
-        if stamps.shape != (_trace.STAMPS_PER_BLOCK * blocks(n_bh, n_q, config),):
+        if stamps.shape != (_trace.STAMPS_PER_BLOCK * grid,):
             raise ValueError(f"stamps: shape {stamps.shape}, needs ({_trace.STAMPS_PER_BLOCK} · blocks,) = "
-                             f"({_trace.STAMPS_PER_BLOCK * blocks(n_bh, n_q, config)},)")
+                             f"({_trace.STAMPS_PER_BLOCK * grid},)")
         args += (stamps,)
-    kernel[blocks(n_bh, n_q, config), config.threads()](*args)
+    kernel[grid, config.threads()](*args)
     return out, lse
 
 
