@@ -14,17 +14,18 @@ numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 thre
 Writes OUT.md and the JSON, with the versions, the git commit and the command; the JSON lies in
 iosim/gpu/, where iosim.gpu.occupancy reads the blocks per SM from it.
 
-    python -m experiments.kernel_resources --check [--pairwise] [--jobs N]
+    python -m experiments.kernel_resources --check [--covering] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
-each kernel that failed, if any did. With --pairwise it compiles a covering subset (36 of
+each kernel that failed, if any did. With --covering it compiles a covering subset (28 of
 the 68): of each family whose specialisations vary in dtype, head dim and causal+dropout
-(flash-swapped and flash-swapped-tc, forward and backward), half, chosen so that every
-pair of those settings is compiled together at least once; of standard's four matmuls
+(flash-swapped and flash-swapped-tc, forward and backward), two of the eight, all settings
+at their first level and all at their second, so that every level of every setting is
+compiled at least once; of standard's four matmuls
 each once, the two dtypes alternating; of split-kv's split kernel one split count (the
 others differ only in that constant), its combine at both d; the sawtooth forward at one d;
 flash and the small kernels all.
-tests/test_kernels_compile.py runs --check --pairwise in CI, whose other kernel tests
+tests/test_kernels_compile.py runs --check --covering in CI, whose other kernel tests
 run under Numba's CUDA simulator, which neither type-checks a kernel nor lowers it to
 PTX. Without NVVM or nvJitLink either form exits with status 77 (TOOLCHAIN_MISSING).
 
@@ -92,13 +93,13 @@ class KernelCase:
     predicted_shared: int | None
     layout: object = None  # the thread block's kernels._register_tiles.Layout, where it has one
     mma_per_step: int | None = None  # tensor-core MMAs a warp issues per K/V step, by construction
-    pairwise: bool = True  # in the covering subset that --check --pairwise compiles
+    covering: bool = True  # in the covering subset that --check --covering compiles
 
 
-def in_half_fraction(*levels: int) -> bool:
-    """Whether a specialisation with these 0/1 levels of three two-level settings is in the half that covers
-    every pair: levels summing to an even number, e.g. (0, 0, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0)."""
-    return sum(levels) % 2 == 0
+def each_level_once(*levels: int) -> bool:
+    """Whether a specialisation with these 0/1 levels of two-level settings is one of the two that cover every level
+    of every setting: all at the first level, (0, 0, 0), or all at the second, (1, 1, 1)."""
+    return len(set(levels)) == 1
 
 
 def cases(d_values=(64, 128)) -> list[KernelCase]:
@@ -107,14 +108,14 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
         for d_level, d in enumerate(d_values):
             for flags_level, (causal, dropout) in enumerate(((False, False), (True, True))):
                 tag = f"d={d} {dt_name}{' causal+dropout' if causal else ''}"
-                pairwise = in_half_fraction(dt_level, d_level, flags_level)
+                covering = each_level_once(dt_level, d_level, flags_level)
                 c = _first_fit(flash_swapped, flash_swapped.FORWARD_TILES, d, False)
                 out.append(KernelCase(
                     f"flash-swapped forward {tag} {c}",
                     flash_swapped.forward_kernel(d, c, causal, dropout),
                     (arr(dt, 1),) * 4 + (arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
                     c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
-                    pairwise=pairwise,
+                    covering=covering,
                 ))
                 c = _first_fit(flash_swapped, flash_swapped.BACKWARD_TILES, d, True)
                 out.append(KernelCase(
@@ -123,14 +124,14 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                     (arr(dt, 1),) * 4 + (arr(F32, 1), arr(F32, 1), arr(F32, 1), arr(dt, 1), arr(dt, 1), I64, I64, F32)
                     + DROPOUT_ARGS,
                     c.threads(True), flash_swapped.shared_bytes(c, d, True), flash_swapped.layout(c, d, True),
-                    pairwise=pairwise,
+                    covering=covering,
                 ))
                 if dt is F16:  # and its bfloat16 twin, whose arrays hold uint16 bit patterns
                     for tc_level, (tc_dt, tc_name, tc_dtype) in enumerate(
                         ((F16, "fp16", "float16"), (U16, "bf16", "bfloat16"))
                     ):
                         qkv = U64 if flash_swapped_tc.paired_words(d) else tc_dt
-                        tc_pairwise = in_half_fraction(tc_level, d_level, flags_level)
+                        tc_covering = each_level_once(tc_level, d_level, flags_level)
                         out.append(KernelCase(
                             f"flash-swapped-tc forward {tag.replace('fp16', tc_name)} "
                             f"({flash_swapped_tc.WARPS} warps, "
@@ -138,7 +139,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                             flash_swapped_tc.forward_kernel(d, causal, dropout, tc_dtype),
                             (arr(qkv, 1),) * 3 + (arr(tc_dt, 1), arr(F32, 1), I64, I64, F32) + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.tc_shared_bytes(d),
-                            mma_per_step=flash_swapped_tc.mma_per_step(d), pairwise=tc_pairwise,
+                            mma_per_step=flash_swapped_tc.mma_per_step(d), covering=tc_covering,
                         ))
                         out.append(KernelCase(
                             f"flash-swapped-tc backward {tag.replace('fp16', tc_name)} "
@@ -149,7 +150,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                             + DROPOUT_ARGS,
                             flash_swapped_tc.THREADS, flash_swapped_tc.backward_shared_bytes(
                                 d, flash_swapped_tc.queries_per_step(d)),
-                            mma_per_step=flash_swapped_tc.backward_mma_per_step(d), pairwise=tc_pairwise,
+                            mma_per_step=flash_swapped_tc.backward_mma_per_step(d), covering=tc_covering,
                         ))
         d = 64
         c = _first_fit(flash, flash.FORWARD_TILES, d, False)
@@ -177,17 +178,17 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                 f"standard matmul {what} {dt_name} {m}",
                 standard.matmul_kernel(ta, tb, m),
                 (arr(a_t, 3), arr(b_t, 3), arr(c_t, 3), F32),
-                m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1), pairwise=(product + dt_level) % 2 == 0,
+                m.threads(), 4 * m.BK * (m.BM + 1 + m.BN + 1), covering=(product + dt_level) % 2 == 0,
             ))
     out += split_kv_cases(d_values)
-    for d in d_values:  # the sawtooth order, float16 (call3-sawtooth's kernels); in --pairwise, the last
+    for d in d_values:  # the sawtooth order, float16 (call3-sawtooth's kernels); in --covering, the last
         c = _first_fit(flash_swapped, flash_swapped.FORWARD_TILES, d, False)
         out.append(KernelCase(
             f"sawtooth flash-swapped forward d={d} fp16 {c}",
             flash_swapped.forward_kernel(d, c, False, False, sawtooth=True),
             (arr(F16, 1),) * 4 + (arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
             c.threads(), flash_swapped.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
-            pairwise=d == d_values[-1],
+            covering=d == d_values[-1],
         ))
     m = standard.MatmulConfig()
     out += [
@@ -211,7 +212,7 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
 
 def split_kv_cases(d_values) -> list[KernelCase]:
     """split-kv's two kernels, float16, at every split count the call3-split-kv grid launches (each count is a
-    compile-time constant of the split kernel, kernels/split_kv.py); in --pairwise, one split count and the combine."""
+    compile-time constant of the split kernel, kernels/split_kv.py); in --covering, one split count and the combine."""
     counts = sorted({cfg.splits for cfg in call3_split_kv_grid()})
     out = []
     for d in d_values:
@@ -223,7 +224,7 @@ def split_kv_cases(d_values) -> list[KernelCase]:
                 flash_swapped.forward_kernel(d, c, False, False, S, True),
                 (arr(F16, 1),) * 3 + (arr(partial, 1), arr(F32, 1), I64, I64, I64, F32) + DROPOUT_ARGS,
                 c.threads(), split_kv.shared_bytes(c, d, False), flash_swapped.layout(c, d, False),
-                pairwise=S == counts[len(counts) // 2] and d == d_values[0],
+                covering=S == counts[len(counts) // 2] and d == d_values[0],
             ))
         out.append(KernelCase(
             f"split-kv combine d={d} fp16 (B_r={c.Br})", split_kv.combine_kernel(d, c.Br),
@@ -316,10 +317,10 @@ def _assemble_case(index: int) -> tuple[str | None, str | None]:
         return None, "".join(traceback.format_exception_only(e)).rstrip()
 
 
-def assemble_all(jobs: int, pairwise: bool = False):
-    """Yield (case, nvJitLink's log or None, why it failed or None) for every case (or every pairwise one), in order."""
+def assemble_all(jobs: int, covering: bool = False):
+    """Yield (case, nvJitLink's log or None, why it failed or None) for every case (or every covering one), in order."""
     all_cases = cases()
-    chosen = [index for index, case in enumerate(all_cases) if case.pairwise or not pairwise]
+    chosen = [index for index, case in enumerate(all_cases) if case.covering or not covering]
     if jobs == 1:
         for index in chosen:
             yield all_cases[index], *_assemble_case(index)
@@ -415,12 +416,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(jobs: int, pairwise: bool = False) -> int:
-    """Compile and assemble every case (or the pairwise subset); print each failure with its kernel's name.
+def check(jobs: int, covering: bool = False) -> int:
+    """Compile and assemble every case (or the covering subset); print each failure with its kernel's name.
     The exit status."""
     failed = []
     n = 0
-    for n, (case, _, error) in enumerate(assemble_all(jobs, pairwise), 1):
+    for n, (case, _, error) in enumerate(assemble_all(jobs, covering), 1):
         if error is None:
             print(f"ok      {case.name}", flush=True)
         else:
@@ -440,19 +441,19 @@ def main() -> None:
                         help="the JSON report (default: where iosim.gpu.occupancy reads it)")
     parser.add_argument("--check", action="store_true",
                         help="compile and assemble every kernel, write no report; exit 1 naming those that fail")
-    parser.add_argument("--pairwise", action="store_true",
-                        help="with --check: compile the covering subset only (every pair of settings once)")
+    parser.add_argument("--covering", action="store_true",
+                        help="with --check: compile the covering subset only (every level of every setting once)")
     parser.add_argument("--jobs", type=int, default=1, help="kernels compiled in parallel processes (default 1)")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be at least 1")
-    if args.pairwise and not args.check:
-        parser.error("--pairwise goes with --check: the report covers every kernel")
+    if args.covering and not args.check:
+        parser.error("--covering goes with --check: the report covers every kernel")
     if numba.config.ENABLE_CUDASIM:
         parser.error("NUMBA_ENABLE_CUDASIM=1 selects Numba's CUDA simulator, which compiles nothing; unset it")
     require_toolchain()
     if args.check:
-        sys.exit(check(args.jobs, args.pairwise))
+        sys.exit(check(args.jobs, args.covering))
     rows = []
     for case, log, error in assemble_all(args.jobs):
         if error is not None:
