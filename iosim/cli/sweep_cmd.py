@@ -22,6 +22,7 @@ from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.gpu.kernels import get_kernel
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import RecordWriter
 from iosim.reports.sweep import (
@@ -143,6 +144,10 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
         options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
                        f"is declared (iosim.gpu.l2), and the roofline time, a lower bound, from them (else from HBM "
                        f"bytes)")
+        own = sorted({r.kernel for r in rows if r.kernel is not None and get_kernel(r.kernel).tile is not None})
+        if own:
+            options.append(f"{', '.join(own)}'s DRAM bytes at the tiles the kernel launches (`iosim kernels`), the "
+                           f"HBM count at the block policy's")
     if first.pass_ != "fwd":
         options.append(PASS_TITLES[first.pass_])
     return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)

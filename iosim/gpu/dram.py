@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from iosim.api import count
+from iosim.api import count_problem, measure, plan
 from iosim.core.counts import Counts
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
@@ -28,7 +28,7 @@ from iosim.gpu.kernels import kernel_for, named_for
 from iosim.gpu.l2 import DramCounts, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
-from iosim.plans import Plan
+from iosim.plans import Plan, Request
 
 
 class DramTooLong(InputError):
@@ -71,6 +71,7 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
     """The DRAM counts of every kernel ``launch``'s pass launches, in launch order, each from a cold L2 (what ncu
     reports kernel by kernel). A lockstep count or a simulation estimated to take longer than ``budget_s`` raises
     ``DramTooLong`` before it starts (None: no limit)."""
+    launch = kernel.own(launch)
     grids = kernel.grids(launch)
     form = kernel.closed_form(launch) if len(grids) == 1 else None
     parts = []
@@ -99,8 +100,8 @@ def pass_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float | 
 def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth: bool = False,
                  budget_s: float | None = BUDGET_S) -> DramCounts:
     """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another."""
-    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth), hw,
-                                    budget_s) for p in plans])
+    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth, hw.sms),
+                                    hw, budget_s) for p in plans])
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,34 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
     hw = hardware(gpu, l2_bytes=l2_bytes, blocks_per_sm=blocks_per_sm, schedule=schedule)
-    r = count(algorithm, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, dtype=dtype,
-              block_policy=block_policy, tiling=tiling, kv_heads=kv_heads, pass_=pass_, gpu=gpu, window=window)
-    found = kernel_for(algorithm if isinstance(algorithm, str) else algorithm.name, kernel)
+    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window)
+    request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
+    found = kernel_for(request.algorithm.name, kernel)
+    if found.tile is not None:
+        request = own_tiles(request, found, tiling, block_policy, gpu)
+    r = measure(request, gpu)
     return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
                       request_dram(r.plans, hw, found, sawtooth, budget_s))
+
+
+def own_tiles(request: Request, kernel: Kernel, tiling: Tiling | None, block_policy: str, gpu: str) -> Request:
+    """``request`` planned again at the tiles ``kernel`` launches (each pass its own), so that the two-level count
+    beside its DRAM bytes is that of the same tiles; a different ``tiling`` asked of it is refused by name. Where a
+    tile's working set is above M, that pass's M is raised to it: the kernel holds it on chip (its registers and
+    shared memory), whatever the M asked."""
+    passes = []
+    for p in request.plans:
+        own = kernel.tile(p.run_problem, p.algorithm.is_backward)
+        if tiling is not None and (tiling.Br, tiling.Bc) != (own.Br, own.Bc):
+            raise InputError(f"tiling=({tiling.Br}, {tiling.Bc}): kernel={kernel.name!r} launches its own tile, "
+                             f"({own.Br}, {own.Bc}) for this pass; allowed: tiling=None")
+        one = "bwd" if p.algorithm.is_backward else "fwd"
+        M = max(p.M, p.algorithm.working_set(p.run_problem, own.capped(p.run_problem), p.M))
+        passes.append(plan(request.algorithm, p.problem, M, pass_=one, block_policy=block_policy,
+                           tiling=own.capped(p.problem), gpu=gpu).plans[0])
+    forward = passes[0] if request.forward is not None else None
+    backward = passes[-1] if request.backward is not None else None
+    return Request(request.algorithm, request.pass_, forward, backward)
 
 
 def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,

@@ -8,7 +8,7 @@ launches a split kernel and a combine. ``iosim.gpu.kernels`` lists the descripti
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
@@ -21,12 +21,14 @@ OPTIONS = ("sawtooth",)  # kernel options: the sawtooth order of flash-swapped's
 
 @dataclass(frozen=True)
 class Launch:
-    """What one pass of a kernel is asked: the problem as the kernel runs it, the tiling, the pass and the options."""
+    """What one pass of a kernel is asked: the problem as the kernel runs it, the tiling, the pass and the options;
+    ``sms``, the GPU's SMs, for a kernel whose launch depends on them (SDPA's choice of K/V splits)."""
 
     problem: Problem
     tiling: Tiling
     backward: bool = False
     sawtooth: bool = False
+    sms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -45,16 +47,24 @@ class Kernel:
     backward: bool  # whether it has a backward pass
     forward_dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
     options: tuple[str, ...] = ()  # which of OPTIONS it takes
+    # the tile the kernel launches whatever it is asked (pass backward or not), where it fixes its own; None where it
+    # takes the request's tiling
+    tile: Callable[[Problem, bool], Tiling] | None = None
+
+    def own(self, launch: Launch) -> Launch:
+        """``launch`` at the kernel's own tile, where it fixes one: the DRAM level describes the kernel as it runs."""
+        return launch if self.tile is None else replace(launch, tiling=self.tile(launch.problem, launch.backward))
 
     def grids(self, launch: Launch) -> tuple[Grid, ...]:
-        """The grids of ``launch``'s pass, refusing by name a pass or an option the kernel does not take."""
+        """The grids of ``launch``'s pass (at the kernel's own tile, where it has one), refusing by name a pass or an
+        option the kernel does not take."""
         if launch.backward and not self.backward:
             raise InputError(f"kernel={self.name!r} has no backward pass; allowed with it: pass 'fwd'")
         if launch.sawtooth and "sawtooth" not in self.options:
             raise InputError(f"sawtooth=True: kernel={self.name!r} takes no sawtooth order; allowed with it: "
                              f"sawtooth=False")
         check_launchable(launch.problem)
-        return self.launches(launch)
+        return self.launches(self.own(launch))
 
     def closed_form(self, launch: Launch) -> Callable[[Problem, Tiling, int, int], DramForm | None] | None:
         """The closed form of the pass's one kernel, where the kernel has one for it."""

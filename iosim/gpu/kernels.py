@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from iosim.core.errors import InputError
 from iosim.gpu import call1
-from iosim.gpu.grids import _device, flash, flash_swapped, flash_swapped_tc, split_kv
+from iosim.gpu.grids import _device, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
 from iosim.gpu.kernel import Kernel, Launch, measured
 from iosim.gpu.l2 import Grid
 
@@ -61,6 +61,27 @@ def _split_kv(launch: Launch) -> tuple[Grid, ...]:
     return grid, split_kv.combine(pb, t, measured("split-kv", "combine", launch, None, any_dtype=True, any_d=True))
 
 
+def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
+    """torch SDPA's flash backend: the forward's one kernel where torch runs it unsplit; the backward's three."""
+    pb, t = launch.problem, launch.tiling
+    if launch.backward:
+        dot, main, convert = sdpa_flash.backward_bounds(pb, t)
+        return (sdpa_flash.dot_do_o(pb, t, dot), sdpa_flash.backward_main(pb, t, main),
+                sdpa_flash.convert_dq(pb, t, convert))
+    if launch.sms is None:
+        raise ValueError("sdpa-flash's forward needs the GPU's SMs (Launch.sms) to know whether torch splits K/V")
+    splits = sdpa_flash.forward_splits(pb.shape, launch.sms)
+    if splits > 1:
+        raise InputError(f"batch·heads={pb.shape.bh}, N={pb.shape.n_q:,}: torch's flash backend runs "
+                         f"FlashAttention-2's split-KV kernels here ({splits} splits), which kernel='sdpa-flash' does "
+                         f"not describe; allowed: batch·heads·⌈N/64⌉ ≥ 0.8 × 2 × {launch.sms} SMs")
+    return (sdpa_flash.forward(pb, t, sdpa_flash.forward_bound(pb, t)),)
+
+
+SDPA = "torch's scaled_dot_product_attention, flash backend: FlashAttention-2's kernels as read from their source " \
+       "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from published " \
+       "register counts and its shared memory"
+
 TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report (iosim/gpu/" \
         "kernels_resources_sm90.json), else as shared memory allows"
 
@@ -71,6 +92,8 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
     Kernel("flash-swapped-tc", "flash-swapped", TODAY.format(module="flash_swapped_tc.py") +
            "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True),
     Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False),
+    Kernel("sdpa-flash", "flash-swapped", SDPA, _sdpa_flash, backward=True, forward_dram=sdpa_flash.forward_dram,
+           tile=sdpa_flash.tile),
     call1.FLASH, call1.FLASH_SWAPPED,
 )}
 

@@ -66,6 +66,33 @@ class SharedMemoryBound:
         return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (self.block_bytes + SMEM_RESERVED_PER_BLOCK)))
 
 
+# 32-bit registers per SM (64 K at every compute capability of the presets: CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"), allocated to each warp in units of 256 (the CUDA occupancy calculator's
+# register allocation unit, compute capabilities 7.0 to 9.0)
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256
+
+
+@dataclass(frozen=True)
+class ResourceBound(SharedMemoryBound):
+    """The occupancy of a kernel known by its shared memory per block and its registers per thread (from a published
+    build) at ``threads`` per block: the fewer blocks of the two limits. A block larger than one SM's shared memory
+    is refused by name: the kernel does not launch there as described."""
+
+    threads: int = 32
+    registers: int = 0
+
+    def on(self, gpu: GPU) -> int:
+        most = int(gpu.smem_per_sm.value) - SMEM_RESERVED_PER_BLOCK
+        if self.block_bytes > most:
+            raise InputError(f"a block of {self.block_bytes:,} B of shared memory: the {gpu.name} gives one block at "
+                             f"most {most:,} B, so the kernel as described does not launch on it; allowed: a GPU "
+                             f"with more shared memory per SM")
+        per_warp = -(-self.registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+        by_registers = REGISTERS_PER_SM // (per_warp * -(-self.threads // 32)) if per_warp else MAX_BLOCKS_PER_SM
+        return max(1, min(super().on(gpu), by_registers))
+
+
 def sectors(nbytes: int) -> int:
     """Bytes rounded up to whole 32-byte sectors."""
     return -(-nbytes // SECTOR) * SECTOR

@@ -1,0 +1,238 @@
+"""The grids of torch's ``scaled_dot_product_attention`` on its flash backend: FlashAttention-2's kernels as torch
+builds them (``aten/src/ATen/native/transformers/cuda/flash_attn/``, the sources of github.com/Dao-AILab/
+flash-attention, ``csrc/flash_attn/src/``), read from their source, not run here.
+
+What this description takes from the source (file names are flash-attention's):
+
+- **Forward** (``flash_fwd_kernel``, ``flash_fwd_launch_template.h``): ``grid (⌈N_q/kBlockM⌉, batch, heads)``, so
+  blocks launch query block fastest, then batch, then head. Block (i, b, h) loads Q_i, then visits the key blocks it
+  sees from the last down to the first (``n_block = n_block_max − 1`` downwards; a causal mask, bottom-right
+  aligned, ends the run at ⌈((i+1)·kBlockM + N_k − N_q)/kBlockN⌉), reading K_j and V_j at each, and writes O_i (in
+  the input dtype) and lse_i (float32) at the end. A block whose queries see no key writes O_i = 0 and lse_i and
+  reads nothing. Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 128 × 64 at d = 128, float16 or bfloat16, no
+  dropout, on sm_80 and sm_90 (``run_mha_fwd_hdim64``, ``run_mha_fwd_hdim128``).
+- **Which forward runs**: torch's ``mha_fwd`` lets ``num_splits_heuristic`` choose K/V splits (``flash_api.cpp``);
+  where it chooses more than one, the split-KV kernels run instead, which this description does not cover
+  (``forward_splits`` says when).
+- **Backward** (``run_flash_bwd_seqk_parallel``, ``flash_bwd_launch_template.h``, at 144 KB of shared memory per block
+  or more, which an H100 allows): three kernels.
+  1. ``flash_bwd_dot_do_o_kernel``, ``grid (⌈N_q/kBlockM⌉, batch, heads)``: reads dO_i and O_i, writes
+     D_i = rowsum(dO_i ∘ O_i) (float32) and zeroes dQ_i's float32 accumulator, both over all kBlockM rows (the
+     buffers are rounded up to 128 rows).
+  2. ``flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel``, ``grid (⌈N_k/kBlockN⌉, batch, heads)``: block (j, b, h)
+     loads K_j, V_j, then visits the query blocks that see them from the last down to the first (``m_block`` from
+     ``m_block_max − 1`` down to ``m_block_min``), reading Q_i, dO_i, lse_i and D_i and adding into the float32
+     accumulator of dQ_i with atomics (a read-modify-write in the L2, over all kBlockM rows), and writes dK_j, dV_j.
+  3. ``flash_bwd_convert_dq_kernel``, the dot kernel's grid: reads dQ_i's accumulator, writes dQ_i in the dtype.
+  Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 64 × 128 at d = 128.
+
+Within a step the kernels prefetch the next tile (K_(j−1) during step j; Q_(i−1), dO_(i−1) in the backward); this
+description puts each read in the step that computes on it, one step later than the copy starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from iosim.core.errors import InputError
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.core.visits import visits
+from iosim.gpu.grids import flash_swapped
+from iosim.gpu.grids._device import TILES
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Tiles
+
+FORWARD_TILE = {64: (128, 128), 128: (128, 64)}  # d -> (kBlockM, kBlockN), Flash_fwd_kernel_traits
+BACKWARD_TILE = {64: (128, 128), 128: (64, 128)}  # d -> (kBlockM, kBlockN), Flash_bwd_kernel_traits
+DTYPES = ("float16", "bfloat16")
+ROUND_ROWS = 128  # softmax_d and dq_accum have N_q rounded up to 128 rows (flash_api.cpp's seqlen_q_rounded)
+
+# Occupancy. The kernels declare no __launch_bounds__, so the compiler may give a thread up to 255 registers.
+# Published ptxas reports (sm_80 builds; none was found for sm_90): the forward at Flash_fwd_kernel_traits<128, 128,
+# 64, 4> (d = 128) 255 registers, at <64, 128, 64, 4> (d = 64 with dropout, a smaller S tile than the 128 × 128
+# used here) 250 (flash-attention issue #1630); the backward's main kernel at <128, 64, 128, 8> 255, convert_dq 32,
+# dot_do_o 46 (issue #420, FlashAttention 2.0). Any count from 169 to 255 at 128 threads gives the forward 2 blocks
+# per SM on a 64 K-register SM, which its shared memory (48 KB at d = 64, 64 KB at d = 128) allows on an H100; the
+# main backward kernel's 144 KB of shared memory allow 1.
+FORWARD_THREADS, FORWARD_REGISTERS = 128, 255
+BACKWARD_THREADS, BACKWARD_MAIN_REGISTERS, DOT_REGISTERS, CONVERT_REGISTERS = 256, 255, 46, 32
+
+
+def check(pb: Problem) -> None:
+    """Refuse, by name, what the description does not cover: a dtype, head dim or option it has no launch for."""
+    if pb.dtype not in DTYPES:
+        raise InputError(f"dtype={pb.dtype!r}: SDPA's flash backend takes 16-bit inputs; allowed: {list(DTYPES)}")
+    if pb.shape.d not in FORWARD_TILE:
+        raise InputError(f"d={pb.shape.d}: the description of SDPA's flash kernels is read for d = 64 and 128; "
+                         f"allowed: {sorted(FORWARD_TILE)}")
+    if pb.dropout_p > 0:
+        raise InputError(f"dropout_p={pb.dropout_p}: with dropout FlashAttention-2 launches other tiles, which the "
+                         "description does not cover; allowed: 0")
+
+
+def tile(pb: Problem, backward: bool) -> Tiling:
+    """The kernel's own tile for the pass (kBlockM × kBlockN)."""
+    check(pb)
+    return Tiling(*(BACKWARD_TILE if backward else FORWARD_TILE)[pb.shape.d])
+
+
+def forward_splits(s: AttentionShape, sms: int) -> int:
+    """The K/V splits torch's ``mha_fwd`` chooses (flash-attention's ``num_splits_heuristic`` with blocks of 64
+    queries and of 256 (d ≤ 64) or 128 keys, on 2 × the GPU's SMs): 1 runs ``flash_fwd_kernel``, more its split-KV
+    kernels. Its float arithmetic is float32, as in C++."""
+    f32 = np.float32
+    blocks = s.bh * -(-s.n_q // 64)
+    slots = 2 * sms
+    n_blocks = -(-s.n_k // (256 if s.d <= 64 else 128))
+    if f32(blocks) >= f32(0.8) * f32(slots):
+        return 1
+    most = min(128, slots, n_blocks)
+    eligible = [n == 1 or -(-n_blocks // n) != -(-n_blocks // (n - 1)) for n in range(1, most + 1)]
+    waves = [f32(blocks * n) / f32(slots) for n in range(1, most + 1)]
+    efficiency = [w / np.ceil(w) if ok else f32(0) for w, ok in zip(waves, eligible)]
+    best = max(efficiency, default=f32(0))
+    return next((n for n, (e, ok) in enumerate(zip(efficiency, eligible), 1) if ok and e >= 0.85 * float(best)), 1)
+
+
+def launch_order(s: AttentionShape):
+    """The batch·head (batch-major, as the problem numbers them) of the n-th (batch, head) pair the grid launches:
+    batch fastest, then head (blockIdx.y, blockIdx.z)."""
+    return lambda n: (n % s.batch) * s.heads + n // s.batch
+
+
+def forward(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
+    """``flash_fwd_kernel``'s blocks in launch order: block n·T_r + i is query block i of the n-th (batch, head)
+    pair; each reads Q_i with its first (the last) key block, the key blocks it sees downwards, and writes O_i, lse_i
+    with the last."""
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
+    data, stat = pb.itemsize("data"), 4
+    tiles = Tiles(flash_swapped.FORWARD_TENSORS)
+    upwards = flash_swapped.kv_step_cache(tiles, pb, tiling)
+    downwards: dict[int, list] = {}  # K/V head -> its (K_j, V_j) steps, last first: one list for all its blocks
+    met = visits(pb, tiling, skips_hidden=True)
+    pair = launch_order(s)
+
+    def steps(b: int):
+        n, i = divmod(b, Tr)
+        bh = pair(n)
+        rows = min(Br, s.n_q - i * Br)
+        t = bh * Tr + i
+        out = (tiles.access("O", t, rows * s.d * data, WRITE), tiles.access("lse", t, rows * stat, WRITE))
+        run = met.key_run(i)
+        if not run:
+            return iter((out,))
+        q = (tiles.access("Q", t, rows * s.d * data, READ),)
+        kvh = s.kv_head(bh)
+        kv = downwards.get(kvh)
+        if kv is None:
+            kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
+        first, count = len(kv) - run.stop, len(run)
+        if count == 1:
+            return iter((q + kv[first] + out,))
+        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
+
+    return Grid(s.bh * Tr, steps, tiles, per_sm)
+
+
+def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
+    """Closed form of the forward grid's lockstep count where it equals flash-swapped's: full attention without
+    grouped heads, and key blocks all whole (or one). Every head's blocks then make the same steps on their own
+    tiles, so the order of the heads (batch fastest here, head fastest there) changes no count, and the key blocks,
+    all of one size, make the downward scan's count the upward one's. None elsewhere (the grid is simulated)."""
+    s, Bc = pb.shape, tiling.Bc
+    if s.n_k % Bc and s.n_k > Bc:
+        return None
+    return flash_swapped.forward_dram(pb, tiling, capacity, concurrent)
+
+
+def _rows(pb: Problem, Br: int) -> tuple[int, list[int], int]:
+    """(T_r, the query rows of each block, the rows of each block of the buffers rounded up to 128 rows: kBlockM)."""
+    Tr = -(-pb.shape.n_q // Br)
+    return Tr, [min(Br, pb.shape.n_q - i * Br) for i in range(Tr)], Br
+
+
+def dot_do_o(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
+    """``flash_bwd_dot_do_o_kernel``: one step per (query block, batch, head) in launch order, reading dO_i and O_i
+    and writing D_i and the zeroed accumulator of dQ_i over all kBlockM rows."""
+    s, data = pb.shape, pb.itemsize("data")
+    Tr, rows, full = _rows(pb, tiling.Br)
+    pair = launch_order(s)
+
+    def steps(b: int):
+        n, i = divmod(b, Tr)
+        t = pair(n) * Tr + i
+        x = rows[i] * s.d * data
+        return iter(((TILES.access("dO", t, x, READ), TILES.access("O", t, x, READ),
+                      TILES.access("D", t, full * 4, WRITE), TILES.access("dQ", t, full * s.d * 4, WRITE)),))
+
+    return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
+
+
+def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
+    """``flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel``: block n·T_c + j is key block j of the n-th (batch, head)
+    pair; it reads K_j, V_j, then for each query block that sees them, last first, Q_i, dO_i, lse_i, D_i and the
+    accumulator of dQ_i (read and written), and writes dK_j, dV_j with the last."""
+    s, Bc, data = pb.shape, tiling.Bc, pb.itemsize("data")
+    Tr, rows, full = _rows(pb, tiling.Br)
+    Tc = -(-s.n_k // Bc)
+    met = visits(pb, tiling, skips_hidden=True)
+    pair = launch_order(s)
+    shared: dict[int, list] = {}  # batch·head -> its query-block steps, last first, one object per i
+
+    def downwards(bh: int) -> list:
+        if bh not in shared:
+            shared[bh] = [(TILES.access("Q", t, r * s.d * data, READ), TILES.access("dO", t, r * s.d * data, READ),
+                           TILES.access("lse", t, r * 4, READ), TILES.access("D", t, full * 4, READ),
+                           TILES.access("dQ", t, full * s.d * 4, READ_WRITE))
+                          for t, r in reversed(list(enumerate(rows, bh * Tr)))]  # [k] is query block T_r − 1 − k
+        return shared[bh]
+
+    def steps(b: int):
+        n, j = divmod(b, Tc)
+        bh = pair(n)
+        cols = min(Bc, s.n_k - j * Bc)
+        kv = tuple(TILES.access(x, s.kv_head(bh) * Tc + j, cols * s.d * data, READ) for x in ("K", "V"))
+        out = tuple(TILES.access(x, bh * Tc + j, cols * s.d * data, WRITE) for x in ("dK", "dV"))
+        run = met.query_run(j)
+        if not run:
+            return iter((kv + out,))
+        seen = downwards(bh)
+        first, count = Tr - run.stop, len(run)
+        if count == 1:
+            return iter((kv + seen[first] + out,))
+        return SharedSteps((kv + seen[first],), seen, first + 1, first + count - 1, (seen[first + count - 1] + out,))
+
+    return Grid(s.bh * Tc, steps, TILES, per_sm)
+
+
+def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
+    """``flash_bwd_convert_dq_kernel``: one step per (query block, batch, head), reading dQ_i's accumulator and
+    writing dQ_i in the dtype, both over the block's rows."""
+    s, data = pb.shape, pb.itemsize("data")
+    Tr, rows, _ = _rows(pb, tiling.Br)
+    pair = launch_order(s)
+
+    def steps(b: int):
+        n, i = divmod(b, Tr)
+        t = pair(n) * Tr + i
+        return iter(((TILES.access("dQ", t, rows[i] * s.d * 4, READ),
+                      TILES.access("dQ_cast", t, rows[i] * s.d * data, WRITE)),))
+
+    return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
+
+
+def forward_bound(pb: Problem, tiling: Tiling) -> ResourceBound:
+    """The forward's occupancy: Q_i, K_j, V_j in shared memory (16-bit), 128 threads of 255 registers."""
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, FORWARD_REGISTERS)
+
+
+def backward_bounds(pb: Problem, tiling: Tiling) -> tuple[ResourceBound, ResourceBound, ResourceBound]:
+    """The backward kernels' occupancy, in launch order: dot_do_o (no shared memory), the main kernel (Q_i twice and
+    dO_i, K_j, V_j, P and dS, 16-bit: 144 KB at both tiles) and convert_dq (dQ_i, 16-bit)."""
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    main = 2 * (3 * Br * d + 2 * Bc * d + 2 * Br * Bc)
+    return (ResourceBound(0, BACKWARD_THREADS, DOT_REGISTERS),
+            ResourceBound(main, BACKWARD_THREADS, BACKWARD_MAIN_REGISTERS),
+            ResourceBound(2 * Br * d, BACKWARD_THREADS, CONVERT_REGISTERS))

@@ -1,0 +1,171 @@
+"""The description of torch SDPA's flash backend (``kernel="sdpa-flash"``, iosim/gpu/grids/sdpa_flash.py): its grids
+read tile by tile against the order FlashAttention-2's source gives, its closed form held equal to the simulation,
+its split rule against hand-worked cases, its compulsory bytes against sizes worked by hand, and its refusals."""
+
+from __future__ import annotations
+
+import pytest
+from test_l2_cohorts import block_by_block
+
+import iosim
+from iosim.core.errors import InputError
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu.grids import sdpa_flash
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import L2Config
+from iosim.gpu.lockstep import lockstep
+from iosim.gpu.schedule import simulate
+
+SDPA = KERNELS["sdpa-flash"]
+
+
+def problem(batch=1, heads=1, n=256, n_k=None, d=64, causal=False, kv_heads=None, dtype="float16") -> Problem:
+    return Problem(AttentionShape(batch, heads, n, n if n_k is None else n_k, d, kv_heads=kv_heads), tau=1.0,
+                   dtype=dtype, causal=causal)
+
+
+def readable(grid, b: int) -> list[list[tuple[str, int, int]]]:
+    """Block b's steps as (tensor, tile index, bytes rounded up to 32-byte sectors) per access."""
+    names = grid.tiles.tensors
+    return [[(names[key % len(names)], key // len(names), nbytes) for key, nbytes, _ in step] for step in grid.steps(b)]
+
+
+def test_the_forward_launches_query_blocks_fastest_then_batch_then_head_and_scans_keys_downwards():
+    # N = 300 at d = 64: tiles of 128 × 128, so query blocks of 128, 128, 44 rows and key blocks likewise; causal
+    pb = problem(batch=2, heads=2, n=300, causal=True)
+    (g,) = SDPA.grids(Launch(pb, Tiling(1, 1), sms=1))  # its own tile whatever it is asked; sms=1: no split
+    assert g.blocks == 2 * 2 * 3
+    q, kv, o = 128 * 64 * 2, 128 * 64 * 2, 128 * 64 * 2
+    # block 5 is query block 2 of the second (batch, head) pair launched: batch 1, head 0, batch·head 2 (tile 2·3 + 2)
+    assert readable(g, 5) == [
+        [("Q", 8, 44 * 64 * 2), ("K", 2 * 3 + 2, 44 * 64 * 2), ("V", 2 * 3 + 2, 44 * 64 * 2)],
+        [("K", 7, kv), ("V", 7, kv)],
+        [("K", 6, kv), ("V", 6, kv), ("O", 8, 44 * 64 * 2), ("lse", 8, 192)]]  # 176 B in sectors
+    # block 6 is query block 0 of batch 0, head 1 (batch·head 1): it sees key block 0 only
+    assert readable(g, 6) == [[("Q", 3, q), ("K", 3, kv), ("V", 3, kv), ("O", 3, o), ("lse", 3, 128 * 4)]]
+
+
+def test_a_forward_block_whose_queries_see_no_key_writes_its_outputs_and_reads_nothing():
+    # N_q = 300 > N_k = 100, causal bottom-right: queries 0 to 199 see no key, so query block 0 (0 to 127) sees none
+    (g,) = SDPA.grids(Launch(problem(n=300, n_k=100, causal=True), Tiling(128, 128), sms=1))
+    assert readable(g, 0) == [[("O", 0, 128 * 64 * 2), ("lse", 0, 128 * 4)]]
+    assert [a[0] for step in readable(g, 2) for a in step] == ["Q", "K", "V", "O", "lse"]
+
+
+def test_grouped_heads_read_their_group_s_kv_head_in_launch_order():
+    # heads 4 over 2 K/V heads, batch 2: the pair launched n-th is (batch n mod 2, head n // 2), K/V head head // 2
+    pb = problem(batch=2, heads=4, n=128, kv_heads=2)
+    (g,) = SDPA.grids(Launch(pb, Tiling(128, 128), sms=1))
+    kv_of = [readable(g, n)[0][1][1] for n in range(8)]
+    assert kv_of == [0, 2, 0, 2, 1, 3, 1, 3]
+
+
+def test_the_backward_launches_three_kernels_with_key_blocks_scanning_query_blocks_downwards():
+    # d = 128: backward tile 64 queries × 128 keys; N = 200 → query blocks 64, 64, 64, 8; key blocks 128, 72; causal
+    pb = problem(n=200, d=128, causal=True)
+    dot, main, convert = SDPA.grids(Launch(pb, Tiling(7, 7), backward=True, sms=1))
+    assert (dot.blocks, main.blocks, convert.blocks) == (4, 2, 4)
+    full = 64  # D and dQ's accumulator are read and written over all kBlockM rows
+    assert readable(dot, 3) == [[("dO", 3, 8 * 128 * 2), ("O", 3, 8 * 128 * 2), ("D", 3, full * 4),
+                                 ("dQ", 3, full * 128 * 4)]]
+    assert readable(convert, 3) == [[("dQ", 3, 8 * 128 * 4), ("dQ_cast", 3, 8 * 128 * 2)]]
+
+    def query(i, rows):
+        return [("Q", i, rows * 256), ("dO", i, rows * 256), ("lse", i, rows * 4), ("D", i, full * 4),
+                ("dQ", i, full * 128 * 4)]
+
+    # key block 1 (keys 128 to 199) is seen by queries 128 on: query blocks 2 and 3, last first
+    assert readable(main, 1) == [
+        [("K", 1, 72 * 256), ("V", 1, 72 * 256)] + query(3, 8),
+        query(2, 64) + [("dK", 1, 72 * 256), ("dV", 1, 72 * 256)]]
+    assert [step[2][1] for step in readable(main, 0)] == [3, 2, 1, 0]  # key block 0: every query block, downwards
+
+
+@pytest.mark.parametrize("batch, heads, n, n_k, d, capacity, concurrent", [
+    (1, 8, 1024, 1024, 64, 1_000_000, 16), (2, 5, 700, 512, 64, 400_000, 9), (1, 3, 300, 128, 128, 100_000, 4),
+    (3, 4, 2048, 1024, 128, 2_000_000, 33), (1, 2, 129, 64, 128, 120_000, 1)])
+def test_the_forward_closed_form_equals_the_simulation(batch, heads, n, n_k, d, capacity, concurrent):
+    pb = problem(batch=batch, heads=heads, n=n, n_k=n_k, d=d)
+    tiling = sdpa_flash.tile(pb, False)
+    (g,) = SDPA.grids(Launch(pb, tiling, sms=1))
+    config = L2Config(capacity, concurrent)
+    form = sdpa_flash.forward_dram(pb, tiling, capacity, concurrent)
+    assert form is not None
+    assert form.counts(g.tiles, config) == simulate(g, config)
+
+
+def test_the_forward_has_no_closed_form_where_the_downward_scan_meets_a_ragged_key_block():
+    pb = problem(n=256, n_k=300)
+    assert sdpa_flash.forward_dram(pb, sdpa_flash.tile(pb, False), 10**6, 8) is None
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_grids_count_the_same_as_cohorts_and_block_by_block(causal):
+    pb = problem(batch=2, heads=3, n=600, n_k=500, d=64, causal=causal)
+    for backward in (False, True):
+        for g in SDPA.grids(Launch(pb, Tiling(1, 1), backward=backward, sms=1)):
+            for config in (L2Config(300_000, 5), L2Config(900_000, 12, "staggered")):
+                assert simulate(g, config) == simulate(block_by_block(g), config)
+            if g.uniform:
+                assert lockstep(g, L2Config(300_000, 5)) == simulate(g, L2Config(300_000, 5))
+
+
+def test_an_l2_that_holds_everything_reads_each_tile_once_per_kernel():
+    # batch·heads 256, N = 4096, d = 64, float16: every K/V and Q tile read once in the forward; the backward's dot
+    # kernel reads dO and O, its main kernel Q, dO, lse, D and dQ's accumulator, its convert the accumulator, once
+    r = iosim.dram("flash-swapped", N=4096, d=64, M="228KiB", heads=256, kernel="sdpa-flash", pass_="fwd+bwd",
+                   l2_bytes=10**12)
+    x = 256 * 4096 * 64 * 2  # one 16-bit N × d tensor of every batch·head
+    stat = 256 * 4096 * 4
+    reads = {t.name: t.reads for t in r.dram.tensors}
+    assert reads == {"Q": 2 * x, "K": 2 * x, "V": 2 * x, "O": x, "dO": 2 * x, "lse": stat, "D": stat,
+                     "dQ": 2 * 2 * x, "dK": 0, "dV": 0, "dQ_cast": 0}
+    assert (r.forward_tiling, r.backward_tiling) == (Tiling(128, 128), Tiling(128, 128))
+
+
+@pytest.mark.parametrize("bh, n, d, splits", [
+    # ⌈N/64⌉·bh ≥ 0.8 · 2 · 132 = 211.2: one split
+    (4, 4096, 64, 1), (256, 4096, 128, 1),
+    # 16 query blocks of 64, 4 key blocks of 256: splits 1, 2, 4 eligible (3 gives 2 blocks a split, as 2 does);
+    # waves 16·s/264 are all under one, so efficiency grows with s: 4 (0.242) is best and the first ≥ 0.85 of it
+    (1, 1024, 64, 4),
+    # 192 query blocks, 16 key blocks of 256: efficiency 0.727 at s = 1 to 3, 0.970 at 4, 1.0 at 11 (8 waves):
+    # 4 is the first eligible one within 0.85 of the best
+    (3, 4096, 64, 4),
+    # one key block: at most one split
+    (1, 64, 64, 1),
+])
+def test_torch_s_split_choice_follows_the_heuristic(bh, n, d, splits):
+    assert sdpa_flash.forward_splits(AttentionShape(1, bh, n, n, d), 132) == splits
+
+
+def test_refusals_name_what_the_description_does_not_cover():
+    def ask(**kw):
+        args = dict(N=4096, d=64, M="228KiB", heads=256, kernel="sdpa-flash") | kw
+        return iosim.dram("flash-swapped", **args)
+
+    with pytest.raises(InputError, match="dtype='float32'"):
+        ask(dtype="float32")
+    with pytest.raises(InputError, match="d=96"):
+        ask(d=96)
+    with pytest.raises(InputError, match="split-KV kernels here"):
+        ask(heads=1, N=1024)
+    with pytest.raises(InputError, match=r"tiling=\(64, 64\).*\(128, 128\)"):
+        ask(tiling=iosim.Tiling(64, 64))
+    with pytest.raises(InputError, match="dropout_p=0.1"):
+        SDPA.grids(Launch(Problem(AttentionShape(1, 1, 128, 128, 64), tau=1.0, dropout_p=0.1), Tiling(1, 1), sms=1))
+    with pytest.raises(InputError, match="implements 'flash-swapped'"):
+        iosim.dram("flash", N=4096, d=64, M="228KiB", heads=256, kernel="sdpa-flash")
+
+
+def test_the_command_line_takes_the_kernel_and_refuses_a_tiling_search_for_it(capsys):
+    from iosim.cli import main
+
+    assert main(["sweep", "--gpu", "h100", "--N", "4096", "--d", "64", "--heads", "256", "--algo", "flash-swapped",
+                 "--kernel", "sdpa-flash"]) == 0
+    assert "sdpa-flash's DRAM bytes at the tiles the kernel launches" in " ".join(capsys.readouterr().out.split())
+    assert main(["optimize", "--gpu", "h100", "--N", "4096", "--d", "64", "--algo", "flash-swapped",
+                 "--kernel", "sdpa-flash", "--objective", "dram"]) == 2
+    assert "launches its own tile" in capsys.readouterr().err
