@@ -78,3 +78,19 @@ def test_sweep_rows_and_records_carry_the_roofline(tmp_path, pass_):
         shape = dict(N=1024, d=64, M=row.M, batch=4)
         assert row.flops == sum((iosim.predict(row.algorithm, pass_=p, tiling=t, **shape).flops
                                  for p, t in passes.items()), Flops())
+
+
+def test_preset_bandwidths_are_bus_width_times_data_rate_where_sources_give_both():
+    # H100 SXM5: 5,120-bit HBM3 at 2 × 2,619 MHz; GB10: 256-bit LPDDR5X at 8,533 MT/s. Each lands within 0.1% of the
+    # rounded figure its vendor quotes (3.35 TB/s, 273 GB/s)
+    for name, bits, rate, quoted in (("h100", 5120, 5.238e9, 3.35e12), ("gb10", 256, 8.533e9, 273e9)):
+        value = GPUS[name].hbm_bandwidth.value
+        assert value == pytest.approx(bits / 8 * rate, rel=1e-12) and abs(value / quoted - 1) < 1e-3, name
+
+
+def test_the_gb10_and_h200_presets_hold_their_published_numbers():
+    gb10, h200 = GPUS["gb10"], GPUS["h200"]
+    assert (gb10.sms.value, gb10.l2.value, gb10.smem_per_sm.value) == (48, 25_165_824, 100 * 1024)
+    assert gb10.fp32.value == pytest.approx(29.7e12, rel=1e-3)  # 48 SMs × 128 lanes × 2 × 2,418 MHz
+    assert h200.l2.value == 62_914_560 and h200.l2_effective.value < h200.l2.value
+    assert h200.sms.value == GPUS["h100"].sms.value

@@ -73,6 +73,13 @@ MiB = 2**20
 # H100's 50 MB for K and V (Shah et al., 2024), a design margin rather than a measurement: iosim takes the
 # measurement, and experiments/l2_call1.py reports every row's sensitivity over 0.5-1.0x nominal.
 L2_PLATEAU = "RRZE-HPC gpu-benches gpu-l2-cache, end of the L2 bandwidth plateau"
+GB10_QUERY = "deviceQuery of a DGX Spark's GB10 (CUDA 13.0), as published in 'Day 3: The DGX Spark Unpacked' " \
+             "(blog.kubesimplify.com, 2026)"
+
+
+def bus_bandwidth(bus_bits: int, transfers_per_s: float) -> float:
+    """Peak DRAM bytes per second: the bus width in bytes times the transfers per second of each pin."""
+    return bus_bits / 8 * transfers_per_s
 B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
 
 GPUS: dict[str, GPU] = {
@@ -80,6 +87,8 @@ GPUS: dict[str, GPU] = {
         "A100",
         Spec(164 * KiB, "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM"),
         # the FlashAttention paper's A100 (section 2.1 gives 1.5-2.0 TB/s for 40-80 GB)
+        # bus width x data rate gives 1,555.2 GB/s (5,120-bit HBM2 x 2.43 GT/s: deviceQuery of an A100 40GB SXM4,
+        # memory clock 1,215 MHz, double data rate); the datasheet's 1,555, the figure the paper's results use, is kept
         Spec(1555e9, f"{A100_DATASHEET}: 1,555 GB/s HBM2"),
         Spec(312e12, f"{A100_DATASHEET}: FP16 Tensor Core 312 TFLOPS"),
         Spec(312e12, f"{A100_DATASHEET}: BF16 Tensor Core 312 TFLOPS"),
@@ -92,7 +101,9 @@ GPUS: dict[str, GPU] = {
     "h100": GPU(
         "H100",
         Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM"),
-        Spec(3.35e12, f"{H100_DATASHEET}: 3.35 TB/s HBM3"),
+        Spec(bus_bandwidth(5120, 2 * 2619e6), "5,120-bit HBM3 bus (NVIDIA H100 whitepaper's spec table) x 5.238 "
+             "GT/s (deviceQuery of an H100 SXM5: memory clock 2,619 MHz, double data rate) = 3,352 GB/s; the "
+             f"{H100_DATASHEET} rounds it to 3.35 TB/s"),
         Spec(989.4e12, f"{H100_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(989.4e12, f"{H100_DATASHEET}: BF16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
@@ -113,8 +124,13 @@ GPUS: dict[str, GPU] = {
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         Spec(67e12, f"{H200_DATASHEET}: FP32 67 TFLOPS"),
         Spec(132, "the H100 SXM5's GH100 configuration, 132 SMs (the H200 changes the memory only)"),
-        Spec(50 * MiB, "the H100 SXM5's 50 MiB L2 (the H200 changes the memory only)"),
-        Spec(37 * MB, f"the H100's: {L2_PLATEAU}, near 37 MB on an H100 PCIe (same GH100 L2); not measured on H200"),
+        # NVIDIA publishes no L2 size for the H200. The GH100 die has 60 MB of L2 beside 12 memory controllers (Chips
+        # and Cheese, "Nvidia's H100: Funny L2, and Tons of Bandwidth", 2023); the H100 SXM5 enables 10 of them and
+        # 50 MB, the H200 all 12 (six HBM3e stacks) and, as devices report it, all 60 MB.
+        Spec(60 * MiB, "cudaDeviceProp.l2CacheSize 62,914,560 (60 MiB) as reported by an H200 (sm 9.0, driver "
+             "570.124.06) in a published L2-residency probe; not in NVIDIA's datasheet"),
+        Spec(44 * MB, "not measured on an H200: the H100's effective share of its nominal L2 (37 MB of 50 MiB, "
+             f"{L2_PLATEAU}), 0.71, applied to the H200's 60 MiB (the same two-partition GH100 L2)"),
     ),
     "t4": GPU(
         "T4",
@@ -138,6 +154,22 @@ GPUS: dict[str, GPU] = {
         Spec(126 * MiB, "not in NVIDIA's B200 datasheet: 126 MB over its two dies is the figure third-party "
              "device queries report, unverified here"),
         Spec(126 * MiB, "no published measurement of the capacity DRAM sees: the nominal 126 MB"),
+    ),
+    "gb10": GPU(
+        "GB10",
+        Spec(100 * KiB, "CUDA C++ Programming Guide, compute capability 12.x: 100 KB shared memory per SM (99 KB "
+             "per block); the GB10 is compute capability 12.1"),
+        Spec(bus_bandwidth(256, 8533e6), f"{GB10_QUERY}: 256-bit LPDDR5X bus at 8,533 MT/s = 273 GB/s, the figure "
+             "NVIDIA gives for the DGX Spark"),
+        Spec(125e12, "derived, not published: NVIDIA's 1 PFLOP of FP4 with sparsity for the GB10, halved for dense "
+             "and halved twice more for 8- and then 16-bit inputs, the ratios of NVIDIA's Blackwell datasheets"),
+        Spec(125e12, "derived, not published: as the FP16 figure (bfloat16 at the FP16 rate on Blackwell)"),
+        Spec(48 * 128 * 2 * 2418e6, f"{GB10_QUERY}: 48 SMs x 128 CUDA cores x 2 FLOPs per FMA x 2,418 MHz "
+             "(its maximum clock)"),
+        Spec(48, f"{GB10_QUERY}: 48 multiprocessors"),
+        Spec(24 * MiB, f"{GB10_QUERY}: L2 cache size 25,165,824 bytes"),
+        Spec(24 * MiB, "no published measurement of the capacity DRAM sees: the nominal 24 MiB, the capacity "
+             "arXiv 2601.16032 (sawtooth wavefront reordering on GB10) reasons with"),
     ),
 }
 
