@@ -54,6 +54,7 @@ import numpy as np
 import iosim
 from iosim import kernels
 from iosim.core.problem import AttentionShape
+from iosim.gpu.grids import sdpa_flash
 from iosim.kernels import bfloat16 as bf16
 from iosim.kernels import flash_swapped_tc, split_kv
 from iosim.kernels.api import BACKWARD_IMPLS
@@ -62,6 +63,9 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 DIRECTIONS = ("forward", "backward")
 MARKER = "ncu_config_marker"
+# torch's scaled_dot_product_attention on its flash backend (FlashAttention-2's kernels), named as the DRAM level's
+# description of it (iosim.gpu.kernels); its rows need torch, which the device machine has
+SDPA = "sdpa-flash"
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class LaunchConfig:
         """The B_r × B_c the kernel runs: the host API's tiling, except flash-swapped-tc's 16-bit kernels, which
         ignore it: the forward runs B_r = 64 rows (4 warps × m16) by keys_per_step(d) keys, the backward
         B_c = 64 keys (BKB) by queries_per_step(d) queries a step."""
+        if self.impl == SDPA:
+            tiles = sdpa_flash.BACKWARD_TILE if self.direction == "backward" else sdpa_flash.FORWARD_TILE
+            return dict(zip(("Br", "Bc"), tiles[self.d]))
         if self.impl == "flash-swapped-tc" and self.dtype != "float32":
             if self.direction == "forward":
                 return {"Br": flash_swapped_tc.BR, "Bc": flash_swapped_tc.keys_per_step(self.d)}
@@ -312,12 +319,28 @@ def call3_short_rest_grid() -> list[LaunchConfig]:
 SHORT_SPLIT_KV = ((1, 32, 8, 131072, 128), (8, 32, 8, 16384, 128))
 
 
+# torch SDPA's flash backend (issue 28, item 4; kernel="sdpa-flash"): float16 (and one bfloat16 twin, equal bytes),
+# full and causal, d 64 and 128, batch·heads 1 to 256, N 1024 to 131072, forward and backward. The forward rows are
+# shapes torch runs unsplit (batch·heads·⌈N/64⌉ ≥ 0.8 × 2 × 132). One head's K and V are 16.8 MB (d = 64) and 33.5
+# MB (d = 128) at N = 65536 and 67 MB at 131072 (d = 128): under, near and over the effective 37 MB of L2.
+def call3_sdpa_grid() -> list[LaunchConfig]:
+    f, b = "forward", "backward"
+    rows = [_short(SDPA, f, "float16", bh, n, d, causal=causal) for d in (64, 128) for causal in (False, True)
+            for bh, n in ((1, 65536), (16, 16384), (256, 4096))]
+    rows += [_short(SDPA, f, "float16", 1, 131072, 128, causal=causal) for causal in (False, True)]
+    rows += [_short(SDPA, f, "bfloat16", 16, 16384, 128), _short(SDPA, f, "float16", 16, 1024, 64)]
+    rows += [_short(SDPA, b, "float16", bh, n, d) for d in (64, 128) for bh, n in ((16, 16384), (256, 4096))]
+    rows += [_short(SDPA, b, "float16", 16, 16384, 128, causal=True), _short(SDPA, b, "float16", 1, 65536, 128)]
+    return rows
+
+
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
          "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid,
-         "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid}
+         "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid,
+         "call3-sdpa": call3_sdpa_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -337,6 +360,9 @@ def launch(configs: list[LaunchConfig], only: list[int] | None = None) -> None:
     rng = np.random.default_rng(0)
     for index, cfg in enumerate(configs):
         if only is not None and index not in only:
+            continue
+        if cfg.impl == SDPA:
+            _launch_sdpa(cfg, index, ncu_config_marker)
             continue
         rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.kv, cfg.n_k, cfg.d)
         q, k, v, dout = (cuda.to_device(_inputs(rng.standard_normal(s, dtype=np.float32), cfg.dtype))
@@ -361,6 +387,37 @@ def launch(configs: list[LaunchConfig], only: list[int] | None = None) -> None:
         print(f"launched {index}: {cfg}", flush=True)
 
 
+def _launch_sdpa(cfg: LaunchConfig, index: int, marker) -> None:
+    """One SDPA row between cudaProfilerStart and cudaProfilerStop, pinned to the flash backend: the forward, or the
+    backward of a forward run before it (torch computes the gradients of q, k, v from dout)."""
+    import torch
+    from numba import cuda
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(index)
+    dtype = getattr(torch, cfg.dtype)
+    rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.kv, cfg.n_k, cfg.d)
+    q, k, v = (torch.randn(s, device="cuda", dtype=dtype, generator=gen).requires_grad_() for s in (rows, keys, keys))
+    dout = torch.randn(rows, device="cuda", dtype=dtype, generator=gen)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        def forward():
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal,
+                                                                    enable_gqa=cfg.kv != cfg.heads)
+
+        out = forward() if cfg.direction == "backward" else None
+        torch.cuda.synchronize()
+        cuda.profile_start()
+        marker[index + 1, 1]()
+        cuda.synchronize()
+        if out is None:
+            forward()
+        else:
+            torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        cuda.profile_stop()
+    print(f"launched {index}: {cfg}", flush=True)
+
+
 def ncu_command(ncu: str, grid: str, log_file: Path, only: list[int] | None = None) -> list[str]:
     return [
         ncu, "--metrics", ",".join(METRICS), "--cache-control", "all", "--csv", "--print-units", "base",
@@ -372,10 +429,13 @@ def ncu_command(ncu: str, grid: str, log_file: Path, only: list[int] | None = No
 
 def kernel_groups(configs: list[LaunchConfig]) -> list[list[int]]:
     """The configurations' indices by the kernel build they compile (impl, direction, dtype, d, causal with dropout,
-    sawtooth), in the order each build first appears: one process (one compile) per group."""
+    sawtooth; SDPA's rows by direction, its kernels come built), in the order each build first appears: one process
+    (one compile) per group."""
     groups: dict[tuple, list[int]] = {}
     for index, c in enumerate(configs):
         build = (c.impl, c.direction, c.dtype, c.d, c.causal or c.dropout_p > 0, c.sawtooth)
+        if c.impl == SDPA:  # torch's kernels come built: one process (one import of torch) per direction
+            build = (c.impl, c.direction)
         groups.setdefault(build, []).append(index)
     return list(groups.values())
 

@@ -60,6 +60,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from experiments import ncu_traffic  # noqa: E402
 from experiments.ncu_traffic import GRIDS, LaunchConfig  # noqa: E402
 from iosim.algorithms import flash_swapped, split_kv  # noqa: E402
 from iosim.core.gpus import GPUS  # noqa: E402
@@ -82,15 +83,28 @@ REPORT = "experiments/results/kernels_resources_sm90.md"
 SPLIT_KV_REPORT_COMMIT = "cd9c224"
 SPLIT_KV_KERNELS = ("split", "combine")  # the split-kv kernel's launches, in order
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash-swapped's backward launches, in order
+SDPA_BACKWARD_KERNELS = ("dot_do_o", "main", "convert_dq")  # SDPA's flash backward launches, in order
+SDPA_SOURCE = "published register counts (flash-attention issues #1630, #420) and shared memory " \
+              "(iosim/gpu/grids/sdpa_flash.py)"
 
 
 def launch(cfg: LaunchConfig) -> Launch:
     """The pass the row's kernel runs: the problem as it runs it (packed by GQA group for split-kv), its tile and
     splits, the direction and the sawtooth option."""
     tile = cfg.tile()
+    sms = int(GPUS[GPU].sms.value)  # SDPA's forward: whether torch splits K/V
     if cfg.impl == "split-kv":
-        return Launch(problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits))
-    return Launch(problem(cfg), Tiling(tile["Br"], tile["Bc"]), cfg.direction == "backward", bool(cfg.sawtooth))
+        return Launch(problem(cfg).packed_by_group(), Tiling(tile["Br"], tile["Bc"], cfg.splits), sms=sms)
+    return Launch(problem(cfg), Tiling(tile["Br"], tile["Bc"]), cfg.direction == "backward", bool(cfg.sawtooth), sms)
+
+
+def blocks_per_sm_source(cfg: LaunchConfig) -> str:
+    """Where the row's blocks per SM come from: the resource report's build, or SDPA's description."""
+    if cfg.impl == ncu_traffic.SDPA:
+        return SDPA_SOURCE
+    dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[cfg.dtype]
+    return (f"{REPORT} ({report_commit(cfg)}), {cfg.impl} {cfg.direction} d={cfg.d} {dtype}"
+            f"{' causal+dropout' if cfg.causal else ''}")
 
 
 def report_commit(cfg: LaunchConfig) -> str:
@@ -99,8 +113,10 @@ def report_commit(cfg: LaunchConfig) -> str:
 
 
 def blocks_per_sm(cfg: LaunchConfig) -> int:
-    """The row's main kernel's blocks per SM (the split kernel's for split-kv), as the resource report gives it."""
-    return KERNELS[cfg.impl].grids(launch(cfg))[0 if cfg.direction == "forward" else 2].per_sm(GPUS[GPU])
+    """The row's main kernel's blocks per SM (the split kernel's for split-kv), as the resource report gives it (for
+    SDPA, as its description derives it)."""
+    main = 0 if cfg.direction == "forward" else 1 if cfg.impl == ncu_traffic.SDPA else 2
+    return KERNELS[cfg.impl].grids(launch(cfg))[main].per_sm(GPUS[GPU])
 
 
 def problem(cfg: LaunchConfig) -> Problem:
@@ -139,14 +155,22 @@ def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str, schedule: st
 def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
-    if cfg.direction == "backward":
+    if cfg.impl == ncu_traffic.SDPA and cfg.direction == "backward":
+        return by_kernel(cfg, SDPA_BACKWARD_KERNELS, "iosim.gpu.grids.sdpa_flash's dot_do_o, backward_main, "
+                         "convert_dq, each from a cold L2", schedule)
+    if cfg.impl == ncu_traffic.SDPA:
+        grid = "iosim.gpu.grids.sdpa_flash.forward"
+        whole = cfg.n_k % cfg.tile()["Bc"] == 0 or cfg.n_k <= cfg.tile()["Bc"]
+        method = "closed form (sdpa_flash.forward_dram)" if not cfg.causal and whole and not cfg.kv_heads \
+            and schedule == "lockstep" else "simulation"
+    elif cfg.direction == "backward":
         main = "predict_next_call.tc_backward_grid" if tc else "main"
         return by_kernel(cfg, BACKWARD_KERNELS, f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
                          f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2", schedule)
-    if cfg.impl == "split-kv":
+    elif cfg.impl == "split-kv":
         return by_kernel(cfg, SPLIT_KV_KERNELS, "iosim.algorithms.split_kv.launches (split, then combine where S > 1), "
                          "each from a cold L2", schedule)
-    if cfg.sawtooth:
+    elif cfg.sawtooth:
         grid, method = "iosim.algorithms.flash_swapped.sawtooth_grid", "simulation"
     else:
         grid = "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid"
@@ -198,7 +222,7 @@ def markdown(record: dict) -> str:
             f"`{record['kernels_commit']}`\n- machine: {record['machine']}\n"
             f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB; nominal "
             f"{record['l2_nominal'] / 2**20:.0f} MiB; blocks per SM from `{REPORT}` (commit ecb846a; split-kv's "
-            f"{SPLIT_KV_REPORT_COMMIT})\n"
+            f"{SPLIT_KV_REPORT_COMMIT}; sdpa-flash's from {SDPA_SOURCE})\n"
             f"- measure with: `{record['measure_with']}`; join on impl, dtype, batch, heads, kv_heads, N, d, causal, "
             f"splits\n"
             f"- MB = 10⁶ B; read/write = DRAM bytes during the kernel (what ncu counts); dirty = written but still "
@@ -221,17 +245,20 @@ def markdown(record: dict) -> str:
                  _mb(r["two_level"]["read_bytes"]), _mb(r["two_level"]["write_bytes"]), p["method"]]
         text += "| " + " | ".join(cells) + " |\n"
     backward = [r for r in record["rows"] if r["direction"] == "backward"]
+    sdpa = any(r["impl"] == ncu_traffic.SDPA for r in backward)
+    names = SDPA_BACKWARD_KERNELS if sdpa else BACKWARD_KERNELS
     if backward:
+        others = "dot_do_o runs 5, convert_dq 8" if sdpa else "row_dot runs 3, fill and cast 5"
         text += ("\nThe backward rows kernel by kernel at the effective L2 (each from a cold L2; blk/SM above is the "
-                 "main kernel's, row_dot runs 3, fill and cast 5), read / write / dirty MB:\n\n"
-                 "| # | dtype | b·h | N | d | causal | " + " | ".join(BACKWARD_KERNELS) + " |\n"
-                 "| ---: | --- | ---: | ---: | ---: | --- |" + " --- |" * len(BACKWARD_KERNELS) + "\n")
+                 f"main kernel's, {others}), read / write / dirty MB:\n\n"
+                 "| # | dtype | b·h | N | d | causal | " + " | ".join(names) + " |\n"
+                 "| ---: | --- | ---: | ---: | ---: | --- |" + " --- |" * len(names) + "\n")
         for r in backward:
             parts = {k["kernel"]: k for k in r["predicted"]["effective"]["kernels"]}
             cells = [str(r["index"]), r["dtype"], str(r["batch"] * r["heads"]), str(r["n_q"]), str(r["d"]),
                      "yes" if r["causal"] else "no"]
             cells += [" / ".join(_mb(parts[k][x]) for x in ("reads", "writes", "dirty_at_end")) if k in parts else "–"
-                      for k in BACKWARD_KERNELS]
+                      for k in names]
             text += "| " + " | ".join(cells) + " |\n"
     split = [r for r in record["rows"] if r["impl"] == "split-kv"]
     if split:
@@ -266,9 +293,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         predicted = dict(zip((_key(c) for c in unique), pool.map(partial(predict, schedule=args.schedule), unique)))
     rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": blocks_per_sm(cfg),
-             "blocks_per_sm_source": f"{REPORT} ({report_commit(cfg)}), {cfg.impl} {cfg.direction} d={cfg.d} "
-                                     f"{ {'float32': 'fp32', 'float16': 'fp16', 'bfloat16': 'bf16'}[cfg.dtype]}"
-                                     f"{' causal+dropout' if cfg.causal else ''}",
+             "blocks_per_sm_source": blocks_per_sm_source(cfg),
              "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]
     commit = _git("rev-parse", "HEAD")
     record = {

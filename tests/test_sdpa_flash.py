@@ -169,3 +169,18 @@ def test_the_command_line_takes_the_kernel_and_refuses_a_tiling_search_for_it(ca
     assert main(["optimize", "--gpu", "h100", "--N", "4096", "--d", "64", "--algo", "flash-swapped",
                  "--kernel", "sdpa-flash", "--objective", "dram"]) == 2
     assert "launches its own tile" in capsys.readouterr().err
+
+
+def test_the_sdpa_ncu_grid_asks_only_shapes_torch_runs_unsplit_at_the_description_s_tiles():
+    from experiments import ncu_traffic
+
+    rows = ncu_traffic.call3_sdpa_grid()
+    forward = [c for c in rows if c.direction == "forward"]
+    assert forward and all(sdpa_flash.forward_splits(AttentionShape(c.batch, c.heads, c.n_q, c.n_k, c.d), 132) == 1
+                           for c in forward)
+    for c in rows:
+        pb = problem(c.batch, c.heads, c.n_q, c.n_k, c.d, c.causal, dtype=c.dtype)
+        own = sdpa_flash.tile(pb, c.direction == "backward")
+        assert c.tile() == {"Br": own.Br, "Bc": own.Bc}
+    # torch's kernels come built: one profiled process per direction, not per build
+    assert [len(g) for g in ncu_traffic.kernel_groups(rows)] == [len(forward), len(rows) - len(forward)]
