@@ -31,11 +31,13 @@ from experiments import ncu_traffic
 REPO = Path(__file__).resolve().parents[1]
 PREDICTIONS = REPO / "experiments" / "results" / "gpu"
 LOCKSTEP = ("predictions-80f2354", "predictions-6d16ff6", "predictions-bda8144", "predictions-69c24cc",
-            "predictions-159b338")
-STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered")
+            "predictions-159b338", "predictions-96a5261")
+STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered", "predictions-96a5261-staggered")
 COMPILE_S = 12.0  # a specialisation compiled in 10.7 to 13.4 s on the H100 machine's host in call 3 (call3/README.md)
 HOST_VALUES_PER_S = 1.5e8  # numpy's standard_normal on one core, about
-ESTIMATED_TFLOPS = {"flash-swapped": 10.0, "flash-swapped-tc": 100.0, "split-kv": 1.0}
+# SDPA's flash kernels ran at 243 (forward) and 213 TFLOP/s (backward) in call 3 (d = 64, 256 × 4096); 150 is taken
+ESTIMATED_TFLOPS = {"flash-swapped": 10.0, "flash-swapped-tc": 100.0, "split-kv": 1.0, "sdpa-flash": 150.0}
+TORCH_IMPORT_S = 10.0  # SDPA's rows compile nothing: one import of torch per profiled process, a guess
 NCU_OVERHEAD_S = 1.0
 SCRIPT = PREDICTIONS / "call3.sh"
 STEP = re.compile(r"^\s*(?:step|ncu_grid) (\S+) (\d+)\b", re.M)
@@ -77,13 +79,16 @@ def estimate_s(cfg: ncu_traffic.LaunchConfig) -> float:
 
 
 def specialisation(cfg: ncu_traffic.LaunchConfig) -> tuple:
+    """What one setup serves: a compiled kernel build, or for SDPA one process per direction (ncu_traffic's groups)."""
+    if cfg.impl == ncu_traffic.SDPA:
+        return cfg.impl, cfg.direction
     return cfg.impl, cfg.direction, cfg.dtype, cfg.d, cfg.causal, cfg.sawtooth
 
 
 def plan() -> dict:
     lockstep, staggered = predictions(LOCKSTEP), predictions(STAGGERED)
     parts = {}
-    for grid in ("short-schedule", "short-rest"):
+    for grid in ("short-schedule", "short-rest", "call3-sdpa"):
         rows, compiled = [], set()
         for cfg in ncu_traffic.GRIDS[grid]():
             k = ncu_traffic.join_key(vars(cfg))
@@ -91,7 +96,8 @@ def plan() -> dict:
             if lock is None or stag is None:
                 raise LookupError(f"{grid}: {cfg} has no committed {'lockstep' if lock is None else 'staggered'} "
                                   f"prediction")
-            seconds = estimate_s(cfg) + (0.0 if specialisation(cfg) in compiled else COMPILE_S)
+            setup = TORCH_IMPORT_S if cfg.impl == ncu_traffic.SDPA else COMPILE_S
+            seconds = estimate_s(cfg) + (0.0 if specialisation(cfg) in compiled else setup)
             compiled.add(specialisation(cfg))
             rows.append({"config": vars(cfg), "lockstep_reads": lock["reads"], "lockstep_file": lock["file"],
                          "staggered_reads": stag["reads"], "staggered_file": stag["file"],

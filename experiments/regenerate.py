@@ -128,6 +128,8 @@ OUTPUTS = (
     prediction("69c24cc", "--grid call3-split-kv", 9.7),
     prediction("159b338", "--grid call3-sawtooth", 342),
     prediction("159b338", "--grid call3-sawtooth --schedule staggered", 489, "-staggered"),
+    prediction("96a5261", "--grid call3-sdpa --jobs 2", 5.9),
+    prediction("96a5261", "--grid call3-sdpa --schedule staggered --jobs 2", 6.5, "-staggered"),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),

@@ -12,7 +12,9 @@
 # returns what finished, in at most 8 files.
 #   rest-first, rest-second: what call 3 (2026-11-27) did not reach, for the next call: short-rest's 14 rows, one
 #           ncu process per kernel build so that a cut keeps the groups that finished; the kernel tests with -v (which
-#           names the 8 that failed); the 4 sanitizer launches not reached; timings at d 128, in bfloat16, causal.
+#           names the 8 that failed); then SDPA's flash backend under ncu (call3-sdpa: 22 rows, predicted before the
+#           run in predictions-96a5261 and -96a5261-staggered); the 4 sanitizer launches not reached; timings at
+#           d 128, in bfloat16, causal (flash-swapped's float32 at d 128 left out for time).
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
@@ -93,6 +95,7 @@ case $PART in
     pack pytest
     ;;
   rest-second)
+    ncu_grid call3-sdpa 70 --grouped
     SAN=(python3 -m experiments.ncu_traffic launch --grid sanitize --only 18 19 20 21)
     step memcheck 60 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
     step racecheck 60 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 100 "${SAN[@]}" &
@@ -100,10 +103,9 @@ case $PART in
     pack memcheck; pack racecheck
     B=(python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 16 --num-heads 16 --seq-len 4096
        --warmup 1 --repeats 2)
-    step bench-d128 80 "${B[@]}" --emb-dim 2048 --impl flash-swapped-tc torch-sdpa --dtype float16
-    step bench-bf16 50 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype bfloat16
-    step bench-causal 50 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype float16 --causal true
-    step bench-fp32-d128 60 "${B[@]}" --emb-dim 2048 --impl flash-swapped --dtype float32
+    step bench-d128 70 "${B[@]}" --emb-dim 2048 --impl flash-swapped-tc torch-sdpa --dtype float16
+    step bench-bf16 45 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype bfloat16
+    step bench-causal 45 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype float16 --causal true
     pack bench
     ;;
   *)
