@@ -108,6 +108,7 @@ OUTPUTS = (
     figure("chunked_prefill", "chunked_prefill", ("chunked_prefill",), 1.6),
     figure("paged_kv", "paged_kv", ("paged_kv",), 1.1),
     figure("shared_prefix", "shared_prefix", ("shared_prefix",), 1.1),
+    figure("sdpa_dram", "sdpa_dram", ("sdpa_dram",), 1.5),
     Output("bound", "python -m iosim bound --N 4096 --d 64", ("docs/figures/bound.json", "docs/figures/bound.png"),
            ("--out", "{root}/docs/figures/bound.png", "--json", "{root}/docs/figures/bound.json"), FAST, 2.2),
     Output("l2_analysis", "python -m experiments.l2_analysis", ("experiments/results/l2_analysis.json",),
