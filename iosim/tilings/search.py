@@ -6,9 +6,14 @@ an algorithm, so the ``optimal`` block policy (``iosim.tilings.policies``) can u
 it holds the best tiling: docs/optimizer.md.
 
 An algorithm whose traffic follows a block mask drawn on its own tiles
-(``Algorithm.follows_block_mask``) gets no shortcut: a new block size redraws the mask,
-so traffic is neither monotone in a block nor fixed by the block counts, and every
-tiling that fits is evaluated, up to ``MAX_EXHAUSTIVE`` of them; more are refused.
+(``Algorithm.follows_block_mask``) gets a search of its own: a new block count redraws the
+mask, so traffic is neither monotone in a block nor fixed by the block counts. Without a band
+(no causal mask, no window), the mask is the same for every tiling of one pair of block counts
+(T_r, T_c), and the traffic a sum over its visited tiles of their rows and columns, so within the
+pair it is affine in B_r at fixed B_c and in B_c at fixed B_r (``_mask_corners`` says where its
+least lies); every such corner that fits is evaluated. With a band the hidden tiles move with the
+block sizes themselves, and every tiling that fits is evaluated, up to ``MAX_EXHAUSTIVE``; more
+are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from iosim.variants import paging
 # (Algorithm.follows_block_mask): about 4 s of closed forms (40 to 50 µs each, measured with time.process_time
 # on the 2-core x86_64 container), below the optimizer's 5 s target (docs/optimizer.md).
 MAX_EXHAUSTIVE = 100_000
+# The most mask cells (T_r·T_c summed over the tilings evaluated) the block-mask search without a band evaluates: a
+# closed form under a block mask takes time in proportion to its tiles, about 3·10⁷ a second (time.process_time on
+# the 2-core x86_64 container, 2026-11-27: N = 1,000 to 4,096, M = 100k), so at most about 20 s
+MAX_MASK_CELLS = 6 * 10**8
+MASK_CELLS_PER_S = 3 * 10**7
 
 
 @dataclass(frozen=True)
@@ -138,7 +148,7 @@ def _shapes(algo: Algorithm, pb: Problem, M: int) -> list[Tiling]:
         return algo.working_set(pb, Tiling(Br, Bc), M) <= M
 
     if algo.follows_block_mask(pb):  # traffic is neither monotone in a block nor set by the block counts
-        return _every_tiling(algo, pb, M, fits)
+        return _mask_corners(algo, pb, M, fits) if pb.band.full else _every_tiling(algo, pb, M, fits)
     if pb.band.full:  # traffic depends on T_r and T_c only: the least block of each count will do
         return _canonical_staircase(fits, algo.name, pb, M)
     thin_q = largest(lambda Br: fits(Br, 1), n_q)
@@ -165,6 +175,48 @@ def _every_tiling(algo: Algorithm, pb: Problem, M: int, fits: Callable[[int, int
                 f"or an explicit tiling")
         out += [Tiling(Br, Bc) for Bc in range(1, most + 1)]
     return out
+
+
+def _count_classes(n: int) -> list[tuple[int, int]]:
+    """The block sizes of each block count of a sequence of n, as ranges [least, most], least block first."""
+    least = list(block_sizes(n))
+    return [(lo, hi - 1) for lo, hi in zip(least, least[1:])] + [(least[-1], n)]
+
+
+def _mask_corners(algo: Algorithm, pb: Problem, M: int, fits: Callable[[int, int], bool]) -> list[Tiling]:
+    """The tilings at which the traffic under a block mask drawn on (T_r, T_c) tiles can be least, without a band.
+
+    Within one pair of block counts, B_r in [r_lo, r_hi] and B_c in [c_lo, c_hi], the mask is fixed and the traffic
+    affine in each block size at the other's fixed value. At fixed B_r its least is at B_c = c_lo or at the largest
+    B_c that fits, h(B_r) = min(c_hi, b(B_r)) with b(B_r) the largest B_c that fits beside B_r, non-increasing. So
+    it lies on f(·, c_lo), affine over the B_r for which c_lo fits (least at either end), or on f(B_r, h(B_r)),
+    affine over each run of B_r with one h (least at either end of a run). Those ends are all this returns: at most
+    two per pair of counts and two per run, O(N_q^½·N_k^½ + N_k) tilings, not the O(N_q·N_k) that fit. A search
+    whose tilings' masks hold more than ``MAX_MASK_CELLS`` tiles in all is refused, with its estimate.
+    """
+    widest = dict(_staircase(fits, pb.shape.n_q, pb.shape.n_k))  # B_r -> the largest B_c that fits beside it
+    shapes: set[tuple[int, int]] = set()
+    for c_lo, c_hi in _count_classes(pb.shape.n_k):
+        for r_lo, r_hi in _count_classes(pb.shape.n_q):
+            if widest.get(r_lo, 0) < c_lo:
+                break  # b never grows with B_r: no larger B_r fits beside c_lo either
+            r_top = largest(lambda x: widest.get(r_lo - 1 + x, 0) >= c_lo, r_hi - r_lo + 1) + r_lo - 1
+            shapes |= {(r_lo, c_lo), (r_top, c_lo)}
+            start = r_lo
+            while start <= r_top:  # the runs of one h(B_r) = min(c_hi, b(B_r)) over [r_lo, r_top]
+                h = min(c_hi, widest[start])
+                end = largest(lambda x: min(c_hi, widest[start - 1 + x]) == h, r_top - start + 1) + start - 1
+                shapes |= {(start, h), (end, h)}
+                start = end + 1
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
+    cells = sum(ceil_div(n_q, Br) * ceil_div(n_k, Bc) for Br, Bc in shapes)
+    if cells > MAX_MASK_CELLS:
+        raise SearchTooLargeError(
+            f"block_policy='optimal' for {algo.name} with a block mask at N_q={n_q:,}, N_k={n_k:,}, d={pb.shape.d}, "
+            f"M={M:,}: its {len(shapes):,} candidate tilings hold {cells:,} mask tiles, about "
+            f"{cells / MASK_CELLS_PER_S:,.0f} s of closed forms; allowed: at most MAX_MASK_CELLS={MAX_MASK_CELLS:,} "
+            f"(shorter sequences or a smaller M), or block policy 'fit', or an explicit tiling")
+    return [Tiling(Br, Bc) for Br, Bc in sorted(shapes)]
 
 
 def _canonical_staircase(fits: Callable[[int, int], bool], name: str, pb: Problem, M: int) -> list[Tiling]:
