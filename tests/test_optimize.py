@@ -252,3 +252,20 @@ def test_optimize_refuses_grouped_heads_for_a_backward_pass(capsys):
     assert main(["optimize", "--N", "64", "--d", "8", "--heads", "4", "--kv-heads", "2", "--pass", "bwd"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--kv-heads 2 with --pass bwd" in err
+
+
+def test_optimize_takes_a_block_mask_through_the_api_and_the_command_line(tmp_path, capsys):
+    spec = iosim.BlockSparsity(0.3, "local", 2)
+    (found,) = optimize(["block-sparse"], N=300, d=16, M="20k", block_sparsity=spec)
+    assert found.best[0].traffic == iosim.count("block-sparse", N=300, d=16, M="20k", block_sparsity=spec,
+                                                block_policy="optimal").traffic.total
+    path = tmp_path / "o.json"
+    assert main(["optimize", "--N", "300", "--d", "16", "--M", "20k", "--algo", "block-sparse", "--sparsity", "0.3",
+                 "--sparsity-pattern", "local", "--sparsity-seed", "2", "--json", str(path)]) == 0
+    assert "a local block mask, s = 0.3" in " ".join(capsys.readouterr().out.split())
+    record = json.loads(path.read_text())[0]
+    assert (record["sparsity"], record["sparsity_pattern"], record["sparsity_seed"]) == (0.3, "local", 2)
+    assert (record["Br"], record["Bc"], record["traffic"]) == (found.best[0].tiling.Br, found.best[0].tiling.Bc,
+                                                               found.best[0].traffic)
+    assert main(["optimize", "--N", "300", "--d", "16", "--algo", "flash", "--sparsity", "0.3"]) == 2
+    assert "block_sparsity for flash" in capsys.readouterr().err

@@ -111,12 +111,17 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "optimal: any block shape, fewest HBM accesses (iosim optimize)")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd",
                    help="fwd: the forward pass (default); bwd: the backward pass; fwd+bwd: a training step")
+    add_block_mask(p)
+    add_outputs(p, "the results")
+
+
+def add_block_mask(p: argparse.ArgumentParser) -> None:
+    """The block mask of the block-sparse algorithms (sweep, run, optimize)."""
     p.add_argument("--sparsity", type=float, default=None,
                    help="block-sparse algorithms: the fraction of nonzero tiles in (0, 1] (default: dense)")
     p.add_argument("--sparsity-pattern", choices=PATTERNS, default="random",
                    help="random, local (banded) or strided block mask (default random)")
     p.add_argument("--sparsity-seed", type=seed_arg, default=0, help="seed of a random block mask")
-    add_outputs(p, "the results")
 
 
 def bytes_arg(text: str) -> int:

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from iosim.api import backward_of
 from iosim.cli.common import (
     PASS_TITLES,
+    add_block_mask,
     add_l2_options,
     add_outputs,
     add_problem,
     algorithms_of,
     band_title,
+    block_sparsity,
     check_backward,
     count_arg,
     hardware_of,
@@ -40,7 +42,10 @@ class OptimizeOutcome:
         for r in self.results:
             if not isinstance(r, Optimum):
                 continue
-            config = dict(algorithm=r.algorithm, **r.problem.record(), M=r.M, searched=r.searched)
+            bs = r.problem.block_sparsity
+            config = dict(algorithm=r.algorithm, **r.problem.record(), M=r.M, searched=r.searched,
+                          sparsity=getattr(bs, "sparsity", None), sparsity_pattern=getattr(bs, "pattern", None),
+                          sparsity_seed=getattr(bs, "seed", None))
             policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
                         for name in ("fit", "paper") for key in ("traffic", "c")}
             for rank, x in enumerate(r.best, 1):
@@ -71,6 +76,7 @@ def add_parser(sub) -> None:
     p.add_argument("--page-size", type=count_arg, default=None,
                    help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens; the search takes "
                         "K/V blocks of whole pages or within one (default: contiguous)")
+    add_block_mask(p)
     p.add_argument("--top", type=count_arg, default=TOP_DEFAULT, help=f"tilings shown per algorithm (default "
                                                                       f"{TOP_DEFAULT})")
     add_outputs(p, "the tilings")
@@ -95,7 +101,8 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
-                                       page_size=args.page_size, hw=hw, kernel=args.kernel))
+                                       page_size=args.page_size, hw=hw, kernel=args.kernel,
+                                       block_sparsity=block_sparsity(args)))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
@@ -114,6 +121,14 @@ def main(args: argparse.Namespace, console) -> None:
     render(console, outcome, args.pass_)
 
 
+def mask_title(pb) -> str:
+    """", a {pattern} block mask, s = {sparsity}" where the problem has a drawn block mask, else nothing."""
+    bs = pb.block_sparsity
+    if bs is None:
+        return ""
+    return ", an explicit block mask" if bs.blocks is not None else f", a {bs.pattern} block mask, s = {bs.sparsity:g}"
+
+
 def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     if any(isinstance(r, Optimum) and r.dram is not None for r in outcome.results):
         return render_dram(console, outcome)
@@ -123,6 +138,7 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
                   f"{band_title(first.problem)}, {PASS_TITLES[pass_]}"
                   f"{f', K/V in pages of {first.problem.page_size} tokens' if first.problem.page_size else ''}"
+                  f"{mask_title(first.problem)}"
                   f". The best tilings of each "
                   f"algorithm (ties in traffic shown once): HBM elements over all batch·heads, the working set (SRAM) "
                   f"per head, and c = traffic·M/(N_q·N_k·d²) per head, beside the c of the fit and paper block "
