@@ -16,8 +16,9 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
 - the L2 model's DRAM bytes (``iosim.gpu.dram.pass_counts`` on call 1's kernels, the H100 preset) of any
   configuration of call 1, forward or backward, under 2 s (issue 17), in process.
 
-Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2]
-(``--only l2`` measures the L2 cases alone.)
+Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2] [--smoke]
+(``--only l2`` measures the L2 cases alone; ``--smoke`` runs every part once at tiny sizes, which CI does to keep the
+script working: its seconds say nothing about the targets.)
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ L2_CASES = [(impl, direction, batch, heads, n, d) for impl in ("flash", "flash-s
             for batch, heads, ns in ((1, 1, (1024, 4096, 16384)), (16, 16, (1024, 4096))) for n in ns
             if direction == "forward" or n <= 4096]
 L2_TARGET = 2.0  # seconds per configuration
+# --smoke: every part once, at tiny sizes
+SMOKE_COMMANDS = [("sweep --N 256 --d 64", ["sweep", "--N", "256", "--d", "64"], 10.0)]
+SMOKE_FORWARD = dict(FORWARD_CASE, heads=1, N=64)
+SMOKE_BACKWARD = dict(BACKWARD_CASE, heads=1, N=64)
+SMOKE_RECORDS = ["sweep", "--N", "256", "512", "--d", "64", "--algo", "flash"]
+SMOKE_L2 = [("flash-swapped", "forward", 1, 1, 1024, 64), ("flash", "backward", 1, 1, 1024, 64)]
 
 
 def numpy_attention(q, k, v):
@@ -116,9 +123,9 @@ def git_commit() -> str:
         return "unknown"
 
 
-def numeric_ratios(repeats: int) -> list[dict]:
+def numeric_ratios(repeats: int, forward: dict = FORWARD_CASE, backward: dict = BACKWARD_CASE) -> list[dict]:
     out, rng = [], np.random.default_rng(0)
-    for case, pass_ in ((FORWARD_CASE, "fwd"), (BACKWARD_CASE, "bwd")):
+    for case, pass_ in ((forward, "fwd"), (backward, "bwd")):
         q, k, v, do = (rng.standard_normal((case["batch"], case["heads"], case["N"], case["d"])) for _ in range(4))
         if pass_ == "fwd":
             numpy_s = best_of(repeats, lambda: numpy_attention(q, k, v))
@@ -133,16 +140,17 @@ def numeric_ratios(repeats: int) -> list[dict]:
     return out
 
 
-def records_overhead(repeats: int) -> dict:
-    """The 3,200-row sweep with and without saving its records."""
+def records_overhead(repeats: int, grid: list[str] = RECORDS_GRID) -> dict:
+    """The 3,200-row sweep (``grid``) with and without saving its records."""
     with tempfile.TemporaryDirectory() as tmp:
-        saving = [*RECORDS_GRID, "--json", f"{tmp}/rows.json", "--csv", f"{tmp}/rows.csv"]
-        bare_s = best_of(repeats, fresh_process(RECORDS_GRID))
+        saving = [*grid, "--json", f"{tmp}/rows.json", "--csv", f"{tmp}/rows.csv"]
+        bare_s = best_of(repeats, fresh_process(grid))
         saving_s = best_of(repeats, fresh_process(saving))
     print(f"sweep of 3,200 rows: {bare_s:.2f} s, with --json and --csv {saving_s:.2f} s = {saving_s / bare_s:.2f}x "
           f"(target <= {RECORDS_TARGET:g}x)")
-    return dict(command="python -m iosim " + " ".join(RECORDS_GRID[:3]) + " ... (400 N) --d 64 128 --algo "
-                        "standard flash flash-swapped split-kv", rows=3200, seconds=bare_s,
+    command = ("python -m iosim " + " ".join(RECORDS_GRID[:3]) + " ... (400 N) --d 64 128 --algo standard flash "
+               "flash-swapped split-kv") if grid is RECORDS_GRID else "python -m iosim " + " ".join(grid)
+    return dict(command=command, rows=3200 if grid is RECORDS_GRID else None, seconds=bare_s,
                 seconds_with_json_and_csv=saving_s, ratio=saving_s / bare_s, target_ratio=RECORDS_TARGET)
 
 
@@ -158,12 +166,12 @@ def l2_path(kernel: Kernel, launch: Launch) -> str:
     return ", ".join(paths)
 
 
-def l2_cases(repeats: int) -> list[dict]:
+def l2_cases(repeats: int, cases: list[tuple] = L2_CASES) -> list[dict]:
     """``pass_counts`` of each of call 1's configurations on its kernels (``iosim.gpu.call1``) and the H100 preset, and
     which path each kernel took."""
     out = []
     kernels = {"flash": call1.FLASH, "flash-swapped": call1.FLASH_SWAPPED}
-    for impl, direction, batch, heads, n, d in L2_CASES:
+    for impl, direction, batch, heads, n, d in cases:
         pb = Problem(AttentionShape(batch, heads, n, n, d), tau=1.0, dtype="float32")
         tiling = Tiling(*L2_TILES[impl, direction, d])
         launch = Launch(pb, tiling, direction == "backward")
@@ -186,15 +194,23 @@ def machine(load_before) -> dict:
             "load_average_after": os.getloadavg()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="experiments/results/speed.json")
+    parser.add_argument("--out", default=None, help="default experiments/results/speed.json; --smoke needs its own")
     parser.add_argument("--only", choices=("l2",), help="measure only these cases")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="every part once at tiny sizes (CI): no timing")
+    args = parser.parse_args(argv)
+    if args.smoke and args.out is None:
+        parser.error("--smoke measures nothing worth keeping: give --out PATH (not the committed speed.json)")
+    args.out = args.out or "experiments/results/speed.json"
     load_before = os.getloadavg()
+    smoke = args.smoke
+    if smoke:
+        args.repeats = 1
+    l2 = SMOKE_L2 if smoke else L2_CASES
     if args.only == "l2":
-        result = {"l2": l2_cases(args.repeats), "machine": machine(load_before), "commit": git_commit(),
+        result = {"l2": l2_cases(args.repeats, l2), "machine": machine(load_before), "commit": git_commit(),
                   "command": "python -m experiments.speed " + " ".join(sys.argv[1:]), "repeats": args.repeats,
                   "statistic": "best of repeats, wall-clock seconds"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +219,7 @@ def main() -> None:
         return
 
     commands = []
-    for name, command, target in COMMANDS:
+    for name, command, target in SMOKE_COMMANDS if smoke else COMMANDS:
         seconds = best_of(args.repeats, fresh_process(command))
         commands.append(dict(name=name, command="python -m iosim " + " ".join(command), seconds=seconds,
                              target_seconds=target))
@@ -211,20 +227,21 @@ def main() -> None:
 
     huge = {f"{a}{' causal' if causal else ''}": best_of(args.repeats, lambda: (
         iosim.count(a, causal=causal, **HUGE_COUNT), iosim.predict(a, causal=causal, **HUGE_COUNT)))
-        for a in iosim.ALGORITHMS for causal in (False, True)}
+        for a in (["flash"] if smoke else iosim.ALGORITHMS) for causal in (False, True)}
     print(f"count + predict at N = 10^9: slowest {max(huge.values()):.4f} s (target < {HUGE_TARGET:g} s)")
 
     result = {
         "commands": commands,
-        "numeric": numeric_ratios(args.repeats),
-        "records": records_overhead(args.repeats),
-        "l2": l2_cases(args.repeats),
+        "numeric": numeric_ratios(args.repeats, *((SMOKE_FORWARD, SMOKE_BACKWARD) if smoke else ())),
+        "records": records_overhead(args.repeats, SMOKE_RECORDS if smoke else RECORDS_GRID),
+        "l2": l2_cases(args.repeats, l2),
         "huge_count_case": HUGE_COUNT, "huge_count_seconds": huge, "huge_count_target_seconds": HUGE_TARGET,
         "machine": machine(load_before),
         "commit": git_commit(),
-        "command": "python -m experiments.speed " + " ".join(sys.argv[1:]),
+        "command": "python -m experiments.speed " + " ".join(sys.argv[1:] if argv is None else argv),
         "repeats": args.repeats,
         "statistic": "best of repeats, wall-clock seconds",
+        "smoke": smoke,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
