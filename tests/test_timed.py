@@ -1,0 +1,85 @@
+"""The timed schedule (iosim/gpu/timed.py): with every speed 1 and no miss penalty it is the lockstep schedule, count
+for count; a penalty reorders steps but never loses a compulsory read; its parameters are checked by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from iosim.core.errors import InputError
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import READ, Grid, L2Config, Tiles
+from iosim.gpu.schedule import simulate
+from iosim.gpu.timed import Timing, simulate_timed
+
+
+def problem(heads=3, n=300, n_k=None, d=16, causal=False, dtype="float16") -> Problem:
+    return Problem(AttentionShape(1, heads, n, n if n_k is None else n_k, d), tau=1.0, dtype=dtype, causal=causal)
+
+
+CASES = [  # (kernel, problem, tiling, backward, sawtooth)
+    ("flash-swapped", problem(), Tiling(32, 16), False, False),
+    ("flash-swapped", problem(causal=True, n_k=260), Tiling(16, 32), False, False),
+    ("flash-swapped", problem(heads=2, n=200), Tiling(16, 16), False, True),
+    ("flash-swapped", problem(heads=2, n=100, dtype="float32"), Tiling(16, 16), True, False),
+    ("flash", problem(causal=True), Tiling(32, 32), False, False),
+    ("flash", problem(heads=2, n=90), Tiling(16, 16), True, False),
+    ("sdpa-flash", problem(heads=2, n=700, d=64, causal=True), Tiling(128, 128), False, False),
+    ("sdpa-flash", problem(heads=2, n=300, d=128), Tiling(64, 128), True, False),
+]
+
+
+@pytest.mark.parametrize("kernel, pb, tiling, backward, sawtooth", CASES)
+@pytest.mark.parametrize("capacity, concurrent", [(40_000, 5), (200_000, 16), (10**9, 3)])
+def test_without_penalty_or_spread_it_is_the_lockstep_schedule(kernel, pb, tiling, backward, sawtooth, capacity,
+                                                               concurrent):
+    for g in KERNELS[kernel].grids(Launch(pb, tiling, backward, sawtooth, sms=1)):
+        config = L2Config(capacity, concurrent)
+        assert simulate_timed(g, config, Timing(), sms=2) == simulate(g, config)
+
+
+@pytest.mark.parametrize("kernel, pb, tiling, backward, sawtooth", CASES[:3] + CASES[6:7])
+def test_a_penalty_and_a_spread_reorder_steps_but_an_l2_that_holds_everything_reads_each_tile_once(
+        kernel, pb, tiling, backward, sawtooth):
+    (g,) = KERNELS[kernel].grids(Launch(pb, tiling, backward, sawtooth, sms=1))
+    config = L2Config(10**9, 7)
+    timing = Timing(miss_bytes_per_step=500.0, sm_spread=0.05, block_spread=0.02, seed=4)
+    assert simulate_timed(g, config, timing, sms=3) == simulate(g, config)
+
+
+def grid_of(blocks: list[list[str]]) -> Grid:
+    """Blocks reading one 32-byte tile a step, named by letter: the same letter is the same tile."""
+    tiles = Tiles(("K",))
+    steps = [[(tiles.access("K", ord(name), 32, READ),) for name in block] for block in blocks]
+    return Grid(len(blocks), lambda b: iter(steps[b]), tiles, 1)
+
+
+def test_a_follower_that_hits_catches_up_with_a_leader_that_misses():
+    # Two slots, an L2 of three 32-byte tiles, a miss costs one more unit (B = 32 bytes). Block 0 reads a b c d e f,
+    # block 1 reads a x y b c d e f. In lockstep block 1 falls two rounds behind on b … f and misses all but f: 6 + 6
+    # reads. Timed, block 1 hits a (1 unit) while block 0 misses it (2 units), and at each of block 0's misses it
+    # gains a unit: it reaches b at t = 5 while b is still held, hits b c d e, and leads on f (block 0 then hits it):
+    # a b c d e by block 0, x y f by block 1, 8 reads. Issue times (block 0 | block 1): a 0 | a 0, x 1; b 2 | y 3;
+    # c 4 | b 5; d 6 | c 6, d 7; e 8 | e 8, f 9; f 10
+    g = grid_of([list("abcdef"), list("axybcdef")])
+    config = L2Config(96, 2)
+    assert simulate(g, config).reads == 12 * 32
+    assert simulate_timed(g, config, Timing(miss_bytes_per_step=32.0), sms=2).reads == 8 * 32
+
+
+def test_the_same_seed_gives_the_same_counts_and_parameters_are_checked_by_name():
+    (g,) = KERNELS["flash-swapped"].grids(Launch(problem(causal=True), Tiling(16, 16)))
+    timing = Timing(miss_bytes_per_step=2000.0, sm_spread=0.1, seed=7)
+    config = L2Config(30_000, 6)
+    assert simulate_timed(g, config, timing, sms=3) == simulate_timed(g, config, timing, sms=3)
+    with pytest.raises(InputError, match="miss_bytes_per_step=0"):
+        Timing(miss_bytes_per_step=0)
+    with pytest.raises(InputError, match="sm_spread=0.7"):
+        Timing(sm_spread=0.7)
+    with pytest.raises(InputError, match="sms=0"):
+        simulate_timed(g, config, Timing(), sms=0)
+    assert Timing().miss_bytes_per_step == math.inf
