@@ -19,8 +19,8 @@ from specifications and from call 3's other measurements, never from these rows'
   median block times within 10⁻⁵ of each other and the blocks' own within 1 % (sd); both are run, 0 and 0.01.
 
 It is an explanation, not a prediction: these rows were measured before it was written, and its test is the next
-call's rows. ``--predict GRID`` is that test's first half: the timed schedule's DRAM reads of the forward rows of an
-ncu grid (``experiments/ncu_traffic.py``) within ``--max-steps``, at both spreads, written to
+call's rows. ``--predict GRID`` is that test's first half: the timed schedule's DRAM reads of the one-kernel forward
+rows of an ncu grid (``experiments/ncu_traffic.py``) within ``--max-steps``, at both spreads, written to
 experiments/results/gpu/predictions-<commit>-timed-<grid>.json before the call that measures them (SDPA's rate: call
 3's 243 TFLOP/s of its flash forward).
 """
@@ -59,13 +59,16 @@ def rate(impl: str) -> float:
 
 
 def timed(cfg: ncu_traffic.LaunchConfig, max_steps: int) -> dict | None:
-    """A forward row's DRAM reads under the timed schedule at each spread, or None where it is a backward row or its
-    grid has more than ``max_steps`` steps."""
+    """A forward row's DRAM reads under the timed schedule at each spread, or None where it is a backward row, a pass
+    of more than one kernel (split-kv's split and combine) or a grid of more than ``max_steps`` steps."""
     launch = predict_next_call.launch(cfg)
     steps = tile_visits(launch) * launch.problem.shape.bh
     if cfg.direction != "forward" or steps > max_steps:
         return None
-    (grid,) = KERNELS[cfg.impl].grids(launch)
+    grids = KERNELS[cfg.impl].grids(launch)
+    if len(grids) != 1:
+        return None
+    (grid,) = grids
     hw = hardware(GPU)
     config = hw.config(grid)
     t = launch.tiling
