@@ -77,12 +77,18 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound, sawtoo
     it sees (a causal mask ends the loop early, as the kernel does) and writes O_i and lse_i after the last.
 
     ``sawtooth``: the odd query blocks of each head visit their key blocks last to first, as the forward kernel
-    compiled with ``sawtooth`` runs (kernels/flash_swapped.py; the order of arXiv 2601.16032): block (bh, i) with i
-    odd reads Q_i with its last key block, ends with its first and O_i, lse_i. The two-level count is the same:
-    only the order, which the L2 sees, differs."""
+    compiled with ``sawtooth`` runs (kernels/flash_swapped.py): block (bh, i) with i odd reads Q_i with its last key
+    block, ends with its first and O_i, lse_i. (arXiv 2601.16032 alternates per wave of a persistent kernel instead:
+    ``iosim.gpu.grids.persistent``.) The two-level count is the same: only the order, which the L2 sees, differs."""
+    Tr = -(-pb.shape.n_q // tiling.Br)
+    return ordered_forward(pb, tiling, per_sm, lambda b: sawtooth and b % Tr % 2 == 1)
+
+
+def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound,
+                    downwards: Callable[[int], bool]) -> Grid:
+    """``forward``'s blocks, block b visiting its key blocks last to first where ``downwards(b)``."""
     tiles = Tiles(FORWARD_TENSORS)
     accesses = block_accesses(tiles, pb, tiling)
-    Tr = -(-pb.shape.n_q // tiling.Br)
     backward: dict[int, list] = {}  # a head's (K_j, V_j) steps, last first: the same step objects, shared
 
     def steps(b: int):
@@ -90,14 +96,14 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound, sawtoo
         j0, n = run.start, len(run)
         if n <= 1:
             return iter((q + (kv[j0] if n else ()) + out,))
-        if sawtooth and b % Tr % 2:
+        if downwards(b):
             kv = backward.setdefault(id(kv), kv[::-1])  # kv[k] is now K/V block T_c − 1 − k
             j0 = len(kv) - run.stop  # the run's last key block, first in this order
         # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
         # that start together run as one cohort in the simulation (iosim.gpu.schedule)
         return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
 
-    return Grid(pb.shape.bh * Tr, steps, tiles, per_sm)
+    return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm)
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
