@@ -215,7 +215,7 @@ def test_an_l2_override_without_a_gpu_is_refused_in_one_line(command, capsys):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(schedule="waves"), r"schedule='waves' is not one of \['lockstep', 'staggered'\]"),
+    (dict(schedule="waves"), r"schedule='waves' is not one of \['lockstep', 'staggered', 'timed'\]"),
     (dict(blocks_per_sm=0), r"blocks_per_sm=0 is outside the allowed range"),
 ])
 def test_bad_l2_overrides_are_refused_by_name(kwargs, message):

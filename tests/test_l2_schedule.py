@@ -72,7 +72,7 @@ def test_staggered_counts_go_past_the_lockstep_closed_form_to_the_simulation(ker
 
 
 def test_an_unknown_schedule_is_refused_by_name():
-    message = r"schedule='waves' is not one of \['lockstep', 'staggered'\]"
+    message = r"schedule='waves' is not one of \['lockstep', 'staggered', 'timed'\]"
     with pytest.raises(InputError, match=message):
         hardware("h100", schedule="waves")
     with pytest.raises(InputError, match=message):

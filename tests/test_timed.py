@@ -83,3 +83,27 @@ def test_the_same_seed_gives_the_same_counts_and_parameters_are_checked_by_name(
     with pytest.raises(InputError, match="sms=0"):
         simulate_timed(g, config, Timing(), sms=0)
     assert Timing().miss_bytes_per_step == math.inf
+
+
+def test_iosim_dram_runs_the_timed_schedule_with_its_penalty_from_the_preset_and_the_kernel_s_measured_rate():
+    import iosim
+    from iosim.core.gpus import GPUS
+    from iosim.gpu.hardware import hardware
+
+    # one head, causal, 512 query blocks over 264 slots, K and V of 8.4 MB through a 4 MB L2
+    shape = dict(N=32768, d=64, M="228KiB", heads=1, causal=True, tiling=iosim.Tiling(64, 32), l2_bytes=4_000_000)
+    r = iosim.dram("flash-swapped", schedule="timed", **shape)
+    # B = 3,352.32 GB/s × (4 · 64 · 32 · 64 FLOPs a step) / 20.59 TFLOP/s, call 3's flash-swapped forward
+    B = 5120 / 8 * 2 * 2619e6 * 4 * 64 * 32 * 64 / 20.59e12
+    assert GPUS["h100"].hbm_bandwidth.value == 5120 / 8 * 2 * 2619e6
+    (g,) = KERNELS["flash-swapped"].grids(Launch(r.problem, r.tiling, sms=132))
+    hw = hardware("h100", l2_bytes=4_000_000)
+    for counts, spread in zip((r.dram, *r.band), (0.005, 0.0, 0.01)):
+        assert counts == simulate_timed(g, hw.config(g), Timing(B, 0.0, spread), sms=132)
+    # the refill blocks catch up with the leaders: fewer reads than lockstep, fewer still once the blocks spread
+    assert max(r.dram.reads, r.band[1].reads) < r.band[0].reads < simulate(g, hw.config(g)).reads
+    with pytest.raises(InputError, match="schedule='timed' with kernel='flash-swapped' backward"):
+        iosim.dram("flash-swapped", schedule="timed", pass_="bwd", N=256, d=64, M="228KiB",
+                   tiling=iosim.Tiling(32, 32))
+    with pytest.raises(InputError, match="schedule='timed' with kernel='flash' forward"):
+        iosim.dram("flash", schedule="timed", N=256, d=64, M="228KiB")

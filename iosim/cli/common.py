@@ -138,8 +138,9 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
                    help="with --gpu: thread blocks one SM holds, for every kernel (default: each kernel's, from "
                         "its registers and shared memory)")
     p.add_argument("--schedule", choices=SCHEDULES, default="lockstep",
-                   help="with --gpu: how the first thread blocks start: lockstep (together, default) or staggered "
-                        "(slot s s/W of a block late; always simulated)")
+                   help="with --gpu: how the thread blocks run: lockstep (start together, default), staggered (slot s "
+                        "s/W of a block late) or timed (each at its speed, stalling on its L2 misses; the forward of "
+                        "kernels with a measured rate); the last two always simulated")
     p.add_argument("--kernel", choices=sorted(KERNELS), default=None, metavar="NAME",
                    help="with --gpu: the kernel description whose grids the DRAM level runs, for the algorithm it "
                         "implements (default: the kernel of kernels/ named as the algorithm; `iosim kernels` lists "

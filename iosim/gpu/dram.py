@@ -13,7 +13,7 @@ a staggered one is always simulated. The model, its sources and its limits: docs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iosim.api import count_problem, measure, plan
 from iosim.core.counts import Counts
@@ -22,12 +22,13 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.core.visits import visits
 from iosim.gpu.grids.flash import FORM_MAX_QUERY_BLOCKS
-from iosim.gpu.hardware import Hardware, OverrideError, hardware
+from iosim.gpu.hardware import BLOCK_SPREADS, Hardware, OverrideError, hardware
 from iosim.gpu.kernel import Kernel, Launch
-from iosim.gpu.kernels import kernel_for, named_for
+from iosim.gpu.kernels import KERNELS, kernel_for, named_for
 from iosim.gpu.l2 import DramCounts, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
+from iosim.gpu.timed import Timing, simulate_timed
 from iosim.plans import Plan, Request
 
 
@@ -41,6 +42,7 @@ BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 # (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million)
 LOCKSTEP_VISITS_PER_S = 5e4
 SIMULATION_VISITS_PER_S = 5e5
+TIMED_VISITS_PER_S = 3e5  # the timed schedule: a heap operation per step (iosim.gpu.timed)
 
 
 def tile_visits(launch: Launch) -> int:
@@ -48,14 +50,14 @@ def tile_visits(launch: Launch) -> int:
     return sum(n for _, _, n in visits(launch.problem, launch.tiling, skips_hidden=True).pairs())
 
 
-def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: float | None) -> None:
-    """Refuse, with the estimate, a lockstep count or a simulation that would take longer than ``budget_s`` (None:
-    no limit)."""
+def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: float | None,
+                 per_s: float = SIMULATION_VISITS_PER_S) -> None:
+    """Refuse, with the estimate, a lockstep count or a simulation (at ``per_s`` tile visits a second) that would take
+    longer than ``budget_s`` (None: no limit)."""
     if budget_s is None:
         return
     per_head = tile_visits(launch)
-    work, rate = (per_head, LOCKSTEP_VISITS_PER_S) if lockstep_path else (
-        per_head * launch.problem.shape.bh, SIMULATION_VISITS_PER_S)
+    work, rate = (per_head, LOCKSTEP_VISITS_PER_S) if lockstep_path else (per_head * launch.problem.shape.bh, per_s)
     seconds = work / rate
     if seconds > budget_s:
         s = launch.problem.shape
@@ -65,6 +67,21 @@ def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: 
             f"{work:,} tile visits would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
             f"at once for the forward without a mask or grouped heads of flash-swapped (any N) and of flash (up to "
             f"{FORM_MAX_QUERY_BLOCKS:,} query blocks)")
+
+
+def timing_of(kernel: Kernel, launch: Launch, hw: Hardware, kernels: int) -> Timing:
+    """The timed schedule's parameters for a pass of ``kernels`` kernels: a one-kernel forward pass of a kernel with a
+    measured rate R, whose steps of 4·B_r·B_c·d FLOPs take one unit and whose missed bytes m take m / B more,
+    B = the preset's DRAM bandwidth × step FLOPs / R (a block's share of the bandwidth in a step's time;
+    docs/gpu.md); the blocks' spread is ``hw.block_spread``."""
+    if launch.backward or kernels != 1 or kernel.rate is None:
+        timed = sorted(k.name for k in KERNELS.values() if k.rate is not None)
+        raise InputError(f"schedule='timed' with kernel={kernel.name!r} {'backward' if launch.backward else 'forward'}"
+                         f" ({kernels} kernel{'s' if kernels != 1 else ''}): the timed schedule times the steps of "
+                         f"one-kernel forward passes with a measured rate; allowed: the forward of {timed}")
+    t = launch.tiling
+    step_flops = 4 * t.Br * t.Bc * launch.problem.shape.d
+    return Timing(hw.gpu.hbm_bandwidth.value * step_flops / kernel.rate(launch.problem), 0.0, hw.block_spread)
 
 
 def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float | None = BUDGET_S) -> list[DramCounts]:
@@ -77,6 +94,11 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
     parts = []
     for g in grids:
         config = hw.config(g)
+        if config.schedule == "timed":
+            timing = timing_of(kernel, launch, hw, len(grids))
+            check_budget(kernel, launch, False, budget_s, TIMED_VISITS_PER_S)
+            parts.append(simulate_timed(g, config, timing, hw.sms))
+            continue
         counts = None
         if config.schedule == "lockstep":
             found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
@@ -117,6 +139,9 @@ class DramResult:
     gpu: str
     hbm: Counts  # the two-level count, as iosim.count gives it
     dram: DramCounts  # bytes: reads (L2 misses), writes during the kernels, dirty at their end
+    # under the timed schedule, its counts at the two ends of the blocks' spread (iosim.gpu.hardware.BLOCK_SPREADS);
+    # ``dram`` is its middle. None under the other schedules
+    band: tuple[DramCounts, DramCounts] | None = None
 
     @property
     def tiling(self) -> Tiling | None:
@@ -133,7 +158,9 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     ``kernel`` names the kernel description (``iosim.gpu.kernels.KERNELS``; default the kernel of ``kernels/`` named
     as the algorithm, with its occupancy from the resource report); ``sawtooth`` selects flash-swapped's sawtooth
     order. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
-    ``schedule`` how their first blocks start (``iosim.gpu.hardware.SCHEDULES``). The forward passes of flash and
+    ``schedule`` how their blocks run (``iosim.gpu.hardware.SCHEDULES``; "timed", the one-kernel forward passes of
+    kernels with a measured rate, also gives ``band``, the counts at both ends of the blocks' spread). The forward
+    passes of flash and
     flash-swapped have closed forms (milliseconds); other passes are simulated, which takes seconds to minutes at
     batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count`` takes it, and a sliding
     window (other than causal's (−1, 0)) is refused: no kernel of iosim takes one. A lockstep count or a simulation
@@ -149,8 +176,11 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     if found.tile is not None:
         request = own_tiles(request, found, tiling, block_policy, gpu)
     r = measure(request, gpu)
+    counts = request_dram(r.plans, hw, found, sawtooth, budget_s)
+    band = None if schedule != "timed" else tuple(
+        request_dram(r.plans, replace(hw, block_spread=s), found, sawtooth, budget_s) for s in BLOCK_SPREADS)
     return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
-                      request_dram(r.plans, hw, found, sawtooth, budget_s))
+                      counts, band)
 
 
 def own_tiles(request: Request, kernel: Kernel, tiling: Tiling | None, block_policy: str, gpu: str) -> Request:

@@ -18,7 +18,14 @@ from iosim.gpu.l2 import SECTOR, Grid, L2Config
 # waves that start and end together. "staggered": slot s's first block starts s/W of a mean block's steps late, so
 # that blocks finish one after another and the running blocks are a window sliding along the grid, the steady state
 # of dynamic dispatch once blocks of equal work drift apart.
-SCHEDULES = ("lockstep", "staggered")
+# "timed" (iosim.gpu.timed): blocks step at their own speed and stall on what they miss, for the one-kernel forward
+# passes of kernels with a measured rate (Kernel.rate).
+SCHEDULES = ("lockstep", "staggered", "timed")
+# The timed schedule's spread of the blocks' own speeds: call 3's block trace (flash-swapped float32, 16 heads, N
+# 65,536, d 128: docs/gpu-logs/2026-11-27-h100-call3.md) put the blocks within 1 % of each other (sd) and the SMs
+# within 1e-5; a request runs the middle of that range, and its band the two ends (iosim.gpu.dram.dram)
+BLOCK_SPREADS = (0.0, 0.01)
+CENTRAL_SPREAD = 0.005
 
 
 class OverrideError(InputError):
@@ -45,6 +52,7 @@ class Hardware:
     blocks_per_sm: int | None
     schedule: str
     l2_overridden: bool = False
+    block_spread: float = CENTRAL_SPREAD  # the timed schedule's (iosim.gpu.timed.Timing.block_spread)
 
     @property
     def sms(self) -> int:
@@ -63,7 +71,8 @@ class Hardware:
 
     def with_l2_bytes(self, l2_bytes: int) -> Hardware:
         """The same GPU with an L2 of ``l2_bytes`` (a capacity sweep)."""
-        return Hardware(self.gpu, check_l2_bytes(self.gpu, l2_bytes), self.blocks_per_sm, self.schedule, True)
+        return Hardware(self.gpu, check_l2_bytes(self.gpu, l2_bytes), self.blocks_per_sm, self.schedule, True,
+                        self.block_spread)
 
     def overrides(self) -> dict:
         """What the user set: the keys a record carries (None where the preset's or the kernel's own stands)."""

@@ -50,6 +50,9 @@ class Kernel:
     # the tile the kernel launches whatever it is asked (pass backward or not), where it fixes its own; None where it
     # takes the request's tiling
     tile: Callable[[Problem, bool], Tiling] | None = None
+    # its forward's measured FLOP/s on the problem's dtype, which sets the timed schedule's miss penalty
+    # (iosim.gpu.timed); None where no GPU run has timed it
+    rate: Callable[[Problem], float] | None = None
 
     def own(self, launch: Launch) -> Launch:
         """``launch`` at the kernel's own tile, where it fixes one: the DRAM level describes the kernel as it runs."""

@@ -82,18 +82,29 @@ SDPA = "torch's scaled_dot_product_attention, flash backend: FlashAttention-2's 
        "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from published " \
        "register counts and its shared memory"
 
+# Forward FLOP/s call 3 measured on an H100 at batch·heads 256, N 4,096, d 64 (experiments/results/call3.json, the
+# gpu_bench records of experiments/results/gpu/call3/second and fourth): flash-swapped float32 20.59 TFLOP/s (its
+# float16 build computes in float32 on the CUDA cores too: taken the same), flash-swapped-tc float16 168.4 (bfloat16
+# taken the same), SDPA's flash forward 242.7
+CUDA_CORE_RATE, TENSOR_CORE_RATE, SDPA_RATE = 20.59e12, 168.4e12, 242.7e12
+
+
+def _tc_rate(pb) -> float:
+    return CUDA_CORE_RATE if pb.dtype == "float32" else TENSOR_CORE_RATE
+
+
 TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report (iosim/gpu/" \
         "kernels_resources_sm90.json), else as shared memory allows"
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
     Kernel("flash", "flash", TODAY.format(module="flash.py"), _flash, backward=True, forward_dram=flash.forward_dram),
     Kernel("flash-swapped", "flash-swapped", TODAY.format(module="flash_swapped.py"), _flash_swapped, backward=True,
-           forward_dram=flash_swapped.forward_dram, options=("sawtooth",)),
+           forward_dram=flash_swapped.forward_dram, options=("sawtooth",), rate=lambda pb: CUDA_CORE_RATE),
     Kernel("flash-swapped-tc", "flash-swapped", TODAY.format(module="flash_swapped_tc.py") +
-           "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True),
+           "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True, rate=_tc_rate),
     Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False),
     Kernel("sdpa-flash", "flash-swapped", SDPA, _sdpa_flash, backward=True, forward_dram=sdpa_flash.forward_dram,
-           tile=sdpa_flash.tile),
+           tile=sdpa_flash.tile, rate=lambda pb: SDPA_RATE),
     call1.FLASH, call1.FLASH_SWAPPED,
 )}
 
