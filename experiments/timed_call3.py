@@ -12,17 +12,17 @@ from specifications and from call 3's other measurements, never from these rows'
 - the miss penalty: a block's step takes 1 unit of arithmetic, 4·B_r·B_c·d FLOPs at the kernel's share of its
   measured rate R, and its missed bytes m take m / B more, B = DRAM bandwidth × step FLOPs / R, the bytes the block's
   share of the bandwidth (the preset's, 3,352 GB/s, over the blocks at once) delivers in that time. R is call 3's
-  measured forward rate of the kernel at batch·heads 256, N 4,096, d 64 (experiments/results/call3.json): 20.6
-  TFLOP/s for flash-swapped's CUDA-core kernel, taken for its float16 build too (it computes in float32), 168 for
-  flash-swapped-tc;
+  measured forward rate of the kernel at batch·heads 256, N 4,096, d 64 (``Kernel.rate``, from
+  experiments/results/call3.json): 20.6 TFLOP/s for flash-swapped's CUDA-core kernel, taken for its float16 build
+  too (it computes in float32), 168 for flash-swapped-tc, 243 for SDPA's flash forward
+  (``iosim.gpu.dram.timing_of``);
 - the spread of speeds: call 3's block trace of flash-swapped float32 (16 heads, N 65,536, d 128) gives the SMs'
   median block times within 10⁻⁵ of each other and the blocks' own within 1 % (sd); both are run, 0 and 0.01.
 
 It is an explanation, not a prediction: these rows were measured before it was written, and its test is the next
 call's rows. ``--predict GRID`` is that test's first half: the timed schedule's DRAM reads of the one-kernel forward
 rows of an ncu grid (``experiments/ncu_traffic.py``) within ``--max-steps``, at both spreads, written to
-experiments/results/gpu/predictions-<commit>-timed-<grid>.json before the call that measures them (SDPA's rate: call
-3's 243 TFLOP/s of its flash forward).
+experiments/results/gpu/predictions-<commit>-timed-<grid>.json before the call that measures them.
 """
 
 from __future__ import annotations
@@ -32,30 +32,19 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from experiments import ncu_traffic, predict_next_call
-from experiments.call3 import RAW, _best, bench_rows, ncu_rows
-from iosim.core.gpus import GPUS
-from iosim.gpu.dram import tile_visits
-from iosim.gpu.hardware import hardware
+from experiments.call3 import RAW, ncu_rows
+from iosim.gpu.dram import tile_visits, timing_of
+from iosim.gpu.hardware import BLOCK_SPREADS, hardware
 from iosim.gpu.kernels import KERNELS
-from iosim.gpu.timed import Timing, simulate_timed
+from iosim.gpu.timed import simulate_timed
 
 REPO = Path(__file__).resolve().parents[1]
 GPU = "h100"
-BLOCK_SPREADS = (0.0, 0.01)  # call 3's trace: the blocks' own durations within 1 % (sd), the SMs' within 1e-5
 MAX_STEPS = 12_000_000  # about a minute of the timed schedule
-
-
-BENCH_IMPL = {"sdpa-flash": "torch-sdpa"}  # gpu_bench's name of the kernel a description describes
-
-
-def rate(impl: str) -> float:
-    """Call 3's measured forward FLOP/s of the kernel (256 × 4096, d 64), the CUDA-core one for its float16 build."""
-    dtype = "float16" if impl in ("flash-swapped-tc", "sdpa-flash") else "float32"
-    return _best(bench_rows(), impl=BENCH_IMPL.get(impl, impl), dtype=dtype, bh=256, N=4096, d=64)["forward"] * 1e12
 
 
 def timed(cfg: ncu_traffic.LaunchConfig, max_steps: int) -> dict | None:
@@ -63,21 +52,19 @@ def timed(cfg: ncu_traffic.LaunchConfig, max_steps: int) -> dict | None:
     of more than one kernel (split-kv's split and combine) or a grid of more than ``max_steps`` steps."""
     launch = predict_next_call.launch(cfg)
     steps = tile_visits(launch) * launch.problem.shape.bh
-    if cfg.direction != "forward" or steps > max_steps:
-        return None
-    grids = KERNELS[cfg.impl].grids(launch)
-    if len(grids) != 1:
+    kernel = KERNELS[cfg.impl]
+    grids = kernel.grids(launch)
+    if cfg.direction != "forward" or len(grids) != 1 or steps > max_steps:
         return None
     (grid,) = grids
-    hw = hardware(GPU)
+    hw = hardware(GPU, schedule="timed")
     config = hw.config(grid)
-    t = launch.tiling
-    step_flops = 4 * t.Br * t.Bc * cfg.d
-    miss_bytes = GPUS[GPU].hbm_bandwidth.value * step_flops / rate(cfg.impl)
-    out = {"steps": steps, "miss_bytes_per_step": miss_bytes, "concurrent": config.concurrent, "timed": []}
+    out = {"steps": steps, "concurrent": config.concurrent, "timed": []}
     for spread in BLOCK_SPREADS:
         start = time.perf_counter()
-        counts = simulate_timed(grid, config, Timing(miss_bytes, 0.0, spread, seed=0), hw.sms)
+        timing = timing_of(kernel, kernel.own(launch), replace(hw, block_spread=spread), 1)
+        counts = simulate_timed(grid, config, timing, hw.sms)
+        out["miss_bytes_per_step"] = timing.miss_bytes_per_step
         out["timed"].append({"block_spread": spread, "read": counts.reads, "seconds": time.perf_counter() - start})
     return out
 
