@@ -149,9 +149,9 @@ OUTPUTS = (
     Output("timed_call3", "python -m experiments.timed_call3", ("experiments/results/timed_call3.json",),
            ("--out", "{root}/experiments/results/timed_call3.json"), SLOW, 48),
     # the timed schedule's predictions of the next call's one-kernel forward rows, committed before it
-    *(Output(f"predictions-010447b-timed-{grid}", f"python -m experiments.timed_call3 --predict {grid}",
-             (f"{GPU_DIR}/predictions-010447b-timed-{grid}.json",),
-             ("--out", f"{{root}}/{GPU_DIR}/predictions-010447b-timed-{grid}.json"), SLOW, seconds)
+    *(Output(f"predictions-3f14d76-timed-{grid}", f"python -m experiments.timed_call3 --predict {grid}",
+             (f"{GPU_DIR}/predictions-3f14d76-timed-{grid}.json",),
+             ("--out", f"{{root}}/{GPU_DIR}/predictions-3f14d76-timed-{grid}.json"), SLOW, seconds)
       for grid, seconds in (("call3-sdpa", 21), ("short-rest", 46))),
     # call 3 on an H100 at 39edb2a (call3/README.md) against the predictions committed before it
     Output("call3", "python -m experiments.call3", ("experiments/results/call3.json", "docs/figures/call3.png"),
