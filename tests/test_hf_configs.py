@@ -1,4 +1,4 @@
-"""Published Hugging Face configs of eleven model families, read as their attention is (issue 30, item 2).
+"""Published Hugging Face configs of thirteen model families, read as their attention is (issue 30, item 2).
 
 tests/data/hf_configs/ holds each family's config.json as published, its URL in ``_source``: the fields that shape
 attention and a few beside them. What each must read as is the model's architecture as its paper or transformers'
@@ -32,6 +32,10 @@ EXPECTED = {
     "bloom-7b1": (30, 32, 32, 128, None, {GLOBAL: 30}, None),
     "qwen1.5-moe-a2.7b": (24, 16, 16, 128, 8192, {GLOBAL: 24}, None),
     "starcoder": (40, 48, 1, 128, 8192, {GLOBAL: 40}, None),
+    "qwen3-8b": (36, 32, 8, 128, 40960, {GLOBAL: 36}, None),
+    # Gemma 3: every sixth layer global (transformers' Gemma3TextConfig: layer i is full attention when (i + 1) % 6 is
+    # 0): layers 6, 12, …, 60 of 62. Its config states no max_position_embeddings
+    "gemma-3-27b-it": (62, 32, 16, 128, None, {LOCAL: 52, GLOBAL: 10}, None),
 }
 
 
@@ -87,3 +91,15 @@ def test_llama4_chunked_layers_are_their_chunks():
     last = {c.kind.label: c for c in decode.layers}["chunked 8192"]
     one = iosim.count("flash-swapped", N=1, N_k=100, d=128, heads=40, kv_heads=8, causal=True, M=report.M)
     assert last.counts.total_bytes == one.traffic.total_bytes  # the new token's chunk holds 100 keys
+
+
+@pytest.mark.parametrize("preset, stored", [("qwen3-8b", "qwen3-8b"), ("gemma-3-27b", "gemma-3-27b-it")])
+def test_a_preset_is_its_published_config(preset, stored):
+    from iosim.models.presets import get_model
+
+    mine, published = get_model(preset), load_config(DATA / f"{stored}.json")
+    fields = ("layers", "heads", "kv_heads", "head_dim", "sliding_window", "attention_chunk")
+    assert [getattr(mine, f) for f in fields] == [getattr(published, f) for f in fields]
+    assert mine.kinds() == published.kinds()
+    # Gemma 3's config states no max_position_embeddings; the preset takes Gemma3TextConfig's default
+    assert mine.max_context == (published.max_context or 131072)

@@ -199,7 +199,7 @@ def test_gpt2_field_names_and_head_dim(tmp_path):
     ({"max_position_embeddings": 0}, "max_position_embeddings=0 must be a whole number >= 1"),
     ({"sliding_window": -1}, "sliding_window=-1"),
     ({"sliding_window": 4096, "use_sliding_window": "yes"}, "use_sliding_window='yes'"),
-    ({"sliding_window": 1024, "sliding_window_pattern": 6}, "sliding_window_pattern=6 without layer_types"),
+    ({"sliding_window": 1024, "sliding_window_pattern": 0}, "sliding_window_pattern=0 must be a whole number >= 1"),
     ({"sliding_window": 1024, "layer_types": [LOCAL] * 31}, "layer_types has 31 entries; num_hidden_layers=32"),
     ({"sliding_window": 1024, "layer_types": ["chunked_attention"] * 32}, "attention_chunk_size is missing or null"),
     ({"layer_types": ["linear_attention"] * 32}, "layer_types holds ['linear_attention']"),

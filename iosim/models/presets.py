@@ -27,13 +27,15 @@ it; nothing is downloaded) with these fields:
   convention: query i sees key j when i − W < j ≤ i, flash-attn's ``window_size=(W − 1, 0)``);
   which layers are local:
   - ``layer_types``, one entry a layer, "sliding_attention" or "full_attention";
+  - else ``sliding_window_pattern`` P (Gemma 3; its published configs state none, and ``model_type`` "gemma3" or
+    "gemma3_text" takes transformers' default, 6): every P-th layer global, the others local (transformers'
+    Gemma3TextConfig: layer i local where (i + 1) mod P is not 0);
   - else ``model_type`` "gemma2": layers 0, 2, 4, ... local, the others global (transformers'
     ``Gemma2Attention``: ``is_sliding = not layer_idx % 2``);
   - else ``use_sliding_window: false`` (Qwen2) makes every layer global, and with it true,
     layers from ``max_window_layers`` on are local (transformers' Qwen2 rule);
   - else every layer is local (Mistral).
-  A ``sliding_window_pattern`` without ``layer_types`` (Gemma 3) is refused by name, as is
-  an entry of ``layer_types`` other than the three kinds: iosim does not guess them.
+  An entry of ``layer_types`` other than the three kinds is refused by name: iosim does not guess them.
 
 Fields that shape attention in a way iosim does not count (``UNMODELLED``: multi-head latent attention's
 ``kv_lora_rank``, GPT-Neo's ``attention_types``, ``cross_attention_layers``) and ``is_encoder_decoder: true`` are
@@ -130,6 +132,15 @@ def uniform(layers: int, kind: str = GLOBAL) -> tuple[str, ...]:
     return (kind,) * layers
 
 
+GEMMA3, GEMMA3_PATTERN = ("gemma3", "gemma3_text"), 6  # transformers' Gemma3TextConfig: sliding_window_pattern=6
+
+
+def pattern_layers(pattern: int, layers: int) -> tuple[str, ...]:
+    """Gemma 3's layers: every ``pattern``-th global, the others local (transformers' Gemma3TextConfig: layer i is
+    "sliding_attention" where (i + 1) mod sliding_window_pattern is not 0)."""
+    return tuple(LOCAL if (i + 1) % pattern else GLOBAL for i in range(layers))
+
+
 def alternating(layers: int) -> tuple[str, ...]:
     """Gemma 2's layers: local first, then global, alternating (transformers' ``is_sliding = not layer_idx % 2``)."""
     return tuple(LOCAL if i % 2 == 0 else GLOBAL for i in range(layers))
@@ -165,6 +176,26 @@ PRESETS: dict[str, ModelConfig] = {
     # max_position_embeddings 131072; sliding_window 131072 but use_sliding_window false: every layer global
     "qwen2.5-7b": ModelConfig("Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128, max_context=131072,
                               source=f"{HF}/Qwen/Qwen2.5-7B/blob/main/config.json"),
+    # Qwen3 (model_type qwen3, qwen3_moe): head_dim 128 stated (64 heads × 128 exceeds the 32B's hidden_size 5120),
+    # max_position_embeddings 40960, sliding_window null and use_sliding_window false: every layer global. 8B:
+    # 36 layers, 32 heads, 8 K/V heads; 32B: 64, 64, 8; 235B-A22B (the April 2025 release; its -2507 variants state
+    # max_position_embeddings 262144): 94, 64, 4
+    "qwen3-8b": ModelConfig("Qwen3-8B", layers=36, heads=32, kv_heads=8, head_dim=128, max_context=40960,
+                            source=f"{HF}/Qwen/Qwen3-8B/blob/main/config.json"),
+    "qwen3-32b": ModelConfig("Qwen3-32B", layers=64, heads=64, kv_heads=8, head_dim=128, max_context=40960,
+                             source=f"{HF}/Qwen/Qwen3-32B/blob/main/config.json"),
+    "qwen3-235b-a22b": ModelConfig("Qwen3-235B-A22B", layers=94, heads=64, kv_heads=4, head_dim=128, max_context=40960,
+                                   source=f"{HF}/Qwen/Qwen3-235B-A22B/blob/main/config.json"),
+    # num_hidden_layers 126, num_attention_heads 128, num_key_value_heads 8, hidden_size 16384 (head_dim 128),
+    # max_position_embeddings 131072
+    "llama-3.1-405b": ModelConfig("Llama-3.1-405B", layers=126, heads=128, kv_heads=8, head_dim=128,
+                                  max_context=131072, source=f"{HF}/meta-llama/Llama-3.1-405B/blob/main/config.json"),
+    # text_config: num_hidden_layers 62, num_attention_heads 32, num_key_value_heads 16, head_dim 128, sliding_window
+    # 1024; no sliding_window_pattern nor max_position_embeddings stated: transformers' Gemma3TextConfig defaults, 6
+    # (every sixth layer global: 52 local, 10 global) and 131072
+    "gemma-3-27b": ModelConfig("Gemma-3-27B", layers=62, heads=32, kv_heads=16, head_dim=128, max_context=131072,
+                               source=f"{HF}/google/gemma-3-27b-it/blob/main/config.json (text_config)",
+                               sliding_window=1024, layer_types=pattern_layers(6, 62)),
 }
 
 # GPT-2's names of the common fields (transformers' GPT2Config.attribute_map; BLOOM's and GPT-J's are the same),
@@ -285,8 +316,9 @@ def _layer_types(config: dict, layers: int, window: int | None, chunk: int | Non
     if window is None:
         return uniform(layers)
     if "sliding_window_pattern" in config:
-        raise InputError(f"sliding_window_pattern={config['sliding_window_pattern']!r} without layer_types: iosim "
-                         f"reads which layers are local from layer_types (or model_type gemma2); add layer_types")
+        return pattern_layers(_count(config, "sliding_window_pattern"), layers)
+    if config.get("model_type") in GEMMA3:  # its published configs state no pattern: Gemma3TextConfig's default
+        return pattern_layers(GEMMA3_PATTERN, layers)
     if config.get("model_type") == "gemma2":
         return alternating(layers)
     use = config.get("use_sliding_window", True)
