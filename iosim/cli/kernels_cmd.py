@@ -24,7 +24,8 @@ def records() -> list[dict]:
     for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
         rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
                          passes="fwd, bwd" if k.backward else "fwd", options=" ".join(k.options) or None,
-                         closed_form=k.forward_dram is not None, source=k.source))
+                         closed_form=k.forward_dram is not None, own_tile=k.tile is not None,
+                         timed=k.rate is not None, source=k.source))
     return rows
 
 
@@ -41,6 +42,10 @@ def main(args: argparse.Namespace, console) -> None:
     for r in rows:
         table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "")
     console.print(table)
+    console.print("launch their own tiles, whatever the request's: "
+                  + ", ".join(r["kernel"] for r in rows if r["own_tile"]))
+    console.print("forward timed on a GPU, so --schedule timed runs them: "
+                  + ", ".join(r["kernel"] for r in rows if r["timed"]))
     for r in rows:
         console.print(f"{r['kernel']}: {r['source']}")
     console.print(f"resource report: {report().path.name}, kernels at {report().commit[:7]}")
