@@ -396,9 +396,15 @@ def _launch_sdpa(cfg: LaunchConfig, index: int, marker) -> None:
 
     gen = torch.Generator(device="cuda").manual_seed(index)
     dtype = getattr(torch, cfg.dtype)
-    rows, keys = (cfg.batch, cfg.heads, cfg.n_q, cfg.d), (cfg.batch, cfg.kv, cfg.n_k, cfg.d)
-    q, k, v = (torch.randn(s, device="cuda", dtype=dtype, generator=gen).requires_grad_() for s in (rows, keys, keys))
-    dout = torch.randn(rows, device="cuda", dtype=dtype, generator=gen)
+
+    def tensor(heads: int, n: int):
+        """(batch, heads, n, d) as a view of (batch, n, heads, d) memory, the layout FlashAttention-2 runs on: torch's
+        flash backward makes dO and O contiguous in that layout, and would copy them (two kernels the description does
+        not hold) if they were laid out as (batch, heads, n, d)."""
+        return torch.randn((cfg.batch, n, heads, cfg.d), device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+
+    q, k, v = (tensor(h, n).requires_grad_() for h, n in ((cfg.heads, cfg.n_q), (cfg.kv, cfg.n_k), (cfg.kv, cfg.n_k)))
+    dout = tensor(cfg.heads, cfg.n_q)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         def forward():
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal,

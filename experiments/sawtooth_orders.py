@@ -4,8 +4,9 @@ The sawtooth order of arXiv 2601.16032 (FlashAttention on GB10) belongs to a per
 after tile and alternates the direction of its K/V scan from one tile to the next, so a whole wave scans one way and
 the next wave the other (``iosim.gpu.grids.persistent``). kernels/flash_swapped.py's ``sawtooth`` reverses the odd
 query blocks of each head instead, in a dispatched grid (``iosim.gpu.grids.flash_swapped.forward``). This script
-runs both, and the plain order, through the lockstep schedule at one head, float16, d = 128, tiles of 64 × 64,
-2 CTAs per SM (FlashAttention-2's forward occupancy, iosim/gpu/grids/sdpa_flash.py), N from 16,384 to 262,144, and
+runs both, and the plain order, through the lockstep schedule at one head, float16, d = 128, tiles of 64 × 64 (as
+experiments/sawtooth.py), 2 CTAs per SM (the occupancy of FlashAttention-2's forward, iosim/gpu/grids/sdpa_flash.py),
+N from 16,384 to 262,144, and
 reports each order's K and V DRAM reads over K and V read once. A dotted line marks the N from which one head's K
 and V (4·N·d bytes) pass the preset's effective L2. Predictions of the model, not measurements.
 

@@ -197,9 +197,10 @@ class Algorithm:
     def follows_block_mask(self, pb: Problem) -> bool:
         """Whether its traffic on ``pb`` follows a block mask drawn on each tiling's own tiles.
 
-        Then a change of block size redraws which tiles are visited, so traffic need not
+        Then a change of block count redraws which tiles are visited, so traffic need not
         fall as a block grows, nor be the same for every block of one block count: the
-        ``optimal`` search (``iosim.tilings.search``) evaluates every tiling that fits.
+        ``optimal`` search (``iosim.tilings.search``) evaluates the corners of each pair of block
+        counts where the problem has no band, and every tiling that fits where it has one.
         """
         return self.needs.block_mask and pb.block_sparsity is not None
 

@@ -65,6 +65,10 @@ def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
     """torch SDPA's flash backend: the forward's one kernel where torch runs it unsplit; the backward's three."""
     pb, t = launch.problem, launch.tiling
     if launch.backward:
+        if pb.shape.kv_heads != pb.shape.heads:  # torch then sums dK, dV over each group: two kernels more
+            raise InputError(f"kv_heads={pb.shape.kv_heads} < heads={pb.shape.heads} in the backward: torch sums dK "
+                             "and dV over each group after FlashAttention-2's kernels, which the description does "
+                             "not hold; allowed: kv_heads == heads")
         dot, main, convert = sdpa_flash.backward_bounds(pb, t)
         return (sdpa_flash.dot_do_o(pb, t, dot), sdpa_flash.backward_main(pb, t, main),
                 sdpa_flash.convert_dq(pb, t, convert))

@@ -8,12 +8,12 @@ What this description takes from the source (file names are flash-attention's):
   blocks launch query block fastest, then batch, then head. Block (i, b, h) loads Q_i, then visits the key blocks it
   sees from the last down to the first (``n_block = n_block_max − 1`` downwards; a causal mask, bottom-right
   aligned, ends the run at ⌈((i+1)·kBlockM + N_k − N_q)/kBlockN⌉), reading K_j and V_j at each, and writes O_i (in
-  the input dtype) and lse_i (float32) at the end. A block whose queries see no key writes O_i = 0 and lse_i and
-  reads nothing. Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 128 × 64 at d = 128, float16 or bfloat16, no
-  dropout, on sm_80 and sm_90 (``run_mha_fwd_hdim64``, ``run_mha_fwd_hdim128``).
+  the input dtype) and lse_i (float32) at the end. Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 128 × 64 at
+  d = 128, float16 or bfloat16, no dropout, on sm_80 and sm_90 (``run_mha_fwd_hdim64``, ``run_mha_fwd_hdim128``).
 - **Which forward runs**: torch's ``mha_fwd`` lets ``num_splits_heuristic`` choose K/V splits (``flash_api.cpp``);
   where it chooses more than one, the split-KV kernels run instead, which this description does not cover
-  (``forward_splits`` says when).
+  (``forward_splits`` says when). Decoding with grouped heads (N_q = 1, heads > kv_heads) runs as one head of G query
+  rows, and torch runs no flash kernel for a causal mask with N_q ≠ N_k: both refused by name.
 - **Backward** (``run_flash_bwd_seqk_parallel``, ``flash_bwd_launch_template.h``, at 144 KB of shared memory per block
   or more, which an H100 allows): three kernels.
   1. ``flash_bwd_dot_do_o_kernel``, ``grid (⌈N_q/kBlockM⌉, batch, heads)``: reads dO_i and O_i, writes
@@ -23,7 +23,8 @@ What this description takes from the source (file names are flash-attention's):
      loads K_j, V_j, then visits the query blocks that see them from the last down to the first (``m_block`` from
      ``m_block_max − 1`` down to ``m_block_min``), reading Q_i, dO_i, lse_i and D_i and adding into the float32
      accumulator of dQ_i with atomics (a read-modify-write in the L2, over all kBlockM rows), and writes dK_j, dV_j.
-  3. ``flash_bwd_convert_dq_kernel``, the dot kernel's grid: reads dQ_i's accumulator, writes dQ_i in the dtype.
+  3. ``flash_bwd_convert_dq_kernel``, the dot kernel's grid: reads dQ_i's accumulator (all kBlockM rows), writes dQ_i
+     in the dtype.
   Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 64 × 128 at d = 128.
 
 Within a step the kernels prefetch the next tile (K_(j−1) during step j; Q_(i−1), dO_(i−1) in the backward); this
@@ -68,6 +69,15 @@ def check(pb: Problem) -> None:
     if pb.dropout_p > 0:
         raise InputError(f"dropout_p={pb.dropout_p}: with dropout FlashAttention-2 launches other tiles, which the "
                          "description does not cover; allowed: 0")
+    s = pb.shape
+    if pb.causal and s.n_q != s.n_k:
+        raise InputError(f"causal with N_q={s.n_q:,} ≠ N_k={s.n_k:,}: torch does not run its flash backend for a "
+                         "non-square causal mask (check_flash_causal_non_square_seqlens); allowed: N_q == N_k, or "
+                         "causal=False")
+    if s.n_q == 1 and s.heads > s.kv_heads:
+        raise InputError(f"N_q=1 with heads={s.heads} over kv_heads={s.kv_heads}: FlashAttention-2 runs decoding with "
+                         "grouped heads as one head of G query rows (seqlenq_ngroups_swapped), which the description "
+                         "does not cover; allowed: N_q > 1, or kv_heads == heads")
 
 
 def tile(pb: Problem, backward: bool) -> Tiling:
@@ -119,9 +129,7 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
         rows = min(Br, s.n_q - i * Br)
         t = bh * Tr + i
         out = (tiles.access("O", t, rows * s.d * data, WRITE), tiles.access("lse", t, rows * stat, WRITE))
-        run = met.key_run(i)
-        if not run:
-            return iter((out,))
+        run = met.key_run(i)  # never empty: torch runs no flash kernel for a causal mask with N_q ≠ N_k (``check``)
         q = (tiles.access("Q", t, rows * s.d * data, READ),)
         kvh = s.kv_head(bh)
         kv = downwards.get(kvh)
@@ -207,16 +215,16 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
 
 
 def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
-    """``flash_bwd_convert_dq_kernel``: one step per (query block, batch, head), reading dQ_i's accumulator and
-    writing dQ_i in the dtype, both over the block's rows."""
+    """``flash_bwd_convert_dq_kernel``: one step per (query block, batch, head), reading dQ_i's accumulator over all
+    kBlockM rows (its copy is not predicated on the rows) and writing dQ_i in the dtype over the block's rows."""
     s, data = pb.shape, pb.itemsize("data")
-    Tr, rows, _ = _rows(pb, tiling.Br)
+    Tr, rows, full = _rows(pb, tiling.Br)
     pair = launch_order(s)
 
     def steps(b: int):
         n, i = divmod(b, Tr)
         t = pair(n) * Tr + i
-        return iter(((TILES.access("dQ", t, rows[i] * s.d * 4, READ),
+        return iter(((TILES.access("dQ", t, full * s.d * 4, READ),
                       TILES.access("dQ_cast", t, rows[i] * s.d * data, WRITE)),))
 
     return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
