@@ -342,3 +342,14 @@ def test_the_report_says_split_kv_prefill_skips_causal_tiles_only_in_a_window():
     assert any("split-kv is a decoding kernel" in note for note in report.notes)
     decode = iosim.model("gemma-2-9b", N=8192, phases=("decode",), algorithms=["split-kv"])
     assert not any("split-kv is a decoding kernel" in note for note in decode.notes)
+
+
+def test_model_plot_draws_each_phase_and_a_bad_suffix_is_refused_before_any_work(tmp_path, capsys):
+    from iosim.cli import main
+
+    path = tmp_path / "gemma.png"
+    assert main(["model", "gemma-3-27b", "--N", "4Ki", "--algo", "flash-swapped", "split-kv", "--plot",
+                 str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["model", "gemma-3-27b", "--plot", str(tmp_path / "x.bogus")]) == 2
+    assert "--plot='" in capsys.readouterr().err and not (tmp_path / "x.bogus").exists()

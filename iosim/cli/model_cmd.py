@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from iosim.cli.common import add_outputs, count_arg
 from iosim.cli.progress import progress_bar
@@ -25,6 +26,8 @@ from iosim.models.cost import (
 )
 from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
 from iosim.registry import ALGORITHMS
+from iosim.reports.bound import check_plot_path
+from iosim.reports.model_plot import plot
 from iosim.reports.records import RecordWriter
 
 WIDTH, WIDE = 80, 130  # the tables' width by default (piped output gets it too) and with --wide
@@ -52,6 +55,8 @@ def add_parser(sub) -> None:
     p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
                    help="algorithms to count (default: all but the block-sparse ones, which need a block mask)")
     p.add_argument("--phase", choices=PHASES, nargs="+", default=list(PHASES), help="phases to count (default: all)")
+    p.add_argument("--plot", metavar="PNG", type=Path, default=None,
+                   help="draw each phase's bytes and FLOPs per algorithm, stacked by kind of layer")
     p.add_argument("--wide", action="store_true",
                    help=f"every column (FLOPs, the sums of HBM, DRAM and FLOPs), {WIDE} columns wide; by default the "
                         f"tables fit {WIDTH}")
@@ -65,13 +70,17 @@ def config_of(args: argparse.Namespace) -> ModelConfig:
 
 
 def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None = None) -> ModelReport:
-    """Count the model; ``on_row`` sees each (phase, algorithm) as it is done."""
+    """Count the model; ``on_row`` sees each (phase, algorithm) as it is done; ``--plot`` draws it."""
     cfg = config_of(args)
+    if args.plot is not None:
+        check_plot_path(args.plot, "--plot")
     with RecordWriter(args.json, args.csv) as writer:  # the paths are checked before any work
         report = model(cfg, N=args.N, context=args.context, batch=args.batch, gpu=args.gpu, dtype=args.dtype,
                        M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row)
         for record in records(report):
             writer.add(record)
+    if args.plot is not None:
+        plot(report, args.plot)
     return report
 
 

@@ -122,13 +122,13 @@ def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", po
     return BoundSweep(pb, out)
 
 
-def check_plot_path(path: Path) -> None:
-    """Refuse, before any work, a plot path whose suffix matplotlib cannot write."""
+def check_plot_path(path: Path, option: str = "out") -> None:
+    """Refuse, before any work, a plot path (the command's ``option``) whose suffix matplotlib cannot write."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
     if path.suffix.lstrip(".").lower() not in formats:
-        raise InputError(f"out={str(path)!r} has the suffix {path.suffix or '(none)'!r}, which matplotlib cannot "
+        raise InputError(f"{option}={str(path)!r} has the suffix {path.suffix or '(none)'!r}, which matplotlib cannot "
                          f"write; allowed: {', '.join('.' + f for f in formats)}")
 
 
