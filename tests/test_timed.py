@@ -107,3 +107,12 @@ def test_iosim_dram_runs_the_timed_schedule_with_its_penalty_from_the_preset_and
                    tiling=iosim.Tiling(32, 32))
     with pytest.raises(InputError, match="schedule='timed' with kernel='flash' forward"):
         iosim.dram("flash", schedule="timed", N=256, d=64, M="228KiB")
+
+
+def test_the_sweep_runs_the_timed_schedule_and_says_so(capsys):
+    from iosim.cli import main
+
+    assert main(["sweep", "--gpu", "h100", "--schedule", "timed", "--algo", "flash-swapped", "--N", "1024", "--d",
+                 "128"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the timed schedule (blocks at their own speed" in out and "1.05MB" in out  # Q, K, V read, O and lse written, once each: 4 × 262 KB + 4 KB

@@ -144,6 +144,11 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
         options.append(f"{first.roofline.gpu} preset: DRAM bytes behind its L2 where the algorithm's kernel grid "
                        f"is declared (iosim.gpu.l2), and the roofline time, a lower bound, from them (else from HBM "
                        f"bytes)")
+        if first.schedule == "timed":
+            options.append("the timed schedule (blocks at their own speed, stalling on their L2 misses; their speeds "
+                           "spread 0.5 %, the middle of the 0 to 1 % call 3 measured: iosim.dram gives both ends)")
+        elif first.schedule is not None:
+            options.append(f"the {first.schedule} schedule (--schedule)")
         own = sorted({r.kernel for r in rows if r.kernel is not None and get_kernel(r.kernel).tile is not None})
         if own:
             options.append(f"{', '.join(own)}'s DRAM bytes at the tiles the kernel launches (`iosim kernels`), the "
