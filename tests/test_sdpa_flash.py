@@ -5,6 +5,8 @@ its split rule against hand-worked cases, its compulsory bytes against sizes wor
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from test_l2_cohorts import block_by_block
 
 import iosim
@@ -185,3 +187,21 @@ def test_the_sdpa_ncu_grid_asks_only_shapes_torch_runs_unsplit_at_the_descriptio
         assert c.tile() == {"Br": own.Br, "Bc": own.Bc}
     # torch's kernels come built: one profiled process per direction, not per build
     assert [len(g) for g in ncu_traffic.kernel_groups(rows)] == [len(forward), len(rows) - len(forward)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 4), q_blocks=st.integers(1, 9), k_blocks=st.integers(1, 6),
+       q_ragged=st.integers(0, 127), d=st.sampled_from([64, 128]), capacity=st.integers(40_000, 3_000_000),
+       concurrent=st.integers(1, 40))
+def test_the_forward_closed_form_equals_the_simulation_over_random_shapes(batch, heads, q_blocks, k_blocks, q_ragged,
+                                                                          d, capacity, concurrent):
+    # key blocks whole (the closed form's domain); query blocks may end ragged
+    Br, Bc = sdpa_flash.FORWARD_TILE[d]
+    n, n_k = max(1, q_blocks * Br - q_ragged), k_blocks * Bc
+    pb = problem(batch=batch, heads=heads, n=n, n_k=n_k, d=d)
+    tiling = sdpa_flash.tile(pb, False)
+    (g,) = SDPA.grids(Launch(pb, tiling, sms=1))
+    config = L2Config(capacity, concurrent)
+    form = sdpa_flash.forward_dram(pb, tiling, capacity, concurrent)
+    assume(form is not None)  # a tile larger than the L2 goes around it: no closed form
+    assert form.counts(g.tiles, config) == simulate(g, config)
