@@ -78,13 +78,6 @@ def estimate_s(cfg: ncu_traffic.LaunchConfig) -> float:
     return values / HOST_VALUES_PER_S + flops(cfg) / (ESTIMATED_TFLOPS[cfg.impl] * 1e12) + NCU_OVERHEAD_S
 
 
-def specialisation(cfg: ncu_traffic.LaunchConfig) -> tuple:
-    """What one setup serves: a compiled kernel build, or for SDPA one process per direction (ncu_traffic's groups)."""
-    if cfg.impl == ncu_traffic.SDPA:
-        return cfg.impl, cfg.direction
-    return cfg.impl, cfg.direction, cfg.dtype, cfg.d, cfg.causal, cfg.sawtooth
-
-
 def plan() -> dict:
     lockstep, staggered = predictions(LOCKSTEP), predictions(STAGGERED)
     parts = {}
@@ -97,8 +90,8 @@ def plan() -> dict:
                 raise LookupError(f"{grid}: {cfg} has no committed {'lockstep' if lock is None else 'staggered'} "
                                   f"prediction")
             setup = TORCH_IMPORT_S if cfg.impl == ncu_traffic.SDPA else COMPILE_S
-            seconds = estimate_s(cfg) + (0.0 if specialisation(cfg) in compiled else setup)
-            compiled.add(specialisation(cfg))
+            seconds = estimate_s(cfg) + (0.0 if ncu_traffic.build(cfg) in compiled else setup)
+            compiled.add(ncu_traffic.build(cfg))
             rows.append({"config": vars(cfg), "lockstep_reads": lock["reads"], "lockstep_file": lock["file"],
                          "staggered_reads": stag["reads"], "staggered_file": stag["file"],
                          "parting": max(lock["reads"], stag["reads"]) / max(1, min(lock["reads"], stag["reads"])),

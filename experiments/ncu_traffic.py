@@ -375,23 +375,29 @@ def launch(configs: list[LaunchConfig], only: list[int] | None = None) -> None:
         if cfg.dtype == "bfloat16":
             opts["dtype"] = "bfloat16"  # the inputs are bit patterns (uint16): the results come back as them
         saved = kernels.attention(q, k, v, **opts) if cfg.direction == "backward" else None
-        cuda.synchronize()
-        cuda.profile_start()
-        ncu_config_marker[index + 1, 1]()
-        if saved is None:
-            kernels.attention(q, k, v, **opts)
-        else:
-            kernels.attention_backward(q, k, v, saved.out, saved.lse, dout, **opts)
-        cuda.synchronize()
-        cuda.profile_stop()
-        print(f"launched {index}: {cfg}", flush=True)
+        _profiled(cfg, index, ncu_config_marker, cuda.synchronize, lambda: kernels.attention(q, k, v, **opts)
+                  if saved is None else kernels.attention_backward(q, k, v, saved.out, saved.lse, dout, **opts))
+
+
+def _profiled(cfg: LaunchConfig, index: int, marker, synchronize, run) -> None:
+    """``run`` a configuration's pass between cudaProfilerStart and cudaProfilerStop, after the marker kernel whose grid
+    (index + 1 blocks) attributes ncu's rows to it; ``synchronize`` waits for the stream the pass runs on."""
+    from numba import cuda
+
+    synchronize()
+    cuda.profile_start()
+    marker[index + 1, 1]()
+    cuda.synchronize()  # the marker before the pass, whatever stream the pass runs on
+    run()
+    synchronize()
+    cuda.profile_stop()
+    print(f"launched {index}: {cfg}", flush=True)
 
 
 def _launch_sdpa(cfg: LaunchConfig, index: int, marker) -> None:
     """One SDPA row between cudaProfilerStart and cudaProfilerStop, pinned to the flash backend: the forward, or the
     backward of a forward run before it (torch computes the gradients of q, k, v from dout)."""
     import torch
-    from numba import cuda
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     gen = torch.Generator(device="cuda").manual_seed(index)
@@ -411,17 +417,8 @@ def _launch_sdpa(cfg: LaunchConfig, index: int, marker) -> None:
                                                                     enable_gqa=cfg.kv != cfg.heads)
 
         out = forward() if cfg.direction == "backward" else None
-        torch.cuda.synchronize()
-        cuda.profile_start()
-        marker[index + 1, 1]()
-        cuda.synchronize()
-        if out is None:
-            forward()
-        else:
-            torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-        cuda.profile_stop()
-    print(f"launched {index}: {cfg}", flush=True)
+        _profiled(cfg, index, marker, torch.cuda.synchronize,
+                  forward if out is None else lambda: torch.autograd.grad(out, (q, k, v), dout))
 
 
 def ncu_command(ncu: str, grid: str, log_file: Path, only: list[int] | None = None) -> list[str]:
@@ -439,11 +436,16 @@ def kernel_groups(configs: list[LaunchConfig]) -> list[list[int]]:
     (one compile) per group."""
     groups: dict[tuple, list[int]] = {}
     for index, c in enumerate(configs):
-        build = (c.impl, c.direction, c.dtype, c.d, c.causal or c.dropout_p > 0, c.sawtooth)
-        if c.impl == SDPA:  # torch's kernels come built: one process (one import of torch) per direction
-            build = (c.impl, c.direction)
-        groups.setdefault(build, []).append(index)
+        groups.setdefault(build(c), []).append(index)
     return list(groups.values())
+
+
+def build(c: LaunchConfig) -> tuple:
+    """What one process compiles (or, for SDPA, imports) to launch a configuration: the kernel build (impl,
+    direction, dtype, d, causal with dropout, sawtooth), or for SDPA, whose kernels come built, the direction."""
+    if c.impl == SDPA:
+        return c.impl, c.direction
+    return c.impl, c.direction, c.dtype, c.d, c.causal or c.dropout_p > 0, c.sawtooth
 
 
 def profile(grid: str, out: Path, ncu: str, grouped: bool = False) -> Path:

@@ -126,3 +126,17 @@ def test_compare_joins_the_predictions_made_before_the_run_on_every_key(tmp_path
     source, _, head, _, first, second = (tmp_path / "cmp.md").read_text().splitlines()
     assert "abc1234" in source and head.endswith("L2 read MB | read meas/L2 | L2 write MB | write meas/L2 |")
     assert first.endswith("| 0.0 | 1.25 | 0.0 | 0.500 |") and second.endswith("| – | – | – | – |")
+
+
+def test_launch_runs_each_configuration_after_its_marker(monkeypatch, capsys):
+    # the simulator has no profiler calls: stand-ins record the window each pass runs in
+    from numba import cuda
+
+    window = []
+    monkeypatch.setattr(cuda, "profile_start", lambda: window.append("start"), raising=False)
+    monkeypatch.setattr(cuda, "profile_stop", lambda: window.append("stop"), raising=False)
+    configs = [ncu.LaunchConfig("flash-swapped", direction, 1, 1, 16, 16, 16, "float32")
+               for direction in ("forward", "backward")]
+    ncu.launch(configs, only=[1])
+    assert window == ["start", "stop"]
+    assert capsys.readouterr().out.splitlines() == [f"launched 1: {configs[1]}"]
