@@ -33,6 +33,8 @@ description puts each read in the step that computes on it, one step later than 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from iosim.core.errors import InputError
@@ -41,7 +43,7 @@ from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.grids._device import TILES
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Tiles
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step, Tiles
 
 FORWARD_TILE = {64: (128, 128), 128: (128, 64)}  # d -> (kBlockM, kBlockN), Flash_fwd_kernel_traits
 BACKWARD_TILE = {64: (128, 128), 128: (64, 128)}  # d -> (kBlockM, kBlockN), Flash_bwd_kernel_traits
@@ -160,21 +162,28 @@ def _rows(pb: Problem, Br: int) -> tuple[int, list[int], int]:
     return Tr, [min(Br, pb.shape.n_q - i * Br) for i in range(Tr)], Br
 
 
-def dot_do_o(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
-    """``flash_bwd_dot_do_o_kernel``: one step per (query block, batch, head) in launch order, reading dO_i and O_i
-    and writing D_i and the zeroed accumulator of dQ_i over all kBlockM rows."""
-    s, data = pb.shape, pb.itemsize("data")
+def _per_query_block(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound,
+                     step: Callable[[int, int, int], Step]) -> Grid:
+    """A grid of one step per (query block, batch, head) in launch order: ``step(tile, rows, full)`` for query block
+    tile ``tile`` of ``rows`` rows, in buffers of ``full`` (kBlockM) rows a block."""
+    s = pb.shape
     Tr, rows, full = _rows(pb, tiling.Br)
     pair = launch_order(s)
 
     def steps(b: int):
         n, i = divmod(b, Tr)
-        t = pair(n) * Tr + i
-        x = rows[i] * s.d * data
-        return iter(((TILES.access("dO", t, x, READ), TILES.access("O", t, x, READ),
-                      TILES.access("D", t, full * 4, WRITE), TILES.access("dQ", t, full * s.d * 4, WRITE)),))
+        return iter((step(pair(n) * Tr + i, rows[i], full),))
 
     return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
+
+
+def dot_do_o(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
+    """``flash_bwd_dot_do_o_kernel``: one step per (query block, batch, head) in launch order, reading dO_i and O_i
+    and writing D_i and the zeroed accumulator of dQ_i over all kBlockM rows."""
+    d, data = pb.shape.d, pb.itemsize("data")
+    return _per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
+        TILES.access("dO", t, rows * d * data, READ), TILES.access("O", t, rows * d * data, READ),
+        TILES.access("D", t, full * 4, WRITE), TILES.access("dQ", t, full * d * 4, WRITE)))
 
 
 def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
@@ -217,17 +226,9 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
 def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
     """``flash_bwd_convert_dq_kernel``: one step per (query block, batch, head), reading dQ_i's accumulator over all
     kBlockM rows (its copy is not predicated on the rows) and writing dQ_i in the dtype over the block's rows."""
-    s, data = pb.shape, pb.itemsize("data")
-    Tr, rows, full = _rows(pb, tiling.Br)
-    pair = launch_order(s)
-
-    def steps(b: int):
-        n, i = divmod(b, Tr)
-        t = pair(n) * Tr + i
-        return iter(((TILES.access("dQ", t, full * s.d * 4, READ),
-                      TILES.access("dQ_cast", t, rows[i] * s.d * data, WRITE)),))
-
-    return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
+    d, data = pb.shape.d, pb.itemsize("data")
+    return _per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
+        TILES.access("dQ", t, full * d * 4, READ), TILES.access("dQ_cast", t, rows * d * data, WRITE)))
 
 
 def forward_bound(pb: Problem, tiling: Tiling) -> ResourceBound:
