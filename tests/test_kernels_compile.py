@@ -173,6 +173,36 @@ def test_check_fails_naming_the_kernel_that_does_not_compile():
     assert r.stdout.endswith(summary), r.stdout
 
 
+# The one-warp probes of the tensor-core primitives that tests/test_kernels.py runs: call 4 found them failing to
+# compile on the GPU while the simulator ran them (tests/warp_probes.py)
+WARP_PROBES = """
+import sys
+from numba import cuda, types
+from experiments import kernel_resources as kr
+sys.path.insert(0, "tests")
+import warp_probes
+from iosim.kernels import _mma
+
+kr.require_toolchain()
+u32, f32 = kr.arr(types.uint32, 2), kr.arr(kr.F32, 2)
+mma = (u32, u32, f32, f32, u32)
+kr.cases = lambda: [
+    kr.KernelCase("mma float16 probe", cuda.jit(warp_probes.mma_probe(_mma.mma_16816, _mma.pack_half2)), mma, 32, None),
+    kr.KernelCase("mma bfloat16 probe", cuda.jit(warp_probes.mma_probe(_mma.mma_16816_bf16, _mma.pack_bfloat162)),
+                  mma, 32, None),
+    kr.KernelCase("ldmatrix probe", cuda.jit(warp_probes.ldmatrix_probe()), (u32, u32, u32), 32, None),
+]
+sys.exit(kr.check(jobs=1))
+"""
+
+
+def test_the_warp_probes_compile_for_sm_90():
+    r = compile_in_subprocess("-c", WARP_PROBES)
+    assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
+    assert r.stdout.endswith("all 3 kernel specialisations compile for sm_90 (NVVM to PTX, nvJitLink to a cubin)\n"), (
+        r.stdout)
+
+
 def test_the_static_model_reads_every_hmma_of_the_tensor_core_steps(tmp_path):
     """The model's tensor-core step holds exactly the HMMAs a warp issues by construction, forward and backward.
 
