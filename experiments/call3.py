@@ -115,12 +115,13 @@ def l2_curve() -> dict:
             "preset_effective_mb": h100.l2_effective.value / 1e6, "preset_nominal_mb": h100.l2.value / 1e6}
 
 
-def bench_rows() -> list[dict]:
+def bench_rows(raw: Path = RAW) -> list[dict]:
+    """The gpu_bench records under raw/*/bench/, one row each: TFLOP/s and ms of each mode."""
     rows = []
-    for path in sorted(RAW.glob("*/bench/*.json")):
+    for path in sorted(raw.glob("*/bench/*.json")):
         record = json.loads(path.read_text())
         p = record["parameters"]
-        row = {"file": str(path.relative_to(RAW)), "impl": p["impl"], "dtype": p["dtype"], "bh": p["batch_size"]
+        row = {"file": str(path.relative_to(raw)), "impl": p["impl"], "dtype": p["dtype"], "bh": p["batch_size"]
                * p["num_heads"], "N": p["seq_len"], "d": p["emb_dim"] // p["num_heads"], "causal": p["causal"]}
         for mode in ("forward", "backward", "forward_backward"):
             row[mode] = record.get(mode, {}).get("FLOPS(TFLOPs/s)")
@@ -131,7 +132,7 @@ def bench_rows() -> list[dict]:
     return rows
 
 
-def _best(rows, **match):
+def best(rows, **match):
     """The latest record matching `match` (a later call measured the same configuration again)."""
     found = [r for r in rows if all(r[k] == v for k, v in match.items())]
     return found[-1] if found else None
@@ -139,15 +140,15 @@ def _best(rows, **match):
 
 def targets(rows: list[dict]) -> list[dict]:
     static = {r["kernel"]: r for r in json.loads(STATIC_MODEL.read_text())["kernels"]}
-    fs = _best(rows, impl="flash-swapped", dtype="float32", bh=256, N=4096, d=64)
-    tc = _best(rows, impl="flash-swapped-tc", dtype="float16", bh=256, N=4096, d=64)
-    sdpa = _best(rows, impl="torch-sdpa", dtype="float16", bh=256, N=4096, d=64)
+    fs = best(rows, impl="flash-swapped", dtype="float32", bh=256, N=4096, d=64)
+    tc = best(rows, impl="flash-swapped-tc", dtype="float16", bh=256, N=4096, d=64)
+    sdpa = best(rows, impl="torch-sdpa", dtype="float16", bh=256, N=4096, d=64)
     fs_ceiling = next(v["ceiling_tflops"] for k, v in static.items()
                       if k.startswith("flash-swapped forward d=64 fp32 ") and "causal" not in k)
     out = [{"target": "flash-swapped float32 forward ≥ 25 TFLOP/s (256 × 4096, d 64)", "measured": fs["forward"],
             "met": fs["forward"] >= 25, "static_ceiling": fs_ceiling}]
     for n in (2048, 4096, 8192):
-        mine, eager = _best(rows, impl="flash-swapped", bh=32, N=n), _best(rows, impl="torch", bh=32, N=n)
+        mine, eager = best(rows, impl="flash-swapped", bh=32, N=n), best(rows, impl="torch", bh=32, N=n)
         for mode in ("forward", "backward", "forward_backward"):
             out.append({"target": f"flash-swapped float32 faster than torch eager, {mode}, N = {n} (32 heads, d 64)",
                         "measured": mine[f"{mode}_ms"], "torch_eager": eager[f"{mode}_ms"],

@@ -160,6 +160,13 @@ OUTPUTS = (
     # call 3 on an H100 at 39edb2a (call3/README.md) against the predictions committed before it
     Output("call3", "python -m experiments.call3", ("experiments/results/call3.json", "docs/figures/call3.png"),
            ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/call3.json"), FAST, 2.0),
+    # call 4 on an H100 at e06a8b7 (call4/README.md): what call 3 left, against the predictions committed before it
+    Output("call4", "python -m experiments.call4", ("experiments/results/call4.json", "docs/figures/call4.png"),
+           ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/call4.json"), FAST, 1.5),
+    # call 4's SDPA rows under call 3's measured L2 capacity curve: an explanation tried after that run (it reads
+    # call4.json, so it comes after it)
+    Output("l2_curve_call4", "python -m experiments.l2_curve", ("experiments/results/l2_curve_call4.json",),
+           ("--out", "{root}/experiments/results/l2_curve_call4.json"), SLOW, 43),
     # call 1 on an H100 at d4169c1 (call1/README.md): the raw output of the device call
     Output("call1", "bash experiments/results/gpu/call1.sh",
            tuple(f"{GPU_DIR}/call1/{f}" for f in ("README.md", "env.txt", "ncu.log", "ncu/command.txt",
@@ -168,6 +175,10 @@ OUTPUTS = (
                                                    "steps.txt")), (), GPU, None),
     Output("call3-raw", "bash experiments/results/gpu/call3.sh first; … second (call3/README.md: five commands)",
            tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / GPU_DIR / "call3").rglob("*") if p.is_file())),
+           (), GPU, None),
+    Output("call4-raw", "bash experiments/results/gpu/call3.sh rest-first; … rest-second; ncu of short-rest's rows "
+           "7 to 13 (call4/README.md: three commands)",
+           tuple(sorted(str(p.relative_to(REPO)) for p in (REPO / GPU_DIR / "call4").rglob("*") if p.is_file())),
            (), GPU, None),
 )
 BY_NAME = {o.name: o for o in OUTPUTS}
