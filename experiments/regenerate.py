@@ -138,6 +138,8 @@ OUTPUTS = (
     prediction("159b338", "--grid call3-sawtooth --schedule staggered", 489, "-staggered"),
     prediction("96a5261", "--grid call3-sdpa --jobs 2", 5.9),
     prediction("96a5261", "--grid call3-sdpa --schedule staggered --jobs 2", 6.5, "-staggered"),
+    prediction("5217ccf", "--grid call5-sdpa --jobs 2", 2.3),
+    prediction("5217ccf", "--grid call5-sdpa --schedule staggered --jobs 2", 1.4, "-staggered"),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
@@ -157,6 +159,9 @@ OUTPUTS = (
              (f"{GPU_DIR}/predictions-3f14d76-timed-{grid}.json",),
              ("--out", f"{{root}}/{GPU_DIR}/predictions-3f14d76-timed-{grid}.json"), SLOW, seconds)
       for grid, seconds in (("call3-sdpa", 21), ("short-rest", 46))),
+    Output("predictions-5217ccf-timed-call5-sdpa", "python -m experiments.timed_call3 --predict call5-sdpa",
+           (f"{GPU_DIR}/predictions-5217ccf-timed-call5-sdpa.json",),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-5217ccf-timed-call5-sdpa.json"), SLOW, 4.5),
     # call 3 on an H100 at 39edb2a (call3/README.md) against the predictions committed before it
     Output("call3", "python -m experiments.call3", ("experiments/results/call3.json", "docs/figures/call3.png"),
            ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/call3.json"), FAST, 2.0),

@@ -15,6 +15,11 @@
 #           names the 8 that failed); then SDPA's flash backend under ncu (call3-sdpa: 22 rows, predicted before the
 #           run in predictions-96a5261 and -96a5261-staggered); the 4 sanitizer launches not reached; timings at
 #           d 128, in bfloat16, causal (flash-swapped's float32 at d 128 left out for time).
+#   call5: what call 4 (2026-11-27, docs/gpu-logs/2026-11-27-h100-call4.md) left, in one call: the GPU tests it
+#           found failing, as fixed since (the mma and ldmatrix probes, split-kv's large cases) and the rest of
+#           test_kernels_gpu.py, which its time limit cut; SDPA's causal forward at d = 128 across N and heads
+#           (call5-sdpa: 9 rows, predicted before the run in predictions-5217ccf, -staggered, -timed-call5-sdpa);
+#           flash-swapped float32 at d = 128 against torch eager, the timing calls 3 and 4 left out.
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
@@ -106,6 +111,15 @@ case $PART in
     step bench-d128 70 "${B[@]}" --emb-dim 2048 --impl flash-swapped-tc torch-sdpa --dtype float16
     step bench-bf16 45 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype bfloat16
     step bench-causal 45 "${B[@]}" --emb-dim 1024 --impl flash-swapped-tc torch-sdpa --dtype float16 --causal true
+    pack bench
+    ;;
+  call5)
+    step pytest 180 env IOSIM_GPU=1 python3 -m pytest tests/test_kernels_gpu.py tests/test_kernels.py \
+      -k "gpu or mma_16816 or ldmatrix" -n 10 -p no:cacheprovider -v -rA --durations=20
+    pack pytest
+    ncu_grid call5-sdpa 60 --grouped
+    step bench-fp32-d128 45 python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 2 --num-heads 16 \
+      --seq-len 4096 --emb-dim 2048 --warmup 1 --repeats 2 --impl flash-swapped torch --dtype float32
     pack bench
     ;;
   *)
