@@ -37,6 +37,12 @@ PUBLISHED = {
     # hidden_size 3584 / 28 heads → 128; use_sliding_window false
     "qwen2.5-7b": ("https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json",
                    (28, 28, 4, 128, 131072, None, 0)),
+    # head_dim 64 given; 128-token windows on the even layers (transformers' GptOssConfig; its defaults are the
+    # 120b's 36 layers, NVIDIA Megatron Bridge's gpt-oss page gives the 20b's 24)
+    "gpt-oss-20b": ("https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json",
+                    (24, 64, 8, 64, 131072, 128, 12)),
+    "gpt-oss-120b": ("https://huggingface.co/openai/gpt-oss-120b/blob/main/config.json",
+                     (36, 64, 8, 64, 131072, 128, 18)),
 }
 
 
@@ -57,6 +63,21 @@ def test_preset_numbers_are_the_published_configs(name):
 def test_gemma2_layers_alternate_local_first():
     types = PRESETS["gemma-2-9b"].layer_types
     assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL) and types.count(LOCAL) == types.count(GLOBAL) == 21
+
+
+def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_said_to_be_uncounted():
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
+        types = PRESETS[name].layer_types
+        assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL), (name, types[:4])
+        notes = iosim.model(name, N=256, phases=["prefill"], algorithms=["flash"]).notes
+        assert any("sinks" in note and "not counted" in note for note in notes), notes
+    # a config of model_type gpt_oss is read as its preset is, and says the same
+    published = {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+                 "head_dim": 64, "sliding_window": 128, "max_position_embeddings": 131072,
+                 "layer_types": ["sliding_attention", "full_attention"] * 12}
+    mine = from_hf_config(published, source="config.json")
+    assert (mine.layer_types, mine.uncounted) == (PRESETS["gpt-oss-20b"].layer_types, PRESETS["gpt-oss-20b"].uncounted)
+    assert from_hf_config({**published, "model_type": "llama"}, source="config.json").uncounted is None
 
 
 def test_gpt2_medium_standard_prefill_bytes_by_hand():

@@ -296,6 +296,8 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     longest = max(max(p.n_q, p.n_k) for p in plan) if plan else 0
     if cfg.max_context is not None and longest > cfg.max_context:
         notes.append(f"{longest:,} keys is beyond the {cfg.max_context:,} of max_position_embeddings")
+    if cfg.uncounted:
+        notes.append(f"{cfg.name}: {cfg.uncounted}")
     return tuple(notes)
 
 

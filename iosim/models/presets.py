@@ -39,7 +39,8 @@ it; nothing is downloaded) with these fields:
 
 Fields that shape attention in a way iosim does not count (``UNMODELLED``: multi-head latent attention's
 ``kv_lora_rank``, GPT-Neo's ``attention_types``, ``cross_attention_layers``) and ``is_encoder_decoder: true`` are
-refused by name.
+refused by name. A ``model_type`` whose attention has a part no config field describes and iosim does not count
+(gpt-oss's learned attention sinks, weights) is read, and the model's notes say what is left out (``UNCOUNTED``).
 
 GPT-2's field names are those its ``GPT2Config.attribute_map`` maps to the common ones.
 A missing or malformed field raises ``iosim.InputError`` naming it.
@@ -96,6 +97,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # GLOBAL, LOCAL or CHUNKED, one a layer; () means every layer GLOBAL
     dropout_p: float = 0.0  # attention_dropout, applied in a training step only
     attention_chunk: int | None = None  # C of the chunked layers (attention_chunk_size); None when none is chunked
+    uncounted: str | None = None  # what of the model's attention iosim does not count, said beside its numbers
 
     def __post_init__(self):
         for name in ("layers", "heads", "kv_heads", "head_dim"):
@@ -142,11 +144,16 @@ def pattern_layers(pattern: int, layers: int) -> tuple[str, ...]:
 
 
 def alternating(layers: int) -> tuple[str, ...]:
-    """Gemma 2's layers: local first, then global, alternating (transformers' ``is_sliding = not layer_idx % 2``)."""
+    """Local first, then global, alternating: Gemma 2's layers (transformers' ``is_sliding = not layer_idx % 2``) and
+    gpt-oss's (transformers' GptOssConfig: layer i "sliding_attention" where (i + 1) mod 2 is not 0)."""
     return tuple(LOCAL if i % 2 == 0 else GLOBAL for i in range(layers))
 
 
 HF = "https://huggingface.co"
+# model_type -> what of its attention iosim counts no bytes of (a weight, where no config field says so)
+GPT_OSS_SINKS = ("its learned attention sinks (one logit a head, a weight, added to the softmax's denominator) are "
+                 "not counted: one float a head per query block")
+UNCOUNTED = {"gpt_oss": GPT_OSS_SINKS}
 
 # Every number below is the model's config.json at the URL beside it; head_dim is hidden_size / num_attention_heads
 # where the file has no head_dim field.
@@ -196,6 +203,16 @@ PRESETS: dict[str, ModelConfig] = {
     "gemma-3-27b": ModelConfig("Gemma-3-27B", layers=62, heads=32, kv_heads=16, head_dim=128, max_context=131072,
                                source=f"{HF}/google/gemma-3-27b-it/blob/main/config.json (text_config)",
                                sliding_window=1024, layer_types=pattern_layers(6, 62)),
+    # gpt-oss (model_type gpt_oss): num_attention_heads 64, num_key_value_heads 8, head_dim 64, sliding_window 128,
+    # max_position_embeddings 131072, layer_types local and global alternating, local first; 20b: 24 layers, 120b:
+    # 36 (transformers' GptOssConfig, whose defaults are the 120b's; NVIDIA Megatron Bridge's gpt-oss page for the
+    # 20b). Its learned attention sinks are not counted (GPT_OSS_SINKS)
+    "gpt-oss-20b": ModelConfig("gpt-oss-20b", layers=24, heads=64, kv_heads=8, head_dim=64, max_context=131072,
+                               source=f"{HF}/openai/gpt-oss-20b/blob/main/config.json", sliding_window=128,
+                               layer_types=alternating(24), uncounted=GPT_OSS_SINKS),
+    "gpt-oss-120b": ModelConfig("gpt-oss-120b", layers=36, heads=64, kv_heads=8, head_dim=64, max_context=131072,
+                                source=f"{HF}/openai/gpt-oss-120b/blob/main/config.json", sliding_window=128,
+                                layer_types=alternating(36), uncounted=GPT_OSS_SINKS),
 }
 
 # GPT-2's names of the common fields (transformers' GPT2Config.attribute_map; BLOOM's and GPT-J's are the same),
@@ -255,7 +272,8 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
                        max_context=_count(config, "max_position_embeddings", default=None), source=source,
                        sliding_window=window if LOCAL in types else None, layer_types=types,
                        dropout_p=_fraction(config, "attention_dropout"),
-                       attention_chunk=chunk if CHUNKED in types else None)
+                       attention_chunk=chunk if CHUNKED in types else None,
+                       uncounted=UNCOUNTED.get(config.get("model_type")))
 
 
 # Fields that shape attention in a way iosim does not model: refused by name rather than counted wrong
