@@ -24,7 +24,15 @@ from iosim.algorithms.algorithm import Algorithm
 from iosim.core.counts import combined
 from iosim.core.errors import InputError, InputTypeError
 from iosim.core.gpus import DEFAULT, get_gpu
-from iosim.core.inputs import check_flag, check_mask, check_positive_int, check_qkv, check_scale, check_values
+from iosim.core.inputs import (
+    check_flag,
+    check_mask,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    check_sinks,
+    check_values,
+)
 from iosim.core.memory import Memory
 from iosim.core.problem import AttentionShape, Problem, check_window
 from iosim.core.tiling import Tiling
@@ -88,11 +96,20 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     return Request(forward, pass_, pass_plan(forward, shared, splits), backward)
 
 
+def check_sinks_alone(sinks: bool, docs):
+    """``docs`` (packed documents, or None), refused beside attention sinks: varlen's documents are counted as
+    batches of plain problems, which iosim has not given sinks."""
+    if sinks and docs is not None:
+        raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
+    return docs
+
+
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
-                  cu_seqlens=None) -> Problem:
+                  cu_seqlens=None, sinks=False) -> Problem:
     """The problem of a count or a prediction: sizes only, no data. Packed documents (``seqlens`` or
-    ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None."""
+    ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None. ``sinks``: whether each query
+    head reads a learned attention sink (``Problem.sinks``)."""
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and (N, N_k) != (None, None):
         raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
@@ -110,7 +127,8 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal),
                           has_mask=bool(mask), dropout_p=dropout_p, seed=seed, dtype=dtype,
                           block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
-                          page_size=check_page_size(page_size)), docs)
+                          page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks)),
+                  check_sinks_alone(sinks, docs))
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -206,8 +224,9 @@ def _tiling(p: Plan | None) -> Tiling | None:
 
 
 def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
-                   allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None) -> tuple[Problem, dict]:
-    """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V and the mask); with packed
+                   allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None, sinks=None
+                   ) -> tuple[Problem, dict]:
+    """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V, the mask and the sinks); with packed
     documents (iosim.variants.varlen), q, k, v are (1, heads, Σ L_b, d)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
     shape = check_qkv(q, k, v)
@@ -217,11 +236,12 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
         raise InputTypeError(f"mask={mask!r}: simulate takes a boolean array (True = attend) or None; count and "
                              f"predict take mask=True or False")
     full_mask = check_mask(mask, shape)
+    sink_logits = None if sinks is None else check_sinks(sinks, shape.heads)
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
-                 page_size=check_page_size(page_size))
-    docs = check_seqlens(seqlens, cu_seqlens)
+                 page_size=check_page_size(page_size), sinks=sink_logits is not None)
+    docs = check_sinks_alone(sink_logits is not None, check_seqlens(seqlens, cu_seqlens))
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
                          f"documents take q, k, v of (1, heads, Σ seqlens, d)")
@@ -229,13 +249,15 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
     data = {"Q": q, "K": k, "V": v}
     if full_mask is not None:
         data["mask"] = full_mask
+    if sink_logits is not None:  # one 1 × 1 block per batch·head, as HBM holds a tensor
+        data["sinks"] = np.broadcast_to(sink_logits[None, :, None, None], (shape.batch, shape.heads, 1, 1))
     return pb, data
 
 
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
              window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None, seqlens=None,
-             cu_seqlens=None) -> SimResult:
+             cu_seqlens=None, sinks=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
@@ -252,12 +274,14 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     ``on_progress(done, total)`` sees the work (FLOPs and exponentials) after each step.
     ``page_size`` reads K and V from a paged cache of pages of that many tokens (iosim.variants.paging).
     ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.variants.varlen): q, k, v are (1, heads, Σ L_b, d)
-    and so is the output, each document attending only to itself.
+    and so is the output, each document attending only to itself. ``sinks``, one logit per query head (shape
+    (heads,)), are learned attention sinks (gpt-oss): each row's softmax takes its head's sink as one more score,
+    whose weight goes to no value; flash and flash-swapped take them, forward only.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
                               allow_nonfinite=allow_nonfinite, page_size=page_size, seqlens=seqlens,
-                              cu_seqlens=cu_seqlens)
+                              cu_seqlens=cu_seqlens, sinks=sinks)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
         runs = execute_parts(p, data, on_progress, total=work(p) if on_progress else 0)
@@ -274,8 +298,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 
 def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
-          kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None
-          ) -> SimResult:
+          kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None,
+          sinks=False) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -286,11 +310,11 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
     from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
     packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the
-    longest.
+    longest. ``sinks=True`` counts each query head's learned attention sink, as ``simulate`` reads it.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
-                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens)
+                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
@@ -298,7 +322,7 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
 def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
             kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None,
-            cu_seqlens=None) -> PredictResult:
+            cu_seqlens=None, sinks=False) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
@@ -306,6 +330,6 @@ def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
                        block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size,
-                       seqlens=seqlens, cu_seqlens=cu_seqlens)
+                       seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

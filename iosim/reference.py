@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iosim.core.errors import InputError
-from iosim.core.inputs import check_dout, check_mask, check_qkv, check_scale, check_values
+from iosim.core.inputs import check_dout, check_mask, check_qkv, check_scale, check_sinks, check_values
 from iosim.core.problem import AttentionShape, check_window
 from iosim.core.rng import check_dropout_p, dropout_tile
 
@@ -84,7 +84,7 @@ def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
     return np.repeat(x, heads // x.shape[1], axis=1)
 
 
-def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None):
+def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None, sinks=None):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
     check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
@@ -96,9 +96,13 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
     keep = _keep_matrix(shape, causal, mask, rows, window)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    # a sink is one more score of the row, with no value: it joins the max and the denominator, not the output
+    sink = None if sinks is None else check_sinks(sinks, shape.heads)[None, :, None, None]
+    if sink is not None:
+        m = np.maximum(m, sink)
     m_safe = np.where(np.isneginf(m), 0.0, m)
     e = np.exp(s - m_safe)
-    l = e.sum(axis=-1, keepdims=True)
+    l = e.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m_safe))
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(l == 0, 0.0, e / np.where(l == 0, 1.0, l))
         lse = np.where(l[..., 0] == 0, -np.inf, m_safe[..., 0] + np.log(l[..., 0]))
@@ -123,15 +127,17 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                  rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0
+                  rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None
                   ) -> ReferenceOutput:
     """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time. ``window=(left, right)``: a sliding window.
     ``first_batch``: the dropout streams' batch index of q's first entry (one packed document's place).
+    ``sinks``: learned attention sinks, one logit per query head (gpt-oss): the softmax of each row over its
+    scores and its head's sink, the sink's share of the weight going to no value.
     """
-    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window)
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window, sinks)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q), first_batch)
     out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)

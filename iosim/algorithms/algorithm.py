@@ -58,6 +58,8 @@ MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
 # A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving
 # engine, held here per K/V head, which its heads read as their own (no count depends on the copies)
 BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
+# Learned attention sinks (Problem.sinks): one logit per query head, read by the algorithms that take them
+SINKS = Tensor("sinks", "1", "1", "input", "stat")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
@@ -72,7 +74,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class Needs:
     splits: SplitRule | None = None
     # it reads K and V from a paged cache through a block table (Problem.page_size, iosim.variants.paging)
     pages: bool = False
+    # its forward takes learned attention sinks (Problem.sinks): each query block reads its head's sink logit
+    sinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,12 +162,12 @@ class Algorithm:
         # cannot serve documents of every length (a short one has fewer K/V blocks than splits)
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
-                "seqlens": self.needs.splits is None}[option]
+                "seqlens": self.needs.splits is None, "sinks": self.needs.sinks}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
         """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
-        a sliding window, a paged cache, packed documents), naming those of ``algorithms`` that take it: the one
-        refusal that ``iosim.api.plan`` and ``iosim.reports.optimize`` use."""
+        a sliding window, a paged cache, attention sinks, packed documents), naming those of ``algorithms`` that take
+        it: the one refusal that ``iosim.api.plan`` and ``iosim.reports.optimize`` use."""
         algorithms = tuple(algorithms)
         if pb.block_sparsity is not None and not self.accepts("block_sparsity"):
             raise InputError(f"block_sparsity for {self.name}: it has no block mask; allowed: block_sparsity=None, "
@@ -177,6 +181,10 @@ class Algorithm:
             raise InputError(f"page_size={pb.page_size} for {self.name}, pass {pass_!r}: it reads no paged K/V cache; "
                              f"allowed: page_size=None, or the forward pass of one that does: "
                              f"{[a.name for a in algorithms if a.accepts('page_size')]}")
+        if pb.sinks and not (self.accepts("sinks") and pass_ == "fwd"):
+            why = f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks"
+            raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or the forward "
+                             f"pass of one that takes them: {[a.name for a in algorithms if a.accepts('sinks')]}")
         if pb.seqlens is not None and not self.accepts("seqlens"):
             raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
                              f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
@@ -185,10 +193,11 @@ class Algorithm:
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
         block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
-        (or no packed documents) is left out when a window (documents) is set."""
+        (no packed documents, no sinks) is left out when a window (documents, sinks) is set."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
-                and ("seqlens" not in given or self.accepts("seqlens")))
+                and ("seqlens" not in given or self.accepts("seqlens"))
+                and ("sinks" not in given or self.needs.sinks))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
@@ -240,7 +249,8 @@ class Algorithm:
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
-    return INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ()) + own
+    return (INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
+            + ((SINKS,) if pb.sinks else ()) + own)
 
 
 def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],

@@ -14,7 +14,9 @@ Deviations: the RNG state R is the seed itself (dropout is counter-based, see
 a sliding window), an inner step whose tile is entirely hidden is skipped (it would
 leave O_i, ℓ_i, m_i unchanged), and so is a key block no query sees, as
 FlashAttention's kernels do; an explicit mask is not inspected, so
-its tiles are all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf.
+its tiles are all visited. Rows that see no key end with O = 0, ℓ = 0, m = −inf. Learned attention sinks
+(``Problem.sinks``, gpt-oss) start line 3 at ℓ = 1, m = sink, read once per query block: the sink is a score with
+no value, so a row that sees no key then ends with O = 0, ℓ = 1, m = sink.
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     """Alg. 2 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
     d = pb.shape.d
 
-    # line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM
+    # line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM; with attention sinks, ℓ = (1), m = (sink): the sink is
+    # a score column with no value, taken in before any key
     for _, rows in mem.loop(tiles.q.all()):
         br = rows.stop - rows.start
-        for name, cols, fill in (("O", d, 0.0), ("l", 1, 0.0), ("m", 1, -np.inf)):
+        for name, cols, fill in (("O", d, 0.0), ("m", 1, -np.inf), ("l", 1, 0.0)):
+            sink = mem.load("sinks", slice(0, 1)) if pb.sinks and name == "m" else None
             init = mem.alloc(f"{name}_i", br, cols, fill=fill)
+            if pb.sinks and name != "O" and mem.numeric:
+                init.data[...] = sink.data if name == "m" else 1.0
             mem.store(init, name, rows)
-            mem.free(init)
+            mem.free(init, *(() if sink is None else (sink,)))
 
     for j, cols in mem.loop(tiles.key_blocks()):  # line 6
         K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
@@ -118,8 +124,11 @@ def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    if pb.sinks:
+        reads["sinks"] = tiles.q.T  # the head's sink, once per query block at line 3
     outer = [2 * b_j * d for b_j in tiles.key_blocks().sizes()]  # K_j, V_j of a key block with no visited tile
-    peak = max([tiles.q.size(0) * d] + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    init = [tiles.q.size(0) * d, tiles.q.size(0) + pb.sinks]  # line 3's O_i, or its m_i beside the sink
+    peak = max(init + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
@@ -148,5 +157,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="12N²d²/M + 16N²d/M + 3Nd", backward=flash_backward.ALGORITHM,
-    flops=flops, needs=Needs(window=True),
+    flops=flops, needs=Needs(window=True, sinks=True),
 )

@@ -14,7 +14,8 @@ Deviations: O_i is accumulated unnormalized and divided by ℓ_i once at the end
 (FlashAttention-2's order); the result is the same attention. With a band (causal,
 or a sliding window), K/V blocks entirely hidden from the query block are skipped, as FlashAttention's
 kernels do (an explicit mask is not inspected). Rows that see no key end with
-O = 0, ℓ = 0, m = −inf.
+O = 0, ℓ = 0, m = −inf. Learned attention sinks (``Problem.sinks``, gpt-oss) start ℓ_i = 1, m_i = sink, read once
+per query block before O_i is allocated (so no peak grows): the sink is a score with no value.
 """
 
 from __future__ import annotations
@@ -43,8 +44,13 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     for i, rows in mem.loop(tiles.query_blocks()):  # outer loop over query blocks
         br = rows.stop - rows.start
         Q_i = mem.load("Q", rows)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop (line 3)
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
+        if pb.sinks:  # the head's sink logit: a score column with no value, taken in before any key
+            sink = mem.load("sinks", slice(0, 1))
+            if mem.numeric:
+                l_i.data[...], m_i.data[...] = 1.0, sink.data
+            mem.free(sink)
+        O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop (line 3)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
@@ -90,6 +96,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
     if pb.page_size:
         reads["block_table"] = sum(entries(pb, b_j) * n for _, b_j, n in pairs)  # its pages' entries per K/V load
+    if pb.sinks:
+        reads["sinks"] = tiles.q.T  # the head's sink, once per query block, before O_i is allocated
     blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
     peak = max(blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
@@ -112,5 +120,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops, needs=Needs(window=True, pages=True),
+    flops=flops, needs=Needs(window=True, pages=True, sinks=True),
 )

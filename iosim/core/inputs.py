@@ -53,6 +53,21 @@ def check_scale(scale, d: int) -> float:
     return tau
 
 
+def check_sinks(sinks, heads: int) -> np.ndarray:
+    """Learned attention sinks as float64, one finite logit per query head (gpt-oss): an array of shape (heads,)."""
+    if isinstance(sinks, (bool, np.bool_)) or not hasattr(sinks, "__len__") and not isinstance(sinks, np.ndarray):
+        raise InputTypeError(f"sinks={sinks!r} must be an array of one logit per query head, shape ({heads},); "
+                             f"count and predict take sinks=True or False")
+    arr = np.asarray(sinks)
+    if arr.shape != (heads,) or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
+        raise InputError(f"sinks of shape {arr.shape} and dtype {arr.dtype}: one real logit per query head, shape "
+                         f"({heads},)")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise InputError(f"sinks hold {int((~np.isfinite(arr)).sum())} non-finite values; allowed: finite logits")
+    return arr
+
+
 def check_qkv(q, k, v) -> AttentionShape:
     """Check that q, k, v are (batch, heads, N, d) arrays that fit together."""
     for name, x in (("q", q), ("k", k), ("v", v)):

@@ -199,6 +199,9 @@ class Problem:
     # one length's documents of a varlen problem (iosim.variants.varlen.documents): the place of each batch entry among
     # all the documents, whose dropout stream it draws (``dropout_streams``); None: batch entry b is stream b
     batch_ids: tuple[int, ...] | None = None
+    # learned attention sinks (gpt-oss): one logit per query head, a column of the softmax with no value, so it adds
+    # exp(sink − m) to each row's denominator; read from HBM by the algorithms that take it (Needs.sinks)
+    sinks: bool = False
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -206,7 +209,7 @@ class Problem:
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau) \
                 or self.tau == 0:
             raise InputError(f"tau={self.tau!r} must be a finite non-zero number")
-        for name in ("causal", "has_mask"):
+        for name in ("causal", "has_mask", "sinks"):
             if not isinstance(getattr(self, name), bool):
                 raise InputTypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.window is not None and not isinstance(self.window, Band):
@@ -272,7 +275,7 @@ class Problem:
                 "mask": self.has_mask, "dropout_p": self.dropout_p, "dtype": self.dtype,
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,
-                "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens))}
+                "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

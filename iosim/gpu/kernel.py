@@ -76,8 +76,8 @@ class Kernel:
 
 def check_launchable(pb: Problem) -> None:
     """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
-    read no explicit or block mask and no block table, skip no tiles outside a sliding window, and launch one
-    sequence per batch entry, not varlen's packed documents."""
+    read no explicit or block mask, no block table and no attention sinks, skip no tiles outside a sliding window, and
+    launch one sequence per batch entry, not varlen's packed documents."""
     if pb.has_mask or pb.block_sparsity is not None:
         raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
                          "for it; allowed: has_mask=False, block_sparsity=None")
@@ -89,6 +89,8 @@ def check_launchable(pb: Problem) -> None:
     if pb.seqlens is not None:
         raise InputError("seqlens: the L2 model's grids launch one sequence per batch entry, not packed documents; "
                          "allowed: None")
+    if pb.sinks:
+        raise InputError("sinks: no kernel the L2 model describes reads attention sinks; allowed: sinks=False")
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,

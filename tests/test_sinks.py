@@ -1,0 +1,131 @@
+"""Learned attention sinks (gpt-oss): one logit per query head, one more score of every row, with no value.
+
+flash and flash-swapped take them in their forward pass (``Problem.sinks``): each query block reads its head's sink
+once and starts its running max and sum at (sink, 1). Held here: the outputs and the log-sum-exp against float64
+on awkward shapes, rows that see no key included; every count equal to its closed form, and the sinks' reads the
+only bytes they add; everything else refused by name.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from helpers import random_qkv
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iosim
+from iosim.core.errors import InputError
+from iosim.reference import attention_ref
+
+TAKERS = ("flash", "flash-swapped")
+STAT_BYTES = 4  # the sinks are statistics: float32 beside float16 data
+
+
+def check_run(algo: str, rng, batch: int, heads: int, n_q: int, n_k: int, d: int, M: int, kv_heads=None,
+              **options):
+    """One numeric run with sinks against float64, and its counts against the closed form and the sink-less run."""
+    q, k, v = random_qkv(rng, batch, heads, n_q, n_k, d)
+    if kv_heads is not None:
+        k, v = k[:, :kv_heads], v[:, :kv_heads]
+    sinks = 3 * rng.standard_normal(heads)
+    got = iosim.simulate(algo, q, k, v, M=M, sinks=sinks, **options)
+    ref = attention_ref(q, k, v, sinks=sinks, **options)
+    np.testing.assert_allclose(got.out, ref.out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.m + np.log(got.l), ref.lse, rtol=0, atol=1e-12)
+    sizes = dict(N=n_q, N_k=n_k, d=d, batch=batch, heads=heads, kv_heads=kv_heads, M=M, **options)
+    counted = iosim.count(algo, sinks=True, **sizes)
+    assert got.traffic == counted.traffic == iosim.predict(algo, sinks=True, **sizes).exact
+    plain = iosim.count(algo, tiling=got.tiling, **sizes).traffic
+    query_blocks = -(-n_q // got.tiling.Br)
+    assert counted.traffic.tensor("sinks").read_bytes == batch * heads * query_blocks * STAT_BYTES
+    assert counted.traffic.tensor("sinks").write_bytes == 0
+    assert counted.traffic.peak_sram == plain.peak_sram
+    for t in plain.tensors:  # the sinks add their own reads and nothing else
+        assert counted.traffic.tensor(t.name) == t, t.name
+    return got, ref, sinks
+
+
+@pytest.mark.parametrize("algo", TAKERS)
+@pytest.mark.parametrize("shape", [
+    dict(batch=1, heads=1, n_q=1, n_k=1, d=3, M=40),
+    dict(batch=2, heads=3, n_q=113, n_k=239, d=5, M=400, causal=True),
+    dict(batch=1, heads=2, n_q=239, n_k=113, d=7, M=500, window=(16, 3)),
+    dict(batch=1, heads=4, n_q=70, n_k=134, d=4, M=300, kv_heads=2, causal=True),
+    dict(batch=1, heads=2, n_q=64, n_k=64, d=1, M=60, window=(0, 0)),
+], ids=["N=1", "Nq<Nk,causal", "Nq>Nk,window", "GQA,causal", "d=1,diagonal"])
+def test_sinks_match_float64_and_their_closed_form(algo, shape):
+    check_run(algo, np.random.default_rng(len(shape) + shape["n_q"]), **shape)
+
+
+@pytest.mark.parametrize("algo", TAKERS)
+def test_a_row_that_sees_no_key_puts_all_its_weight_on_the_sink(algo):
+    # causal with N_q > N_k, bottom-right aligned: the first N_q − N_k rows see no key
+    got, ref, sinks = check_run(algo, np.random.default_rng(5), 1, 2, 100, 30, 2, 64, causal=True)
+    assert np.all(got.out[:, :, :70] == 0)
+    np.testing.assert_array_equal(got.m[0, :, :70], np.broadcast_to(sinks[:, None], (2, 70)))
+    np.testing.assert_array_equal(got.l[0, :, :70], 1.0)
+
+
+def test_the_reference_s_sink_is_one_more_score_with_no_value():
+    q, k, v = (np.array(x, dtype=float).reshape(1, 1, 1, -1) for x in ([1.0, 2.0], [0.5, -1.0], [3.0, 4.0]))
+    s, sink = (1.0 * 0.5 + 2.0 * -1.0) / np.sqrt(2), 0.7
+    ref = attention_ref(q, k, v, sinks=[sink])
+    np.testing.assert_allclose(ref.out[0, 0, 0], np.array([3.0, 4.0]) * np.exp(s) / (np.exp(s) + np.exp(sink)))
+    np.testing.assert_allclose(ref.lse[0, 0, 0], np.log(np.exp(s) + np.exp(sink)))
+    # a sink far below every score changes nothing
+    q, k, v = random_qkv(np.random.default_rng(1), 1, 2, 9, 11, 3)
+    np.testing.assert_allclose(attention_ref(q, k, v, sinks=[-800.0, -900.0]).out, attention_ref(q, k, v).out,
+                               rtol=0, atol=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_q=st.integers(1, 90), n_k=st.integers(1, 90), d=st.integers(1, 9), heads=st.integers(1, 3),
+       causal=st.booleans(), algo=st.sampled_from(TAKERS), M_extra=st.integers(0, 400))
+def test_sinks_count_their_closed_form_on_any_shape(n_q, n_k, d, heads, causal, algo, M_extra):
+    sizes = dict(N=n_q, N_k=n_k, d=d, heads=heads, causal=causal, M=4 * d + 8 + M_extra)
+    try:
+        counted = iosim.count(algo, sinks=True, **sizes)
+    except InputError:  # M too small for any tiling: the same refusal as without sinks
+        with pytest.raises(InputError):
+            iosim.count(algo, **sizes)
+        return
+    assert counted.traffic == iosim.predict(algo, sinks=True, **sizes).exact
+    plain = iosim.count(algo, tiling=counted.tiling, **sizes).traffic
+    assert counted.traffic.total_bytes - plain.total_bytes == heads * -(-n_q // counted.tiling.Br) * STAT_BYTES
+
+
+@pytest.mark.parametrize("call, options, words", [
+    ("count", dict(algorithm="standard"), "sinks for standard, pass 'fwd': it takes no attention sinks"),
+    ("count", dict(algorithm="split-kv"), "sinks for split-kv, pass 'fwd': it takes no attention sinks"),
+    ("count", dict(algorithm="flash", pass_="fwd+bwd"),
+     "sinks for flash, pass 'fwd+bwd': its backward pass takes no attention sinks"),
+    ("predict", dict(algorithm="flash-swapped", pass_="bwd"), "its backward pass takes no attention sinks"),
+])
+def test_an_algorithm_or_pass_without_sinks_refuses_them_by_name(call, options, words):
+    options = dict(options)
+    with pytest.raises(InputError, match=re.escape(words)) as info:
+        getattr(iosim, call)(options.pop("algorithm"), N=64, d=8, M="20k", sinks=True, **options)
+    assert "['flash', 'flash-swapped']" in str(info.value)
+
+
+def test_bad_sinks_are_refused_naming_what_is_allowed():
+    q, k, v = random_qkv(np.random.default_rng(0), 1, 2, 4, 4, 3)
+    for sinks, error, words in (([1.0], InputError, "shape (2,)"), ([1.0, np.nan], InputError, "non-finite"),
+                                (True, iosim.InputTypeError, "count and predict take sinks=True or False")):
+        with pytest.raises(error, match=re.escape(words)):
+            iosim.simulate("flash", q, k, v, M=100, sinks=sinks)
+    with pytest.raises(iosim.InputTypeError, match="sinks='yes' must be True or False"):
+        iosim.count("flash", N=4, d=3, M=100, sinks="yes")
+    with pytest.raises(InputError, match="sinks with seqlens"):
+        iosim.count("flash", seqlens=[3, 5], d=8, M=1000, sinks=True)
+
+
+def test_the_dram_level_describes_no_kernel_with_sinks():
+    from iosim.core.problem import AttentionShape, Problem
+    from iosim.gpu.kernel import check_launchable
+
+    with pytest.raises(InputError, match="sinks: no kernel the L2 model describes reads attention sinks"):
+        check_launchable(Problem(AttentionShape(1, 2, 64, 64, 8), tau=1.0, sinks=True))
