@@ -8,6 +8,7 @@ only bytes they add; everything else refused by name.
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -129,3 +130,34 @@ def test_the_dram_level_describes_no_kernel_with_sinks():
 
     with pytest.raises(InputError, match="sinks: no kernel the L2 model describes reads attention sinks"):
         check_launchable(Problem(AttentionShape(1, 2, 64, 64, 8), tau=1.0, sinks=True))
+
+
+def test_run_draws_sinks_from_its_seed_and_checks_them_against_float64(tmp_path, capsys):
+    from iosim.cli import main
+
+    out = tmp_path / "run.json"
+    assert main(["run", "--algo", "flash-swapped", "--N", "113", "--N-k", "239", "--d", "8", "--heads", "2",
+                 "--causal", "--sinks", "--M", "2k", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["sinks"] is True and record["max_abs_error"] < 1e-12
+    assert {t["name"]: t["reads"] for t in record["tensors"]}["sinks"] == 2 * -(-record["N"] // record["Br"])
+    for argv, words in ((["--algo", "standard"], "sinks for standard, pass 'fwd': it takes no attention sinks"),
+                        (["--pass", "bwd"], "--sinks with --pass bwd: attention sinks are taken by the forward pass")):
+        capsys.readouterr()
+        assert main(["run", "--N", "64", "--d", "8", "--sinks", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+
+
+def test_a_sweep_with_sinks_counts_the_algorithms_that_take_them_and_says_which_it_left_out(tmp_path):
+    from iosim.cli import build_parser, run
+
+    out = tmp_path / "sweep.json"
+    outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--json", str(out)]))
+    assert sorted(r.algorithm for r in outcome.rows) == list(TAKERS)
+    assert outcome.notes == ("--sinks leaves out standard, standard-eager, small-cache, split-kv: they take no "
+                             "attention sinks",)
+    records = json.loads(out.read_text())
+    assert all(r["sinks"] is True and r["status"] == "ok" and r["ratio"] == 1.0 for r in records)
+    plain = iosim.count("flash", N=256, d=16, M="100k").traffic
+    assert records[0]["total_bytes"] - plain.total_bytes == -(-256 // records[0]["Br"]) * STAT_BYTES

@@ -103,6 +103,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=count_arg, default=None,
                    help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens, read by rows "
                         "through a block table (default: contiguous)")
+    p.add_argument("--sinks", action="store_true",
+                   help="learned attention sinks (gpt-oss), one logit per query head, in the forward pass of flash "
+                        "and flash-swapped (run draws them from --seed after q, k, v)")
     p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
                    help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
                         "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")
@@ -197,12 +200,14 @@ def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
 
 def algorithms_of(args: argparse.Namespace) -> list[str]:
     """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
-    mask to use, and with --pass bwd or fwd+bwd only those with a backward pass)."""
+    mask to use, with a window, documents or sinks only those that take them, and with --pass bwd or fwd+bwd only
+    those with a backward pass)."""
     if args.algo is not None:
         return args.algo
     given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
              + ("window",) * (window_of(args) is not None)
-             + ("seqlens",) * (getattr(args, "seqlens", None) is not None))
+             + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
+             + ("sinks",) * bool(getattr(args, "sinks", False)))
     backward = getattr(args, "pass_", "fwd") != "fwd"
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given) and (a.backward is not None or not backward)]

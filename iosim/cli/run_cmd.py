@@ -91,6 +91,9 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
                          f"forward (decode) pass only; allowed: --pass fwd")
+    if args.sinks and args.pass_ != "fwd":
+        raise InputError(f"--sinks with --pass {args.pass_}: attention sinks are taken by the forward pass only; "
+                         f"allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     N = lengths_of(args, 1000)
     n_k = args.N_k or N
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     q = rng.standard_normal((args.batch, args.heads, rows, args.d))
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
-    options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args))
+    options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args),
+                   **({"sinks": rng.standard_normal(args.heads)} if args.sinks else {}))
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
                        splits=args.splits, on_progress=on_progress, seqlens=docs, **options)
     if args.pass_ == "fwd":

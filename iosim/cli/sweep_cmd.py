@@ -58,11 +58,12 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
             takers = [a for a in ALGORITHMS if ALGORITHMS[a].accepts(option)]
             out.append(f"{flag} {value:g} applies to {', '.join(takers)} only; ignored by {', '.join(ignoring)}")
     if args.algo is None:  # a window or packed documents leave out the algorithms that take none: say which
-        for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens)):
+        for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens),
+                                    ("sinks", "--sinks", args.sinks or None)):
             if value is not None:
                 left = [name for name, a in ALGORITHMS.items() if a.listed_by_default(())
                         and not a.listed_by_default((option,))]
-                what = {"window": "sliding window", "seqlens": "packed documents"}[option]
+                what = {"window": "sliding window", "seqlens": "packed documents", "sinks": "attention sinks"}[option]
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
-                         page_size=args.page_size, hw=hw, kernel=args.kernel)
+                         page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
@@ -127,6 +128,7 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
                *([f"window ({first.window_left}, {first.window_right})"] if first.window_left is not None else []),
+               *(["learned attention sinks, one logit per query head"] if first.sinks else []),
                *([f"N_k = {first.N_k:,} (N is N_q)"] if any(r.N_k != r.N for r in rows) else []),
                f"block policy {first.block_policy}"]
     sparse = next((r for r in rows if r.sparsity is not None), None)
