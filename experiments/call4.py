@@ -38,6 +38,10 @@ GRIDS = {
     "call3-sdpa": ("rest-second/ncu-call3-sdpa", ("rest-second/ncu-call3-sdpa",),
                    "predictions-3f14d76-timed-call3-sdpa"),
 }
+# the prediction files committed before call 4 ran (call3_short's lists also hold later ones, for the next call)
+LOCKSTEP = ("predictions-80f2354", "predictions-6d16ff6", "predictions-bda8144", "predictions-69c24cc",
+            "predictions-159b338", "predictions-96a5261")
+STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered", "predictions-96a5261-staggered")
 SCHEDULES = ("lockstep", "staggered", "timed, spread 0", "timed, spread 1%")
 TARGETS = ({"dtype": "float16", "d": 64, "causal": False}, {"dtype": "float16", "d": 128, "causal": False},
            {"dtype": "bfloat16", "d": 64, "causal": False}, {"dtype": "float16", "d": 64, "causal": True})
@@ -51,7 +55,7 @@ def timed(name: str) -> dict[tuple, list[int]]:
 
 
 def ncu_rows() -> dict:
-    lockstep, staggered = call3_short.predictions(call3_short.LOCKSTEP), call3_short.predictions(call3_short.STAGGERED)
+    lockstep, staggered = call3_short.predictions(LOCKSTEP), call3_short.predictions(STAGGERED)
     out = {}
     for grid, (listing, folders, timed_name) in GRIDS.items():
         configs = json.loads((RAW / listing / "configs.json").read_text())

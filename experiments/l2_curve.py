@@ -57,12 +57,12 @@ def rows_missed() -> list[int]:
 
 def collect() -> dict:
     points = quadrature()
-    configs = ncu_traffic.GRIDS[GRID]()
     measured = json.loads(CALL4.read_text())["ncu"][GRID]["rows"]
     hw = hardware(GPU)
     out = []
-    for i in rows_missed():
-        cfg, start = configs[i], time.perf_counter()
+    for i in rows_missed():  # each row as it was launched (call4.json holds its configuration)
+        cfg = ncu_traffic.LaunchConfig(**{k: v for k, v in measured[i]["config"].items() if k != "tiling"})
+        start = time.perf_counter()
         by_capacity = [pass_counts(KERNELS[cfg.impl], launch(cfg), hw.with_l2_bytes(c), budget_s=None).reads
                        for c, _ in points]
         curve = sum(w * r for (_, w), r in zip(points, by_capacity)) / sum(w for _, w in points)

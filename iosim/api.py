@@ -96,14 +96,6 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
     return Request(forward, pass_, pass_plan(forward, shared, splits), backward)
 
 
-def check_sinks_alone(sinks: bool, docs):
-    """``docs`` (packed documents, or None), refused beside attention sinks: varlen's documents are counted as
-    batches of plain problems, which iosim has not given sinks."""
-    if sinks and docs is not None:
-        raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
-    return docs
-
-
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
                   cu_seqlens=None, sinks=False) -> Problem:
@@ -127,8 +119,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal),
                           has_mask=bool(mask), dropout_p=dropout_p, seed=seed, dtype=dtype,
                           block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
-                          page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks)),
-                  check_sinks_alone(sinks, docs))
+                          page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks)), docs)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
@@ -241,7 +232,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
                  page_size=check_page_size(page_size), sinks=sink_logits is not None)
-    docs = check_sinks_alone(sink_logits is not None, check_seqlens(seqlens, cu_seqlens))
+    docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
                          f"documents take q, k, v of (1, heads, Σ seqlens, d)")

@@ -84,9 +84,10 @@ def test_the_reference_s_sink_is_one_more_score_with_no_value():
 
 @settings(max_examples=30, deadline=None)
 @given(n_q=st.integers(1, 90), n_k=st.integers(1, 90), d=st.integers(1, 9), heads=st.integers(1, 3),
-       causal=st.booleans(), algo=st.sampled_from(TAKERS), M_extra=st.integers(0, 400))
-def test_sinks_count_their_closed_form_on_any_shape(n_q, n_k, d, heads, causal, algo, M_extra):
-    sizes = dict(N=n_q, N_k=n_k, d=d, heads=heads, causal=causal, M=4 * d + 8 + M_extra)
+       causal=st.booleans(), algo=st.sampled_from(TAKERS), M_extra=st.integers(0, 400),
+       window=st.none() | st.tuples(st.integers(-1, 40), st.integers(-1, 8)))
+def test_sinks_count_their_closed_form_on_any_shape(n_q, n_k, d, heads, causal, algo, M_extra, window):
+    sizes = dict(N=n_q, N_k=n_k, d=d, heads=heads, causal=causal, M=4 * d + 8 + M_extra, window=window)
     try:
         counted = iosim.count(algo, sinks=True, **sizes)
     except InputError:  # M too small for any tiling: the same refusal as without sinks
@@ -98,9 +99,13 @@ def test_sinks_count_their_closed_form_on_any_shape(n_q, n_k, d, heads, causal, 
     assert counted.traffic.total_bytes - plain.total_bytes == heads * -(-n_q // counted.tiling.Br) * STAT_BYTES
 
 
+@pytest.mark.parametrize("algo", [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("sinks")])
+def test_every_other_algorithm_refuses_sinks_by_name(algo):
+    with pytest.raises(InputError, match=re.escape(f"sinks for {algo}, pass 'fwd': it takes no attention sinks")):
+        iosim.count(algo, N=64, d=8, M="20k", sinks=True)
+
+
 @pytest.mark.parametrize("call, options, words", [
-    ("count", dict(algorithm="standard"), "sinks for standard, pass 'fwd': it takes no attention sinks"),
-    ("count", dict(algorithm="split-kv"), "sinks for split-kv, pass 'fwd': it takes no attention sinks"),
     ("count", dict(algorithm="flash", pass_="fwd+bwd"),
      "sinks for flash, pass 'fwd+bwd': its backward pass takes no attention sinks"),
     ("predict", dict(algorithm="flash-swapped", pass_="bwd"), "its backward pass takes no attention sinks"),

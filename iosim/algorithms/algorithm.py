@@ -185,6 +185,8 @@ class Algorithm:
             why = f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks"
             raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or the forward "
                              f"pass of one that takes them: {[a.name for a in algorithms if a.accepts('sinks')]}")
+        if pb.sinks and pb.seqlens is not None:
+            raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
         if pb.seqlens is not None and not self.accepts("seqlens"):
             raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
                              f"sequence); allowed: seqlens=None, or an algorithm that takes them: "

@@ -58,7 +58,10 @@ def check_sinks(sinks, heads: int) -> np.ndarray:
     if isinstance(sinks, (bool, np.bool_)) or not hasattr(sinks, "__len__") and not isinstance(sinks, np.ndarray):
         raise InputTypeError(f"sinks={sinks!r} must be an array of one logit per query head, shape ({heads},); "
                              f"count and predict take sinks=True or False")
-    arr = np.asarray(sinks)
+    try:
+        arr = np.asarray(sinks)
+    except ValueError:  # a ragged nesting
+        raise InputError(f"sinks={sinks!r}: one real logit per query head, shape ({heads},)") from None
     if arr.shape != (heads,) or not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
         raise InputError(f"sinks of shape {arr.shape} and dtype {arr.dtype}: one real logit per query head, shape "
                          f"({heads},)")
