@@ -1,7 +1,8 @@
 """Learned attention sinks (gpt-oss): one logit per query head, one more score of every row, with no value.
 
-flash and flash-swapped take them in their forward pass (``Problem.sinks``): each query block reads its head's sink
-once and starts its running max and sum at (sink, 1). Held here: the outputs and the log-sum-exp against float64
+flash, flash-swapped and split-kv take them in their forward pass (``Problem.sinks``): each query block reads its
+head's sink once (split-kv's, of a GQA group's packed rows, its group's; with K/V splits its combine does) and starts
+its running max and sum at (sink, 1). Held here: the outputs and the log-sum-exp against float64
 on awkward shapes, rows that see no key included; every count equal to its closed form, and the sinks' reads the
 only bytes they add; everything else refused by name.
 """
@@ -21,7 +22,7 @@ import iosim
 from iosim.core.errors import InputError
 from iosim.reference import attention_ref
 
-TAKERS = ("flash", "flash-swapped")
+TAKERS = ("flash", "flash-swapped", "split-kv")
 STAT_BYTES = 4  # the sinks are statistics: float32 beside float16 data
 
 
@@ -40,8 +41,11 @@ def check_run(algo: str, rng, batch: int, heads: int, n_q: int, n_k: int, d: int
     counted = iosim.count(algo, sinks=True, **sizes)
     assert got.traffic == counted.traffic == iosim.predict(algo, sinks=True, **sizes).exact
     plain = iosim.count(algo, tiling=got.tiling, **sizes).traffic
-    query_blocks = -(-n_q // got.tiling.Br)
-    assert counted.traffic.tensor("sinks").read_bytes == batch * heads * query_blocks * STAT_BYTES
+    # each query block reads its head's sink; split-kv's blocks are of a K/V head's G·N_q packed query rows, and each
+    # reads its group's G sinks
+    group = heads // (kv_heads or heads) if algo == "split-kv" else 1
+    query_blocks = -(-group * n_q // got.tiling.Br)
+    assert counted.traffic.tensor("sinks").read_bytes == batch * heads // group * query_blocks * group * STAT_BYTES
     assert counted.traffic.tensor("sinks").write_bytes == 0
     assert counted.traffic.peak_sram == plain.peak_sram
     for t in plain.tensors:  # the sinks add their own reads and nothing else
@@ -59,6 +63,25 @@ def check_run(algo: str, rng, batch: int, heads: int, n_q: int, n_k: int, d: int
 ], ids=["N=1", "Nq<Nk,causal", "Nq>Nk,window", "GQA,causal", "d=1,diagonal"])
 def test_sinks_match_float64_and_their_closed_form(algo, shape):
     check_run(algo, np.random.default_rng(len(shape) + shape["n_q"]), **shape)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_split_kv_decoding_takes_the_sinks_once_in_the_split_or_the_combine(splits):
+    # a decoding step of 8 query heads on 2 K/V heads: each K/V head's query block holds its group's 4 rows
+    rng = np.random.default_rng(splits)
+    q, k, v = random_qkv(rng, 2, 8, 1, 257, 16)
+    k, v = k[:, :2], v[:, :2]
+    sinks = 3 * rng.standard_normal(8)
+    got = iosim.simulate("split-kv", q, k, v, M=4000, splits=splits, sinks=sinks)
+    ref = attention_ref(q, k, v, sinks=sinks)
+    np.testing.assert_allclose(got.out, ref.out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.m + np.log(got.l), ref.lse, rtol=0, atol=1e-12)
+    sizes = dict(N=1, N_k=257, d=16, batch=2, heads=8, kv_heads=2, M=4000, splits=splits)
+    counted = iosim.count("split-kv", sinks=True, **sizes).traffic
+    assert got.traffic == counted == iosim.predict("split-kv", sinks=True, **sizes).exact
+    assert got.tiling.splits == splits and counted.tensor("sinks").reads == 2 * 8  # one query block per K/V head
+    plain = iosim.count("split-kv", **sizes).traffic
+    assert counted.total - plain.total == 16 and counted.peak_sram == plain.peak_sram
 
 
 @pytest.mark.parametrize("algo", TAKERS)
@@ -114,7 +137,7 @@ def test_an_algorithm_or_pass_without_sinks_refuses_them_by_name(call, options, 
     options = dict(options)
     with pytest.raises(InputError, match=re.escape(words)) as info:
         getattr(iosim, call)(options.pop("algorithm"), N=64, d=8, M="20k", sinks=True, **options)
-    assert "['flash', 'flash-swapped']" in str(info.value)
+    assert "['flash', 'flash-swapped', 'split-kv']" in str(info.value)
 
 
 def test_bad_sinks_are_refused_naming_what_is_allowed():
@@ -160,8 +183,7 @@ def test_a_sweep_with_sinks_counts_the_algorithms_that_take_them_and_says_which_
     out = tmp_path / "sweep.json"
     outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--json", str(out)]))
     assert sorted(r.algorithm for r in outcome.rows) == list(TAKERS)
-    assert outcome.notes == ("--sinks leaves out standard, standard-eager, small-cache, split-kv: they take no "
-                             "attention sinks",)
+    assert outcome.notes == ("--sinks leaves out standard, standard-eager, small-cache: they take no attention sinks",)
     records = json.loads(out.read_text())
     assert all(r["sinks"] is True and r["status"] == "ok" and r["ratio"] == 1.0 for r in records)
     plain = iosim.count("flash", N=256, d=16, M="100k").traffic

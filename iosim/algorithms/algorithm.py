@@ -58,8 +58,9 @@ MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
 # A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving
 # engine, held here per K/V head, which its heads read as their own (no count depends on the copies)
 BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
-# Learned attention sinks (Problem.sinks): one logit per query head, read by the algorithms that take them
-SINKS = Tensor("sinks", "1", "1", "input", "stat")
+# Learned attention sinks (Problem.sinks): one logit per query head, read by the algorithms that take them; a head of
+# a problem packed by GQA group holds its group's
+SINKS = Tensor("sinks", "packed", "1", "input", "stat")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))

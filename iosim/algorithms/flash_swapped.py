@@ -24,7 +24,7 @@ import numpy as np
 
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
-from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores
+from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores, start_at_sinks
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
@@ -46,10 +46,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         Q_i = mem.load("Q", rows)
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks:  # the head's sink logit: a score column with no value, taken in before any key
-            sink = mem.load("sinks", slice(0, 1))
-            if mem.numeric:
-                l_i.data[...], m_i.data[...] = 1.0, sink.data
-            mem.free(sink)
+            start_at_sinks(mem, pb, rows, l_i, m_i)
         O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop (line 3)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start

@@ -30,7 +30,9 @@ with a few speculative tokens the hidden tiles are at most the last block; skipp
 would move every causal count). With S = 1 the split writes O, ℓ, m directly and there
 is no combine. Q_i is loaded by every split, as each split's thread block loads it (an
 empty split too, where flash-attn's exits before loading it). Decode-only: there is no
-backward pass (inference has no gradients); ``backward`` is None.
+backward pass (inference has no gradients); ``backward`` is None. Learned attention sinks (``Problem.sinks``) join
+where the row's softmax is finished: with S = 1 the split starts at them (ℓ = 1, m = sink), with S > 1 the combine
+does, as one more partial with no value; either reads the query block's group's G sinks once.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from iosim.algorithms.tile_ops import (
     read_block_table,
     safe_divide,
     scores,
+    start_at_sinks,
 )
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
@@ -150,8 +153,10 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     for t, rows in mem.loop(units):  # every (query block, split) is a thread block of its own
         br, s = rows.stop - rows.start, units.unit(t)[1]
         Q_i = mem.load("Q", rows)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
+        if pb.sinks and tiling.splits == 1:  # with splits the combine takes the sinks in, once
+            start_at_sinks(mem, pb, rows, l_i, m_i)
+        O_i = mem.alloc("O_i", br, d, fill=0.0)
         for _, cols in mem.loop(units.nested(t)):  # the swapped loop over the split's K/V blocks (none: empty)
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
@@ -195,8 +200,10 @@ def combine(mem: Memory, pb: Problem, query_blocks: Blocks, S: int) -> None:
     d, n = pb.shape.d, pb.shape.n_q
     for _, rows in mem.loop(query_blocks):
         br = rows.stop - rows.start
-        O_i = mem.alloc("O_i", br, d, fill=0.0)
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
+        if pb.sinks:  # the sinks join as one more partial with no value
+            start_at_sinks(mem, pb, rows, l_i, m_i)
+        O_i = mem.alloc("O_i", br, d, fill=0.0)
         for s, _ in mem.loop(Axis(S, 1).all()):  # every split's partial, an empty one's too
             O_s, lse_s = mem.load("O_split", _part(rows, s, n)), mem.load("lse_split", _part(rows, s, n))
             m_new = mem.alloc("m_new", br)
@@ -243,9 +250,15 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         reads["mask"] = sum(b_i * b_j * k for b_i, b_j, k in pairs)  # each visited tile of the mask, once
     if pb.page_size:  # each K/V load reads the entries of its block's pages
         reads["block_table"] = sum(entries(pb, b_j) * k for _, b_j, k in pairs)
+    G = pb.packed  # the sinks of a query block's group, once per query block: in the split, or with S > 1 the combine
+    if pb.sinks:
+        reads["sinks"] = tiles.q.T * G
+    sizes = tiles.q.all().sizes()
     blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i of an empty split
-    combining = [2 * b_i * d + 4 * b_i for b_i in tiles.q.all().sizes()] if S > 1 else []  # O_i, O_s, ℓ_i, m_i, …
-    peak = max(blind + combining + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    combining = [2 * b_i * d + 4 * b_i for b_i in sizes] if S > 1 else []  # O_i, O_s, ℓ_i, m_i, …
+    # the sinks taken in beside ℓ_i, m_i (and the split's Q_i), before O_i
+    sinking = [(S == 1) * b_i * d + 2 * b_i + G for b_i in sizes] if pb.sinks else []
+    peak = max(blind + combining + sinking + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
@@ -267,5 +280,6 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
-    needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True),
+    needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True,
+                sinks=True),
 )

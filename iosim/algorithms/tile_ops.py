@@ -91,6 +91,16 @@ def read_block_table(mem: Memory, pb: Problem, cols: slice) -> None:
         mem.free(mem.load("block_table", pages_read(pb, cols), tile="pages_j"))
 
 
+def start_at_sinks(mem: Memory, pb: Problem, rows: slice, l_i: Tile, m_i: Tile) -> None:
+    """Start the running sum and max of ``rows`` at (1, their heads' sink logits) (``Problem.sinks``): each row's
+    sink is one more score, with no value, taken in before any key. Reads the head's sinks once, a GQA group's on a
+    problem packed by group (row r is query r mod N_q of the group's head r // N_q)."""
+    sinks = mem.load("sinks", slice(0, pb.packed))
+    if mem.numeric:
+        l_i.data[...], m_i.data[...] = 1.0, sinks.data[:, np.arange(rows.start, rows.stop) // pb.queries]
+    mem.free(sinks)
+
+
 def probabilities(S: np.ndarray, l: np.ndarray, m: np.ndarray) -> np.ndarray:
     """P = diag(ℓ)⁻¹ exp(S − m) from the forward's statistics (Alg. 4 line 13); 0 on rows that see no key."""
     return safe_divide(exp_diff(S, m), l)

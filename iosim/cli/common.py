@@ -104,8 +104,8 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens, read by rows "
                         "through a block table (default: contiguous)")
     p.add_argument("--sinks", action="store_true",
-                   help="learned attention sinks (gpt-oss), one logit per query head, in the forward pass of flash "
-                        "and flash-swapped (run draws them from --seed after q, k, v)")
+                   help="learned attention sinks (gpt-oss), one logit per query head, in the forward pass of flash, "
+                        "flash-swapped and split-kv (run draws them from --seed after q, k, v)")
     p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
                    help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
                         "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")

@@ -261,10 +261,11 @@ class Problem:
         return self.shape.n_q // self.packed
 
     def dim(self, name: str) -> int:
-        """A size by the name tensors use for it: N_q, N_k, d, 1, or the pages of a paged K/V cache."""
+        """A size by the name tensors use for it: N_q, N_k, d, 1, the pages of a paged K/V cache, or the query heads
+        packed into one head's rows (``packed``: 1, or a GQA group)."""
         if name == "pages":
             return -(-self.shape.n_k // self.page_size) if self.page_size else 1
-        return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1}[name]
+        return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1, "packed": self.packed}[name]
 
     def record(self) -> dict:
         """The problem as the records of every command carry it: sizes, options and dtype, None for an option not

@@ -153,7 +153,7 @@ HF = "https://huggingface.co"
 # model_type -> what of its attention iosim counts no bytes of (a weight, where no config field says so)
 GPT_OSS_SINKS = ("its learned attention sinks (one logit a head, a weight, added to the softmax's denominator) are "
                  "not counted here: one float a head per query block (iosim.count(..., sinks=True) counts them for "
-                 "flash and flash-swapped)")
+                 "flash, flash-swapped and split-kv)")
 UNCOUNTED = {"gpt_oss": GPT_OSS_SINKS}
 
 # Every number below is the model's config.json at the URL beside it; head_dim is hidden_size / num_attention_heads
