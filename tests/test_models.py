@@ -65,19 +65,27 @@ def test_gemma2_layers_alternate_local_first():
     assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL) and types.count(LOCAL) == types.count(GLOBAL) == 21
 
 
-def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_said_to_be_uncounted():
+def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_counted_where_a_pass_takes_them():
     for name in ("gpt-oss-20b", "gpt-oss-120b"):
         types = PRESETS[name].layer_types
         assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL), (name, types[:4])
-        notes = iosim.model(name, N=256, phases=["prefill"], algorithms=["flash"]).notes
-        assert any("sinks" in note and "not counted" in note for note in notes), notes
-    # a config of model_type gpt_oss is read as its preset is, and says the same
+    report = iosim.model("gpt-oss-20b", N=256, phases=["prefill", "training"], algorithms=["flash", "standard"])
+    assert any(note.startswith("learned attention sinks (one logit a query head): counted in the forward passes of "
+                               "flash; the other") for note in report.notes), report.notes
+    phases = {p.phase.name: p for p in report.phases}
+    for phase, sinks in ((phases["prefill"], {"flash": True, "standard": False}),
+                         (phases["training"], {"flash": False, "standard": False})):
+        for cost in phase.algorithms:
+            for layer in cost.layers:
+                assert ("sinks" in {t.name for t in layer.counts.tensors}) == sinks[cost.algorithm], (phase, cost)
+                assert layer.exact, (phase.phase.name, cost.algorithm)
+    # a config of model_type gpt_oss is read as its preset is, sinks included
     published = {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
                  "head_dim": 64, "sliding_window": 128, "max_position_embeddings": 131072,
                  "layer_types": ["sliding_attention", "full_attention"] * 12}
     mine = from_hf_config(published, source="config.json")
-    assert (mine.layer_types, mine.uncounted) == (PRESETS["gpt-oss-20b"].layer_types, PRESETS["gpt-oss-20b"].uncounted)
-    assert from_hf_config({**published, "model_type": "llama"}, source="config.json").uncounted is None
+    assert (mine.layer_types, mine.sinks) == (PRESETS["gpt-oss-20b"].layer_types, True)
+    assert not from_hf_config({**published, "model_type": "llama"}, source="config.json").sinks
 
 
 def test_gpt2_medium_standard_prefill_bytes_by_hand():

@@ -39,8 +39,8 @@ it; nothing is downloaded) with these fields:
 
 Fields that shape attention in a way iosim does not count (``UNMODELLED``: multi-head latent attention's
 ``kv_lora_rank``, GPT-Neo's ``attention_types``, ``cross_attention_layers``) and ``is_encoder_decoder: true`` are
-refused by name. A ``model_type`` whose attention has a part no config field describes and iosim does not count
-(gpt-oss's learned attention sinks, weights) is read, and the model's notes say what is left out (``UNCOUNTED``).
+refused by name. A ``model_type`` whose attention has learned sinks, a weight no config field names (gpt-oss,
+``SINK_TYPES``), is read with them (``ModelConfig.sinks``).
 
 GPT-2's field names are those its ``GPT2Config.attribute_map`` maps to the common ones.
 A missing or malformed field raises ``iosim.InputError`` naming it.
@@ -97,7 +97,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()  # GLOBAL, LOCAL or CHUNKED, one a layer; () means every layer GLOBAL
     dropout_p: float = 0.0  # attention_dropout, applied in a training step only
     attention_chunk: int | None = None  # C of the chunked layers (attention_chunk_size); None when none is chunked
-    uncounted: str | None = None  # what of the model's attention iosim does not count, said beside its numbers
+    sinks: bool = False  # learned attention sinks, one logit a query head (gpt-oss; Problem.sinks)
 
     def __post_init__(self):
         for name in ("layers", "heads", "kv_heads", "head_dim"):
@@ -150,11 +150,8 @@ def alternating(layers: int) -> tuple[str, ...]:
 
 
 HF = "https://huggingface.co"
-# model_type -> what of its attention iosim counts no bytes of (a weight, where no config field says so)
-GPT_OSS_SINKS = ("its learned attention sinks (one logit a head, a weight, added to the softmax's denominator) are "
-                 "not counted here: one float a head per query block (iosim.count(..., sinks=True) counts them for "
-                 "flash, flash-swapped and split-kv)")
-UNCOUNTED = {"gpt_oss": GPT_OSS_SINKS}
+# model_type of the models whose attention has learned sinks, a weight (self_attn.sinks) no config field names
+SINK_TYPES = ("gpt_oss",)
 
 # Every number below is the model's config.json at the URL beside it; head_dim is hidden_size / num_attention_heads
 # where the file has no head_dim field.
@@ -207,13 +204,13 @@ PRESETS: dict[str, ModelConfig] = {
     # gpt-oss (model_type gpt_oss): num_attention_heads 64, num_key_value_heads 8, head_dim 64, sliding_window 128,
     # max_position_embeddings 131072, layer_types local and global alternating, local first; 20b: 24 layers, 120b:
     # 36 (transformers' GptOssConfig, whose defaults are the 120b's; NVIDIA Megatron Bridge's gpt-oss page for the
-    # 20b). Its learned attention sinks are not counted (GPT_OSS_SINKS)
+    # 20b). Its attention has learned sinks (self_attn.sinks, one logit a head)
     "gpt-oss-20b": ModelConfig("gpt-oss-20b", layers=24, heads=64, kv_heads=8, head_dim=64, max_context=131072,
                                source=f"{HF}/openai/gpt-oss-20b/blob/main/config.json", sliding_window=128,
-                               layer_types=alternating(24), uncounted=GPT_OSS_SINKS),
+                               layer_types=alternating(24), sinks=True),
     "gpt-oss-120b": ModelConfig("gpt-oss-120b", layers=36, heads=64, kv_heads=8, head_dim=64, max_context=131072,
                                 source=f"{HF}/openai/gpt-oss-120b/blob/main/config.json", sliding_window=128,
-                                layer_types=alternating(36), uncounted=GPT_OSS_SINKS),
+                                layer_types=alternating(36), sinks=True),
 }
 
 # GPT-2's names of the common fields (transformers' GPT2Config.attribute_map; BLOOM's and GPT-J's are the same),
@@ -274,7 +271,7 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
                        sliding_window=window if LOCAL in types else None, layer_types=types,
                        dropout_p=_fraction(config, "attention_dropout"),
                        attention_chunk=chunk if CHUNKED in types else None,
-                       uncounted=UNCOUNTED.get(config.get("model_type")))
+                       sinks=config.get("model_type") in SINK_TYPES)
 
 
 # Fields that shape attention in a way iosim does not model: refused by name rather than counted wrong
