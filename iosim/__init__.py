@@ -18,7 +18,7 @@ from iosim.gradients import GradResult, gradients
 from iosim.models.cost import ModelReport, model
 from iosim.models.presets import PRESETS as MODELS
 from iosim.models.presets import ModelConfig, load_config
-from iosim.reference import attention_backward_ref, attention_ref
+from iosim.reference import attention_backward_ref, attention_ref, sinks_gradient_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.results import PredictResult, SimResult
 from iosim.serving.cascade import Cascade, cascade, simulate_cascade
@@ -31,5 +31,5 @@ __all__ = [
     "ModelReport",
     "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
     "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict",
-    "register", "simulate", "simulate_cascade",
+    "register", "simulate", "simulate_cascade", "sinks_gradient_ref",
 ]

@@ -37,11 +37,13 @@ class GradResult:
     dv: np.ndarray  # (batch, heads, N_k, d)
     flops: Flops  # the backward pass alone
     forward_flops: Flops
+    dsinks: np.ndarray | None = None  # (heads,): the gradient of each head's attention sink, its batch summed; or None
 
 
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
               block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
-              allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None) -> GradResult:
+              allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None,
+              sinks=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
@@ -53,10 +55,12 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     Q, K, V and dO must be real and finite unless ``allow_nonfinite`` asks to propagate inf and NaN.
     ``on_progress(done, total)`` sees the work of both passes (FLOPs and exponentials) after each step.
     ``seqlens`` (or ``cu_seqlens``) packs documents end to end, as ``iosim.simulate`` takes them.
+    ``sinks``, one logit per query head, are learned attention sinks as ``iosim.simulate`` takes them; the result's
+    ``dsinks`` is their gradient (an algorithm whose backward pass takes none refuses them).
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
-                              allow_nonfinite=allow_nonfinite, seqlens=seqlens, cu_seqlens=cu_seqlens)
+                              allow_nonfinite=allow_nonfinite, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, replace(pb.shape, n_q=tokens(pb)), "do")  # packed documents: (1, heads, Σ L_b, d)
     do = np.asarray(do)
@@ -77,6 +81,8 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
         request.name, pb, request.M, forward.tiling, backward.tiling, combined(*(m.counts() for _, m in bwd)),
         combined(*(m.counts() for _, m in fwd)), dq=unpacked(pb, bwd, "dQ", d), dk=unpacked(pb, bwd, "dK", d),
         dv=unpacked(pb, bwd, "dV", d), flops=_added(bwd), forward_flops=_added(fwd),
+        dsinks=None if not pb.sinks else sum(mem.tensor("dsinks") for _, mem in bwd).reshape(
+            pb.shape.batch, pb.shape.heads).sum(axis=0),
     )
 
 

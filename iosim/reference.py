@@ -144,13 +144,15 @@ def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0
 
 
 def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                           allow_nonfinite=False, window=None, first_batch: int = 0):
-    """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v.
+                           allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None):
+    """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v (with ``sinks``, of attention_ref's
+    with them; ``sinks_gradient_ref`` is theirs).
 
     Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
     D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
     """
-    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite, window=window)
+    shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite, window=window,
+                                      sinks=sinks)
     if shape.kv_heads != shape.heads:
         raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)
@@ -163,3 +165,15 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
     big_d = (dp * p).sum(axis=-1, keepdims=True)
     ds = p * (dp - big_d)
     return tau * (ds @ k64), tau * (np.swapaxes(ds, -1, -2) @ q64), dv
+
+
+def sinks_gradient_ref(q, k, v, dout, sinks, *, causal=False, mask=None, scale=None, window=None) -> np.ndarray:
+    """Float64 gradient of Σ dout·attention_ref(..., sinks) with respect to the sinks, shape (heads,): a sink is a
+    score with no value, so ∂O_r/∂sink = −P_sink,r·O_r and the gradient is −Σ over the batch and the head's rows of
+    P_sink,r·(dout_r·O_r), P_sink,r = exp(sink − lse_r)."""
+    ref = attention_ref(q, k, v, causal=causal, mask=mask, scale=scale, window=window, sinks=sinks)
+    shape = check_qkv(q, k, v)
+    check_dout(dout, shape)
+    big_d = (np.asarray(dout, dtype=np.float64) * ref.out).sum(axis=-1)  # (b, h, N_q)
+    p_sink = np.exp(check_sinks(sinks, shape.heads)[None, :, None] - ref.lse)
+    return -(p_sink * big_d).sum(axis=(0, 2))

@@ -69,12 +69,14 @@ def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_counted_where_a_
     for name in ("gpt-oss-20b", "gpt-oss-120b"):
         types = PRESETS[name].layer_types
         assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL), (name, types[:4])
-    report = iosim.model("gpt-oss-20b", N=256, phases=["prefill", "training"], algorithms=["flash", "standard"])
-    assert any(note.startswith("learned attention sinks (one logit a query head): counted in the forward passes of "
-                               "flash; the other") for note in report.notes), report.notes
+    report = iosim.model("gpt-oss-20b", N=256, phases=["prefill", "training"],
+                         algorithms=["flash", "flash-swapped", "standard"])
+    assert ("learned attention sinks (one logit a query head): counted in the forward passes of flash, flash-swapped "
+            "and in the training step of flash-swapped; the others take none and are counted without them"
+            in report.notes), report.notes
     phases = {p.phase.name: p for p in report.phases}
-    for phase, sinks in ((phases["prefill"], {"flash": True, "standard": False}),
-                         (phases["training"], {"flash": False, "standard": False})):
+    for phase, sinks in ((phases["prefill"], {"flash": True, "flash-swapped": True, "standard": False}),
+                         (phases["training"], {"flash": False, "flash-swapped": True, "standard": False})):
         for cost in phase.algorithms:
             for layer in cost.layers:
                 assert ("sinks" in {t.name for t in layer.counts.tensors}) == sinks[cost.algorithm], (phase, cost)

@@ -2,9 +2,10 @@
 
 flash, flash-swapped and split-kv take them in their forward pass (``Problem.sinks``): each query block reads its
 head's sink once (split-kv's, of a GQA group's packed rows, its group's; with K/V splits its combine does) and starts
-its running max and sum at (sink, 1). Held here: the outputs and the log-sum-exp against float64
-on awkward shapes, rows that see no key included; every count equal to its closed form, and the sinks' reads the
-only bytes they add; everything else refused by name.
+its running max and sum at (sink, 1). flash-swapped's backward pass takes them too, and writes their gradient.
+Held here: the outputs and the log-sum-exp against float64 on awkward shapes, rows that see no key included; the
+gradients, the sinks' against central differences; every count equal to its closed form, and the sinks' reads (and
+their gradient's writes) the only bytes they add; everything else refused by name.
 """
 
 from __future__ import annotations
@@ -128,16 +129,44 @@ def test_every_other_algorithm_refuses_sinks_by_name(algo):
         iosim.count(algo, N=64, d=8, M="20k", sinks=True)
 
 
-@pytest.mark.parametrize("call, options, words", [
-    ("count", dict(algorithm="flash", pass_="fwd+bwd"),
-     "sinks for flash, pass 'fwd+bwd': its backward pass takes no attention sinks"),
-    ("predict", dict(algorithm="flash-swapped", pass_="bwd"), "its backward pass takes no attention sinks"),
-])
-def test_an_algorithm_or_pass_without_sinks_refuses_them_by_name(call, options, words):
-    options = dict(options)
-    with pytest.raises(InputError, match=re.escape(words)) as info:
-        getattr(iosim, call)(options.pop("algorithm"), N=64, d=8, M="20k", sinks=True, **options)
-    assert "['flash', 'flash-swapped', 'split-kv']" in str(info.value)
+@pytest.mark.parametrize("call, algo, pass_", [("count", "flash", "fwd+bwd"), ("predict", "flash", "bwd")])
+def test_a_backward_pass_without_sinks_refuses_them_by_name(call, algo, pass_):
+    words = f"sinks for {algo}, pass {pass_!r}: its backward pass takes no attention sinks; allowed: sinks=False, or " \
+            f"one that takes them in that pass: ['flash-swapped']"
+    with pytest.raises(InputError, match=re.escape(words)):
+        getattr(iosim, call)(algo, N=64, d=8, M="20k", sinks=True, pass_=pass_)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(batch=2, heads=3, n_q=113, n_k=239, d=5, M=600, causal=True),
+    dict(batch=1, heads=2, n_q=100, n_k=30, d=2, M=300, causal=True),
+    dict(batch=1, heads=2, n_q=70, n_k=70, d=4, M=500, window=(10, 3)),
+    dict(batch=1, heads=1, n_q=1, n_k=1, d=3, M=100),
+], ids=["Nq<Nk,causal", "rows that see no key", "window", "N=1"])
+def test_flash_swapped_s_backward_gives_the_sinks_gradient_and_its_closed_form(shape):
+    shape = dict(shape)
+    batch, heads, n_q, n_k, d, M = (shape.pop(k) for k in ("batch", "heads", "n_q", "n_k", "d", "M"))
+    rng = np.random.default_rng(n_q)
+    q, k, v = random_qkv(rng, batch, heads, n_q, n_k, d)
+    do, sinks = rng.standard_normal(q.shape), 2 * rng.standard_normal(heads)
+    got = iosim.gradients("flash-swapped", q, k, v, do, M=M, sinks=sinks, **shape)
+    for g, r in zip((got.dq, got.dk, got.dv), iosim.attention_backward_ref(q, k, v, do, sinks=sinks, **shape)):
+        np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
+    want = iosim.sinks_gradient_ref(q, k, v, do, sinks, **shape)
+    np.testing.assert_allclose(got.dsinks, want, rtol=0, atol=1e-12)
+    # the reference against central differences of Σ dO·O
+    def loss(s):
+        return float((do * attention_ref(q, k, v, sinks=s, **shape).out).sum())
+    step = 1e-6
+    diffs = [(loss(sinks + step * e) - loss(sinks - step * e)) / (2 * step) for e in np.eye(heads)]
+    np.testing.assert_allclose(want, diffs, rtol=0, atol=1e-7)
+    sizes = dict(N=n_q, N_k=n_k, d=d, batch=batch, heads=heads, M=M, **shape)
+    step_counts = iosim.count("flash-swapped", sinks=True, pass_="fwd+bwd", **sizes)
+    assert step_counts.traffic == iosim.predict("flash-swapped", sinks=True, pass_="fwd+bwd", **sizes).exact
+    backward = iosim.count("flash-swapped", sinks=True, pass_="bwd", tiling=got.backward_tiling, **sizes).traffic
+    assert got.traffic == backward
+    assert (backward.tensor("sinks").reads, backward.tensor("dsinks").writes) == (
+        batch * heads * -(-n_q // got.backward_tiling.Br), batch * heads)
 
 
 def test_bad_sinks_are_refused_naming_what_is_allowed():
@@ -170,7 +199,8 @@ def test_run_draws_sinks_from_its_seed_and_checks_them_against_float64(tmp_path,
     assert record["sinks"] is True and record["max_abs_error"] < 1e-12
     assert {t["name"]: t["reads"] for t in record["tensors"]}["sinks"] == 2 * -(-record["N"] // record["Br"])
     for argv, words in ((["--algo", "standard"], "sinks for standard, pass 'fwd': it takes no attention sinks"),
-                        (["--pass", "bwd"], "--sinks with --pass bwd: attention sinks are taken by the forward pass")):
+                        (["--pass", "bwd"],
+                         "sinks for flash, pass 'fwd+bwd': its backward pass takes no attention sinks")):
         capsys.readouterr()
         assert main(["run", "--N", "64", "--d", "8", "--sinks", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -61,6 +61,8 @@ BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
 # Learned attention sinks (Problem.sinks): one logit per query head, read by the algorithms that take them; a head of
 # a problem packed by GQA group holds its group's
 SINKS = Tensor("sinks", "packed", "1", "input", "stat")
+# and their gradient, which a backward pass that takes them writes: Σ over the head's rows of −P_sink·D
+DSINKS = Tensor("dsinks", "packed", "1", "output", "stat")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
 OUTPUT = Tensor("O", "N_q", "d", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
@@ -109,7 +111,8 @@ class Needs:
     splits: SplitRule | None = None
     # it reads K and V from a paged cache through a block table (Problem.page_size, iosim.variants.paging)
     pages: bool = False
-    # its forward takes learned attention sinks (Problem.sinks): each query block reads its head's sink logit
+    # it takes learned attention sinks (Problem.sinks): a forward pass reads each query block's sink logits, a
+    # backward pass reads them too and writes their gradient (DSINKS)
     sinks: bool = False
 
 
@@ -182,16 +185,22 @@ class Algorithm:
             raise InputError(f"page_size={pb.page_size} for {self.name}, pass {pass_!r}: it reads no paged K/V cache; "
                              f"allowed: page_size=None, or the forward pass of one that does: "
                              f"{[a.name for a in algorithms if a.accepts('page_size')]}")
-        if pb.sinks and not (self.accepts("sinks") and pass_ == "fwd"):
+        if pb.sinks and not self.takes_sinks(pass_):
             why = f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks"
-            raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or the forward "
-                             f"pass of one that takes them: {[a.name for a in algorithms if a.accepts('sinks')]}")
+            raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or one that "
+                             f"takes them in that pass: {[a.name for a in algorithms if a.takes_sinks(pass_)]}")
         if pb.sinks and pb.seqlens is not None:
             raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
         if pb.seqlens is not None and not self.accepts("seqlens"):
             raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
                              f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
                              f"{[a.name for a in algorithms if a.accepts('seqlens')]}")
+
+    def takes_sinks(self, pass_: str) -> bool:
+        """Whether every pass of ``pass_`` takes learned attention sinks: its forward, and its backward where it
+        runs one."""
+        backward = self.backward is not None and self.backward.accepts("sinks")
+        return self.accepts("sinks") and (pass_ == "fwd" or backward)
 
     def listed_by_default(self, given: Collection[str]) -> bool:
         """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
@@ -252,8 +261,9 @@ class Algorithm:
 
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
+    backward = DOUT in own  # a backward pass writes the sinks' gradient beside its own
     return (INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
-            + ((SINKS,) if pb.sinks else ()) + own)
+            + ((SINKS,) if pb.sinks else ()) + own + ((DSINKS,) if pb.sinks and backward else ()))
 
 
 def exact_counts(own: tuple[Tensor, ...], pb: Problem, reads: dict[str, int], writes: dict[str, int],

@@ -20,7 +20,10 @@ rather than every inner step reading two statistics. dQ is accumulated in the da
 dtype; the kernels accumulate it in float32 with atomic adds and convert it in a
 third pass, which is not modelled. Tiles the band (causal, or a sliding window) hides
 entirely are skipped, and a key block no query sees gets zeros for dK_j, dV_j without
-loading K_j, V_j, as the kernels do; an explicit mask is not inspected.
+loading K_j, V_j, as the kernels do; an explicit mask is not inspected. With learned attention sinks
+(``Problem.sinks``) the forward's ℓ and m include them, so P, D and the gradients above are unchanged; the first
+pass also reads each query block's sink and adds −Σ_rows exp(sink − L_i)·D_i into the sink's gradient, held on chip
+and written once (dsinks).
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ from iosim.algorithms.algorithm import (
     exact_counts,
     saved,
 )
-from iosim.algorithms.tile_ops import absorb_gradients, exp_diff, load_mask, logsumexp, row_dot, scores
+from iosim.algorithms.tile_ops import (
+    absorb_gradients,
+    absorb_sink_gradient,
+    exp_diff,
+    load_mask,
+    logsumexp,
+    row_dot,
+    scores,
+)
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
@@ -56,6 +67,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     d = pb.shape.d
     tiles = visits(pb, tiling, skips_hidden=True)
 
+    # attention sinks: their gradient −Σ_rows P_sink·D, P_sink = exp(sink − L), summed on chip over the first pass
+    dsinks = mem.alloc("dsinks", pb.packed, fill=0.0) if pb.sinks else None
     for _, rows in mem.loop(tiles.q.all()):  # first pass: D, L and dQ = (0), per query block
         br = rows.stop - rows.start
         O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
@@ -65,6 +78,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         if mem.numeric:
             D_i.data = row_dot(dO_i.data, O_i.data)  # line 19, once per row
             L_i.data = logsumexp(l_i.data, m_i.data)
+        if dsinks is not None:
+            absorb_sink_gradient(mem, pb, rows, D_i, L_i, dsinks)
         mem.store(D_i, "D", rows)
         mem.store(L_i, "L", rows)
         mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
@@ -72,6 +87,9 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         mem.store(zero, "dQ", rows)
         mem.free(zero)
 
+    if dsinks is not None:
+        mem.store(dsinks, "dsinks", slice(0, pb.packed))
+        mem.free(dsinks)
     for j, cols in mem.loop(tiles.key_blocks()):  # line 6
         bc = cols.stop - cols.start
         K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
@@ -134,17 +152,21 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    if pb.sinks:  # the head's sink once per query block of the first pass, its gradient written once
+        reads["sinks"], writes["dsinks"] = tiles.q.T, 1
     Br = tiles.q.size(0)
     blind = [b_j * d for b_j in tiles.blind_key_blocks().sizes()]  # the zero tile of a key block no query sees
-    peak = max([2 * Br * d + 4 * Br] + blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    first = 2 * Br * d + 4 * Br + 2 * pb.sinks  # O_i, dO_i, ℓ_i, m_i, D_i, L_i, and the sink beside its gradient
+    peak = max([first] + blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Five B_r × B_c × d products and B_r·B_c exps per visited tile, and one log per query row."""
+    """Five B_r × B_c × d products and B_r·B_c exps per visited tile, and one log per query row (and with sinks one
+    exp, the sink's probability)."""
     pairs = visits(pb, tiling, skips_hidden=True).pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
-    return Flops(matmul=10 * pb.shape.d * area, exp=area + pb.shape.n_q).scaled(pb.shape.bh)
+    return Flops(matmul=10 * pb.shape.d * area, exp=area + pb.shape.n_q * (1 + pb.sinks)).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:
@@ -160,5 +182,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash-swapped backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set,
     traffic=traffic, paper_form=paper_form, paper_label="16N²d²/M + 8N²d/M + 7Nd + 4N", flops=flops,
-    needs=Needs(window=True),
+    needs=Needs(window=True, sinks=True),
 )

@@ -101,6 +101,19 @@ def start_at_sinks(mem: Memory, pb: Problem, rows: slice, l_i: Tile, m_i: Tile) 
     mem.free(sinks)
 
 
+def absorb_sink_gradient(mem: Memory, pb: Problem, rows: slice, D_i: Tile, L_i: Tile, dsinks: Tile) -> None:
+    """Add a query block's part of the sinks' gradient into ``dsinks``: −Σ over its rows of P_sink·D, P_sink =
+    exp(sink − L) the row's weight on its head's sink (the sink's score has no value, so dO·∂O/∂sink = −P_sink·D).
+    Reads the head's sinks (a GQA group's on a packed problem) once."""
+    sinks = mem.load("sinks", slice(0, pb.packed))
+    mem.compute(exp=rows.stop - rows.start)  # P_sink of each row
+    if mem.numeric:
+        heads = np.arange(rows.start, rows.stop) // pb.queries  # each row's head within the packed group
+        weight = np.exp(sinks.data[:, heads] - L_i.data) * D_i.data  # (bh, rows, 1)
+        np.subtract.at(dsinks.data, (slice(None), heads), weight)
+    mem.free(sinks)
+
+
 def probabilities(S: np.ndarray, l: np.ndarray, m: np.ndarray) -> np.ndarray:
     """P = diag(ℓ)⁻¹ exp(S − m) from the forward's statistics (Alg. 4 line 13); 0 on rows that see no key."""
     return safe_divide(exp_diff(S, m), l)

@@ -91,9 +91,6 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
                          f"forward (decode) pass only; allowed: --pass fwd")
-    if args.sinks and args.pass_ != "fwd":
-        raise InputError(f"--sinks with --pass {args.pass_}: attention sinks are taken by the forward pass only; "
-                         f"allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     N = lengths_of(args, 1000)
     n_k = args.N_k or N

@@ -229,8 +229,8 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
     window = layer_window(kind, phase.n_k)
     n_q, n_k, batch, seqlens = layer_lengths(kind, phase, batch)
-    # the sinks where the pass takes them (report_notes says where they are left out)
-    sinks = cfg.sinks and not training and seqlens is None and ALGORITHMS[algorithm].accepts("sinks")
+    # the sinks where the passes take them (report_notes says where they are left out)
+    sinks = cfg.sinks and seqlens is None and ALGORITHMS[algorithm].takes_sinks(phase.pass_)
     pb = count_problem(n_q, cfg.head_dim, n_k, batch, cfg.heads, causal=True, seqlens=seqlens,
                        dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window,
                        sinks=sinks)
@@ -300,10 +300,11 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     if cfg.max_context is not None and longest > cfg.max_context:
         notes.append(f"{longest:,} keys is beyond the {cfg.max_context:,} of max_position_embeddings")
     if cfg.sinks:
-        takers = [a for a in algorithms if ALGORITHMS[a].accepts("sinks")]
+        forward = [a for a in algorithms if ALGORITHMS[a].takes_sinks("fwd")]
+        both = [a for a in forward if ALGORITHMS[a].takes_sinks("fwd+bwd")]
         notes.append(f"learned attention sinks (one logit a query head): counted in the forward passes of "
-                     f"{', '.join(takers) or 'none of the algorithms shown'}; the other algorithms and training's "
-                     f"backward pass take none and are counted without them")
+                     f"{', '.join(forward) or 'none of the algorithms shown'} and in the training step of "
+                     f"{', '.join(both) or 'none of them'}; the others take none and are counted without them")
     return tuple(notes)
 
 
