@@ -218,3 +218,14 @@ def test_a_sweep_with_sinks_counts_the_algorithms_that_take_them_and_says_which_
     assert all(r["sinks"] is True and r["status"] == "ok" and r["ratio"] == 1.0 for r in records)
     plain = iosim.count("flash", N=256, d=16, M="100k").traffic
     assert records[0]["total_bytes"] - plain.total_bytes == -(-256 // records[0]["Br"]) * STAT_BYTES
+
+
+def test_a_sweep_on_a_gpu_says_its_sinks_rows_have_no_dram_bytes():
+    from iosim.cli import build_parser, run
+
+    outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--gpu", "h100",
+                                             "--algo", "flash-swapped"]))
+    assert outcome.notes == ("--gpu h100: no kernel the L2 model describes takes attention sinks, so these rows have "
+                             "no DRAM bytes (their time is from HBM bytes)",)
+    (row,) = outcome.rows
+    assert row.dram is None and row.roofline is not None

@@ -67,6 +67,13 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
+    if args.gpu is not None:  # what the L2 model has no kernel for (iosim.gpu.kernel.check_launchable): say so
+        untaken = [what for what, given in (("attention sinks", args.sinks), ("a paged K/V cache", args.page_size),
+                                            ("packed documents", args.seqlens), ("a block mask", args.sparsity))
+                   if given]
+        if untaken:
+            out.append(f"--gpu {args.gpu}: no kernel the L2 model describes takes {' or '.join(untaken)}, so these "
+                       f"rows have no DRAM bytes (their time is from HBM bytes)")
     if args.algo is None and args.pass_ != "fwd":
         left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
             ("block_sparsity",) if args.sparsity is not None else ())]
