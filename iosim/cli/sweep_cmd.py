@@ -72,8 +72,8 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                                             ("packed documents", args.seqlens), ("a block mask", args.sparsity))
                    if given]
         if untaken:
-            out.append(f"--gpu {args.gpu}: no kernel the L2 model describes takes {' or '.join(untaken)}, so these "
-                       f"rows have no DRAM bytes (their time is from HBM bytes)")
+            out.append(f"--gpu {args.gpu}: no kernel the L2 model describes takes {' or '.join(untaken)}, so the rows "
+                       f"counted with it have no DRAM bytes (their time is from HBM bytes)")
     if args.algo is None and args.pass_ != "fwd":
         left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
             ("block_sparsity",) if args.sparsity is not None else ())]
