@@ -167,11 +167,13 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
     return tau * (ds @ k64), tau * (np.swapaxes(ds, -1, -2) @ q64), dv
 
 
-def sinks_gradient_ref(q, k, v, dout, sinks, *, causal=False, mask=None, scale=None, window=None) -> np.ndarray:
+def sinks_gradient_ref(q, k, v, dout, sinks, *, causal=False, mask=None, scale=None, window=None, dropout_p=0.0,
+                       seed=0) -> np.ndarray:
     """Float64 gradient of Σ dout·attention_ref(..., sinks) with respect to the sinks, shape (heads,): a sink is a
     score with no value, so ∂O_r/∂sink = −P_sink,r·O_r and the gradient is −Σ over the batch and the head's rows of
-    P_sink,r·(dout_r·O_r), P_sink,r = exp(sink − lse_r)."""
-    ref = attention_ref(q, k, v, causal=causal, mask=mask, scale=scale, window=window, sinks=sinks)
+    P_sink,r·(dout_r·O_r), P_sink,r = exp(sink − lse_r); with dropout, O is the dropped output."""
+    ref = attention_ref(q, k, v, causal=causal, mask=mask, scale=scale, window=window, sinks=sinks,
+                        dropout_p=dropout_p, seed=seed)
     shape = check_qkv(q, k, v)
     check_dout(dout, shape)
     big_d = (np.asarray(dout, dtype=np.float64) * ref.out).sum(axis=-1)  # (b, h, N_q)

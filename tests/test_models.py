@@ -2,6 +2,7 @@
 the ``iosim model`` command."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,10 @@ def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_counted_where_a_
         assert types[:4] == (LOCAL, GLOBAL, LOCAL, GLOBAL), (name, types[:4])
     report = iosim.model("gpt-oss-20b", N=256, phases=["prefill", "training"],
                          algorithms=["flash", "flash-swapped", "standard"])
-    assert ("learned attention sinks (one logit a query head): counted in the forward passes of flash, flash-swapped "
-            "and in the training step of flash-swapped; the others take none and are counted without them"
-            in report.notes), report.notes
+    assert ("learned attention sinks (one logit a query head) are counted where the passes take them (prefill and "
+            "decoding: flash, flash-swapped; training: flash-swapped); the others are counted without them, and the "
+            "DRAM bytes (and the times from them) are the layer's without its sinks, which no kernel the L2 model "
+            "describes reads" in report.notes), report.notes
     phases = {p.phase.name: p for p in report.phases}
     for phase, sinks in ((phases["prefill"], {"flash": True, "flash-swapped": True, "standard": False}),
                          (phases["training"], {"flash": False, "flash-swapped": True, "standard": False})):
@@ -81,6 +83,14 @@ def test_gpt_oss_layers_alternate_local_first_and_its_sinks_are_counted_where_a_
             for layer in cost.layers:
                 assert ("sinks" in {t.name for t in layer.counts.tensors}) == sinks[cost.algorithm], (phase, cost)
                 assert layer.exact, (phase.phase.name, cost.algorithm)
+    # the DRAM bytes of a forward layer are those of the same layer without its sinks
+    plain = iosim.model(replace(PRESETS["gpt-oss-20b"], sinks=False), N=256, phases=["prefill"],
+                        algorithms=["flash-swapped"])
+    with_sinks = next(c for c in phases["prefill"].algorithms if c.algorithm == "flash-swapped")
+    global_layer = next(layer for layer in with_sinks.layers if layer.kind.window is None)
+    assert global_layer.dram is not None
+    assert global_layer.dram == next(layer.dram for layer in plain.phases[0].algorithms[0].layers
+                                     if layer.kind.window is None)
     # a config of model_type gpt_oss is read as its preset is, sinks included
     published = {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
                  "head_dim": 64, "sliding_window": 128, "max_position_embeddings": 131072,

@@ -78,3 +78,14 @@ def test_a_given_tiling_with_splits_is_refused_by_an_algorithm_without_them():
 def test_a_sweep_names_the_algorithms_an_option_leaves_out(flag, left, capsys):
     assert main(["sweep", "--d", "64", *flag]) == 0
     assert left in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_sweep_on_a_gpu_says_which_rows_the_l2_model_has_no_kernel_for():
+    out = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--window", "31", "0", "--gpu", "h100",
+                                         "--algo", "flash"]))
+    assert out.notes == ("--gpu h100: no kernel the L2 model describes takes a sliding window, so the rows counted "
+                         "with it have no DRAM bytes (their time is from HBM bytes)",)
+    assert out.rows[0].dram is None
+    causal = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--window", "-1", "0", "--causal",
+                                            "--gpu", "h100", "--algo", "flash"]))
+    assert causal.notes == () and causal.rows[0].dram is not None  # (-1, 0) with causal: no sliding window

@@ -229,3 +229,38 @@ def test_a_sweep_on_a_gpu_says_its_sinks_rows_have_no_dram_bytes():
                              "with it have no DRAM bytes (their time is from HBM bytes)",)
     (row,) = outcome.rows
     assert row.dram is None and row.roofline is not None
+
+
+def test_a_backward_sweep_with_sinks_lists_the_algorithms_whose_backward_takes_them():
+    from iosim.cli import build_parser, run
+
+    outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--pass", "fwd+bwd"]))
+    assert [r.algorithm for r in outcome.rows] == ["flash-swapped"]
+    assert outcome.notes[0] == "--sinks leaves out standard, flash, standard-eager: they take no attention sinks in " \
+                               "that pass"
+    with pytest.raises(InputError, match=re.escape("sinks for split-kv, pass 'fwd+bwd': it has no backward pass")):
+        iosim.count("split-kv", N=1, N_k=64, d=8, M="20k", sinks=True, pass_="fwd+bwd")
+
+
+def test_run_checks_the_sinks_gradient_too(tmp_path, monkeypatch):
+    from iosim.cli import main, run_cmd
+
+    argv = ["run", "--algo", "flash-swapped", "--N", "40", "--d", "4", "--heads", "2", "--causal", "--sinks",
+            "--pass", "bwd", "--dropout", "0.2", "--M", "2k", "--json", str(tmp_path / "good.json")]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "good.json").read_text())["max_abs_error"] < 1e-12
+    # a reference gradient off by one shows in the error: the check reads dsinks
+    monkeypatch.setattr(run_cmd, "sinks_gradient_ref", lambda *a, **k: iosim.sinks_gradient_ref(*a, **k) + 1.0)
+    argv[-1] = str(tmp_path / "bad.json")
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "bad.json").read_text())["max_abs_error"] == pytest.approx(1.0)
+
+
+def test_split_kv_s_working_set_holds_a_group_s_sinks_beside_a_tiny_block():
+    # 8 query heads on one K/V head at d = 1: a query block of one row takes 8 sinks beside ℓ_i, m_i
+    rng = np.random.default_rng(8)
+    q, k, v = rng.standard_normal((1, 8, 1, 1)), rng.standard_normal((1, 1, 5, 1)), rng.standard_normal((1, 1, 5, 1))
+    for M in (11, 12, 20):
+        got = iosim.simulate("split-kv", q, k, v, M=M, sinks=rng.standard_normal(8))
+        counted = iosim.predict("split-kv", N=1, N_k=5, d=1, heads=8, kv_heads=1, M=M, sinks=True).exact
+        assert got.traffic == counted and got.traffic.peak_sram <= M, (M, got.tiling)

@@ -186,7 +186,8 @@ class Algorithm:
                              f"allowed: page_size=None, or the forward pass of one that does: "
                              f"{[a.name for a in algorithms if a.accepts('page_size')]}")
         if pb.sinks and not self.takes_sinks(pass_):
-            why = f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks"
+            why = ("it has no backward pass" if pass_ != "fwd" and self.backward is None else
+                   f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks")
             raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or one that "
                              f"takes them in that pass: {[a.name for a in algorithms if a.takes_sinks(pass_)]}")
         if pb.sinks and pb.seqlens is not None:
@@ -202,14 +203,14 @@ class Algorithm:
         backward = self.backward is not None and self.backward.accepts("sinks")
         return self.accepts("sinks") and (pass_ == "fwd" or backward)
 
-    def listed_by_default(self, given: Collection[str]) -> bool:
-        """Whether a command that names no algorithm lists it, given the OPTIONS the user set: one that adds a
-        block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no window
-        (no packed documents, no sinks) is left out when a window (documents, sinks) is set."""
+    def listed_by_default(self, given: Collection[str], pass_: str = "fwd") -> bool:
+        """Whether a command that names no algorithm lists it for ``pass_``, given the OPTIONS the user set: one that
+        adds a block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no
+        window (no packed documents, no sinks in that pass) is left out when a window (documents, sinks) is set."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
                 and ("seqlens" not in given or self.accepts("seqlens"))
-                and ("sinks" not in given or self.needs.sinks))
+                and ("sinks" not in given or self.takes_sinks(pass_)))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""

@@ -125,7 +125,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # first pass: O_i, dO_i + (ℓ_i, m_i, D_i, L_i)
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
     main = 4 * Bc * d + 3 * Br * d + 2 * Br * Bc + 2 * Br + pb.has_mask * Br * Bc
-    return max(main, 2 * Br * d + 4 * Br)
+    return max(main, 2 * Br * d + 4 * Br + 2 * pb.sinks)  # and with sinks, the sink beside its gradient
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:

@@ -224,9 +224,11 @@ def combine(mem: Memory, pb: Problem, query_blocks: Blocks, S: int) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; the combine's 2·B_r·d + 4·B_r is less
+    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; the combine's 2·B_r·d + 4·B_r is less; with
+    # sinks, a GQA group's G sinks beside ℓ_i, m_i (and the split's Q_i) can be more, with tiny blocks and a large G
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    return 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    main = 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    return max(main, (tiling.splits == 1) * Br * d + 2 * Br + pb.packed) if pb.sinks else main
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
@@ -258,7 +260,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     combining = [2 * b_i * d + 4 * b_i for b_i in sizes] if S > 1 else []  # O_i, O_s, ℓ_i, m_i, …
     # the sinks taken in beside ℓ_i, m_i (and the split's Q_i), before O_i
     sinking = [(S == 1) * b_i * d + 2 * b_i + G for b_i in sizes] if pb.sinks else []
-    peak = max(blind + combining + sinking + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    peak = max(blind + combining + sinking + [working_set(pb, Tiling(b_i, b_j, S), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 

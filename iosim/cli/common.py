@@ -104,8 +104,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="split-kv, flash-swapped: K/V in a paged cache of pages of this many tokens, read by rows "
                         "through a block table (default: contiguous)")
     p.add_argument("--sinks", action="store_true",
-                   help="learned attention sinks (gpt-oss), one logit per query head, in the forward pass of flash, "
-                        "flash-swapped and split-kv (run draws them from --seed after q, k, v)")
+                   help="learned attention sinks (gpt-oss), one logit per query head: flash, flash-swapped and "
+                        "split-kv take them forward, flash-swapped backward too (run draws them from --seed after q, "
+                        "k, v)")
     p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
                    help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
                         "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")
@@ -208,9 +209,9 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
              + ("window",) * (window_of(args) is not None)
              + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
              + ("sinks",) * bool(getattr(args, "sinks", False)))
-    backward = getattr(args, "pass_", "fwd") != "fwd"
+    pass_ = getattr(args, "pass_", "fwd")
     return [name for name, a in ALGORITHMS.items()
-            if a.listed_by_default(given) and (a.backward is not None or not backward)]
+            if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]
 
 
 def check_backward(algorithms: list[str], pass_: str) -> None:

@@ -30,7 +30,7 @@ from iosim.core.tiling import Tiling, tiling_record
 from iosim.gpu.dram import covered_dram
 from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.gradients import GradResult, gradients
-from iosim.reference import attention_backward_ref, attention_ref
+from iosim.reference import attention_backward_ref, attention_ref, sinks_gradient_ref
 from iosim.registry import ALGORITHMS, DEFAULT
 from iosim.reports.records import check_distinct, check_output_path, write_document
 from iosim.results import SimResult
@@ -145,6 +145,10 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         errs = [max(float(np.max(np.abs(out[:, :, x] - ref[i]))) for x, ref in zip(spans, refs))
                 for i, out in enumerate(outputs)]  # per gradient, over the documents
         tops = [max(float(np.max(np.abs(ref[i]))) for ref in refs) for i in range(len(outputs))]
+        if "sinks" in options:  # and the sinks' gradient (no packed documents beside sinks)
+            want = sinks_gradient_ref(q, k, v, do, **options)
+            errs.append(float(np.max(np.abs(result.dsinks - want))))
+            tops.append(float(np.max(np.abs(want))))
         err = max(errs)
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
     dram = covered_dram(result.plans, hw, args.algo, args.kernel) if hw is not None and args.pass_ == "fwd" else None

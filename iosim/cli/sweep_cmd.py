@@ -21,6 +21,7 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
+from iosim.core.problem import band_of, check_window
 from iosim.core.units import DTYPE_ITEMSIZE
 from iosim.gpu.kernels import get_kernel
 from iosim.registry import ALGORITHMS
@@ -61,15 +62,20 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens),
                                     ("sinks", "--sinks", args.sinks or None)):
             if value is not None:
-                left = [name for name, a in ALGORITHMS.items() if a.listed_by_default(())
-                        and not a.listed_by_default((option,))]
-                what = {"window": "sliding window", "seqlens": "packed documents", "sinks": "attention sinks"}[option]
+                left = [name for name, a in ALGORITHMS.items() if a.listed_by_default((), args.pass_)
+                        and not a.listed_by_default((option,), args.pass_)
+                        and (a.backward is not None or args.pass_ == "fwd")]
+                what = {"window": "sliding window", "seqlens": "packed documents",
+                        "sinks": "attention sinks" + (" in that pass" if args.pass_ != "fwd" else "")}[option]
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
     if args.gpu is not None:  # what the L2 model has no kernel for (iosim.gpu.kernel.check_launchable): say so
-        untaken = [what for what, given in (("attention sinks", args.sinks), ("a paged K/V cache", args.page_size),
-                                            ("packed documents", args.seqlens), ("a block mask", args.sparsity))
+        window = window_of(args)
+        sliding = window is not None and band_of(args.causal, check_window(window)).sliding
+        untaken = [what for what, given in (("a sliding window", sliding), ("attention sinks", args.sinks),
+                                            ("a paged K/V cache", args.page_size), ("packed documents", args.seqlens),
+                                            ("a block mask", args.sparsity))
                    if given]
         if untaken:
             out.append(f"--gpu {args.gpu}: no kernel the L2 model describes takes {' or '.join(untaken)}, so the rows "

@@ -33,7 +33,7 @@ Deviations from the model as it runs:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from iosim.api import closed_form, count_problem, measure, plan
 from iosim.core.counts import Counts
@@ -236,8 +236,11 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
                        sinks=sinks)
     request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
     measured, exact = measure(request, gpu), closed_form(request)
-    # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu)
-    dram, note = (None, None) if training else covered_dram_or_why(measured.plans, hw, algorithm)
+    # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu); no kernel it describes reads
+    # sinks, so a layer with them takes the DRAM bytes of the same layer without (report_notes says so)
+    plans = measured.plans if not sinks else plan(algorithm, replace(pb, sinks=False), M, pass_=phase.pass_,
+                                                       gpu=gpu).plans
+    dram, note = (None, None) if training else covered_dram_or_why(plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
@@ -300,11 +303,14 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     if cfg.max_context is not None and longest > cfg.max_context:
         notes.append(f"{longest:,} keys is beyond the {cfg.max_context:,} of max_position_embeddings")
     if cfg.sinks:
-        forward = [a for a in algorithms if ALGORITHMS[a].takes_sinks("fwd")]
-        both = [a for a in forward if ALGORITHMS[a].takes_sinks("fwd+bwd")]
-        notes.append(f"learned attention sinks (one logit a query head): counted in the forward passes of "
-                     f"{', '.join(forward) or 'none of the algorithms shown'} and in the training step of "
-                     f"{', '.join(both) or 'none of them'}; the others take none and are counted without them")
+        passes = {p.pass_ for p in plan}
+        taking = [f"{'prefill and decoding' if p == 'fwd' else 'training'}: "
+                  f"{', '.join(a for a in algorithms if ALGORITHMS[a].takes_sinks(p)) or 'none'}"
+                  for p in ("fwd", "fwd+bwd") if p in passes]
+        notes.append(f"learned attention sinks (one logit a query head) are counted where the passes take them "
+                     f"({'; '.join(taking)}); the others are counted without them, and the DRAM bytes (and the "
+                     f"times from them) are the layer's without its sinks, which no kernel the L2 model describes "
+                     f"reads")
     return tuple(notes)
 
 
