@@ -83,8 +83,9 @@ def test_a_sweep_names_the_algorithms_an_option_leaves_out(flag, left, capsys):
 def test_a_sweep_on_a_gpu_says_which_rows_the_l2_model_has_no_kernel_for():
     out = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--window", "31", "0", "--gpu", "h100",
                                          "--algo", "flash"]))
-    assert out.notes == ("--gpu h100: no kernel the L2 model describes takes a sliding window, so the rows counted "
-                         "with it have no DRAM bytes (their time is from HBM bytes)",)
+    assert out.notes == ("--gpu h100: the rows counted with this option have no DRAM bytes, their time is from HBM "
+                         "bytes (window=(31, 0): no GPU kernel of iosim takes a sliding window, so the L2 model has no "
+                         "grid for it; allowed: full attention, or causal (-1, 0))",)
     assert out.rows[0].dram is None
     causal = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--window", "-1", "0", "--causal",
                                             "--gpu", "h100", "--algo", "flash"]))

@@ -225,8 +225,9 @@ def test_a_sweep_on_a_gpu_says_its_sinks_rows_have_no_dram_bytes():
 
     outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--gpu", "h100",
                                              "--algo", "flash-swapped"]))
-    assert outcome.notes == ("--gpu h100: no kernel the L2 model describes takes attention sinks, so the rows counted "
-                             "with it have no DRAM bytes (their time is from HBM bytes)",)
+    assert outcome.notes == ("--gpu h100: the rows counted with this option have no DRAM bytes, their time is from HBM "
+                             "bytes (sinks: no kernel the L2 model describes reads attention sinks; allowed: "
+                             "sinks=False)",)
     (row,) = outcome.rows
     assert row.dram is None and row.roofline is not None
 

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from iosim.api import count_problem
 from iosim.cli.common import (
     PASS_TITLES,
     add_simulation,
@@ -21,8 +22,8 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
-from iosim.core.problem import band_of, check_window
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.gpu.kernel import check_launchable
 from iosim.gpu.kernels import get_kernel
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import RecordWriter
@@ -70,16 +71,16 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
-    if args.gpu is not None:  # what the L2 model has no kernel for (iosim.gpu.kernel.check_launchable): say so
-        window = window_of(args)
-        sliding = window is not None and band_of(args.causal, check_window(window)).sliding
-        untaken = [what for what, given in (("a sliding window", sliding), ("attention sinks", args.sinks),
-                                            ("a paged K/V cache", args.page_size), ("packed documents", args.seqlens),
-                                            ("a block mask", args.sparsity))
-                   if given]
-        if untaken:
-            out.append(f"--gpu {args.gpu}: no kernel the L2 model describes takes {' or '.join(untaken)}, so the rows "
-                       f"counted with it have no DRAM bytes (their time is from HBM bytes)")
+    if args.gpu is not None:  # an option no kernel grid takes (the L2 model's own refusal) leaves rows no DRAM bytes
+        pb = count_problem(None if args.seqlens else _Ns(args)[0], args.d[0], args.N_k, heads=args.heads,
+                           kv_heads=args.kv_heads, causal=args.causal, window=window_of(args),
+                           page_size=args.page_size, seqlens=args.seqlens, block_sparsity=block_sparsity(args),
+                           sinks=args.sinks)
+        try:
+            check_launchable(pb)
+        except InputError as err:
+            out.append(f"--gpu {args.gpu}: the rows counted with this option have no DRAM bytes, their time is from "
+                       f"HBM bytes ({err})")
     if args.algo is None and args.pass_ != "fwd":
         left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
             ("block_sparsity",) if args.sparsity is not None else ())]
