@@ -267,7 +267,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.variants.varlen): q, k, v are (1, heads, Σ L_b, d)
     and so is the output, each document attending only to itself. ``sinks``, one logit per query head (shape
     (heads,)), are learned attention sinks (gpt-oss): each row's softmax takes its head's sink as one more score,
-    whose weight goes to no value; flash, flash-swapped and split-kv take them, forward only.
+    whose weight goes to no value; flash, flash-swapped and split-kv take them (flash-swapped's backward too, in
+    ``iosim.gradients``).
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,

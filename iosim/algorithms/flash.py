@@ -49,13 +49,15 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     # a score column with no value, taken in before any key
     for _, rows in mem.loop(tiles.q.all()):
         br = rows.stop - rows.start
-        for name, cols, fill in (("O", d, 0.0), ("m", 1, -np.inf), ("l", 1, 0.0)):
-            sink = mem.load("sinks", slice(0, 1)) if pb.sinks and name == "m" else None
+        for name, cols, fill in (("O", d, 0.0), ("l", 1, float(pb.sinks)), ("m", 1, -np.inf)):
             init = mem.alloc(f"{name}_i", br, cols, fill=fill)
-            if pb.sinks and name != "O" and mem.numeric:
-                init.data[...] = sink.data if name == "m" else 1.0
+            if name == "m" and pb.sinks:  # the head's sink, beside m_i
+                sink = mem.load("sinks", slice(0, 1))
+                if mem.numeric:
+                    init.data[...] = sink.data
+                mem.free(sink)
             mem.store(init, name, rows)
-            mem.free(init, *(() if sink is None else (sink,)))
+            mem.free(init)
 
     for j, cols in mem.loop(tiles.key_blocks()):  # line 6
         K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7

@@ -225,10 +225,16 @@ def combine(mem: Memory, pb: Problem, query_blocks: Blocks, S: int) -> None:
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; the combine's 2·B_r·d + 4·B_r is less; with
-    # sinks, a GQA group's G sinks beside ℓ_i, m_i (and the split's Q_i) can be more, with tiny blocks and a large G
+    # sinks, taking them in can be more, with tiny blocks and a large G
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
     main = 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
-    return max(main, (tiling.splits == 1) * Br * d + 2 * Br + pb.packed) if pb.sinks else main
+    return max(main, sinking(pb, Br, tiling.splits)) if pb.sinks else main
+
+
+def sinking(pb: Problem, Br: int, S: int) -> int:
+    """On chip while a query block of B_r rows takes its sinks in: ℓ_i, m_i and a GQA group's G sinks, beside the
+    split's Q_i when S = 1 (with S > 1 the combine takes them in)."""
+    return (S == 1) * Br * pb.shape.d + 2 * Br + pb.packed
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
@@ -252,15 +258,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         reads["mask"] = sum(b_i * b_j * k for b_i, b_j, k in pairs)  # each visited tile of the mask, once
     if pb.page_size:  # each K/V load reads the entries of its block's pages
         reads["block_table"] = sum(entries(pb, b_j) * k for _, b_j, k in pairs)
-    G = pb.packed  # the sinks of a query block's group, once per query block: in the split, or with S > 1 the combine
-    if pb.sinks:
-        reads["sinks"] = tiles.q.T * G
+    if pb.sinks:  # the sinks of a query block's group, once per query block: in the split, or with S > 1 the combine
+        reads["sinks"] = tiles.q.T * pb.packed
     sizes = tiles.q.all().sizes()
     blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i of an empty split
     combining = [2 * b_i * d + 4 * b_i for b_i in sizes] if S > 1 else []  # O_i, O_s, ℓ_i, m_i, …
-    # the sinks taken in beside ℓ_i, m_i (and the split's Q_i), before O_i
-    sinking = [(S == 1) * b_i * d + 2 * b_i + G for b_i in sizes] if pb.sinks else []
-    peak = max(blind + combining + sinking + [working_set(pb, Tiling(b_i, b_j, S), M) for b_i, b_j, _ in pairs])
+    sinks_in = [sinking(pb, b_i, S) for b_i in sizes] if pb.sinks else []  # before O_i: every query block's
+    peak = max(blind + combining + sinks_in + [working_set(pb, Tiling(b_i, b_j, S), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 

@@ -238,9 +238,10 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     measured, exact = measure(request, gpu), closed_form(request)
     # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu); no kernel it describes reads
     # sinks, so a layer with them takes the DRAM bytes of the same layer without (report_notes says so)
-    plans = measured.plans if not sinks else plan(algorithm, replace(pb, sinks=False), M, pass_=phase.pass_,
-                                                       gpu=gpu).plans
-    dram, note = (None, None) if training else covered_dram_or_why(plans, hw, algorithm)
+    dram, note = None, None
+    if not training:
+        plans = measured.plans if not sinks else plan(algorithm, replace(pb, sinks=False), M, gpu=gpu).plans
+        dram, note = covered_dram_or_why(plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
