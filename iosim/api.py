@@ -98,8 +98,9 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
-                  cu_seqlens=None, sinks=False) -> Problem:
-    """The problem of a count or a prediction: sizes only, no data. Packed documents (``seqlens`` or
+                  cu_seqlens=None, sinks=False, d_v=None) -> Problem:
+    """The problem of a count or a prediction: sizes only, no data. ``d`` is the head size of Q and K, ``d_v`` that
+    of V and O (None: d). Packed documents (``seqlens`` or
     ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None. ``sinks``: whether each query
     head reads a learned attention sink (``Problem.sinks``)."""
     docs = check_seqlens(seqlens, cu_seqlens)
@@ -112,6 +113,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
         batch=check_positive_int("batch", batch), heads=check_positive_int("heads", heads),
         n_q=check_positive_int("N", N), n_k=check_positive_int("N_k", N if N_k is None else N_k),
         d=check_positive_int("d", d), kv_heads=None if kv_heads is None else check_positive_int("kv_heads", kv_heads),
+        d_v=None if d_v is None else check_positive_int("d_v", d_v),
     )
     if not isinstance(mask, (bool, np.bool_)):
         raise InputTypeError(f"mask={type(mask).__name__}: count and predict take mask=True or False (whether an "
@@ -122,9 +124,9 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
                           page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks)), docs)
 
 
-def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None) -> int:
+def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None, d_v=None) -> int:
     """Bytes a numeric simulation holds for its HBM tensors: float64 data, one byte per mask element."""
-    pb = count_problem(N, d, N_k, batch, heads, mask=mask, dtype="float64", kv_heads=kv_heads)
+    pb = count_problem(N, d, N_k, batch, heads, mask=mask, dtype="float64", kv_heads=kv_heads, d_v=d_v)
     return sum(_heads(t, pb) * rows * cols * (1 if t.element == "mask" else 8)
                for t in get_algorithm(algorithm).hbm_tensors(pb) for rows, cols in [t.shape(pb)])
 
@@ -249,7 +251,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
              window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None, seqlens=None,
              cu_seqlens=None, sinks=None) -> SimResult:
-    """Run ``algorithm`` numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d).
+    """Run ``algorithm`` numerically on q (batch, heads, N_q, d), k (batch, kv_heads, N_k, d) and v (batch,
+    kv_heads, N_k, d_v): V's head size may differ from Q's and K's (MLA's heads), and the output has V's.
 
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
     attention). ``splits`` sets the K/V splits of an algorithm that splits K/V
@@ -279,7 +282,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
         runs = execute_parts(p, data, on_progress, total=work(p) if on_progress else 0)
     flops = [mem.flops() for _, mem in runs]
     result = SimResult(p.algorithm.name, pb, p.M, p.tiling, None, combined(*(mem.counts() for _, mem in runs)),
-                       flops=sum(flops[1:], flops[0]), out=unpacked(pb, runs, "O", pb.shape.d), gpu=gpu, plans=(p,))
+                       flops=sum(flops[1:], flops[0]), out=unpacked(pb, runs, "O", pb.shape.d_v), gpu=gpu, plans=(p,))
     if {"l", "m"} <= set(p.algorithm.outputs()):
         result = replace(result, l=unpacked(pb, runs, "l", 1)[..., 0], m=unpacked(pb, runs, "m", 1)[..., 0])
     if not np.isfinite(result.out).all() and all(np.isfinite(data[n]).all() for n in ("Q", "K", "V")):
@@ -291,7 +294,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
           kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None,
-          sinks=False) -> SimResult:
+          sinks=False, d_v=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -302,11 +305,12 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
     from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
     packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the
-    longest. ``sinks=True`` counts each query head's learned attention sink, as ``simulate`` reads it.
+    longest. ``sinks=True`` counts each query head's learned attention sink, as ``simulate`` reads it. ``d`` is the
+    head size of Q and K and ``d_v`` that of V and O (None: d), as MLA's heads differ.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
-                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks)
+                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
@@ -314,7 +318,7 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
 def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
             kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None,
-            cu_seqlens=None, sinks=False) -> PredictResult:
+            cu_seqlens=None, sinks=False, d_v=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
@@ -322,6 +326,6 @@ def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
                        block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size,
-                       seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks)
+                       seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

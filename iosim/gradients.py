@@ -34,7 +34,7 @@ class GradResult:
     forward_traffic: Counts
     dq: np.ndarray  # (batch, heads, N_q, d)
     dk: np.ndarray  # (batch, heads, N_k, d)
-    dv: np.ndarray  # (batch, heads, N_k, d)
+    dv: np.ndarray  # (batch, heads, N_k, d_v)
     flops: Flops  # the backward pass alone
     forward_flops: Flops
     dsinks: np.ndarray | None = None  # (heads,): the gradient of each head's attention sink, its batch summed; or None
@@ -44,7 +44,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
               block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
               allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None,
               sinks=None) -> GradResult:
-    """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d), on the simulator.
+    """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d_v), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
     float64; the dropout mask of the backward pass is regenerated from ``seed``.
@@ -76,11 +76,11 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
         bwd += execute_parts(back, {**gather({**data, "dO": do}, pb, part.problem), **saved}, on_progress, first,
                              total)
         first += sum(f.matmul + f.exp for f in (m.flops() for _, m in bwd[-1:]))
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
     return GradResult(
         request.name, pb, request.M, forward.tiling, backward.tiling, combined(*(m.counts() for _, m in bwd)),
         combined(*(m.counts() for _, m in fwd)), dq=unpacked(pb, bwd, "dQ", d), dk=unpacked(pb, bwd, "dK", d),
-        dv=unpacked(pb, bwd, "dV", d), flops=_added(bwd), forward_flops=_added(fwd),
+        dv=unpacked(pb, bwd, "dV", d_v), flops=_added(bwd), forward_flops=_added(fwd),
         dsinks=None if not pb.sinks else sum(mem.tensor("dsinks") for _, mem in bwd).reshape(
             pb.shape.batch, pb.shape.heads).sum(axis=0),
     )

@@ -26,7 +26,7 @@ from iosim.core.rng import check_dropout_p, dropout_tile
 
 @dataclass(frozen=True)
 class ReferenceOutput:
-    out: np.ndarray  # (batch, heads, N_q, d), float64
+    out: np.ndarray  # (batch, heads, N_q, d_v), float64
     lse: np.ndarray  # (batch, heads, N_q), float64: log Σ_j exp(S_ij), -inf on fully masked rows
 
 
@@ -129,7 +129,7 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
                   rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None
                   ) -> ReferenceOutput:
-    """Float64 attention of q (b, h, N_q, d) against k, v (b, h_kv, N_k, d), h_kv dividing h.
+    """Float64 attention of q (b, h, N_q, d) against k (b, h_kv, N_k, d) and v (b, h_kv, N_k, d_v), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time. ``window=(left, right)``: a sliding window.

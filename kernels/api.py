@@ -228,7 +228,11 @@ def _finish(x, shape, on_host: bool):
 
 def _check_heads(shape: AttentionShape, impl: str | None = None) -> AttentionShape:
     """k, v with as many heads as q, or fewer (grouped-query attention) for the forward of an implementation
-    that takes them (``impl``, GROUPED_FORWARD); backward passes take kv_heads == heads."""
+    that takes them (``impl``, GROUPED_FORWARD); backward passes take kv_heads == heads. Every kernel takes v of q's
+    and k's head size."""
+    if shape.d_v != shape.d:
+        raise InputError(f"v of head size d_v={shape.d_v} beside q, k of d={shape.d}: iosim's kernels take one head "
+                         f"size for q, k and v; allowed: d_v = d (the simulator, iosim.simulate, takes them apart)")
     if shape.kv_heads != shape.heads and (impl is None or not IMPLS[impl].GROUPED_FORWARD):
         grouped = [name for name, module in IMPLS.items() if module.GROUPED_FORWARD]
         raise InputError(f"kv_heads={shape.kv_heads}: {'the backward kernels' if impl is None else impl} take k and v "

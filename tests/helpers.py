@@ -34,15 +34,16 @@ def kv_resident_example():
     return load_file("kv_resident", REPO / "docs" / "examples" / "kv_resident.py").KV_RESIDENT
 
 
-def random_qkv(rng: np.random.Generator, batch: int, heads: int, n_q: int, n_k: int, d: int):
+def random_qkv(rng: np.random.Generator, batch: int, heads: int, n_q: int, n_k: int, d: int, d_v: int | None = None):
+    """q, k of head size d and v of d_v (None: d), standard normal."""
     q = rng.standard_normal((batch, heads, n_q, d))
     k = rng.standard_normal((batch, heads, n_k, d))
-    v = rng.standard_normal((batch, heads, n_k, d))
+    v = rng.standard_normal((batch, heads, n_k, d if d_v is None else d_v))
     return q, k, v
 
 
-def problem(n_q: int, n_k: int, d: int, *, bh: int = 1, has_mask: bool = False) -> Problem:
-    return Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, has_mask=has_mask)
+def problem(n_q: int, n_k: int, d: int, *, bh: int = 1, has_mask: bool = False, d_v: int | None = None) -> Problem:
+    return Problem(AttentionShape(1, bh, n_q, n_k, d, d_v=d_v), tau=1.0, has_mask=has_mask)
 
 
 def M_for_block(algorithm: str, n_q: int, n_k: int, d: int, B: int, has_mask: bool = False) -> int:

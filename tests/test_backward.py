@@ -12,10 +12,10 @@ from iosim.tilings.policies import choose_tiling
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 
 
-def smallest_M(algorithm, n_q, n_k, d, masked, passes=("fwd", "bwd")):
+def smallest_M(algorithm, n_q, n_k, d, masked, passes=("fwd", "bwd"), d_v=None):
     """The least M that ``passes`` of ``algorithm`` run in: their working sets with one-row blocks."""
     forward = iosim.ALGORITHMS[algorithm]
-    pb = problem(n_q, n_k, d, has_mask=masked)
+    pb = problem(n_q, n_k, d, has_mask=masked, d_v=d_v)
     algos = {"fwd": forward, "bwd": forward.backward}
     return max(algos[p].working_set(pb, iosim.Tiling(1, 1), 0) for p in passes)
 
@@ -23,9 +23,11 @@ def smallest_M(algorithm, n_q, n_k, d, masked, passes=("fwd", "bwd")):
 @st.composite
 def count_cases(draw):
     d = draw(st.integers(1, 256))
+    d_v = draw(st.one_of(st.just(d), st.integers(1, 256)))  # V's head size, apart from Q's and K's (MLA)
     n_q = draw(st.integers(1, 70000))
     n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70000)))
-    return dict(N=n_q, N_k=n_k, d=d, M=draw(st.integers(8 * d + 10, 4_000_000)), batch=draw(st.integers(1, 4)),
+    return dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=draw(st.integers(4 * (d + d_v) + 10, 4_000_000)),
+                batch=draw(st.integers(1, 4)),
                 heads=draw(st.integers(1, 16)), causal=draw(st.booleans()), mask=draw(st.booleans()),
                 dropout_p=draw(st.sampled_from([0.0, 0.3])), dtype=draw(st.sampled_from(["float16", "float32"])))
 
@@ -37,7 +39,7 @@ def test_backward_count_equals_exact_prediction(algorithm, c):
     try:
         r = iosim.count(algorithm, pass_="bwd", **c)
     except iosim.BlockSizeError:  # M below this shape's smallest backward working set
-        assert c["M"] < smallest_M(algorithm, c["N"], c["N_k"], c["d"], c["mask"], passes=("bwd",))
+        assert c["M"] < smallest_M(algorithm, c["N"], c["N_k"], c["d"], c["mask"], passes=("bwd",), d_v=c["d_v"])
         reject()
     pred = iosim.predict(algorithm, pass_="bwd", **c)
     assert pred.tiling == r.tiling
@@ -50,12 +52,14 @@ def gradient_cases(draw):
     n_q = draw(st.sampled_from([1, 2, 17, 113, 239]))
     n_k = draw(st.sampled_from([1, 3, 64, 113, 239]))
     d = draw(st.sampled_from([1, 5, 16, 33]))
+    d_v = draw(st.sampled_from([d, d, 1, 7, 24]))  # V's head size, apart from Q's and K's half the time (MLA)
     masked = draw(st.booleans())
     # Numeric mode takes a Python step per tile (about 6 s for 239 × 239 tiles of 1 × 1): the smallest M, whose
     # blocks are 1 × 1, only up to 113 × 64 tiles; above, M_extra >= (N_q + N_k)·d leaves room for larger blocks.
-    least_extra = 0 if n_q * n_k <= 113 * 64 else (n_q + n_k) * d
+    least_extra = 0 if n_q * n_k <= 113 * 64 else (n_q + n_k) * max(d, d_v)
     return dict(
-        n_q=n_q, n_k=n_k, d=d, masked=masked, M_extra=draw(st.integers(least_extra, 20 * (n_q + n_k) * d)),
+        n_q=n_q, n_k=n_k, d=d, d_v=d_v, masked=masked,
+        M_extra=draw(st.integers(least_extra, 20 * (n_q + n_k) * max(d, d_v))),
         batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)), causal=draw(st.booleans()),
         scale=draw(st.sampled_from([None, 0.37, -1.5])), dropout_p=draw(st.sampled_from([0.0, 0.0, 0.25, 0.9])),
         seed=draw(st.integers(0, 2**64 - 1)),
@@ -67,10 +71,10 @@ def gradient_cases(draw):
 @given(c=gradient_cases())
 def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
     rng = np.random.default_rng(c["seed"] % 2**32)
-    q, k, v = random_qkv(rng, c["batch"], c["heads"], c["n_q"], c["n_k"], c["d"])
-    do = rng.standard_normal(q.shape)
+    q, k, v = random_qkv(rng, c["batch"], c["heads"], c["n_q"], c["n_k"], c["d"], c["d_v"])
+    do = rng.standard_normal(q.shape[:3] + (c["d_v"],))
     mask = rng.random((c["heads"], c["n_q"], c["n_k"])) > 0.3 if c["masked"] else None
-    M = smallest_M(algorithm, c["n_q"], c["n_k"], c["d"], c["masked"]) + c["M_extra"]
+    M = smallest_M(algorithm, c["n_q"], c["n_k"], c["d"], c["masked"], d_v=c["d_v"]) + c["M_extra"]
     opts = dict(causal=c["causal"], mask=mask, scale=c["scale"], dropout_p=c["dropout_p"], seed=c["seed"])
     g = iosim.gradients(algorithm, q, k, v, do, M=M, **opts)
     ref = iosim.attention_backward_ref(q, k, v, do, **opts)
@@ -78,7 +82,8 @@ def test_gradients_match_float64_reference_and_their_counts(algorithm, c):
         assert x.shape == r.shape
         err = relative_error(x, r)
         assert err <= TOL, f"{algorithm} {c} blocks {g.backward_tiling}: {name} relative error {err:.3e} > {TOL}"
-    shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], M=M, batch=c["batch"], heads=c["heads"], causal=c["causal"],
+    shape = dict(N=c["n_q"], N_k=c["n_k"], d=c["d"], d_v=c["d_v"], M=M, batch=c["batch"], heads=c["heads"],
+                 causal=c["causal"],
                  mask=c["masked"], dropout_p=c["dropout_p"])
     counted = iosim.count(algorithm, pass_="bwd", **shape)
     assert counted.tiling == g.backward_tiling and counted.traffic == g.traffic, (

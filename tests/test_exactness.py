@@ -16,10 +16,11 @@ def cases(draw):
     n_q = draw(st.sampled_from([1, 2, 17, 113, 239]))
     n_k = draw(st.sampled_from([1, 3, 64, 113, 239]))
     d = draw(st.sampled_from([1, 5, 16, 33]))
+    d_v = draw(st.sampled_from([d, d, 1, 7, 24]))  # V's head size, apart from Q's and K's half the time (MLA)
     # M from a few blocks' worth up to everything on chip: blocks from 1 to N
-    M = draw(st.integers(min_value=40 * d + 200, max_value=20 * (n_q + n_k) * d + 5000))
+    M = draw(st.integers(min_value=40 * max(d, d_v) + 200, max_value=20 * (n_q + n_k) * max(d, d_v) + 5000))
     return dict(
-        n_q=n_q, n_k=n_k, d=d, M=M, batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)),
+        n_q=n_q, n_k=n_k, d=d, d_v=d_v, M=M, batch=draw(st.integers(1, 2)), heads=draw(st.integers(1, 3)),
         causal=draw(st.booleans()), masked=draw(st.booleans()),
         scale=draw(st.sampled_from([None, 0.37, -1.5])),
         dropout_p=draw(st.sampled_from([0.0, 0.0, 0.25, 0.9])), seed=draw(st.integers(0, 2**64 - 1)),
@@ -31,12 +32,12 @@ def cases(draw):
 @given(c=cases())
 def test_output_matches_float64_reference(algorithm, c):
     rng = np.random.default_rng(c["seed"] % 2**32)
-    q, k, v = random_qkv(rng, c["batch"], c["heads"], c["n_q"], c["n_k"], c["d"])
+    q, k, v = random_qkv(rng, c["batch"], c["heads"], c["n_q"], c["n_k"], c["d"], c["d_v"])
     mask = rng.random((c["heads"], c["n_q"], c["n_k"])) > 0.3 if c["masked"] else None
     opts = dict(causal=c["causal"], mask=mask, scale=c["scale"], dropout_p=c["dropout_p"], seed=c["seed"])
     r = iosim.simulate(algorithm, q, k, v, M=c["M"], **opts)
     ref = iosim.attention_ref(q, k, v, **opts)
-    assert r.out.shape == q.shape
+    assert r.out.shape == q.shape[:3] + (c["d_v"],)
     err = relative_error(r.out, ref.out)
     assert err <= TOL, f"{algorithm} {c} {r.tiling}: relative error {err:.3e} > {TOL}"
     if r.lse is not None:

@@ -13,9 +13,11 @@ from iosim.core.flops import Flops
 @st.composite
 def cases(draw):
     d = draw(st.integers(1, 256))
+    d_v = draw(st.one_of(st.just(d), st.integers(1, 256)))  # V's head size, apart from Q's and K's (MLA)
     n_q = draw(st.integers(1, 70000))
     n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70000)))
-    return dict(N=n_q, N_k=n_k, d=d, M=draw(st.integers(8 * d + 10, 4_000_000)), batch=draw(st.integers(1, 4)),
+    return dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=draw(st.integers(4 * (d + d_v) + 10, 4_000_000)),
+                batch=draw(st.integers(1, 4)),
                 heads=draw(st.integers(1, 16)), causal=draw(st.booleans()), mask=draw(st.booleans()))
 
 

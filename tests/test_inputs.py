@@ -51,7 +51,7 @@ def test_dropout_out_of_range(p):
 def test_mismatched_shapes():
     rng = np.random.default_rng(0)
     q, k, v = random_qkv(rng, 1, 2, 8, 8, 4)
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
+    with pytest.raises(ValueError, match="k and v must agree in batch, kv_heads and N_k"):
         iosim.simulate("flash", q, k, v[:, :, :5], M=1000)
     with pytest.raises(ValueError, match="must agree in batch and d"):
         iosim.simulate("flash", q[..., :3], k, v, M=1000)

@@ -603,7 +603,7 @@ def _qkv(n_q=4, n_k=4, d=8, dtype=np.float32):
         (dict(q=np.zeros((1, 4, 8), np.float32)), ValueError, ["q", "4 dimensions"]),
         (dict(q=np.zeros((1, 1, 4, 8), np.float64)), TypeError, ["q", "float64", "float32", "float16"]),
         (dict(k=np.zeros((1, 1, 4, 8), np.float16)), TypeError, ["k", "float16", "float32"]),
-        (dict(v=np.zeros((1, 1, 5, 8), np.float32)), ValueError, ["k", "v", "same shape"]),
+        (dict(v=np.zeros((1, 1, 5, 8), np.float32)), ValueError, ["k", "v", "must agree"]),
         (dict(impl="flash3"), ValueError, ["impl='flash3'", "flash-swapped", "standard"]),
         (dict(dropout_p=1.0), ValueError, ["dropout_p=1.0", "[0, 1)"]),
         (dict(seed=-1), ValueError, ["seed=-1", "[0, 2**64)"]),

@@ -20,10 +20,11 @@ def assert_matches_prediction(algorithm, result, **shape):
 @st.composite
 def count_cases(draw):
     d = draw(st.integers(1, 256))
+    d_v = draw(st.one_of(st.just(d), st.integers(1, 256)))  # V's head size, apart from Q's and K's (MLA)
     n_q = draw(st.integers(1, 70000))
     n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70000)))
-    M = draw(st.integers(4 * d + 10, 2_000_000))
-    return dict(N=n_q, N_k=n_k, d=d, M=M, batch=draw(st.integers(1, 4)), heads=draw(st.integers(1, 16)),
+    M = draw(st.integers(2 * (d + d_v) + 10, 2_000_000))
+    return dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=M, batch=draw(st.integers(1, 4)), heads=draw(st.integers(1, 16)),
                 causal=draw(st.booleans()), mask=draw(st.booleans()),
                 dtype=draw(st.sampled_from(["float16", "float32"])))
 
@@ -36,7 +37,7 @@ def test_count_only_equals_exact_prediction(algorithm, c):
         r = iosim.count(algorithm, **c)
     except iosim.BlockSizeError:  # M below this shape's smallest working set: covered by test_inputs
         reject()
-    shape = {k: c[k] for k in ("N", "N_k", "d", "batch", "heads", "causal", "mask")}
+    shape = {k: c[k] for k in ("N", "N_k", "d", "d_v", "batch", "heads", "causal", "mask")}
     assert_matches_prediction(algorithm, r, **shape)
 
 

@@ -27,9 +27,10 @@ def softmax_rows(M: int, n_q: int, n_k: int) -> int:
 
 def materialized_flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """The arithmetic of attention that writes S to HBM (standard, standard-eager, small-cache): both products
-    over all of S, 2·N_q·N_k·d each, and the softmax pass's exponentials."""
+    over all of S, 2·N_q·N_k·d (QKᵀ) and 2·N_q·N_k·d_v (PV), and the softmax pass's exponentials."""
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
-    return Flops(matmul=4 * n_q * n_k * pb.shape.d, exp=softmax_exps(pb, tiling, M)).scaled(pb.shape.bh)
+    matmul = 2 * n_q * n_k * (pb.shape.d + pb.shape.d_v)
+    return Flops(matmul=matmul, exp=softmax_exps(pb, tiling, M)).scaled(pb.shape.bh)
 
 
 def softmax_exps(pb: Problem, tiling: Tiling, M: int) -> int:

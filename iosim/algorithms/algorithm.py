@@ -28,7 +28,7 @@ class Tensor:
     """An HBM tensor of rows × cols per batch·head, sizes named as ``Problem.dim`` names them."""
 
     name: str
-    rows: str  # "N_q", "N_k", "d" or "1", or "S·N_q": one block of N_q rows per K/V split (Tiling.splits)
+    rows: str  # "N_q", "N_k", "d", "d_v" or "1", or "S·N_q": one block of N_q rows per K/V split (Tiling.splits)
     cols: str
     role: str  # one of ROLES: read only, returned, or written and read back within the run
     element: str = "data"  # one of ELEMENTS: sets the bytes per element
@@ -53,7 +53,7 @@ class Tensor:
 # K and V have kv_heads heads (grouped-query attention); every algorithm that runs per query head reads
 # its group's K/V as its own, so its K/V reads are counted per query head.
 INPUTS = (Tensor("Q", "N_q", "d", "input"), Tensor("K", "N_k", "d", "input", kv=True),
-          Tensor("V", "N_k", "d", "input", kv=True))
+          Tensor("V", "N_k", "d_v", "input", kv=True))
 MASK = Tensor("mask", "N_q", "N_k", "input", "mask")
 # A paged KV cache's block table (iosim.variants.paging): one int32 page index per page; one per request in a serving
 # engine, held here per K/V head, which its heads read as their own (no count depends on the copies)
@@ -64,11 +64,12 @@ SINKS = Tensor("sinks", "packed", "1", "input", "stat")
 # and their gradient, which a backward pass that takes them writes: Σ over the head's rows of −P_sink·D
 DSINKS = Tensor("dsinks", "packed", "1", "output", "stat")
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
-OUTPUT = Tensor("O", "N_q", "d", "output")
+OUTPUT = Tensor("O", "N_q", "d_v", "output")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
 # What every backward pass reads beside Q, K, V, and what it returns.
-DOUT = Tensor("dO", "N_q", "d", "input")
-GRADIENTS = (Tensor("dQ", "N_q", "d", "output"), Tensor("dK", "N_k", "d", "output"), Tensor("dV", "N_k", "d", "output"))
+DOUT = Tensor("dO", "N_q", "d_v", "input")
+GRADIENTS = (Tensor("dQ", "N_q", "d", "output"), Tensor("dK", "N_k", "d", "output"),
+             Tensor("dV", "N_k", "d_v", "output"))
 
 
 def saved(*tensors: Tensor) -> tuple[Tensor, ...]:

@@ -5,7 +5,7 @@ IO-Awareness" (2022), Algorithm 2; line numbers below are Algorithm 2's. K/V blo
 form the outer loop; the running O_i, ℓ_i and m_i go back to HBM after every inner
 step.
 
-On-chip buffers per head: K_j, V_j (B_c × d each), Q_i, O_i (B_r × d each),
+On-chip buffers per head: K_j (B_c × d), V_j (B_c × d_v), Q_i (B_r × d), O_i (B_r × d_v),
 S_ij (B_r × B_c, overwritten by P̃_ij), ℓ_i, m_i, m̃_ij, ℓ̃_ij, m_i^new, ℓ_i^new
 (B_r each), and the mask tile (B_r × B_c) when a mask is given.
 
@@ -43,13 +43,13 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     """Alg. 2 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
 
     # line 3: initialize O = (0), ℓ = (0), m = (−inf) in HBM; with attention sinks, ℓ = (1), m = (sink): the sink is
     # a score column with no value, taken in before any key
     for _, rows in mem.loop(tiles.q.all()):
         br = rows.stop - rows.start
-        for name, cols, fill in (("O", d, 0.0), ("l", 1, float(pb.sinks)), ("m", 1, -np.inf)):
+        for name, cols, fill in (("O", d_v, 0.0), ("l", 1, float(pb.sinks)), ("m", 1, -np.inf)):
             init = mem.alloc(f"{name}_i", br, cols, fill=fill)
             if name == "m" and pb.sinks:  # the head's sink, beside m_i
                 sink = mem.load("sinks", slice(0, 1))
@@ -71,7 +71,7 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
             m_tilde, l_tilde = mem.alloc("m~_ij", br), mem.alloc("l~_ij", br)
             m_new, l_new = mem.alloc("m_new", br), mem.alloc("l_new", br)
             # S_ij = Q_i K_jᵀ and P̃_ij V_j; exp for P̃_ij and the two rescalings of line 13
-            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + 2 * br)
+            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d_v), exp=br * bc + 2 * br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
                 m_tilde.data = S_ij.data.max(axis=-1, keepdims=True)  # line 12
@@ -81,7 +81,7 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
                 alpha, beta = exp_diff(m_i.data, m_new.data), exp_diff(m_tilde.data, m_new.data)
                 l_new.data = alpha * l_i.data + beta * l_tilde.data
                 P_dropped = apply_dropout(pb, S_ij.data, rows, cols)  # line 14
-                O_i.data = safe_divide(  # line 15: (bh, Br, d)
+                O_i.data = safe_divide(  # line 15: (bh, Br, d_v)
                     l_i.data * alpha * O_i.data + beta * (P_dropped @ V_j.data), l_new.data
                 )
             mem.store(O_i, "O", rows)  # line 15
@@ -95,8 +95,8 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # K_j, V_j + Q_i, O_i + S_ij + (ℓ_i, m_i, m̃, ℓ̃, m_new, ℓ_new) [+ mask tile]
-    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    return 2 * Bc * d + 2 * Br * d + Br * Bc + 6 * Br + pb.has_mask * Br * Bc
+    Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
+    return (Bc + Br) * (d + d_v) + Br * Bc + 6 * Br + pb.has_mask * Br * Bc
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
@@ -111,31 +111,31 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     """The counts of ``run_on`` over ``tiles``: K_j, V_j read for each key block of the outer loop."""
-    n_q, d = pb.shape.n_q, pb.shape.d
+    n_q, d, d_v = pb.shape.n_q, pb.shape.d, pb.shape.d_v
     n_k = sum(size * n for size, n in tiles.key_blocks().sizes().items())  # key rows loaded: N_k when dense
     pairs = tiles.pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
     reads = {
         "Q": rows * d,  # Q_i re-read at every visited tile (line 9)
-        "K": n_k * d, "V": n_k * d,  # K_j, V_j read once (line 7)
-        "O": rows * d, "l": rows, "m": rows,  # line 9
+        "K": n_k * d, "V": n_k * d_v,  # K_j, V_j read once (line 7)
+        "O": rows * d_v, "l": rows, "m": rows,  # line 9
     }
     writes = {
-        "O": rows * d + n_q * d,  # line 15 per visited tile, plus the zeros of line 3
+        "O": rows * d_v + n_q * d_v,  # line 15 per visited tile, plus the zeros of line 3
         "l": rows + n_q, "m": rows + n_q,  # line 16, plus line 3
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
     if pb.sinks:
         reads["sinks"] = tiles.q.T  # the head's sink, once per query block at line 3
-    outer = [2 * b_j * d for b_j in tiles.key_blocks().sizes()]  # K_j, V_j of a key block with no visited tile
-    init = [tiles.q.size(0) * d, tiles.q.size(0) + pb.sinks]  # line 3's O_i, or its m_i beside the sink
+    outer = [b_j * (d + d_v) for b_j in tiles.key_blocks().sizes()]  # K_j, V_j of a key block with no visited tile
+    init = [tiles.q.size(0) * d_v, tiles.q.size(0) + pb.sinks]  # line 3's O_i, or its m_i beside the sink
     peak = max(init + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Two B_r × B_c × d products and B_r·B_c + 2·B_r exponentials per visited tile."""
+    """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, and B_r·B_c + 2·B_r exponentials."""
     return flops_on(pb, visits(pb, tiling, skips_hidden=True))
 
 
@@ -144,7 +144,7 @@ def flops_on(pb: Problem, tiles: Visits) -> Flops:
     pairs = tiles.pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
     rows = sum(b_i * n for b_i, _, n in pairs)
-    return Flops(matmul=4 * pb.shape.d * area, exp=area + 2 * rows).scaled(pb.shape.bh)
+    return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + 2 * rows).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

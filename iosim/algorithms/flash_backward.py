@@ -6,8 +6,8 @@ K/V blocks form the outer loop (line 6) and keep dK_j, dV_j on chip, written onc
 and dQ_i goes back to HBM after each (line 21). S_ij and P_ij are recomputed, and
 the dropout mask Z_ij is regenerated from the forward's seed (lines 1, 14).
 
-On-chip buffers per head: K_j, V_j, dK_j, dV_j (B_c × d each), Q_i, O_i, dO_i, dQ_i
-(B_r × d each), ℓ_i, m_i, D_i (B_r each), S_ij (B_r × B_c, overwritten by P_ij),
+On-chip buffers per head: K_j, dK_j (B_c × d each), V_j, dV_j (B_c × d_v each), Q_i, dQ_i
+(B_r × d each), O_i, dO_i (B_r × d_v each), ℓ_i, m_i, D_i (B_r each), S_ij (B_r × B_c, overwritten by P_ij),
 dP_ij (B_r × B_c, overwritten by dS_ij), and the mask tile (B_r × B_c) when a mask
 is given.
 
@@ -40,7 +40,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     """Alg. 4 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
 
     # line 5: initialize dQ = (0), dK = (0), dV = (0) in HBM
     for _, rows in mem.loop(tiles.q.all()):
@@ -48,23 +48,23 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
         mem.store(zero, "dQ", rows)
         mem.free(zero)
     for _, cols in mem.loop(tiles.k.all()):
-        zero = mem.alloc("dK_j", cols.stop - cols.start, d, fill=0.0)
-        mem.store(zero, "dK", cols)
-        mem.store(zero, "dV", cols)
-        mem.free(zero)
+        for name, width in (("dK", d), ("dV", d_v)):
+            zero = mem.alloc(f"{name}_j", cols.stop - cols.start, width, fill=0.0)
+            mem.store(zero, name, cols)
+            mem.free(zero)
 
     for j, cols in mem.loop(tiles.key_blocks()):  # line 6
         bc = cols.stop - cols.start
         K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
-        dK_j, dV_j = mem.alloc("dK_j", bc, d, fill=0.0), mem.alloc("dV_j", bc, d, fill=0.0)  # line 8
+        dK_j, dV_j = mem.alloc("dK_j", bc, d, fill=0.0), mem.alloc("dV_j", bc, d_v, fill=0.0)  # line 8
         for _, rows in mem.loop(tiles.queries_seeing(j)):  # line 9, the query blocks that see K_j
             br = rows.stop - rows.start
             Q_i, O_i, dO_i, dQ_i = (mem.load(name, rows) for name in ("Q", "O", "dO", "dQ"))  # line 10
             l_i, m_i = mem.load("l", rows), mem.load("m", rows)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij, dP_ij, D_i = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc), mem.alloc("D_i", br)
-            # lines 11, 16, 17, 21, 22: S_ij recomputed, then four products; exp for P_ij (line 13)
-            mem.compute(matmul=5 * matmul(br, d, bc), exp=br * bc)
+            # lines 11, 21, 22 (of d: S_ij recomputed, dQ_i, dK_j) and 16, 17 (of d_v: dV_j, dP_ij); exp for P_ij
+            mem.compute(matmul=3 * matmul(br, d, bc) + 2 * matmul(br, d_v, bc), exp=br * bc)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 11-12: (bh, Br, Bc)
                 S_ij.data = probabilities(S_ij.data, l_i.data, m_i.data)  # line 13: P_ij in place of S_ij
@@ -81,44 +81,45 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # K_j, V_j, dK_j, dV_j + Q_i, O_i, dO_i, dQ_i + S_ij, dP_ij + (ℓ_i, m_i, D_i) [+ mask tile]
-    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    return 4 * Bc * d + 4 * Br * d + 2 * Br * Bc + 3 * Br + pb.has_mask * Br * Bc
+    Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
+    return 2 * (Bc + Br) * (d + d_v) + 2 * Br * Bc + 3 * Br + pb.has_mask * Br * Bc
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts: sums over the visited tiles (b_i query rows × b_j key rows each).
 
     Without a causal skip, Σ b_i = T_c·N_q. The peak is the largest working set among
-    the visited tiles, or one of line 5's zero tiles (B_r × d, B_c × d).
+    the visited tiles, or one of line 5's zero tiles (B_r × d, B_c × d, B_c × d_v).
     """
     return traffic_on(pb, tiling, M, visits(pb, tiling, skips_hidden=True))
 
 
 def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     """The counts of ``run_on`` over ``tiles``: lines 7 and 24 for each key block of the outer loop."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     outer = sum(size * n for size, n in tiles.key_blocks().sizes().items())  # key rows loaded: N_k when dense
     pairs = tiles.pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # query rows met by key blocks
     reads = {
-        "K": outer * d, "V": outer * d,  # line 7: once each
-        "Q": rows * d, "O": rows * d, "dO": rows * d, "dQ": rows * d,  # line 10, per visited tile
+        "K": outer * d, "V": outer * d_v,  # line 7: once each
+        "Q": rows * d, "O": rows * d_v, "dO": rows * d_v, "dQ": rows * d,  # line 10, per visited tile
         "l": rows, "m": rows,
     }
     writes = {
         "dQ": n_q * d + rows * d,  # line 5's zeros, then line 21 per visited tile
-        "dK": n_k * d + outer * d, "dV": n_k * d + outer * d,  # line 5's zeros, then line 24 once
+        "dK": n_k * d + outer * d, "dV": n_k * d_v + outer * d_v,  # line 5's zeros, then line 24 once
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
-    zeros = [tiles.q.size(0) * d, tiles.k.size(0) * d]
-    outer = [4 * b_j * d for b_j in tiles.key_blocks().sizes()]  # K_j, V_j, dK_j, dV_j of a key block with no tile
+    zeros = [tiles.q.size(0) * d, tiles.k.size(0) * max(d, d_v)]
+    outer = [2 * b_j * (d + d_v) for b_j in tiles.key_blocks().sizes()]  # K_j, V_j, dK_j, dV_j of a key block alone
     peak = max(zeros + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Five B_r × B_c × d products (S_ij recomputed, dV_j, dP_ij, dQ_i, dK_j) and B_r·B_c exps per visited tile."""
+    """Five products per visited tile, three of d (S_ij recomputed, dQ_i, dK_j) and two of d_v (dV_j, dP_ij), and
+    B_r·B_c exps."""
     return flops_on(pb, visits(pb, tiling, skips_hidden=True))
 
 
@@ -126,7 +127,7 @@ def flops_on(pb: Problem, tiles: Visits) -> Flops:
     """The arithmetic of ``run_on`` over ``tiles``."""
     pairs = tiles.pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
-    return Flops(matmul=10 * pb.shape.d * area, exp=area).scaled(pb.shape.bh)
+    return Flops(matmul=2 * (3 * pb.shape.d + 2 * pb.shape.d_v) * area, exp=area).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

@@ -38,7 +38,7 @@ TENSORS = (OUTPUT, *STATISTICS)
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run the swapped-loop forward on Q, K, V (and mask) in ``mem``; leaves O, l, m in HBM."""
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
     tiles = visits(pb, tiling, skips_hidden=True)
 
     for i, rows in mem.loop(tiles.query_blocks()):  # outer loop over query blocks
@@ -47,7 +47,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks:  # the head's sink logit: a score column with no value, taken in before any key
             start_at_sinks(mem, pb, rows, l_i, m_i)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)  # on chip for the whole inner loop (line 3)
+        O_i = mem.alloc("O_i", br, d_v, fill=0.0)  # on chip for the whole inner loop (line 3)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
@@ -56,7 +56,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
             # S_ij = Q_i K_jᵀ and P̃_ij V_j; exp for P̃_ij and the rescaling of O_i, ℓ_i
-            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
+            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d_v), exp=br * bc + br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # lines 10-11: (bh, Br, Bc)
                 absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)  # lines 12-15
@@ -73,8 +73,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]
-    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    return 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
+    return (Br + Bc) * (d + d_v) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
@@ -83,29 +83,29 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     Without a causal skip, Σ b_j = T_r·N_k. The peak is the largest working set among
     the visited tiles, or of a query block that meets no key block (Q_i, O_i, ℓ_i, m_i).
     """
-    n_q, d = pb.shape.n_q, pb.shape.d
+    n_q, d, d_v = pb.shape.n_q, pb.shape.d, pb.shape.d_v
     tiles = visits(pb, tiling, skips_hidden=True)
     pairs = tiles.pairs()
     cols = sum(b_j * n for _, b_j, n in pairs)  # key rows met by query blocks
-    reads = {"Q": n_q * d, "K": cols * d, "V": cols * d}  # K, V once per query block meeting them
-    writes = {"O": n_q * d, "l": n_q, "m": n_q}  # each written once
+    reads = {"Q": n_q * d, "K": cols * d, "V": cols * d_v}  # K, V once per query block meeting them
+    writes = {"O": n_q * d_v, "l": n_q, "m": n_q}  # each written once
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
     if pb.page_size:
         reads["block_table"] = sum(entries(pb, b_j) * n for _, b_j, n in pairs)  # its pages' entries per K/V load
     if pb.sinks:
         reads["sinks"] = tiles.q.T  # the head's sink, once per query block, before O_i is allocated
-    blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
+    blind = [b_i * (d + d_v) + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
     peak = max(blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Two B_r × B_c × d products and B_r·B_c + B_r exponentials per visited tile."""
+    """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, and B_r·B_c + B_r exponentials."""
     pairs = visits(pb, tiling, skips_hidden=True).pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
     rows = sum(b_i * n for b_i, _, n in pairs)
-    return Flops(matmul=4 * pb.shape.d * area, exp=area + rows).scaled(pb.shape.bh)
+    return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + rows).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

@@ -10,7 +10,7 @@ Three steps, each a pass over HBM:
    Q_i and of K_j at a time (a rank-1 update each); S_ij is then written to HBM.
 2. P = softmax(S), the pass over S of Alg. 0 line 2 (``_softmax``): whole rows
    when one fits, else the two-pass online softmax on B_r × B_c tiles.
-3. O = P V by the same kind of product: an O tile of B_r × B_d (B_d = min(B_c, d)
+3. O = P V by the same kind of product: an O tile of B_r × B_d (B_d = min(B_c, d_v)
    columns of O) stays on chip while the inner dimension N_k streams past one
    column of P_i and one row of V at a time; the O tile is written once.
 
@@ -46,8 +46,8 @@ TENSORS = (Tensor("S", "N_q", "N_k", "intermediate"), Tensor("P", "N_q", "N_k", 
 
 
 def output_columns(pb: Problem, tiling: Tiling) -> Axis:
-    """The d columns of O in blocks of B_d = min(B_c, d): the O tiles of step 3 are B_r × B_d."""
-    return Axis(pb.shape.d, min(tiling.Bc, pb.shape.d))
+    """The d_v columns of O in blocks of B_d = min(B_c, d_v): the O tiles of step 3 are B_r × B_d."""
+    return Axis(pb.shape.d_v, min(tiling.Bc, pb.shape.d_v))
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
@@ -97,7 +97,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     n_q, n_k = pb.shape.n_q, pb.shape.n_k
     Br, Bc = tiling.Br, tiling.Bc
-    Bd = min(Bc, pb.shape.d)
+    Bd = min(Bc, pb.shape.d_v)
     step1 = Br * Bc + max(Br + Bc, pb.has_mask * Br * Bc)  # S_ij + (columns of Q_i, K_j; then the mask tile)
     R = softmax_rows(M, n_q, n_k)
     step2 = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # rows of S with m, ℓ; or two-pass
@@ -112,16 +112,16 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     the T_r query blocks; step 3 reads P_i (b_i·N_k) for each of the T_d column blocks
     of O and V (N_k·b_d) for each query block.
     """
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     T_r, T_c = ceil_div(n_q, tiling.Br), ceil_div(n_k, tiling.Bc)
     T_d = output_columns(pb, tiling).T
     passes = 1 if softmax_rows(M, n_q, n_k) >= 1 else 2
     reads = {
         "Q": T_c * n_q * d, "K": T_r * n_k * d,  # step 1
         "S": passes * n_q * n_k,  # step 2
-        "P": T_d * n_q * n_k, "V": T_r * n_k * d,  # step 3
+        "P": T_d * n_q * n_k, "V": T_r * n_k * d_v,  # step 3
     }
-    writes = {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d}
+    writes = {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d_v}
     if pb.has_mask:
         reads["mask"] = n_q * n_k  # every tile of the mask, once
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))

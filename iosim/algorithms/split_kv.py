@@ -14,7 +14,8 @@ Flash-Decoding's and FlashInfer's GQA kernels).
 
 On-chip buffers per K/V head: those of ``flash-swapped`` (Q_i, O_i, K_j, V_j, S_ij,
 ℓ_i, m_i, m_i^new, ℓ̃_ij, the mask tile); the combine holds O_i, ℓ_i, m_i, one split's
-O_s and lse_s and the new max, which is less.
+O_s and lse_s and the new max, which is less, unless V's head size d_v is much larger than
+Q's and K's: its query blocks are then shorter, as many rows as fit M (``combine_blocks``).
 
 With a sliding window (``Problem.window``) each query block's splits are dealt over the
 run of key blocks its band meets (``Visits.key_run``; on the packed problem the hull of
@@ -62,7 +63,7 @@ from iosim.core.visits import Axis, Blocks, PackedVisits, Visits, visits
 from iosim.variants.paging import entries
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
-PARTIALS = (Tensor("O_split", "S·N_q", "d", "intermediate"),
+PARTIALS = (Tensor("O_split", "S·N_q", "d_v", "intermediate"),
             Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
 TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
@@ -147,7 +148,7 @@ class Splits:
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Split-KV forward on Q, K, V (and mask) in ``mem``, on the packed problem; leaves O, l, m in HBM."""
-    d, n = pb.shape.d, pb.shape.n_q
+    d, d_v, n = pb.shape.d, pb.shape.d_v, pb.shape.n_q
     tiles = visited(pb, tiling)
     units = Splits(tiles, tiling.splits)
     for t, rows in mem.loop(units):  # every (query block, split) is a thread block of its own
@@ -156,7 +157,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks and tiling.splits == 1:  # with splits the combine takes the sinks in, once
             start_at_sinks(mem, pb, rows, l_i, m_i)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)
+        O_i = mem.alloc("O_i", br, d_v, fill=0.0)
         for _, cols in mem.loop(units.nested(t)):  # the swapped loop over the split's K/V blocks (none: empty)
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
@@ -164,7 +165,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
-            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d), exp=br * bc + br)
+            mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d_v), exp=br * bc + br)
             if mem.numeric:
                 S_ij.data = scores(pb, Q_i, K_j, rows, cols, mask_ij)  # (bh, Br, Bc)
                 absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)
@@ -184,7 +185,13 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
             mem.store(l_i, "lse_split", _part(rows, s, n))
         mem.free(Q_i, O_i, l_i, m_i)
     if tiling.splits > 1:
-        combine(mem, pb, tiles.q.all(), tiling.splits)
+        combine(mem, pb, combine_blocks(pb, tiling, mem.M).all(), tiling.splits)
+
+
+def combine_blocks(pb: Problem, tiling: Tiling, M: int) -> Axis:
+    """The combine's query blocks: the splits' B_r rows, or as many as fit M with their O_i and O_s of d_v columns
+    (ℓ_i, m_i, lse_s and the new max beside them), at least one."""
+    return Axis(pb.shape.n_q, max(1, min(tiling.Br, M // (2 * pb.shape.d_v + 4))))
 
 
 def _part(rows: slice, s: int, n: int) -> slice:
@@ -197,13 +204,13 @@ def combine(mem: Memory, pb: Problem, query_blocks: Blocks, S: int) -> None:
 
     Writes O, ℓ = Σ_s e^(lse_s − m) and m, so that m + log ℓ is the row's logsumexp.
     """
-    d, n = pb.shape.d, pb.shape.n_q
+    d_v, n = pb.shape.d_v, pb.shape.n_q
     for _, rows in mem.loop(query_blocks):
         br = rows.stop - rows.start
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks:  # the sinks join as one more partial with no value
             start_at_sinks(mem, pb, rows, l_i, m_i)
-        O_i = mem.alloc("O_i", br, d, fill=0.0)
+        O_i = mem.alloc("O_i", br, d_v, fill=0.0)
         for s, _ in mem.loop(Axis(S, 1).all()):  # every split's partial, an empty one's too
             O_s, lse_s = mem.load("O_split", _part(rows, s, n)), mem.load("lse_split", _part(rows, s, n))
             m_new = mem.alloc("m_new", br)
@@ -224,11 +231,14 @@ def combine(mem: Memory, pb: Problem, query_blocks: Blocks, S: int) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; the combine's 2·B_r·d + 4·B_r is less; with
-    # sinks, taking them in can be more, with tiny blocks and a large G
-    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    main = 2 * Br * d + 2 * Bc * d + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
-    return max(main, sinking(pb, Br, tiling.splits)) if pb.sinks else main
+    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]; with splits, the combine's O_i, O_s and
+    # (ℓ_i, m_i, lse_s, m_new), more only where d_v is much larger than d; with sinks, taking them in can be more,
+    # with tiny blocks and a large G
+    Br, Bc, d, d_v, S = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v, tiling.splits
+    main = (Br + Bc) * (d + d_v) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    b = combine_blocks(pb, tiling, M).B if S > 1 else Br  # the rows that take the sinks in
+    combining = (S > 1) * b * (2 * d_v + 4)
+    return max(main, combining, sinking(pb, b, S) if pb.sinks else 0)
 
 
 def sinking(pb: Problem, Br: int, S: int) -> int:
@@ -242,45 +252,49 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
     Every split reads its query block (S·n·d of Q) and the splits of a query block read
     each key of its run once together: Σ b_j over the visited tiles, T_r·N_k without a
-    window. With S > 1 each split writes and the combine reads back S·n·d partial
+    window. With S > 1 each split writes and the combine reads back S·n·d_v partial
     outputs and S·n logsumexps, an empty split's too.
     """
-    n, d, S = pb.shape.n_q, pb.shape.d, tiling.splits
+    n, d, d_v, S = pb.shape.n_q, pb.shape.d, pb.shape.d_v, tiling.splits
     tiles = visited(pb, tiling)
     pairs = tiles.pairs()
     cols = sum(b_j * k for _, b_j, k in pairs)  # key rows read by the query blocks' splits together
-    reads = {"Q": S * n * d, "K": cols * d, "V": cols * d}
-    writes = {"O": n * d, "l": n, "m": n}
+    reads = {"Q": S * n * d, "K": cols * d, "V": cols * d_v}
+    writes = {"O": n * d_v, "l": n, "m": n}
     if S > 1:
-        reads.update(O_split=S * n * d, lse_split=S * n)
-        writes.update(O_split=S * n * d, lse_split=S * n)
+        reads.update(O_split=S * n * d_v, lse_split=S * n)
+        writes.update(O_split=S * n * d_v, lse_split=S * n)
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * k for b_i, b_j, k in pairs)  # each visited tile of the mask, once
     if pb.page_size:  # each K/V load reads the entries of its block's pages
         reads["block_table"] = sum(entries(pb, b_j) * k for _, b_j, k in pairs)
+    # the query blocks that take the sinks in: the splits', or with S > 1 the combine's
+    sinking_blocks = combine_blocks(pb, tiling, M) if S > 1 else tiles.q
     if pb.sinks:  # the sinks of a query block's group, once per query block: in the split, or with S > 1 the combine
-        reads["sinks"] = tiles.q.T * pb.packed
-    sizes = tiles.q.all().sizes()
-    blind = [2 * b_i * d + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i of an empty split
-    combining = [2 * b_i * d + 4 * b_i for b_i in sizes] if S > 1 else []  # O_i, O_s, ℓ_i, m_i, …
-    sinks_in = [sinking(pb, b_i, S) for b_i in sizes] if pb.sinks else []  # before O_i: every query block's
+        reads["sinks"] = sinking_blocks.T * pb.packed
+    blind = [b_i * (d + d_v) + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i of an empty split
+    combining = [b_i * (2 * d_v + 4) for b_i in sinking_blocks.all().sizes()] if S > 1 else []  # O_i, O_s, ℓ_i, …
+    sinks_in = [sinking(pb, b_i, S) for b_i in sinking_blocks.all().sizes()] if pb.sinks else []  # before O_i
     peak = max(blind + combining + sinks_in + [working_set(pb, Tiling(b_i, b_j, S), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Two B_r × B_c × d products and B_r·B_c + B_r exponentials per visited tile; 2 per row and split to combine."""
+    """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, and B_r·B_c + B_r exponentials; 2 per row
+    and split to combine."""
     n, S = pb.shape.n_q, tiling.splits
     pairs = visited(pb, tiling).pairs()
     area = sum(b_i * b_j * k for b_i, b_j, k in pairs)  # n·N_k without a window
     rows = sum(b_i * k for b_i, _, k in pairs)
     combine_exp = 2 * S * n if S > 1 else 0
-    return Flops(matmul=4 * pb.shape.d * area, exp=area + rows + combine_exp).scaled(pb.shape.bh)
+    return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + rows + combine_exp).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:
-    """The decoding lower bound it approaches: K and V read once per K/V head, Q read and O written once."""
-    return pb.shape.bh * (2 * pb.shape.n_k * pb.shape.d + 2 * pb.shape.n_q * pb.shape.d)
+    """The decoding lower bound it approaches: K and V read once per K/V head, Q read and O written once:
+    N_k·(d + d_v) + N_q·(d + d_v), 2N_k·d + 2N_q·d when d_v = d."""
+    s = pb.shape
+    return s.bh * (s.n_k + s.n_q) * (s.d + s.d_v)
 
 
 ALGORITHM = Algorithm(

@@ -66,38 +66,38 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
     # Alg. 0 line 3: load P and V by blocks, compute O = PV, write O to HBM
     for i, rows in mem.loop(tiles.query_blocks()):
-        O_i = mem.alloc("O_i", rows.stop - rows.start, pb.shape.d, fill=0.0)
+        O_i = mem.alloc("O_i", rows.stop - rows.start, pb.shape.d_v, fill=0.0)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             P_ij, V_j = mem.load("P", rows, cols, tile="P_ij"), mem.load("V", cols)
-            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, pb.shape.d))
+            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, pb.shape.d_v))
             if mem.numeric:
-                O_i.data += apply_dropout(pb, P_ij.data, rows, cols) @ V_j.data  # (bh, Br, d)
+                O_i.data += apply_dropout(pb, P_ij.data, rows, cols) @ V_j.data  # (bh, Br, d_v)
             mem.free(P_ij, V_j)
         mem.store(O_i, "O", rows)
         mem.free(O_i)
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     Br, Bc = tiling.Br, tiling.Bc
     step1 = Br * d + Bc * d + Br * Bc + pb.has_mask * Br * Bc  # Q_i, K_j, S_ij [, mask]
     R = softmax_rows(M, n_q, n_k)
     step2 = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # rows of S with m, ℓ; or two-pass
-    step3 = Br * d + Br * Bc + Bc * d  # O_i, P_ij, V_j
+    step3 = Br * d_v + Br * Bc + Bc * d_v  # O_i, P_ij, V_j
     return max(step1, step2, step3)
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts; the peak is the working set, since every tile is visited."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     cols = sum(b_j * n for _, b_j, n in visits(pb, tiling, skips_hidden=False).pairs())  # T_r·N_k
     passes = 1 if softmax_rows(M, n_q, n_k) >= 1 else 2
     reads = {
         "Q": n_q * d, "K": cols * d,  # step 1: K streamed once per query block
         "S": passes * n_q * n_k,  # step 2
-        "P": n_q * n_k, "V": cols * d,  # step 3: V streamed once per query block
+        "P": n_q * n_k, "V": cols * d_v,  # step 3: V streamed once per query block
     }
-    writes = {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d}
+    writes = {"S": n_q * n_k, "P": n_q * n_k, "O": n_q * d_v}
     if pb.has_mask:
         reads["mask"] = n_q * n_k  # every tile of the mask, once
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))

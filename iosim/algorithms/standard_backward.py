@@ -43,17 +43,17 @@ TENSORS = (
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run Alg. 3 on P, O, dO, K, V, Q in ``mem``; leaves dP, dS, dQ, dK and dV in HBM."""
-    d, tau = pb.shape.d, pb.tau
+    d, d_v, tau = pb.shape.d, pb.shape.d_v, pb.tau
     tiles = visits(pb, tiling, skips_hidden=False)
 
     # step 1: dV = (P ∘ Z)ᵀ dO
     for j, cols in mem.loop(tiles.key_blocks()):
-        dV_j = mem.alloc("dV_j", cols.stop - cols.start, d, fill=0.0)
+        dV_j = mem.alloc("dV_j", cols.stop - cols.start, d_v, fill=0.0)
         for _, rows in mem.loop(tiles.queries_seeing(j)):
             P_ij, dO_i = mem.load("P", rows, cols, tile="P_ij"), mem.load("dO", rows)
-            mem.compute(matmul=matmul(P_ij.cols, P_ij.rows, d))
+            mem.compute(matmul=matmul(P_ij.cols, P_ij.rows, d_v))
             if mem.numeric:
-                dV_j.data += transpose(apply_dropout(pb, P_ij.data, rows, cols)) @ dO_i.data  # (bh, Bc, d)
+                dV_j.data += transpose(apply_dropout(pb, P_ij.data, rows, cols)) @ dO_i.data  # (bh, Bc, d_v)
             mem.free(P_ij, dO_i)
         mem.store(dV_j, "dV", cols)
         mem.free(dV_j)
@@ -64,7 +64,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             V_j = mem.load("V", cols)
             dP_ij = mem.alloc("dP_ij", rows.stop - rows.start, cols.stop - cols.start)
-            mem.compute(matmul=matmul(dP_ij.rows, d, dP_ij.cols))
+            mem.compute(matmul=matmul(dP_ij.rows, d_v, dP_ij.cols))
             if mem.numeric:
                 dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # (bh, Br, Bc)
             mem.store(dP_ij, "dP", rows, cols)
@@ -112,35 +112,36 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    streaming = Br * d + Bc * d + Br * Bc  # steps 1, 2, 4, 5: one block of each kind and one tile
-    step3 = max(2 * Br * d + Br, Br + 2 * Br * Bc)  # O_i, dO_i, D_i; then D_i, P_ij, dP_ij
+    Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
+    # steps 1, 2 (of d_v: dO_i, V_j, dV_j) and 4, 5 (of d: Q_i, K_j, dQ_i, dK_j): one block of each kind and one tile
+    streaming = (Br + Bc) * max(d, d_v) + Br * Bc
+    step3 = max(2 * Br * d_v + Br, Br + 2 * Br * Bc)  # O_i, dO_i, D_i; then D_i, P_ij, dP_ij
     return max(streaming, step3)
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts; the peak is the working set, since every tile is visited."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     pairs = visits(pb, tiling, skips_hidden=False).pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # T_c·N_q
     cols = sum(b_j * n for _, b_j, n in pairs)  # T_r·N_k
     reads = {
         "P": 2 * n_q * n_k,  # steps 1 and 3
-        "dO": rows * d + 2 * n_q * d,  # step 1 once per key block, steps 2 and 3 once
-        "V": cols * d,  # step 2, once per query block
-        "O": n_q * d,  # step 3
+        "dO": rows * d_v + 2 * n_q * d_v,  # step 1 once per key block, steps 2 and 3 once
+        "V": cols * d_v,  # step 2, once per query block
+        "O": n_q * d_v,  # step 3
         "dP": n_q * n_k,  # step 3
         "dS": 2 * n_q * n_k,  # steps 4 and 5
         "K": cols * d,  # step 4, once per query block
         "Q": rows * d,  # step 5, once per key block
     }
-    writes = {"dV": n_k * d, "dP": n_q * n_k, "dS": n_q * n_k, "dQ": n_q * d, "dK": n_k * d}
+    writes = {"dV": n_k * d_v, "dP": n_q * n_k, "dS": n_q * n_k, "dQ": n_q * d, "dK": n_k * d}
     return exact_counts(TENSORS, pb, reads, writes, working_set(pb, tiling, M))
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Four products over every tile (dV, dP, dQ, dK); no exponential: P is read, not recomputed."""
-    return Flops(matmul=8 * pb.shape.n_q * pb.shape.n_k * pb.shape.d).scaled(pb.shape.bh)
+    """Four products over every tile, dV and dP of d_v, dQ and dK of d; no exponential: P is read, not recomputed."""
+    return Flops(matmul=4 * pb.shape.n_q * pb.shape.n_k * (pb.shape.d + pb.shape.d_v)).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

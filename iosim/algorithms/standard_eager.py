@@ -16,7 +16,7 @@ its operands from HBM and writing its result back:
 
 On-chip buffers per head: step 1 Q_i (B_r × d), K_j (B_c × d), S_ij (B_r × B_c);
 steps 2, 3, 5 one or two B_r × B_c tiles (S_ij and the mask tile; P_ij and Z_ij);
-step 4 as Alg. 0; step 6 O_i (B_r × d), P_ij (B_r × B_c), V_j (B_c × d).
+step 4 as Alg. 0; step 6 O_i (B_r × d_v), P_ij (B_r × B_c), V_j (B_c × d_v).
 
 Deviations: each matmul is tiled like Alg. 0's (K and V re-read once per query block),
 not as cuBLAS tiles it; masked scores are −inf rather than GPT-2's −10⁴, so fully
@@ -53,7 +53,7 @@ def masks(pb: Problem) -> bool:
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run the six eager ops on Q, K, V (and mask) in ``mem``; leaves S, P, Z, P_drop and O in HBM."""
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
     tiles = visits(pb, tiling, skips_hidden=False)
 
     for i, rows in mem.loop(tiles.query_blocks()):  # 1: S = Q Kᵀ
@@ -107,21 +107,21 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
     dropped = "P_drop" if pb.dropout_p > 0 else "P"
     for i, rows in mem.loop(tiles.query_blocks()):  # 6: O = P_drop V
-        O_i = mem.alloc("O_i", rows.stop - rows.start, d, fill=0.0)
+        O_i = mem.alloc("O_i", rows.stop - rows.start, d_v, fill=0.0)
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             P_ij, V_j = mem.load(dropped, rows, cols, tile="P_ij"), mem.load("V", cols)
-            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, d))
+            mem.compute(matmul=matmul(P_ij.rows, P_ij.cols, d_v))
             if mem.numeric:
-                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d)
+                O_i.data += P_ij.data @ V_j.data  # (bh, Br, d_v)
             mem.free(P_ij, V_j)
         mem.store(O_i, "O", rows)
         mem.free(O_i)
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
     Br, Bc = tiling.Br, tiling.Bc
-    matmuls = Br * d + Bc * d + Br * Bc  # steps 1 and 6
+    matmuls = (Br + Bc) * max(pb.shape.d, pb.shape.d_v) + Br * Bc  # steps 1 (of d) and 6 (of d_v)
     elementwise = (2 if pb.has_mask or pb.dropout_p > 0 else 1) * Br * Bc  # S_ij [+ mask tile]; P_ij [+ Z_ij]
     R = softmax_rows(M, n_q, n_k)
     softmax = R * (n_k + 2) if R >= 1 else Br * Bc + 4 * Br  # as Alg. 0 step 2
@@ -130,21 +130,21 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts: each op's pass, every tile visited."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     area = n_q * n_k
     cols = sum(b_j * n for _, b_j, n in visits(pb, tiling, skips_hidden=False).pairs())  # T_r·N_k
     softmax_passes = 1 if softmax_rows(M, n_q, n_k) >= 1 else 2
     masked = masks(pb)
     dropout = pb.dropout_p > 0
     reads = {
-        "Q": n_q * d, "K": cols * d, "V": cols * d,  # steps 1 and 6
+        "Q": n_q * d, "K": cols * d, "V": cols * d_v,  # steps 1 and 6
         "S": area + masked * area + softmax_passes * area,  # steps 2, 3, 4
         "P": area,  # step 5, or step 6 without dropout
         "P_drop": dropout * area,  # step 6
     }
     writes = {
         "S": area + area + masked * area,  # steps 1, 2, 3
-        "P": area, "P_drop": dropout * area, "Z": dropout * area, "O": n_q * d,
+        "P": area, "P_drop": dropout * area, "Z": dropout * area, "O": n_q * d_v,
     }
     if pb.has_mask:
         reads["mask"] = area  # step 3

@@ -51,7 +51,7 @@ def softmax_backward_rows(M: int, n_q: int, n_k: int) -> int:
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Run the eager backward on Q, K, V, dO and the forward's P, Z, P_drop; leaves dQ, dK, dV in HBM."""
-    d = pb.shape.d
+    d, d_v = pb.shape.d, pb.shape.d_v
     tiles = visits(pb, tiling, skips_hidden=False)
     dropout = pb.dropout_p > 0
     dropped = "P_drop" if dropout else "P"
@@ -61,7 +61,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):
             V_j = mem.load("V", cols)
             dP_ij = mem.alloc("dP_ij", rows.stop - rows.start, cols.stop - cols.start)
-            mem.compute(matmul=matmul(dP_ij.rows, d, dP_ij.cols))
+            mem.compute(matmul=matmul(dP_ij.rows, d_v, dP_ij.cols))
             if mem.numeric:
                 dP_ij.data = dO_i.data @ transpose(V_j.data)  # (bh, Br, Bc)
             mem.store(dP_ij, "dP_drop", rows, cols)
@@ -69,12 +69,12 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         mem.free(dO_i)
 
     for j, cols in mem.loop(tiles.key_blocks()):  # 2: dV = P_dropᵀ dO
-        dV_j = mem.alloc("dV_j", cols.stop - cols.start, d, fill=0.0)
+        dV_j = mem.alloc("dV_j", cols.stop - cols.start, d_v, fill=0.0)
         for _, rows in mem.loop(tiles.queries_seeing(j)):
             P_ij, dO_i = mem.load(dropped, rows, cols, tile="P_ij"), mem.load("dO", rows)
-            mem.compute(matmul=matmul(P_ij.cols, P_ij.rows, d))
+            mem.compute(matmul=matmul(P_ij.cols, P_ij.rows, d_v))
             if mem.numeric:
-                dV_j.data += transpose(P_ij.data) @ dO_i.data  # (bh, Bc, d)
+                dV_j.data += transpose(P_ij.data) @ dO_i.data  # (bh, Bc, d_v)
             mem.free(P_ij, dO_i)
         mem.store(dV_j, "dV", cols)
         mem.free(dV_j)
@@ -167,9 +167,9 @@ def _softmax_backward_two_pass(mem: Memory, tiles: Visits, grad: str) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k = pb.shape.n_q, pb.shape.n_k
     Br, Bc = tiling.Br, tiling.Bc
-    matmuls = Br * d + Bc * d + Br * Bc  # steps 1, 2, 7, 8
+    matmuls = (Br + Bc) * max(pb.shape.d, pb.shape.d_v) + Br * Bc  # steps 1, 2 (of d_v) and 7, 8 (of d)
     elementwise = (2 if pb.has_mask or pb.dropout_p > 0 else 1) * Br * Bc  # dP_drop [+ Z]; dS [+ mask]
     R = softmax_backward_rows(M, n_q, n_k)
     softmax = R * (2 * n_k + 1) if R >= 1 else 2 * Br * Bc + Br
@@ -178,7 +178,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     """Exact counts: each op's pass, every tile visited."""
-    n_q, n_k, d = pb.shape.n_q, pb.shape.n_k, pb.shape.d
+    n_q, n_k, d, d_v = pb.shape.n_q, pb.shape.n_k, pb.shape.d, pb.shape.d_v
     area = n_q * n_k
     pairs = visits(pb, tiling, skips_hidden=False).pairs()
     rows = sum(b_i * n for b_i, _, n in pairs)  # T_c·N_q
@@ -186,7 +186,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     sp = 1 if softmax_backward_rows(M, n_q, n_k) >= 1 else 2  # reads of P and dP in step 4
     dropout, masked = pb.dropout_p > 0, pb.hides_keys
     reads = {
-        "dO": n_q * d + rows * d, "V": cols * d,  # steps 1 and 2
+        "dO": n_q * d_v + rows * d_v, "V": cols * d_v,  # steps 1 and 2
         "P_drop": dropout * area, "P": (not dropout) * area + sp * area,  # steps 2 and 4
         "dP_drop": dropout * area + (not dropout) * sp * area, "Z": dropout * area,  # step 3, or 4
         "dP": dropout * sp * area,  # step 4
@@ -194,7 +194,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         "K": cols * d, "Q": rows * d,  # steps 7 and 8
     }
     writes = {
-        "dP_drop": area, "dV": n_k * d, "dP": dropout * area,
+        "dP_drop": area, "dV": n_k * d_v, "dP": dropout * area,
         "dS": area + masked * area + area,  # steps 4, 5, 6
         "dQ": n_q * d, "dK": n_k * d,
     }

@@ -96,6 +96,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="hardware preset: sets M and the SMs split-kv's default splits fill; a sweep adds GB, "
                         "GFLOPs, intensity and a roofline time")
     add_problem(p)
+    p.add_argument("--d-v", type=count_arg, default=None,
+                   help="head size of V and of the output O, apart from Q's and K's --d (MLA's heads: --d 192 --d-v "
+                        "128; default: d)")
     add_l2_options(p)
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "

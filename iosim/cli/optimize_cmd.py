@@ -61,6 +61,8 @@ def add_parser(sub) -> None:
     p.add_argument("--N", type=count_arg, required=True, help="query length N_q")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
     p.add_argument("--d", type=count_arg, required=True)
+    p.add_argument("--d-v", type=count_arg, default=None, help="head size of V and O, apart from Q's and K's --d "
+                                                              "(default: d)")
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
                                        page_size=args.page_size, hw=hw, kernel=args.kernel,
-                                       block_sparsity=block_sparsity(args)))
+                                       block_sparsity=block_sparsity(args), d_v=args.d_v))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 

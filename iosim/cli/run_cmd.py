@@ -96,8 +96,9 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     n_k = args.N_k or N
     docs = args.seqlens
     batch = args.batch if docs is None else len(docs)  # a bound: every document padded to the longest
-    shape = dict(N=N, N_k=n_k, d=args.d, batch=batch, heads=args.heads, kv_heads=args.kv_heads)
-    need = simulation_bytes(args.algo, **shape) + 8 * batch * args.heads * (N + 2 * n_k) * args.d
+    d_v = args.d if args.d_v is None else args.d_v
+    shape = dict(N=N, N_k=n_k, d=args.d, batch=batch, heads=args.heads, kv_heads=args.kv_heads, d_v=d_v)
+    need = simulation_bytes(args.algo, **shape) + 8 * batch * args.heads * ((N + n_k) * args.d + n_k * d_v)
     if args.pass_ != "fwd":  # the backward pass's HBM, and the reference's whole N_q × N_k matrices
         need += simulation_bytes(backward_of(ALGORITHMS[args.algo]), **shape) + 4 * 8 * batch * args.heads * N * n_k
     free = available_memory()
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     rows, n_k = (N, n_k) if docs is None else (sum(docs), sum(docs))  # packed documents: (1, heads, Σ L_b, d)
     q = rng.standard_normal((args.batch, args.heads, rows, args.d))
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
-    k, v = (rng.standard_normal((args.batch, kv_heads, n_k, args.d)) for _ in range(2))
+    k = rng.standard_normal((args.batch, kv_heads, n_k, args.d))
+    v = rng.standard_normal((args.batch, kv_heads, n_k, d_v))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args),
                    **({"sinks": rng.standard_normal(args.heads)} if args.sinks else {}))
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
             result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, **run_options)
         outputs = (result.out,)
     else:
-        do = rng.standard_normal(q.shape)
+        do = rng.standard_normal(q.shape[:3] + (d_v,))
         with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
             result = gradients(args.algo, q, k, v, do, **run_options)
@@ -153,7 +155,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
     dram = covered_dram(result.plans, hw, args.algo, args.kernel) if hw is not None and args.pass_ == "fwd" else None
     padded = None if docs is None else count(
-        args.algo, seqlens=docs, d=args.d, M=M, heads=args.heads, kv_heads=args.kv_heads, causal=args.causal,
+        args.algo, seqlens=docs, d=args.d, d_v=args.d_v, M=M, heads=args.heads, kv_heads=args.kv_heads,
+        causal=args.causal,
         window=window_of(args), dropout_p=args.dropout, dtype=args.dtype, block_policy=args.block_policy,
         pass_=args.pass_, splits=args.splits).padded
     outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu, padded)
@@ -208,7 +211,7 @@ def count_only_hint(args: argparse.Namespace) -> str:
     """The sweep command that answers a run's traffic question at once, count-only."""
     lengths = f"--N {args.N or 1000}" if args.seqlens is None else f"--seqlens {' '.join(map(str, args.seqlens))}"
     options = [f"--algo {args.algo}", lengths, f"--d {args.d}"]
-    for flag, value in (("--N-k", args.N_k), ("--batch", args.batch if args.batch != 1 else None),
+    for flag, value in (("--N-k", args.N_k), ("--d-v", args.d_v), ("--batch", args.batch if args.batch != 1 else None),
                         ("--heads", args.heads if args.heads != 1 else None), ("--M", args.M), ("--gpu", args.gpu),
                         ("--pass", args.pass_ if args.pass_ != "fwd" else None)):
         if value is not None:
@@ -236,7 +239,8 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
     sizes = f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else \
         f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), "
     table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: {sizes}"
-                        f"d={pb.shape.d}, batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
+                        f"d={pb.shape.d}{f', d_v={pb.shape.d_v}' if pb.shape.d_v != pb.shape.d else ''}, "
+                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
                   header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
         table.add_column(col, justify="left" if col == "tensor" else "right", no_wrap=True)

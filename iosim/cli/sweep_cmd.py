@@ -75,7 +75,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         pb = count_problem(None if args.seqlens else _Ns(args)[0], args.d[0], args.N_k, heads=args.heads,
                            kv_heads=args.kv_heads, causal=args.causal, window=window_of(args),
                            page_size=args.page_size, seqlens=args.seqlens, block_sparsity=block_sparsity(args),
-                           sinks=args.sinks)
+                           sinks=args.sinks, d_v=args.d_v)
         try:
             check_launchable(pb)
         except InputError as err:
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
-                         page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks)
+                         page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
@@ -195,14 +195,17 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
     def peak(r: SweepRow) -> str:
         return "overflow" if r.peak_sram is None else f"{r.peak_fraction:.3f}"
 
+    def head_sizes(r: SweepRow) -> str:  # d, or d/d_v where V's head size differs
+        return str(r.d) if r.d_v is None else f"{r.d}/{r.d_v}"
+
     if wide:
-        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", head_sizes),
                    ("B_r×B_c", tile), ("HBM reads", lambda r: eng(r.reads)), ("writes", lambda r: eng(r.writes)),
                    ("total", lambda r: eng(r.total)), ("bytes", lambda r: nbytes(r.total_bytes)),
                    ("exact prediction", lambda r: eng(r.predicted)), ("paper's form", lambda r: eng(r.paper)),
                    ("meas/pred", lambda r: "—" if r.ratio is None else f"{r.ratio:.6f}"), ("peak SRAM/M", peak)]
     else:
-        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", lambda r: str(r.d)),
+        columns = [("algorithm", lambda r: r.algorithm), ("N", lambda r: count_text(r.N)), ("d", head_sizes),
                    ("B_r×B_c", tile), ("HBM total", lambda r: eng(r.total)), ("bytes", lambda r: nbytes(r.total_bytes)),
                    ("= pred", exact), ("peak/M", peak)]
         # two tilings a row: room made for them

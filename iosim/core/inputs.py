@@ -1,9 +1,9 @@
 """Validation of attention inputs shared by the simulator, the reference and the kernels.
 
-Arrays follow the paper's (batch, heads, N, d) layout: q is (batch, heads, N_q, d) and
-k, v are (batch, kv_heads, N_k, d) (``iosim.core.problem.AttentionShape`` holds the sizes,
-and the causal rule). A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True
-means "attend".
+Arrays follow the paper's (batch, heads, N, d) layout: q is (batch, heads, N_q, d), k is
+(batch, kv_heads, N_k, d) and v (batch, kv_heads, N_k, d_v), d_v = d unless V's heads are
+sized apart (``iosim.core.problem.AttentionShape`` holds the sizes, and the causal rule).
+A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def check_sinks(sinks, heads: int) -> np.ndarray:
 
 
 def check_qkv(q, k, v) -> AttentionShape:
-    """Check that q, k, v are (batch, heads, N, d) arrays that fit together."""
+    """Check that q, k, v are (batch, heads, N, d) arrays that fit together: q and k of one head size d, v of its
+    own, d_v."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape"):
             raise InputTypeError(f"{name} must be an array (numpy, or with __cuda_array_interface__); "
@@ -83,15 +84,17 @@ def check_qkv(q, k, v) -> AttentionShape:
             )
         if 0 in x.shape:
             raise InputError(f"{name} has shape {tuple(x.shape)}; every dimension must be >= 1")
-    if k.shape != v.shape:
-        raise InputError(f"k and v must have the same shape; got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise InputError(f"k and v must agree in batch, kv_heads and N_k (their head sizes d and d_v may differ); got "
+                         f"k {tuple(k.shape)} and v {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[1] % k.shape[1]:
         raise InputError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and d, and k's heads (kv_heads) "
             f"must divide q's heads"
         )
     b, h, n_q, d = q.shape
-    return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d), kv_heads=int(k.shape[1]))
+    return AttentionShape(int(b), int(h), int(n_q), int(k.shape[2]), int(d), kv_heads=int(k.shape[1]),
+                          d_v=int(v.shape[3]))
 
 
 def check_values(arrays: dict[str, np.ndarray], allow_nonfinite=False) -> None:
@@ -123,8 +126,8 @@ def check_mask(mask, shape: AttentionShape) -> np.ndarray | None:
 
 
 def check_dout(dout, shape: AttentionShape, name: str = "dout") -> None:
-    """dO must have the shape of the output, (batch, heads, N_q, d)."""
-    want = (shape.batch, shape.heads, shape.n_q, shape.d)
+    """dO must have the shape of the output, (batch, heads, N_q, d_v)."""
+    want = (shape.batch, shape.heads, shape.n_q, shape.d_v)
     if tuple(getattr(dout, "shape", ())) != want:
-        raise InputError(f"{name} must have shape {want} (batch, heads, N_q, d), the output's; "
+        raise InputError(f"{name} must have shape {want} (batch, heads, N_q, d_v), the output's; "
                          f"got {tuple(getattr(dout, 'shape', ()))}")

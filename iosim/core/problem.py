@@ -132,7 +132,9 @@ class AttentionShape:
     """The sizes of one attention problem; each must be an integer >= 1.
 
     ``kv_heads`` (default: ``heads``) is how many K/V heads the query heads share, a
-    divisor of ``heads``: query head h reads K/V head h // group.
+    divisor of ``heads``: query head h reads K/V head h // group. ``d`` is the head size of Q and K (d_qk) and
+    ``d_v`` (default: ``d``) that of V and of what attention returns, O (MLA's heads, DeepSeek's d_qk = 192 and
+    d_v = 128, differ).
     """
 
     batch: int
@@ -141,13 +143,15 @@ class AttentionShape:
     n_k: int
     d: int
     kv_heads: int | None = None
+    d_v: int | None = None
 
     def __post_init__(self):
         for name in ("batch", "heads", "n_q", "n_k", "d"):
             parse_count(name, getattr(self, name))
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        parse_count("kv_heads", self.kv_heads)
+        for name, default in (("kv_heads", self.heads), ("d_v", self.d)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+            parse_count(name, getattr(self, name))
         if self.heads % self.kv_heads:
             divisors = [g for g in range(1, self.heads + 1) if self.heads % g == 0]
             raise InputError(f"kv_heads={self.kv_heads} must divide heads={self.heads}; allowed: {divisors}")
@@ -233,7 +237,7 @@ class Problem:
         s = self.shape
         if self.packed != 1:
             raise ValueError("the problem is packed already")
-        shape = AttentionShape(s.batch, s.kv_heads, s.group * s.n_q, s.n_k, s.d, kv_heads=s.kv_heads)
+        shape = replace(s, heads=s.kv_heads, n_q=s.group * s.n_q)
         return replace(self, shape=shape, packed=s.group)
 
     @property
@@ -261,18 +265,19 @@ class Problem:
         return self.shape.n_q // self.packed
 
     def dim(self, name: str) -> int:
-        """A size by the name tensors use for it: N_q, N_k, d, 1, the pages of a paged K/V cache, or the query heads
-        packed into one head's rows (``packed``: 1, or a GQA group)."""
+        """A size by the name tensors use for it: N_q, N_k, d (of Q and K), d_v (of V and O), 1, the pages of a paged
+        K/V cache, or the query heads packed into one head's rows (``packed``: 1, or a GQA group)."""
         if name == "pages":
             return -(-self.shape.n_k // self.page_size) if self.page_size else 1
-        return {"N_q": self.shape.n_q, "N_k": self.shape.n_k, "d": self.shape.d, "1": 1, "packed": self.packed}[name]
+        s = self.shape
+        return {"N_q": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": s.d_v, "1": 1, "packed": self.packed}[name]
 
     def record(self) -> dict:
         """The problem as the records of every command carry it: sizes, options and dtype, None for an option not
-        set (``kv_heads`` None when equal to ``heads``; ``seqlens`` space-separated)."""
+        set (``kv_heads`` None when equal to ``heads``, ``d_v`` when equal to ``d``; ``seqlens`` space-separated)."""
         s, w = self.shape, self.window
-        return {"N": s.n_q, "N_k": s.n_k, "d": s.d, "batch": s.batch, "heads": s.heads,
-                "kv_heads": None if s.kv_heads == s.heads else s.kv_heads, "causal": self.causal,
+        return {"N": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": None if s.d_v == s.d else s.d_v, "batch": s.batch,
+                "heads": s.heads, "kv_heads": None if s.kv_heads == s.heads else s.kv_heads, "causal": self.causal,
                 "mask": self.has_mask, "dropout_p": self.dropout_p, "dtype": self.dtype,
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,

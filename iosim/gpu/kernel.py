@@ -76,8 +76,8 @@ class Kernel:
 
 def check_launchable(pb: Problem) -> None:
     """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
-    read no explicit or block mask, no block table and no attention sinks, skip no tiles outside a sliding window, and
-    launch one sequence per batch entry, not varlen's packed documents."""
+    read no explicit or block mask, no block table and no attention sinks, skip no tiles outside a sliding window,
+    launch one sequence per batch entry, not varlen's packed documents, and take one head size for Q, K and V."""
     if pb.has_mask or pb.block_sparsity is not None:
         raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
                          "for it; allowed: has_mask=False, block_sparsity=None")
@@ -91,6 +91,9 @@ def check_launchable(pb: Problem) -> None:
                          "allowed: None")
     if pb.sinks:
         raise InputError("sinks: no kernel the L2 model describes reads attention sinks; allowed: sinks=False")
+    if pb.shape.d_v != pb.shape.d:
+        raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: the kernels the L2 model describes take one head "
+                         f"size for Q, K and V, as their grids and the resource report do; allowed: d_v = d")
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,

@@ -85,7 +85,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
              objective: str = "hbm", gpu: str | None = None, window=None, page_size=None,
              on_done: Callable[[Optimum | None], None] | None = None,
              hw: Hardware | None = None, kernel: str | None = None,
-             block_sparsity=None) -> list[Optimum | InputError]:
+             block_sparsity=None, d_v=None) -> list[Optimum | InputError]:
     """The best tilings of each algorithm (every registered one by default) under block policy ``optimal``.
 
     Each winner is run count-only and must move exactly what its closed form says. An
@@ -102,7 +102,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     then takes K/V blocks of whole pages or within one); an algorithm that takes neither gives its
     ``InputError`` in its place. ``block_sparsity`` is the block-sparse algorithms' block mask
     (``iosim.BlockSparsity``), drawn on each tiling's own tiles (docs/optimizer.md says how the search stays exact);
-    the others refuse it.
+    the others refuse it. ``d_v`` is V's and O's head size (None: d).
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise InputError(f"top={top!r} must be a whole number >= 1")
@@ -113,7 +113,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     if objective == "dram" and hw is None:
         hw = hardware(gpu)
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
-                            window=window, page_size=page_size, block_sparsity=block_sparsity)
+                            window=window, page_size=page_size, block_sparsity=block_sparsity, d_v=d_v)
     M = parse_size(M, dtype)
     algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
     out: list[Optimum | InputError] = []
@@ -130,7 +130,7 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
                 on_done(None)
             continue
         winner = searched[0].tiling
-        measured = count(algo, N=N, d=d, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
+        measured = count(algo, N=N, d=d, d_v=d_v, M=M, N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask,
                          dtype=dtype, kv_heads=kv_heads, tiling=winner, window=window, page_size=page_size,
                          block_sparsity=block_sparsity).traffic
         if measured != algo.traffic(pb, winner, M):

@@ -198,6 +198,9 @@ def simulate_cascade(algorithm, q, k, v, *, prefix, M, causal=False, scale=None,
     arguments are ``iosim.simulate``'s."""
     name = check_algorithm(algorithm)
     shape = check_qkv(q, k, v)
+    if shape.d_v != shape.d:
+        raise InputError(f"v of head size d_v={shape.d_v} beside q, k of d={shape.d}: cascade decoding merges outputs "
+                         f"of one head size here; allowed: d_v = d")
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     page_size, causal = check_page_size(page_size), check_flag("causal", causal)
     P = check_positive_int("prefix", prefix)

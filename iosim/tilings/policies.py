@@ -31,9 +31,9 @@ def shape_rule(algo: Algorithm, pb: Problem, B: int) -> Tiling:
 
 
 def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
-    """B = ⌈M/4d⌉ (Alg. 1 line 1).
+    """B = ⌈M/4d⌉ (Alg. 1 line 1); with V's head size d_v apart, ⌈M/(2(d + d_v))⌉.
 
-    The paper budgets 4·B·d for Q, K, V, O and forgets the S tile and the statistics,
+    The paper budgets 4·B·d for Q, K, V, O (2·B·(d + d_v)) and forgets the S tile and the statistics,
     so for larger d the working set overflows M: a ``BlockSizeError``, never an overflow.
 
     The rule is the forward pass's. A FlashAttention backward pass (Alg. 4, and
@@ -41,7 +41,9 @@ def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
     any inner block: ``paper`` refuses it unless a sequence shorter than B caps the blocks
     (N_k < M/4d), that is at every realistic N. Use ``fit`` or ``optimal`` for such a pass.
     """
-    B = ceil_div(M, 4 * pb.shape.d)
+    d, d_v = pb.shape.d, pb.shape.d_v
+    B = ceil_div(M, 2 * (d + d_v))
+    rule = "⌈M/4d⌉" if d == d_v else "⌈M/2(d + d_v)⌉"
     tiling = shape_rule(algo, pb, B)
     need = algo.working_set(pb, tiling, M)
     if need > M:
@@ -50,7 +52,7 @@ def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
                if algo.is_backward else
                "the paper's rule leaves no room for the S tile and the statistics; use block policy 'fit'")
         raise BlockSizeError(
-            f"block policy 'paper' gives B_r={tiling.Br}, B_c={tiling.Bc} (B = ⌈M/4d⌉ = {B}) for {algo.name} at "
+            f"block policy 'paper' gives B_r={tiling.Br}, B_c={tiling.Bc} (B = {rule} = {B}) for {algo.name} at "
             f"d={pb.shape.d}, whose working set of {need} elements exceeds M={M}: {why}"
         )
     return tiling
