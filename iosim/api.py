@@ -98,11 +98,11 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
-                  cu_seqlens=None, sinks=False, d_v=None) -> Problem:
+                  cu_seqlens=None, sinks=False, d_v=None, latent=False) -> Problem:
     """The problem of a count or a prediction: sizes only, no data. ``d`` is the head size of Q and K, ``d_v`` that
-    of V and O (None: d). Packed documents (``seqlens`` or
-    ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None. ``sinks``: whether each query
-    head reads a learned attention sink (``Problem.sinks``)."""
+    of V and O (None: d); ``latent``: V is the first d_v columns of K, MLA's latent cache (``Problem.latent``).
+    Packed documents (``seqlens`` or ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None.
+    ``sinks``: whether each query head reads a learned attention sink (``Problem.sinks``)."""
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and (N, N_k) != (None, None):
         raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
@@ -121,7 +121,8 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     return packed(Problem(shape, tau=check_scale(None, shape.d), causal=check_flag("causal", causal),
                           has_mask=bool(mask), dropout_p=dropout_p, seed=seed, dtype=dtype,
                           block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
-                          page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks)), docs)
+                          page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks),
+                          latent=check_flag("latent", latent)), docs)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None, d_v=None) -> int:
@@ -217,7 +218,7 @@ def _tiling(p: Plan | None) -> Tiling | None:
 
 
 def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
-                   allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None, sinks=None
+                   allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None, sinks=None, latent=False
                    ) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V, the mask and the sinks); with packed
     documents (iosim.variants.varlen), q, k, v are (1, heads, Σ L_b, d)."""
@@ -230,10 +231,13 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                              f"predict take mask=True or False")
     full_mask = check_mask(mask, shape)
     sink_logits = None if sinks is None else check_sinks(sinks, shape.heads)
+    if check_flag("latent", latent) and not (shape.d_v <= shape.d and np.array_equal(v, k[..., :shape.d_v])):
+        raise InputError(f"latent=True with v of shape {v.shape} and k of {k.shape}: MLA's latent cache has V as the "
+                         f"first d_v columns of K; allowed: v equal to k[..., :d_v]")
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
-                 page_size=check_page_size(page_size), sinks=sink_logits is not None)
+                 page_size=check_page_size(page_size), sinks=sink_logits is not None, latent=latent)
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
@@ -250,7 +254,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
              window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None, seqlens=None,
-             cu_seqlens=None, sinks=None) -> SimResult:
+             cu_seqlens=None, sinks=None, latent=False) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d), k (batch, kv_heads, N_k, d) and v (batch,
     kv_heads, N_k, d_v): V's head size may differ from Q's and K's (MLA's heads), and the output has V's.
 
@@ -271,12 +275,13 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     and so is the output, each document attending only to itself. ``sinks``, one logit per query head (shape
     (heads,)), are learned attention sinks (gpt-oss): each row's softmax takes its head's sink as one more score,
     whose weight goes to no value; flash, flash-swapped and split-kv take them (flash-swapped's backward too, in
-    ``iosim.gradients``).
+    ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v columns: K alone
+    is read (split-kv and flash-swapped take it).
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
                               allow_nonfinite=allow_nonfinite, page_size=page_size, seqlens=seqlens,
-                              cu_seqlens=cu_seqlens, sinks=sinks)
+                              cu_seqlens=cu_seqlens, sinks=sinks, latent=latent)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
         runs = execute_parts(p, data, on_progress, total=work(p) if on_progress else 0)
@@ -294,7 +299,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
           kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None,
-          sinks=False, d_v=None) -> SimResult:
+          sinks=False, d_v=None, latent=False) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -306,11 +311,13 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
     packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the
     longest. ``sinks=True`` counts each query head's learned attention sink, as ``simulate`` reads it. ``d`` is the
-    head size of Q and K and ``d_v`` that of V and O (None: d), as MLA's heads differ.
+    head size of Q and K and ``d_v`` that of V and O (None: d), as MLA's heads differ; ``latent=True`` counts MLA's
+    latent cache, V being the first d_v columns of K (one tensor read), as ``simulate`` takes it.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
-                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v)
+                       page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v,
+                       latent=latent)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
@@ -318,7 +325,7 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
 def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
             kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None,
-            cu_seqlens=None, sinks=False, d_v=None) -> PredictResult:
+            cu_seqlens=None, sinks=False, d_v=None, latent=False) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
@@ -326,6 +333,6 @@ def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
                        block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size,
-                       seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v)
+                       seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v, latent=latent)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

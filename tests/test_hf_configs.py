@@ -1,4 +1,4 @@
-"""Published Hugging Face configs of thirteen model families, read as their attention is (issue 30, item 2).
+"""Published Hugging Face configs of fifteen model families, read as their attention is (issue 30, item 2).
 
 tests/data/hf_configs/ holds each family's config.json as published, its URL in ``_source``: the fields that shape
 attention and a few beside them. What each must read as is the model's architecture as its paper or transformers'
@@ -36,7 +36,13 @@ EXPECTED = {
     # Gemma 3: every sixth layer global (transformers' Gemma3TextConfig: layer i is full attention when (i + 1) % 6 is
     # 0): layers 6, 12, …, 60 of 62. Its config states no max_position_embeddings
     "gemma-3-27b-it": (62, 32, 16, 128, None, {LOCAL: 52, GLOBAL: 10}, None),
+    # multi-head latent attention: a head of Q and K is qk_nope_head_dim 128 + qk_rope_head_dim 64 (DeepSeek-V3's
+    # paper, section 2.1.1: d_h + d_h^R)
+    "deepseek-v3": (61, 128, 128, 192, 163840, {GLOBAL: 61}, None),
+    "kimi-k2-instruct": (61, 64, 64, 192, 131072, {GLOBAL: 61}, None),
 }
+# MLA's sizes: V's head (v_head_dim), and the latent a token that decoding reads: kv_lora_rank + qk_rope_head_dim
+LATENT = {"deepseek-v3": (128, 576, 512), "kimi-k2-instruct": (128, 576, 512)}
 
 
 def test_every_stored_config_is_checked_and_cites_its_source():
@@ -93,12 +99,33 @@ def test_llama4_chunked_layers_are_their_chunks():
     assert last.counts.total_bytes == one.traffic.total_bytes  # the new token's chunk holds 100 keys
 
 
-@pytest.mark.parametrize("preset, stored", [("qwen3-8b", "qwen3-8b"), ("gemma-3-27b", "gemma-3-27b-it")])
+@pytest.mark.parametrize("name", sorted(LATENT))
+def test_an_mla_config_reads_its_latent_and_decodes_from_it(name):
+    d_v, d, latent_v = LATENT[name]
+    cfg = load_config(DATA / f"{name}.json")
+    assert (cfg.d_v, *cfg.latent_heads()) == (d_v, d, latent_v)
+    report = model(cfg, N=4096, phases=("prefill", "decode"), algorithms=["flash-swapped", "split-kv"])
+    prefill, decode = report.phases
+    (expanded,) = next(a for a in prefill.ran if a.algorithm == "flash-swapped").layers
+    assert (expanded.kv_heads, expanded.d, expanded.d_v, expanded.latent) == (cfg.heads, 192, 128, False)
+    # K and V meet the same query blocks: their reads are in the ratio of their head sizes, 192 to 128
+    assert expanded.counts.tensor("K").reads * 128 == expanded.counts.tensor("V").reads * 192
+    (layer,) = next(a for a in decode.ran if a.algorithm == "split-kv").layers
+    assert (layer.kv_heads, layer.d, layer.d_v, layer.latent) == (1, 576, 512, True)
+    assert "V" not in {t.name for t in layer.counts.tensors}
+    # every split reads its share of the latent once for each query block of the packed heads
+    query_blocks = -(-cfg.heads // layer.forward_tiling.Br)
+    assert layer.counts.tensor("K").reads == query_blocks * 4096 * 576
+
+
+@pytest.mark.parametrize("preset, stored", [("qwen3-8b", "qwen3-8b"), ("gemma-3-27b", "gemma-3-27b-it"),
+                                            ("deepseek-v3", "deepseek-v3"), ("kimi-k2", "kimi-k2-instruct")])
 def test_a_preset_is_its_published_config(preset, stored):
     from iosim.models.presets import get_model
 
     mine, published = get_model(preset), load_config(DATA / f"{stored}.json")
-    fields = ("layers", "heads", "kv_heads", "head_dim", "sliding_window", "attention_chunk")
+    fields = ("layers", "heads", "kv_heads", "head_dim", "sliding_window", "attention_chunk", "v_head_dim",
+              "kv_lora_rank", "qk_rope_head_dim")
     assert [getattr(mine, f) for f in fields] == [getattr(published, f) for f in fields]
     assert mine.kinds() == published.kinds()
     # Gemma 3's config states no max_position_embeddings; the preset takes Gemma3TextConfig's default

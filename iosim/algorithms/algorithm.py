@@ -78,7 +78,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,8 @@ class Needs:
     # it takes learned attention sinks (Problem.sinks): a forward pass reads each query block's sink logits, a
     # backward pass reads them too and writes their gradient (DSINKS)
     sinks: bool = False
+    # it reads MLA's latent cache (Problem.latent): K alone, V_j being the first d_v columns of K_j on chip; forward
+    latent: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ class Algorithm:
         # cannot serve documents of every length (a short one has fewer K/V blocks than splits)
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
-                "seqlens": self.needs.splits is None, "sinks": self.needs.sinks}[option]
+                "seqlens": self.needs.splits is None, "sinks": self.needs.sinks,
+                "latent": self.needs.latent}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
         """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
@@ -191,6 +194,10 @@ class Algorithm:
                    f"{'its backward pass' if self.accepts('sinks') else 'it'} takes no attention sinks")
             raise InputError(f"sinks for {self.name}, pass {pass_!r}: {why}; allowed: sinks=False, or one that "
                              f"takes them in that pass: {[a.name for a in algorithms if a.takes_sinks(pass_)]}")
+        if pb.latent and not (self.accepts("latent") and pass_ == "fwd"):
+            raise InputError(f"latent for {self.name}, pass {pass_!r}: it reads V apart from K, not MLA's latent "
+                             f"cache; allowed: latent=False, or the forward pass of one that reads it: "
+                             f"{[a.name for a in algorithms if a.accepts('latent')]}")
         if pb.sinks and pb.seqlens is not None:
             raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
         if pb.seqlens is not None and not self.accepts("seqlens"):
@@ -207,11 +214,13 @@ class Algorithm:
     def listed_by_default(self, given: Collection[str], pass_: str = "fwd") -> bool:
         """Whether a command that names no algorithm lists it for ``pass_``, given the OPTIONS the user set: one that
         adds a block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no
-        window (no packed documents, no sinks in that pass) is left out when a window (documents, sinks) is set."""
+        window (no packed documents, no sinks in that pass, no latent cache) is left out when a window (documents,
+        sinks, MLA's latent cache) is set."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
                 and ("seqlens" not in given or self.accepts("seqlens"))
-                and ("sinks" not in given or self.takes_sinks(pass_)))
+                and ("sinks" not in given or self.takes_sinks(pass_))
+                and ("latent" not in given or self.accepts("latent") and pass_ == "fwd"))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
@@ -264,7 +273,8 @@ class Algorithm:
 def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
     backward = DOUT in own  # a backward pass writes the sinks' gradient beside its own
-    return (INPUTS + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
+    inputs = tuple(t for t in INPUTS if not (pb.latent and t.name == "V"))  # MLA's V is columns of the latent K
+    return (inputs + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
             + ((SINKS,) if pb.sinks else ()) + own + ((DSINKS,) if pb.sinks and backward else ()))
 
 

@@ -24,7 +24,16 @@ import numpy as np
 
 from iosim.algorithms import flash_swapped_backward
 from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
-from iosim.algorithms.tile_ops import absorb_block, load_mask, read_block_table, safe_divide, scores, start_at_sinks
+from iosim.algorithms.tile_ops import (
+    absorb_block,
+    kv_width,
+    load_kv,
+    load_mask,
+    read_block_table,
+    safe_divide,
+    scores,
+    start_at_sinks,
+)
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
@@ -51,7 +60,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(tiles.keys_seen_by(i)):  # inner loop over the K/V blocks Q_i sees
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
-            K_j, V_j = mem.load("K", cols), mem.load("V", cols)  # line 7
+            K_j, V_j = load_kv(mem, pb, cols)  # line 7
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
@@ -72,9 +81,10 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    # Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃) [+ mask tile]
+    # Q_i, O_i + K_j, V_j (none with MLA's latent cache: V_j is columns of K_j) + S_ij + (ℓ_i, m_i, m_new, ℓ̃)
+    # [+ mask tile]
     Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
-    return (Br + Bc) * (d + d_v) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    return Br * (d + d_v) + Bc * kv_width(pb) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
 
 
 def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
@@ -87,7 +97,9 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     tiles = visits(pb, tiling, skips_hidden=True)
     pairs = tiles.pairs()
     cols = sum(b_j * n for _, b_j, n in pairs)  # key rows met by query blocks
-    reads = {"Q": n_q * d, "K": cols * d, "V": cols * d_v}  # K, V once per query block meeting them
+    reads = {"Q": n_q * d, "K": cols * d}  # K, V once per query block meeting them; MLA's latent V is K's
+    if not pb.latent:
+        reads["V"] = cols * d_v
     writes = {"O": n_q * d_v, "l": n_q, "m": n_q}  # each written once
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
@@ -117,5 +129,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops, needs=Needs(window=True, pages=True, sinks=True),
+    flops=flops, needs=Needs(window=True, pages=True, sinks=True, latent=True),
 )

@@ -10,7 +10,11 @@ Each split is the swapped loop (``flash-swapped``) over its own K/V blocks. The 
 is on the problem packed by GQA group (``Problem.packed_by_group``): the G =
 heads/kv_heads query heads that share a K/V head are G·N_q query rows of one head, so
 a K/V block loaded once serves the whole group (the query-head packing of
-Flash-Decoding's and FlashInfer's GQA kernels).
+Flash-Decoding's and FlashInfer's GQA kernels). Multi-head latent attention's decode, with
+its projections absorbed (DeepSeek-V2/V3, as FlashMLA runs it), is such a problem: every
+query head shares one latent K of d = 576 (512 + a 64-wide RoPE key) per token, and V is
+its first d_v = 512 columns (``Problem.latent``): K_j is loaded once and V_j read from it on
+chip, so a key row costs d elements, not d + d_v.
 
 On-chip buffers per K/V head: those of ``flash-swapped`` (Q_i, O_i, K_j, V_j, S_ij,
 ℓ_i, m_i, m_i^new, ℓ̃_ij, the mask tile); the combine holds O_i, ℓ_i, m_i, one split's
@@ -47,6 +51,8 @@ from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, Spl
 from iosim.algorithms.tile_ops import (
     absorb_block,
     exp_diff,
+    kv_width,
+    load_kv,
     load_mask,
     logsumexp,
     read_block_table,
@@ -161,7 +167,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
         for _, cols in mem.loop(units.nested(t)):  # the swapped loop over the split's K/V blocks (none: empty)
             bc = cols.stop - cols.start
             read_block_table(mem, pb, cols)  # a paged cache: where K_j, V_j are
-            K_j, V_j = mem.load("K", cols), mem.load("V", cols)
+            K_j, V_j = load_kv(mem, pb, cols)
             mask_ij = load_mask(mem, pb, rows, cols)
             S_ij = mem.alloc("S_ij", br, bc)
             m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
@@ -235,7 +241,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # (ℓ_i, m_i, lse_s, m_new), more only where d_v is much larger than d; with sinks, taking them in can be more,
     # with tiny blocks and a large G
     Br, Bc, d, d_v, S = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v, tiling.splits
-    main = (Br + Bc) * (d + d_v) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
+    main = Br * (d + d_v) + Bc * kv_width(pb) + Br * Bc + 4 * Br + pb.has_mask * Br * Bc
     b = combine_blocks(pb, tiling, M).B if S > 1 else Br  # the rows that take the sinks in
     combining = (S > 1) * b * (2 * d_v + 4)
     return max(main, combining, sinking(pb, b, S) if pb.sinks else 0)
@@ -259,7 +265,9 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     tiles = visited(pb, tiling)
     pairs = tiles.pairs()
     cols = sum(b_j * k for _, b_j, k in pairs)  # key rows read by the query blocks' splits together
-    reads = {"Q": S * n * d, "K": cols * d, "V": cols * d_v}
+    reads = {"Q": S * n * d, "K": cols * d}
+    if not pb.latent:  # MLA's latent V is the first d_v columns of K_j, on chip already
+        reads["V"] = cols * d_v
     writes = {"O": n * d_v, "l": n, "m": n}
     if S > 1:
         reads.update(O_split=S * n * d_v, lse_split=S * n)
@@ -292,14 +300,14 @@ def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
 
 def paper_form(pb: Problem, M: int) -> float:
     """The decoding lower bound it approaches: K and V read once per K/V head, Q read and O written once:
-    N_k·(d + d_v) + N_q·(d + d_v), 2N_k·d + 2N_q·d when d_v = d."""
+    N_k·(d + d_v) + N_q·(d + d_v), 2N_k·d + 2N_q·d when d_v = d; from MLA's latent cache K alone, N_k·d."""
     s = pb.shape
-    return s.bh * (s.n_k + s.n_q) * (s.d + s.d_v)
+    return s.bh * (s.n_k * kv_width(pb) + s.n_q * (s.d + s.d_v))
 
 
 ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
     needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True,
-                sinks=True),
+                sinks=True, latent=True),
 )

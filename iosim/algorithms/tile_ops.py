@@ -85,6 +85,18 @@ def load_mask(mem: Memory, pb: Problem, rows: slice, cols: slice) -> Tile | None
     return mem.load("mask", rows, cols, tile="mask_ij") if pb.has_mask else None
 
 
+def load_kv(mem: Memory, pb: Problem, cols: slice) -> tuple[Tile, Tile]:
+    """K_j and V_j of the key rows ``cols``: two loads, or from MLA's latent cache (``Problem.latent``) one, V_j being
+    the first d_v columns of K_j, already on chip."""
+    K_j = mem.load("K", cols)
+    return K_j, (mem.view(K_j, "V", slice(0, pb.shape.d_v)) if pb.latent else mem.load("V", cols))
+
+
+def kv_width(pb: Problem) -> int:
+    """The elements ``load_kv`` holds on chip per key row: d + d_v, or from MLA's latent cache d."""
+    return pb.shape.d + (not pb.latent) * pb.shape.d_v
+
+
 def read_block_table(mem: Memory, pb: Problem, cols: slice) -> None:
     """Read the block-table entries of the pages key rows ``cols`` lie in, before loading them (a paged cache)."""
     if pb.page_size:

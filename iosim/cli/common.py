@@ -99,6 +99,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-v", type=count_arg, default=None,
                    help="head size of V and of the output O, apart from Q's and K's --d (MLA's heads: --d 192 --d-v "
                         "128; default: d)")
+    p.add_argument("--latent", action="store_true",
+                   help="multi-head latent attention's cache, projections absorbed (DeepSeek-V3 decoding, FlashMLA): "
+                        "V is the first --d-v columns of K, which alone is read; split-kv and flash-swapped take it")
     add_l2_options(p)
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "
@@ -204,14 +207,15 @@ def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
 
 def algorithms_of(args: argparse.Namespace) -> list[str]:
     """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
-    mask to use, with a window, documents or sinks only those that take them, and with --pass bwd or fwd+bwd only
-    those with a backward pass)."""
+    mask to use, with a window, documents, sinks or a latent cache only those that take them, and with --pass bwd or
+    fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
     given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
              + ("window",) * (window_of(args) is not None)
              + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
-             + ("sinks",) * bool(getattr(args, "sinks", False)))
+             + ("sinks",) * bool(getattr(args, "sinks", False))
+             + ("latent",) * bool(getattr(args, "latent", False)))
     pass_ = getattr(args, "pass_", "fwd")
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]

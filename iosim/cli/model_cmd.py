@@ -99,17 +99,18 @@ def render(console, report: ModelReport, wide: bool = False) -> None:
     cfg = report.model
     grouped = f", {cfg.kv_heads} K/V heads" if cfg.grouped else ""
     kinds = " + ".join(f"{k.layers} {k.label}" for k in cfg.kinds())
-    console.print(f"[bold]{cfg.name}[/]: {cfg.layers} layers ({kinds}), {cfg.heads} heads{grouped}, head_dim "
-                  f"{cfg.head_dim}; batch {report.batch}, {report.gpu} preset, {report.dtype}, M = {report.M:,} "
+    heads = f"head_dim {cfg.head_dim}" + (f", v_head_dim {cfg.d_v}" if cfg.d_v != cfg.head_dim else "") + (
+        f", latent {cfg.kv_lora_rank} + RoPE {cfg.qk_rope_head_dim}" if cfg.mla else "")
+    console.print(f"[bold]{cfg.name}[/]: {cfg.layers} layers ({kinds}), {cfg.heads} heads{grouped}, {heads}; batch "
+                  f"{report.batch}, {report.gpu} preset, {report.dtype}, M = {report.M:,} "
                   f"elements ({nbytes(report.M * DTYPE_ITEMSIZE[report.dtype])})")
     console.print(f"numbers from {cfg.source}")
     console.print(f"[bold]{ATTENTION_ONLY}[/]")
     for note in report.notes[1:]:
         console.print(f"[yellow]{note}[/]")
     kv = kv_cache_bytes(cfg, report.dtype)
-    console.print(f"KV cache: {nbytes(kv['per_layer'])} a token a layer (K and V, {cfg.kv_heads} K/V heads × "
-                  f"{cfg.head_dim} × {DTYPE_ITEMSIZE[report.dtype]} B each), {nbytes(kv['per_token'])} a token over "
-                  f"{cfg.layers} layers")
+    console.print(f"KV cache: {nbytes(kv['per_layer'])} a token a layer ({kv['what']}), {nbytes(kv['per_token'])} a "
+                  f"token over {cfg.layers} layers")
     for pc in report.phases:
         render_phase(console, pc, wide)
 

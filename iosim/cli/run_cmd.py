@@ -91,6 +91,9 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
                          f"forward (decode) pass only; allowed: --pass fwd")
+    if args.latent and args.pass_ != "fwd":
+        raise InputError(f"--latent with --pass {args.pass_}: MLA's latent cache is read by the forward (decode) pass "
+                         f"only; a training step runs MLA's heads expanded (--d 192 --d-v 128); allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     N = lengths_of(args, 1000)
     n_k = args.N_k or N
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     q = rng.standard_normal((args.batch, args.heads, rows, args.d))
     kv_heads = args.heads if args.kv_heads is None else args.kv_heads
     k = rng.standard_normal((args.batch, kv_heads, n_k, args.d))
-    v = rng.standard_normal((args.batch, kv_heads, n_k, d_v))
+    # MLA's latent cache: V is K's first d_v columns
+    v = k[..., :d_v].copy() if args.latent else rng.standard_normal((args.batch, kv_heads, n_k, d_v))
     options = dict(causal=args.causal, scale=args.scale, dropout_p=args.dropout, seed=args.seed, window=window_of(args),
                    **({"sinks": rng.standard_normal(args.heads)} if args.sinks else {}))
     run_options = dict(M=M, block_policy=args.block_policy, dtype=args.dtype, block_sparsity=sparsity,
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.pass_ == "fwd":
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, **run_options)
+            result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, latent=args.latent,
+                              **run_options)
         outputs = (result.out,)
     else:
         do = rng.standard_normal(q.shape[:3] + (d_v,))
@@ -155,7 +160,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
     dram = covered_dram(result.plans, hw, args.algo, args.kernel) if hw is not None and args.pass_ == "fwd" else None
     padded = None if docs is None else count(
-        args.algo, seqlens=docs, d=args.d, d_v=args.d_v, M=M, heads=args.heads, kv_heads=args.kv_heads,
+        args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
+        kv_heads=args.kv_heads,
         causal=args.causal,
         window=window_of(args), dropout_p=args.dropout, dtype=args.dtype, block_policy=args.block_policy,
         pass_=args.pass_, splits=args.splits).padded
@@ -216,8 +222,9 @@ def count_only_hint(args: argparse.Namespace) -> str:
                         ("--pass", args.pass_ if args.pass_ != "fwd" else None)):
         if value is not None:
             options.append(f"{flag} {value}")
-    if args.causal:
-        options.append("--causal")
+    for flag, on in (("--causal", args.causal), ("--latent", args.latent)):
+        if on:
+            options.append(flag)
     if args.window is not None:
         options.append(f"--window {' '.join(map(str, args.window))}")
     return f"`python -m iosim sweep {' '.join(options)}` gives its traffic at once"

@@ -61,13 +61,15 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
             out.append(f"{flag} {value:g} applies to {', '.join(takers)} only; ignored by {', '.join(ignoring)}")
     if args.algo is None:  # a window or packed documents leave out the algorithms that take none: say which
         for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens),
-                                    ("sinks", "--sinks", args.sinks or None)):
+                                    ("sinks", "--sinks", args.sinks or None),
+                                    ("latent", "--latent", args.latent or None)):
             if value is not None:
                 left = [name for name, a in ALGORITHMS.items() if a.listed_by_default((), args.pass_)
                         and not a.listed_by_default((option,), args.pass_)
                         and (a.backward is not None or args.pass_ == "fwd")]
                 what = {"window": "sliding window", "seqlens": "packed documents",
-                        "sinks": "attention sinks" + (" in that pass" if args.pass_ != "fwd" else "")}[option]
+                        "sinks": "attention sinks" + (" in that pass" if args.pass_ != "fwd" else ""),
+                        "latent": "latent cache" + (" in that pass" if args.pass_ != "fwd" else "")}[option]
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
@@ -75,7 +77,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         pb = count_problem(None if args.seqlens else _Ns(args)[0], args.d[0], args.N_k, heads=args.heads,
                            kv_heads=args.kv_heads, causal=args.causal, window=window_of(args),
                            page_size=args.page_size, seqlens=args.seqlens, block_sparsity=block_sparsity(args),
-                           sinks=args.sinks, d_v=args.d_v)
+                           sinks=args.sinks, d_v=args.d_v, latent=args.latent)
         try:
             check_launchable(pb)
         except InputError as err:
@@ -119,7 +121,8 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
-                         page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v)
+                         page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
+                         latent=args.latent)
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 

@@ -49,16 +49,17 @@ class CapacityError(MemoryError):
 
 
 class Tile:
-    """An on-chip buffer: ``rows × cols`` elements per head; ``data`` is (bh, rows, cols) or None."""
+    """An on-chip buffer: ``rows × cols`` elements per head; ``data`` is (bh, rows, cols) or None. A ``view`` is
+    columns of another tile (``Memory.view``): it holds no SRAM of its own."""
 
-    __slots__ = ("name", "rows", "cols", "data")
+    __slots__ = ("name", "rows", "cols", "data", "view")
 
-    def __init__(self, name: str, rows: int, cols: int, data: np.ndarray | None):
-        self.name, self.rows, self.cols, self.data = name, rows, cols, data
+    def __init__(self, name: str, rows: int, cols: int, data: np.ndarray | None, view: bool = False):
+        self.name, self.rows, self.cols, self.data, self.view = name, rows, cols, data, view
 
     @property
     def size(self) -> int:
-        return self.rows * self.cols
+        return 0 if self.view else self.rows * self.cols
 
 
 class Memory:
@@ -169,6 +170,17 @@ class Memory:
         self._resident[id(tile)] = tile
         self._used += size
         self._peak = max(self._peak, self._used)
+        return tile
+
+    def view(self, parent: Tile, name: str, cols: slice) -> Tile:
+        """Columns ``cols`` of the resident tile ``parent`` as a tile of their own, with no SRAM and no read: MLA's V_j,
+        the first d_v columns of the latent K_j. Freed like any tile."""
+        if id(parent) not in self._resident or not 0 <= cols.start < cols.stop <= parent.cols:
+            raise RuntimeError(f"view {name} of columns {cols.start}:{cols.stop} of tile {parent.name} "
+                               f"({parent.cols} columns, resident: {id(parent) in self._resident})")
+        data = parent.data[..., cols] if self.numeric else None
+        tile = Tile(name, parent.rows, cols.stop - cols.start, data, view=True)
+        self._resident[id(tile)] = tile
         return tile
 
     def free(self, *tiles: Tile) -> None:

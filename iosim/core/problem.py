@@ -206,6 +206,10 @@ class Problem:
     # learned attention sinks (gpt-oss): one logit per query head, a column of the softmax with no value, so it adds
     # exp(sink − m) to each row's denominator; read from HBM by the algorithms that take it (Needs.sinks)
     sinks: bool = False
+    # multi-head latent attention's cache with the projections absorbed (DeepSeek-V2/V3, FlashMLA): K is one latent
+    # (and RoPE key) per token, shared by every query head, and V is its first d_v columns; no V tensor is read, an
+    # algorithm that takes it (Needs.latent) uses the columns of K_j already on chip
+    latent: bool = False
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -213,7 +217,7 @@ class Problem:
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau) \
                 or self.tau == 0:
             raise InputError(f"tau={self.tau!r} must be a finite non-zero number")
-        for name in ("causal", "has_mask", "sinks"):
+        for name in ("causal", "has_mask", "sinks", "latent"):
             if not isinstance(getattr(self, name), bool):
                 raise InputTypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.window is not None and not isinstance(self.window, Band):
@@ -223,6 +227,9 @@ class Problem:
             raise ValueError(f"a problem with seqlens is shaped as its longest document, batch 1: {self.shape}")
         if self.batch_ids is not None and len(self.batch_ids) != self.shape.batch:
             raise ValueError(f"batch_ids {self.batch_ids} must name each of the {self.shape.batch} batch entries")
+        if self.latent and self.shape.d_v > self.shape.d:
+            raise InputError(f"latent with d_v={self.shape.d_v} > d={self.shape.d}: V is the first d_v columns of the "
+                             f"latent K; allowed: d_v <= d")
         check_dropout_p(self.dropout_p)
         check_seed(self.seed)
         check_dtype(self.dtype)
@@ -281,7 +288,8 @@ class Problem:
                 "mask": self.has_mask, "dropout_p": self.dropout_p, "dtype": self.dtype,
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,
-                "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks}
+                "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks,
+                "latent": self.latent}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

@@ -91,6 +91,8 @@ def check_launchable(pb: Problem) -> None:
                          "allowed: None")
     if pb.sinks:
         raise InputError("sinks: no kernel the L2 model describes reads attention sinks; allowed: sinks=False")
+    if pb.latent:
+        raise InputError("latent: no kernel the L2 model describes reads MLA's latent cache; allowed: latent=False")
     if pb.shape.d_v != pb.shape.d:
         raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: the kernels the L2 model describes take one head "
                          f"size for Q, K and V, as their grids and the resource report do; allowed: d_v = d")

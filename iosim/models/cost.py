@@ -28,6 +28,11 @@ Deviations from the model as it runs:
   (flash-attn's convention for Hugging Face's W) to ``iosim.count``.
 - A chunked layer (Llama 4's attention_chunk_size C) is counted as its chunks: packed documents of C tokens in a
   prefill or training step (``layer_lengths``), the new token's chunk in decoding.
+- Multi-head latent attention (DeepSeek-V3, Kimi-K2) is counted as its kernels run it (``layer_heads``): a training
+  step and prefill with the heads expanded (d = qk_nope_head_dim + qk_rope_head_dim for Q and K, d_v = v_head_dim),
+  decoding with the projections absorbed, every query head against one latent K of kv_lora_rank + qk_rope_head_dim
+  a token whose first kv_lora_rank columns are V (``Problem.latent``, as FlashMLA reads it). The projections between
+  the latent and the heads are matrix products outside attention, not counted.
 """
 
 from __future__ import annotations
@@ -74,6 +79,9 @@ class LayerCost:
 
     kind: LayerKind
     kv_heads: int  # as counted (every query head's in a training step; see the module docstring)
+    d: int  # Q's and K's head size as counted: head_dim, or MLA's latent in decoding
+    d_v: int  # V's, as counted
+    latent: bool  # counted from MLA's latent cache (decoding with the projections absorbed)
     window: tuple[int, int] | None  # the window= passed to iosim.count; None when the layer is counted as causal
     forward_tiling: Tiling | None
     backward_tiling: Tiling | None
@@ -226,14 +234,14 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     """One layer of ``kind``: counted, checked against its closed form, and timed on the preset (``hw``: its DRAM
     level)."""
     training = phase.pass_ != "fwd"
-    kv_heads = cfg.heads if training else cfg.kv_heads  # backward passes take no K/V groups: module docstring
+    kv_heads, d, d_v, latent = layer_heads(cfg, phase)
     window = layer_window(kind, phase.n_k)
     n_q, n_k, batch, seqlens = layer_lengths(kind, phase, batch)
     # the sinks where the passes take them (report_notes says where they are left out)
     sinks = cfg.sinks and seqlens is None and ALGORITHMS[algorithm].takes_sinks(phase.pass_)
-    pb = count_problem(n_q, cfg.head_dim, n_k, batch, cfg.heads, causal=True, seqlens=seqlens,
+    pb = count_problem(n_q, d, n_k, batch, cfg.heads, causal=True, seqlens=seqlens,
                        dropout_p=cfg.dropout_p if training else 0.0, dtype=dtype, kv_heads=kv_heads, window=window,
-                       sinks=sinks)
+                       sinks=sinks, d_v=d_v, latent=latent)
     request = plan(algorithm, pb, M, pass_=phase.pass_, gpu=gpu)  # planned once: the count and the closed form
     measured, exact = measure(request, gpu), closed_form(request)
     # the L2 model covers forward passes of the algorithms with kernels (iosim.gpu); no kernel it describes reads
@@ -243,9 +251,21 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
         plans = measured.plans if not sinks else plan(algorithm, replace(pb, sinks=False), M, gpu=gpu).plans
         dram, note = covered_dram_or_why(plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
-    return LayerCost(kind, kv_heads, window, measured.forward_tiling, measured.backward_tiling, measured.traffic,
+    return LayerCost(kind, kv_heads, d, d_v, latent, window, measured.forward_tiling, measured.backward_tiling,
+                     measured.traffic,
                      measured.traffic == exact.exact, measured.flops,
                      roofline(hw.gpu, dtype, moved, measured.flops), dram, note)
+
+
+def layer_heads(cfg: ModelConfig, phase: Phase) -> tuple[int, int, int, bool]:
+    """(kv_heads, d, d_v, latent) to count a layer of ``cfg`` in ``phase`` with: a training step with K/V for every
+    query head (the module docstring says why), MLA's decoding on its latent cache (one K/V head, ``latent_heads``),
+    everything else as the config states it."""
+    if phase.pass_ != "fwd":
+        return cfg.heads, cfg.head_dim, cfg.d_v, False
+    if cfg.mla and phase.name == "decode":
+        return (1, *cfg.latent_heads(), True)
+    return cfg.kv_heads, cfg.head_dim, cfg.d_v, False
 
 
 def layer_lengths(kind: LayerKind, phase: Phase, batch: int) -> tuple[int | None, int | None, int, list | None]:
@@ -296,6 +316,14 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
         notes.append("split-kv is a decoding kernel: it skips the key blocks a causal mask hides only inside a "
                      "sliding window (iosim.algorithms.split_kv), so on global layers its prefill reads every key "
                      "block, where the FlashAttention family skips the hidden half")
+    if cfg.mla:
+        d, d_v = cfg.latent_heads()
+        notes.append(f"multi-head latent attention: training and prefill counted with the heads expanded (d = "
+                     f"{cfg.head_dim}, d_v = {cfg.d_v}, {cfg.kv_heads} K/V heads), decoding on the latent cache with "
+                     f"the projections absorbed (every query head against one latent of d = {d}, V its first d_v = "
+                     f"{d_v} columns, as FlashMLA reads it; only algorithms that read it count decoding); the "
+                     f"projections are not counted, and the L2 model describes no kernel of either, so times are from "
+                     f"HBM bytes")
     if cfg.attention_chunk is not None:
         notes.append(f"chunked layers: a query sees the earlier keys of its own {cfg.attention_chunk:,}-token chunk "
                      f"(attention_chunk_size); prefill and training count the chunks as packed documents, decoding "
@@ -315,11 +343,21 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     return tuple(notes)
 
 
-def kv_cache_bytes(cfg: ModelConfig, dtype: str) -> dict[str, int]:
-    """The KV cache a token adds: K and V of every K/V head, per layer of each kind and over every layer (a local
-    layer keeps at most W tokens, a chunked one at most C; this is the cost of one more token until then)."""
-    per_layer = 2 * cfg.kv_heads * cfg.head_dim * DTYPE_ITEMSIZE[dtype]
-    return {"per_layer": per_layer, "per_token": per_layer * cfg.layers}
+def kv_cache_bytes(cfg: ModelConfig, dtype: str) -> dict:
+    """The KV cache a token adds, per layer and over every layer (a local layer keeps at most W tokens, a chunked one
+    at most C; this is the cost of one more token until then), and what it holds: K and V of every K/V head, or MLA's
+    one latent and RoPE key (``what``)."""
+    item = DTYPE_ITEMSIZE[dtype]
+    if cfg.mla:
+        d, _ = cfg.latent_heads()
+        per_layer = d * item
+        what = (f"one latent of {cfg.kv_lora_rank} and a RoPE key of {cfg.qk_rope_head_dim}, × {item} B, shared by "
+                f"every head")
+    else:
+        per_layer = cfg.kv_heads * (cfg.head_dim + cfg.d_v) * item
+        sizes = f"{cfg.head_dim}" if cfg.d_v == cfg.head_dim else f"({cfg.head_dim} + {cfg.d_v})"
+        what = f"K and V, {cfg.kv_heads} K/V heads × {sizes} × {item} B" + (" each" * (cfg.d_v == cfg.head_dim))
+    return {"per_layer": per_layer, "per_token": per_layer * cfg.layers, "what": what}
 
 
 def records(report: ModelReport) -> list[dict]:
@@ -329,7 +367,7 @@ def records(report: ModelReport) -> list[dict]:
     """
     cfg, out = report.model, []
     kv = kv_cache_bytes(cfg, report.dtype)
-    base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim,
+    base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim, d_v=cfg.d_v,
                 gpu=report.gpu, dtype=report.dtype, M=report.M, kv_cache_bytes_per_token=kv["per_token"],
                 kv_cache_bytes_per_token_layer=kv["per_layer"])
     for pc in report.phases:
@@ -346,6 +384,7 @@ def records(report: ModelReport) -> list[dict]:
                 out.append(dict(head, layer_kind=c.kind.label, layers=c.kind.layers, window=c.kind.window,
                                 chunk=c.kind.chunk,
                                 counted_window=None if c.window is None else list(c.window), kv_heads=c.kv_heads,
+                                counted_d=c.d, counted_d_v=c.d_v, latent=c.latent,
                                 **tiling_record(f), **tiling_record(b, "bwd_"),
                                 **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,
                                 roofline_s=c.roofline.seconds, bound=c.roofline.bound,

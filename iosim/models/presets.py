@@ -17,7 +17,14 @@ it; nothing is downloaded) with these fields:
   true or ``multi_query`` false, else one; ``multi_query`` defaults to true for Falcon), and GPT-BigCode's
   ``multi_query: true`` (one);
 - a multimodal config's ``text_config`` (Llama 4), where the top level has no ``num_attention_heads``;
-- ``head_dim``, else ``hidden_size`` (``n_embd``) / ``num_attention_heads``;
+- ``head_dim``, else ``hidden_size`` (``n_embd``) / ``num_attention_heads``; ``v_head_dim``, V's head size where
+  it differs (default ``head_dim``);
+- multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): ``kv_lora_rank``, with ``qk_nope_head_dim``,
+  ``qk_rope_head_dim`` and ``v_head_dim``, all required beside it: a head of Q and K is qk_nope_head_dim +
+  qk_rope_head_dim (a ``head_dim`` field may say that or, as transformers' DeepseekV3Config writes it,
+  qk_rope_head_dim; anything else is refused as contradictory), and decoding reads one latent of kv_lora_rank +
+  qk_rope_head_dim a token (``ModelConfig.latent_heads``); ``qk_nope_head_dim`` or ``qk_rope_head_dim`` without
+  ``kv_lora_rank`` is refused;
 - ``max_position_embeddings`` (``n_positions``): the longest context it was trained for,
   the default sequence length; a config without one (Falcon, BLOOM) needs N given;
 - ``attention_chunk_size`` C (Llama 4): the layers that use RoPE (``no_rope_layers``, 1 a layer; default every
@@ -37,10 +44,10 @@ it; nothing is downloaded) with these fields:
   - else every layer is local (Mistral).
   An entry of ``layer_types`` other than the three kinds is refused by name: iosim does not guess them.
 
-Fields that shape attention in a way iosim does not count (``UNMODELLED``: multi-head latent attention's
-``kv_lora_rank``, GPT-Neo's ``attention_types``, ``cross_attention_layers``) and ``is_encoder_decoder: true`` are
-refused by name. A ``model_type`` whose attention has learned sinks, a weight no config field names (gpt-oss,
-``SINK_TYPES``), is read with them (``ModelConfig.sinks``).
+Fields that shape attention in a way iosim does not count (``UNMODELLED``: GPT-Neo's ``attention_types``,
+``cross_attention_layers``) and ``is_encoder_decoder: true`` are refused by name. A ``model_type`` whose attention
+has learned sinks, a weight no config field names (gpt-oss, ``SINK_TYPES``), is read with them
+(``ModelConfig.sinks``).
 
 GPT-2's field names are those its ``GPT2Config.attribute_map`` maps to the common ones.
 A missing or malformed field raises ``iosim.InputError`` naming it.
@@ -98,10 +105,24 @@ class ModelConfig:
     dropout_p: float = 0.0  # attention_dropout, applied in a training step only
     attention_chunk: int | None = None  # C of the chunked layers (attention_chunk_size); None when none is chunked
     sinks: bool = False  # learned attention sinks, one logit a query head (gpt-oss; Problem.sinks)
+    v_head_dim: int | None = None  # V's head size where it differs from head_dim (Q's and K's); None: head_dim
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): K and V come from one latent of this rank a token, and a
+    # RoPE key of qk_rope_head_dim shared by every head; head_dim is then qk_nope_head_dim + qk_rope_head_dim
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
 
     def __post_init__(self):
         for name in ("layers", "heads", "kv_heads", "head_dim"):
             _check_count(name, getattr(self, name))
+        for name, least in (("v_head_dim", 1), ("kv_lora_rank", 1), ("qk_rope_head_dim", 0)):
+            if getattr(self, name) is not None:
+                _check_count(name, getattr(self, name), least)
+        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
+            raise InputError(f"kv_lora_rank={self.kv_lora_rank!r} with qk_rope_head_dim={self.qk_rope_head_dim!r}: "
+                             f"multi-head latent attention needs both, other attention neither")
+        if self.mla and not self.qk_rope_head_dim < self.head_dim:
+            raise InputError(f"qk_rope_head_dim={self.qk_rope_head_dim} of a head of {self.head_dim}: the RoPE key is "
+                             f"part of the head, beside qk_nope_head_dim >= 1")
         if self.max_context is not None:
             _check_count("max_position_embeddings", self.max_context)
         if self.heads % self.kv_heads:
@@ -128,6 +149,24 @@ class ModelConfig:
     @property
     def grouped(self) -> bool:
         return self.kv_heads != self.heads
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention: K and V from one latent a token (``kv_lora_rank``)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def d_v(self) -> int:
+        """V's head size: v_head_dim, else head_dim."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    def latent_heads(self) -> tuple[int, int]:
+        """(d, d_v) of MLA's decode with the projections absorbed (FlashMLA): every query head against one latent of
+        kv_lora_rank and the RoPE key, d = kv_lora_rank + qk_rope_head_dim, and V the latent alone,
+        d_v = kv_lora_rank."""
+        if not self.mla:
+            raise ValueError(f"{self.name} has no latent attention")
+        return self.kv_lora_rank + self.qk_rope_head_dim, self.kv_lora_rank
 
 
 def uniform(layers: int, kind: str = GLOBAL) -> tuple[str, ...]:
@@ -211,6 +250,18 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt-oss-120b": ModelConfig("gpt-oss-120b", layers=36, heads=64, kv_heads=8, head_dim=64, max_context=131072,
                                 source=f"{HF}/openai/gpt-oss-120b/blob/main/config.json", sliding_window=128,
                                 layer_types=alternating(36), sinks=True),
+    # multi-head latent attention (model_type deepseek_v3; Kimi-K2 reuses its architecture, DeepseekV3ForCausalLM):
+    # kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64 (a head of Q and K: 192), v_head_dim 128, every
+    # layer global; only attention is counted, the dense and MoE MLPs alike. DeepSeek-V3: num_hidden_layers 61,
+    # num_attention_heads 128, num_key_value_heads 128, max_position_embeddings 163840. Kimi-K2 (the July 2025
+    # Instruct release; -0905 states 262144 positions): 61 layers, 64 heads, 64 K/V heads, max_position_embeddings
+    # 131072
+    "deepseek-v3": ModelConfig("DeepSeek-V3", layers=61, heads=128, kv_heads=128, head_dim=192, max_context=163840,
+                               source=f"{HF}/deepseek-ai/DeepSeek-V3/blob/main/config.json", v_head_dim=128,
+                               kv_lora_rank=512, qk_rope_head_dim=64),
+    "kimi-k2": ModelConfig("Kimi-K2-Instruct", layers=61, heads=64, kv_heads=64, head_dim=192, max_context=131072,
+                           source=f"{HF}/moonshotai/Kimi-K2-Instruct/blob/main/config.json", v_head_dim=128,
+                           kv_lora_rank=512, qk_rope_head_dim=64),
 }
 
 # GPT-2's names of the common fields (transformers' GPT2Config.attribute_map; BLOOM's and GPT-J's are the same),
@@ -254,7 +305,10 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
     if layers > MAX_LAYERS:
         raise InputError(f"num_hidden_layers={layers:,} is outside the allowed range [1, {MAX_LAYERS:,}]")
     kv_heads = _kv_heads(config, heads)
-    if config.get("head_dim") is not None:
+    latent = _latent(config)
+    if latent:
+        head_dim = latent["head_dim"]
+    elif config.get("head_dim") is not None:
         head_dim = _count(config, "head_dim")
     else:
         hidden = _count(config, "hidden_size")
@@ -271,12 +325,34 @@ def from_hf_config(config: dict, *, source: str, name: str = "config") -> ModelC
                        sliding_window=window if LOCAL in types else None, layer_types=types,
                        dropout_p=_fraction(config, "attention_dropout"),
                        attention_chunk=chunk if CHUNKED in types else None,
-                       sinks=config.get("model_type") in SINK_TYPES)
+                       sinks=config.get("model_type") in SINK_TYPES,
+                       v_head_dim=latent.get("v_head_dim", _count(config, "v_head_dim", default=None)),
+                       kv_lora_rank=latent.get("kv_lora_rank"), qk_rope_head_dim=latent.get("qk_rope_head_dim"))
+
+
+MLA_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _latent(config: dict) -> dict:
+    """Multi-head latent attention's sizes, read together (the module docstring says which), or {} without it."""
+    if config.get("kv_lora_rank") is None:
+        stray = [f for f in ("qk_nope_head_dim", "qk_rope_head_dim") if config.get(f) is not None]
+        if stray:
+            raise InputError(f"{stray[0]}={config[stray[0]]!r} without kv_lora_rank: the split of a head into a RoPE "
+                             f"and a non-RoPE part is multi-head latent attention's; give kv_lora_rank too, or neither")
+        return {}
+    sizes = {f: _count(config, f, least=0 if f == "qk_rope_head_dim" else 1) for f in MLA_FIELDS}  # 0: no RoPE key
+    head_dim = sizes.pop("qk_nope_head_dim") + sizes["qk_rope_head_dim"]
+    stated = config.get("head_dim")
+    if stated is not None and stated not in (head_dim, sizes["qk_rope_head_dim"]):
+        raise InputError(f"head_dim={stated!r} contradicts qk_nope_head_dim + qk_rope_head_dim = {head_dim}; allowed: "
+                         f"{head_dim}, or qk_rope_head_dim={sizes['qk_rope_head_dim']} (transformers' "
+                         f"DeepseekV3Config)")
+    return {**sizes, "head_dim": head_dim}
 
 
 # Fields that shape attention in a way iosim does not model: refused by name rather than counted wrong
 UNMODELLED = {
-    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): K and V come from one shared latent",
     "attention_types": "GPT-Neo's per-layer local/global attention pattern",
     "cross_attention_layers": "cross-attention layers",
 }
