@@ -15,9 +15,10 @@ from iosim.core.problem import Band
 from iosim.core.tiling import Tiling
 from iosim.gpu.dram import DramResult, DramTooLong, dram
 from iosim.gradients import GradResult, gradients
+from iosim.models.config import ModelConfig
 from iosim.models.cost import ModelReport, model
+from iosim.models.hf_config import load_config
 from iosim.models.presets import PRESETS as MODELS
-from iosim.models.presets import ModelConfig, load_config
 from iosim.reference import attention_backward_ref, attention_ref, sinks_gradient_ref
 from iosim.registry import ALGORITHMS, register
 from iosim.results import PredictResult, SimResult

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import iosim
+from iosim.models.config import CHUNKED, GLOBAL, LOCAL
 from iosim.models.cost import model
-from iosim.models.presets import CHUNKED, GLOBAL, LOCAL, load_config
+from iosim.models.hf_config import load_config
 
 DATA = Path(__file__).parent / "data" / "hf_configs"
 

@@ -10,8 +10,10 @@ import pytest
 import iosim
 from iosim.cli import build_parser, main, run
 from iosim.core.gpus import resolve_M
+from iosim.models.config import GLOBAL, LOCAL, LayerKind
 from iosim.models.cost import layer_window, records
-from iosim.models.presets import GLOBAL, LOCAL, PRESETS, LayerKind, from_hf_config, load_config
+from iosim.models.hf_config import from_hf_config, load_config
+from iosim.models.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parent.parent
 H100_M = resolve_M(None, "h100", "float16")  # 228 KiB of float16: 116,736 elements

@@ -12,6 +12,7 @@ from iosim.cli.render import compact_table, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import DEFAULT, GPUS
 from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.models.config import ModelConfig
 from iosim.models.cost import (
     ATTENTION_ONLY,
     PHASES,
@@ -24,7 +25,8 @@ from iosim.models.cost import (
     plan_phases,
     records,
 )
-from iosim.models.presets import PRESETS, ModelConfig, get_model, load_config
+from iosim.models.hf_config import load_config
+from iosim.models.presets import PRESETS, get_model
 from iosim.registry import ALGORITHMS
 from iosim.reports.bound import check_plot_path
 from iosim.reports.model_plot import plot

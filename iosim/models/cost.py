@@ -50,7 +50,8 @@ from iosim.core.units import DTYPE_ITEMSIZE, check_dtype, parse_count
 from iosim.gpu.dram import covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.l2 import DramCounts, dram_record
-from iosim.models.presets import LayerKind, ModelConfig, get_model
+from iosim.models.config import LayerKind, ModelConfig
+from iosim.models.presets import get_model
 from iosim.registry import ALGORITHMS
 
 PHASES = ("training", "prefill", "decode")
@@ -164,7 +165,7 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
           on_step: Callable[[AlgorithmCost], None] | None = None) -> ModelReport:
     """Count a model's attention in each phase, at each N (an int or a list; default its max context) and decode
     context (default: each N). ``name`` is a preset (``iosim.models.presets.PRESETS``) or a ``ModelConfig``
-    (``iosim.models.presets.load_config`` reads a Hugging Face config.json). M defaults to the preset's shared memory
+    (``iosim.models.hf_config.load_config`` reads a Hugging Face config.json). M defaults to the preset's shared memory
     per SM; ``algorithms`` to every registered one that needs no block mask. ``on_step`` sees each
     (phase, algorithm) as it is done."""
     cfg = name if isinstance(name, ModelConfig) else get_model(name)
@@ -252,8 +253,7 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
         dram, note = covered_dram_or_why(plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, d, d_v, latent, window, measured.forward_tiling, measured.backward_tiling,
-                     measured.traffic,
-                     measured.traffic == exact.exact, measured.flops,
+                     measured.traffic, measured.traffic == exact.exact, measured.flops,
                      roofline(hw.gpu, dtype, moved, measured.flops), dram, note)
 
 

@@ -1,0 +1,105 @@
+"""Attention of 2025-26 models from the presets: MLA's decode bytes, and gpt-oss's banded layers against its full ones.
+
+Two figures, every number an exact count (``iosim.model``, count-only, each layer equal to its closed form) on the
+H100 preset in float16; nothing here runs on a GPU:
+
+- ``mla_decode``: the HBM bytes one decoded token moves in one attention layer of DeepSeek-V3 against the context,
+  read as FlashMLA reads it (split-kv on the latent cache: 128 query heads against one latent of 576, V its first
+  512 columns), beside the same 128 heads kept as K and V (192 and 128 a head, what decoding without the absorbed
+  projections reads) and the GQA of Llama-3.1-405B (128 query heads on 8 K/V heads of 128), and each one's KV cache
+  a token a layer;
+- ``gpt_oss_layers``: gpt-oss-120b's two kinds of layer, a 128-token banded window with learned sinks and full
+  causal attention, in prefill (flash-swapped) and in decoding (split-kv), against the context.
+
+Usage: python -m experiments.modern_attention [--figures docs/figures]
+           [--json experiments/results/modern_attention.json]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import iosim  # noqa: E402
+from experiments.figure_cli import run  # noqa: E402
+from iosim.models.cost import kv_cache_bytes  # noqa: E402
+from iosim.models.presets import PRESETS  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+GPU, DTYPE = "h100", "float16"
+CONTEXTS = [2**k for k in range(10, 18)]  # 1Ki … 128Ki keys
+DEEPSEEK = PRESETS["deepseek-v3"]
+# DeepSeek-V3's 128 heads without the absorbed projections: K and V of every head (192 and 128), as prefill has them
+EXPANDED = replace(DEEPSEEK, name="DeepSeek-V3, heads as K and V", kv_lora_rank=None, qk_rope_head_dim=None)
+DECODE = {"MLA latent (DeepSeek-V3)": DEEPSEEK, "heads as K and V (DeepSeek-V3 expanded)": EXPANDED,
+          "GQA 128/8 × 128 (Llama-3.1-405B)": PRESETS["llama-3.1-405b"]}
+GPT_OSS = "gpt-oss-120b"
+
+
+def layer_bytes(cfg, phase: str, n: int, algorithm: str) -> dict[str, int]:
+    """HBM bytes of one layer of each kind of ``cfg`` in ``phase`` at ``n`` tokens (decoding: context n)."""
+    report = iosim.model(cfg, N=n, phases=[phase], algorithms=[algorithm], gpu=GPU, dtype=DTYPE)
+    (cost,) = report.phases[0].ran
+    if not all(layer.exact for layer in cost.layers):
+        raise RuntimeError(f"{cfg.name} {phase} N={n}: a count differs from its closed form")
+    return {layer.kind.label: layer.counts.total_bytes for layer in cost.layers}
+
+
+def collect() -> dict:
+    decode = [dict(model=label, context=c, bytes=layer_bytes(cfg, "decode", c, "split-kv")["global"],
+                   kv_cache_bytes_per_token_layer=kv_cache_bytes(cfg, DTYPE)["per_layer"])
+              for label, cfg in DECODE.items() for c in CONTEXTS]
+    banded = [dict(phase=phase, algorithm=algorithm, N=n, **layer_bytes(GPT_OSS, phase, n, algorithm))
+              for phase, algorithm in (("prefill", "flash-swapped"), ("decode", "split-kv")) for n in CONTEXTS]
+    return dict(gpu=GPU, dtype=DTYPE, contexts=CONTEXTS, mla_decode=decode, gpt_oss=banded)
+
+
+def plot(data: dict) -> dict[str, Figure]:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label in DECODE:
+        rows = [r for r in data["mla_decode"] if r["model"] == label]
+        cache = rows[0]["kv_cache_bytes_per_token_layer"]
+        ax.plot([r["context"] for r in rows], [r["bytes"] / 1e6 for r in rows], "o-",
+                label=f"{label}: KV cache {cache / 1e3:.2f} KB a token")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (keys)")
+    ax.set_ylabel("HBM MB, one decoded token, one layer")
+    ax.set_title("Decoding one token, split-kv on the H100 preset, float16", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig2, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
+    for ax2, phase in zip(axes, ("prefill", "decode")):
+        rows = [r for r in data["gpt_oss"] if r["phase"] == phase]
+        for kind, style in (("global", "o-"), ("local 128", "s--")):
+            ax2.plot([r["N"] for r in rows], [r[kind] / 1e6 for r in rows], style, label=f"{kind} layer")
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log")
+        ax2.set_xlabel("context (tokens)")
+        ax2.set_title(f"{phase} ({rows[0]['algorithm']})", fontsize=10)
+        ax2.legend(fontsize=8)
+    axes[0].set_ylabel("HBM MB, one layer, with its sinks")
+    fig2.suptitle("gpt-oss-120b: banded (128) against full layers, H100 preset, float16", fontsize=10)
+    fig2.tight_layout()
+    return {"mla_decode": fig, "gpt_oss_layers": fig2}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    data = run(__doc__, "modern_attention", collect, plot, argv, dpi=120)
+    for r in data["mla_decode"]:
+        print(f"{r['model']:42} context {r['context']:>7,}  {r['bytes'] / 1e6:10.2f} MB")
+    for r in data["gpt_oss"]:
+        print(f"gpt-oss-120b {r['phase']:8} N {r['N']:>7,}  global {r['global'] / 1e6:10.2f} MB  "
+              f"local {r['local 128'] / 1e6:8.2f} MB")
+
+
+if __name__ == "__main__":
+    main()
