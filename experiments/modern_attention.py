@@ -28,7 +28,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import iosim  # noqa: E402
 from experiments.figure_cli import run  # noqa: E402
-from iosim.models.cost import kv_cache_bytes  # noqa: E402
 from iosim.models.presets import PRESETS  # noqa: E402
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def layer_bytes(cfg, phase: str, n: int, algorithm: str) -> dict[str, int]:
 
 def collect() -> dict:
     decode = [dict(model=label, context=c, bytes=layer_bytes(cfg, "decode", c, "split-kv")["global"],
-                   kv_cache_bytes_per_token_layer=kv_cache_bytes(cfg, DTYPE)["per_layer"])
+                   kv_cache_bytes_per_token_layer=cfg.kv_cache_bytes(DTYPE)["per_layer"])
               for label, cfg in DECODE.items() for c in CONTEXTS]
     banded = [dict(phase=phase, algorithm=algorithm, N=n, **layer_bytes(GPT_OSS, phase, n, algorithm))
               for phase, algorithm in (("prefill", "flash-swapped"), ("decode", "split-kv")) for n in CONTEXTS]

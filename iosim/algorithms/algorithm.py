@@ -63,8 +63,11 @@ BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
 SINKS = Tensor("sinks", "packed", "1", "input", "stat")
 # and their gradient, which a backward pass that takes them writes: Σ over the head's rows of −P_sink·D
 DSINKS = Tensor("dsinks", "packed", "1", "output", "stat")
+# FP8 data's descales (Problem.fp8): one float32 each for Q, K and V per K/V head, as FlashAttention-3's FP8 forward
+# takes q_descale, k_descale and v_descale of (batch, kv_heads); every thread block reads its head's three once
+DESCALES = Tensor("descale", "1", "QKV", "input", "stat", kv=True)
 # What attention writes: O, and in the FlashAttention family the softmax statistics ℓ and m.
-OUTPUT = Tensor("O", "N_q", "d_v", "output")
+OUTPUT = Tensor("O", "N_q", "d_v", "output", "out")
 STATISTICS = (Tensor("l", "N_q", "1", "output", "stat"), Tensor("m", "N_q", "1", "output", "stat"))
 # What every backward pass reads beside Q, K, V, and what it returns.
 DOUT = Tensor("dO", "N_q", "d_v", "input")
@@ -78,7 +81,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class Needs:
     sinks: bool = False
     # it reads MLA's latent cache (Problem.latent): K alone, V_j being the first d_v columns of K_j on chip; forward
     latent: bool = False
+    # it has an FP8 forward (Problem.fp8, a dtype of FP8_DTYPES): each thread block reads its head's descales
+    fp8: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,7 @@ class Algorithm:
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
                 "seqlens": self.needs.splits is None, "sinks": self.needs.sinks,
-                "latent": self.needs.latent}[option]
+                "latent": self.needs.latent, "fp8": self.needs.fp8}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
         """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
@@ -198,6 +203,10 @@ class Algorithm:
             raise InputError(f"latent for {self.name}, pass {pass_!r}: it reads V apart from K, not MLA's latent "
                              f"cache; allowed: latent=False, or the forward pass of one that reads it: "
                              f"{[a.name for a in algorithms if a.accepts('latent')]}")
+        if pb.fp8 and not (self.accepts("fp8") and pass_ == "fwd"):
+            raise InputError(f"dtype={pb.dtype!r} for {self.name}, pass {pass_!r}: it has no FP8 path "
+                             f"(FlashAttention-3's FP8 kernels are forward only); allowed: a dtype of 2 or more bytes, "
+                             f"or the forward pass of one that has: {[a.name for a in algorithms if a.accepts('fp8')]}")
         if pb.sinks and pb.seqlens is not None:
             raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
         if pb.seqlens is not None and not self.accepts("seqlens"):
@@ -214,13 +223,14 @@ class Algorithm:
     def listed_by_default(self, given: Collection[str], pass_: str = "fwd") -> bool:
         """Whether a command that names no algorithm lists it for ``pass_``, given the OPTIONS the user set: one that
         adds a block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no
-        window (no packed documents, no sinks in that pass, no latent cache) is left out when a window (documents,
-        sinks, MLA's latent cache) is set."""
+        window (no packed documents, no sinks in that pass, no latent cache, no FP8 path) is left out when a window
+        (documents, sinks, MLA's latent cache, an FP8 dtype) is set."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
                 and ("seqlens" not in given or self.accepts("seqlens"))
                 and ("sinks" not in given or self.takes_sinks(pass_))
-                and ("latent" not in given or self.accepts("latent") and pass_ == "fwd"))
+                and ("latent" not in given or self.accepts("latent") and pass_ == "fwd")
+                and ("fp8" not in given or self.accepts("fp8") and pass_ == "fwd"))
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
@@ -274,7 +284,8 @@ def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
     backward = DOUT in own  # a backward pass writes the sinks' gradient beside its own
     inputs = tuple(t for t in INPUTS if not (pb.latent and t.name == "V"))  # MLA's V is columns of the latent K
-    return (inputs + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
+    return (inputs + ((DESCALES,) if pb.fp8 else ())
+            + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
             + ((SINKS,) if pb.sinks else ()) + own + ((DSINKS,) if pb.sinks and backward else ()))
 
 

@@ -30,6 +30,7 @@ from iosim.algorithms.tile_ops import (
     load_kv,
     load_mask,
     read_block_table,
+    read_descales,
     safe_divide,
     scores,
     start_at_sinks,
@@ -53,6 +54,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     for i, rows in mem.loop(tiles.query_blocks()):  # outer loop over query blocks
         br = rows.stop - rows.start
         Q_i = mem.load("Q", rows)
+        read_descales(mem, pb)  # FP8 data: the head's descales of Q, K and V
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks:  # the head's sink logit: a score column with no value, taken in before any key
             start_at_sinks(mem, pb, rows, l_i, m_i)
@@ -107,6 +109,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         reads["block_table"] = sum(entries(pb, b_j) * n for _, b_j, n in pairs)  # its pages' entries per K/V load
     if pb.sinks:
         reads["sinks"] = tiles.q.T  # the head's sink, once per query block, before O_i is allocated
+    if pb.fp8:
+        reads["descale"] = 3 * tiles.q.T  # Q's, K's and V's descales, once per query block beside Q_i
     blind = [b_i * (d + d_v) + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i alone
     peak = max(blind + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
@@ -129,5 +133,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash-swapped", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="8N²d²/M + 3dN + 2N", backward=flash_swapped_backward.ALGORITHM,
-    flops=flops, needs=Needs(window=True, pages=True, sinks=True, latent=True),
+    flops=flops, needs=Needs(window=True, pages=True, sinks=True, latent=True, fp8=True),
 )

@@ -56,6 +56,7 @@ from iosim.algorithms.tile_ops import (
     load_mask,
     logsumexp,
     read_block_table,
+    read_descales,
     safe_divide,
     scores,
     start_at_sinks,
@@ -69,7 +70,7 @@ from iosim.core.visits import Axis, Blocks, PackedVisits, Visits, visits
 from iosim.variants.paging import entries
 
 # One partial output and its logsumexp per split, S·N_q rows (split s holds rows s·N_q … s·N_q + N_q − 1).
-PARTIALS = (Tensor("O_split", "S·N_q", "d_v", "intermediate"),
+PARTIALS = (Tensor("O_split", "S·N_q", "d_v", "intermediate", "out"),
             Tensor("lse_split", "S·N_q", "1", "intermediate", "stat"))
 TENSORS = (OUTPUT, *STATISTICS, *PARTIALS)
 
@@ -160,6 +161,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     for t, rows in mem.loop(units):  # every (query block, split) is a thread block of its own
         br, s = rows.stop - rows.start, units.unit(t)[1]
         Q_i = mem.load("Q", rows)
+        read_descales(mem, pb)  # FP8 data: the K/V head's descales of Q, K and V
         l_i, m_i = mem.alloc("l_i", br, fill=0.0), mem.alloc("m_i", br, fill=-np.inf)
         if pb.sinks and tiling.splits == 1:  # with splits the combine takes the sinks in, once
             start_at_sinks(mem, pb, rows, l_i, m_i)
@@ -280,6 +282,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     sinking_blocks = combine_blocks(pb, tiling, M) if S > 1 else tiles.q
     if pb.sinks:  # the sinks of a query block's group, once per query block: in the split, or with S > 1 the combine
         reads["sinks"] = sinking_blocks.T * pb.packed
+    if pb.fp8:  # every split reads its K/V head's three descales beside its query block, an empty split's too
+        reads["descale"] = 3 * S * tiles.q.T
     blind = [b_i * (d + d_v) + 2 * b_i for b_i in tiles.blind_query_sizes()]  # Q_i, O_i, ℓ_i, m_i of an empty split
     combining = [b_i * (2 * d_v + 4) for b_i in sinking_blocks.all().sizes()] if S > 1 else []  # O_i, O_s, ℓ_i, …
     sinks_in = [sinking(pb, b_i, S) for b_i in sinking_blocks.all().sizes()] if pb.sinks else []  # before O_i
@@ -309,5 +313,5 @@ ALGORITHM = Algorithm(
     name="split-kv", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="2N_k·d + 2N_q·d per K/V head", flops=flops,
     needs=Needs(packs_groups=True, splits=SplitRule(default_splits, split_keys), window=True, pages=True,
-                sinks=True, latent=True),
+                sinks=True, latent=True, fp8=True),
 )

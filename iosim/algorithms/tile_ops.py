@@ -97,6 +97,13 @@ def kv_width(pb: Problem) -> int:
     return pb.shape.d + (not pb.latent) * pb.shape.d_v
 
 
+def read_descales(mem: Memory, pb: Problem) -> None:
+    """Read the head's three FP8 descales (Q's, K's and V's) once, as a thread block of FP8 data does; nothing for
+    other dtypes. Numeric runs compute in float64: the descales scale nothing here."""
+    if pb.fp8:
+        mem.free(mem.load("descale", slice(0, 1)))
+
+
 def read_block_table(mem: Memory, pb: Problem, cols: slice) -> None:
     """Read the block-table entries of the pages key rows ``cols`` lie in, before loading them (a paged cache)."""
     if pb.page_size:

@@ -11,7 +11,7 @@ from iosim.core.gpus import GPUS
 from iosim.core.inputs import check_tokens
 from iosim.core.problem import Problem
 from iosim.core.rng import check_seed
-from iosim.core.units import DTYPE_ITEMSIZE, parse_count
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, parse_count
 from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
@@ -207,15 +207,16 @@ def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
 
 def algorithms_of(args: argparse.Namespace) -> list[str]:
     """The algorithms a command covers: those named, else all that apply (block-sparse ones only with a block
-    mask to use, with a window, documents, sinks or a latent cache only those that take them, and with --pass bwd or
-    fwd+bwd only those with a backward pass)."""
+    mask to use, with a window, documents, sinks, a latent cache or an FP8 dtype only those that take them, and with
+    --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
     given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
              + ("window",) * (window_of(args) is not None)
              + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
              + ("sinks",) * bool(getattr(args, "sinks", False))
-             + ("latent",) * bool(getattr(args, "latent", False)))
+             + ("latent",) * bool(getattr(args, "latent", False))
+             + ("fp8",) * (getattr(args, "dtype", None) in FP8_DTYPES))
     pass_ = getattr(args, "pass_", "fwd")
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]

@@ -20,7 +20,6 @@ from iosim.models.cost import (
     ModelReport,
     PhaseCost,
     check_algorithms,
-    kv_cache_bytes,
     model,
     plan_phases,
     records,
@@ -110,7 +109,7 @@ def render(console, report: ModelReport, wide: bool = False) -> None:
     console.print(f"[bold]{ATTENTION_ONLY}[/]")
     for note in report.notes[1:]:
         console.print(f"[yellow]{note}[/]")
-    kv = kv_cache_bytes(cfg, report.dtype)
+    kv = cfg.kv_cache_bytes(report.dtype)
     console.print(f"KV cache: {nbytes(kv['per_layer'])} a token a layer ({kv['what']}), {nbytes(kv['per_token'])} a "
                   f"token over {cfg.layers} layers")
     for pc in report.phases:

@@ -22,7 +22,7 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
-from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.gpu.kernel import check_launchable
 from iosim.gpu.kernels import get_kernel
 from iosim.registry import ALGORITHMS
@@ -62,14 +62,16 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
     if args.algo is None:  # a window or packed documents leave out the algorithms that take none: say which
         for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens),
                                     ("sinks", "--sinks", args.sinks or None),
-                                    ("latent", "--latent", args.latent or None)):
+                                    ("latent", "--latent", args.latent or None),
+                                    ("fp8", f"--dtype {args.dtype}", args.dtype if args.dtype in FP8_DTYPES else None)):
             if value is not None:
                 left = [name for name, a in ALGORITHMS.items() if a.listed_by_default((), args.pass_)
                         and not a.listed_by_default((option,), args.pass_)
                         and (a.backward is not None or args.pass_ == "fwd")]
                 what = {"window": "sliding window", "seqlens": "packed documents",
                         "sinks": "attention sinks" + (" in that pass" if args.pass_ != "fwd" else ""),
-                        "latent": "latent cache" + (" in that pass" if args.pass_ != "fwd" else "")}[option]
+                        "latent": "latent cache" + (" in that pass" if args.pass_ != "fwd" else ""),
+                        "fp8": "FP8 path" + (" in that pass" if args.pass_ != "fwd" else "")}[option]
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
@@ -77,7 +79,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         pb = count_problem(None if args.seqlens else _Ns(args)[0], args.d[0], args.N_k, heads=args.heads,
                            kv_heads=args.kv_heads, causal=args.causal, window=window_of(args),
                            page_size=args.page_size, seqlens=args.seqlens, block_sparsity=block_sparsity(args),
-                           sinks=args.sinks, d_v=args.d_v, latent=args.latent)
+                           sinks=args.sinks, d_v=args.d_v, latent=args.latent, dtype=args.dtype)
         try:
             check_launchable(pb)
         except InputError as err:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
-from iosim.core.units import DTYPE_ITEMSIZE, parse_size
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, parse_size
 
 KiB = 1024
 
@@ -46,6 +46,7 @@ class GPU:
     l2: Spec  # bytes of L2 cache, nominal (the datasheet's or whitepaper's figure)
     # bytes of L2 that DRAM traffic sees (iosim.gpu.l2's default capacity), from a published measurement
     l2_effective: Spec
+    fp8_tensor: Spec | None = None  # FLOP/s, tensor cores, FP8 (e4m3 or e5m2) inputs; None where the GPU has none
 
     def M(self, dtype: str) -> int:
         """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
@@ -53,9 +54,11 @@ class GPU:
 
     def peak(self, dtype: str) -> float:
         """Peak matmul FLOP/s for ``dtype``."""
-        spec = {"float16": self.fp16_tensor, "bfloat16": self.bf16_tensor, "float32": self.fp32}.get(dtype)
+        specs = {"float16": self.fp16_tensor, "bfloat16": self.bf16_tensor, "float32": self.fp32,
+                 **{fp8: self.fp8_tensor for fp8 in FP8_DTYPES}}
+        spec = specs.get(dtype)
         if spec is None:
-            allowed = [t for t, s in (("float16", 1), ("bfloat16", self.bf16_tensor), ("float32", 1)) if s]
+            allowed = [t for t, s in specs.items() if s is not None]
             raise InputError(f"dtype={dtype!r} has no peak FLOP/s in the {self.name} preset; allowed: {allowed}")
         return spec.value
 
@@ -113,6 +116,8 @@ GPUS: dict[str, GPU] = {
         Spec(50 * MiB, "NVIDIA H100 Tensor Core GPU architecture whitepaper: 50 MB L2 (SXM5; "
              "cudaDeviceProp.l2CacheSize 50 MiB)"),
         Spec(37 * MB, f"{L2_PLATEAU}: near 37 MB on an H100 PCIe, whose L2 is the same 50 MB of the same GH100"),
+        Spec(1978.9e12, f"{H100_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense 1,978.9 = "
+             "132 SMs x 1,830 MHz x 8,192 FLOPs per SM per clock, which the datasheet doubles and rounds"),
     ),
     "h200": GPU(
         "H200",
@@ -131,6 +136,8 @@ GPUS: dict[str, GPU] = {
              "570.124.06) in a published L2-residency probe; not in NVIDIA's datasheet"),
         Spec(44 * MB, "not measured on an H200: the H100's effective share of its nominal L2 (37 MB of 50 MiB, "
              f"{L2_PLATEAU}), 0.71, applied to the H200's 60 MiB (the same two-partition GH100 L2)"),
+        Spec(1978.9e12, f"{H200_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense 1,978.9 = "
+             "132 SMs x 1,830 MHz x 8,192 FLOPs per SM per clock, which the datasheet doubles and rounds"),
     ),
     "t4": GPU(
         "T4",
@@ -154,6 +161,7 @@ GPUS: dict[str, GPU] = {
         Spec(126 * MiB, "not in NVIDIA's B200 datasheet: 126 MB over its two dies is the figure third-party "
              "device queries report, unverified here"),
         Spec(126 * MiB, "no published measurement of the capacity DRAM sees: the nominal 126 MB"),
+        Spec(4.5e15, f"{B200_DATASHEET}: FP8 Tensor Core 9 PFLOPS with sparsity, halved"),
     ),
     "gb10": GPU(
         "GB10",
@@ -170,6 +178,8 @@ GPUS: dict[str, GPU] = {
         Spec(24 * MiB, f"{GB10_QUERY}: L2 cache size 25,165,824 bytes"),
         Spec(24 * MiB, "no published measurement of the capacity DRAM sees: the nominal 24 MiB, the capacity "
              "arXiv 2601.16032 (sawtooth wavefront reordering on GB10) reasons with"),
+        Spec(250e12, "derived, not published: NVIDIA's 1 PFLOP of FP4 with sparsity for the GB10, halved for dense "
+             "and halved once more for 8-bit inputs, the ratios of NVIDIA's Blackwell datasheets"),
     ),
 }
 

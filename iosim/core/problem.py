@@ -24,16 +24,19 @@ import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
 from iosim.core.rng import check_dropout_p, check_seed
-from iosim.core.units import DTYPE_ITEMSIZE, check_dtype, parse_count
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, check_dtype, parse_count
 
 # Bytes per element of the tensors an algorithm moves, by element class: "data" is
 # the problem's dtype; "stat" (the softmax statistics ℓ and m) is kept in float32 when
 # the data is narrower, as FlashAttention's kernels do; "mask" is one byte a boolean; "index" is an int32 (a
-# paged KV cache's block table, as vLLM and flash-attn keep it).
+# paged KV cache's block table, as vLLM and flash-attn keep it); "out" is what attention returns (O, and split-kv's
+# partial outputs): the data's dtype, but bfloat16 for FP8 data, as FlashAttention-3's FP8 forward returns O
+# (flash-attn's float32 partial outputs are kept in the data's dtype at every dtype: a deviation, see split_kv).
 MASK_ITEMSIZE = 1
 STAT_MIN_ITEMSIZE = 4
 INDEX_ITEMSIZE = 4
-ELEMENTS = ("data", "stat", "mask", "index")
+FP8_OUT_ITEMSIZE = 2
+ELEMENTS = ("data", "stat", "mask", "index", "out")
 
 
 class BlockMask(Protocol):
@@ -253,6 +256,12 @@ class Problem:
         return band_of(self.causal, self.window)
 
     @property
+    def fp8(self) -> bool:
+        """FP8 data (``FP8_DTYPES``): Q, K, V of one byte an element with their float32 descales (FlashAttention-3's
+        FP8 forward), O returned in bfloat16."""
+        return self.dtype in FP8_DTYPES
+
+    @property
     def hides_keys(self) -> bool:
         """Whether a band or an explicit mask hides some scores: what an algorithm that masks S must apply."""
         return not self.band.full or self.has_mask
@@ -273,11 +282,12 @@ class Problem:
 
     def dim(self, name: str) -> int:
         """A size by the name tensors use for it: N_q, N_k, d (of Q and K), d_v (of V and O), 1, the pages of a paged
-        K/V cache, or the query heads packed into one head's rows (``packed``: 1, or a GQA group)."""
+        K/V cache, the query heads packed into one head's rows (``packed``: 1, or a GQA group), or QKV (3: one FP8
+        descale each for Q, K and V)."""
         if name == "pages":
             return -(-self.shape.n_k // self.page_size) if self.page_size else 1
         s = self.shape
-        return {"N_q": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": s.d_v, "1": 1, "packed": self.packed}[name]
+        return {"N_q": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": s.d_v, "1": 1, "packed": self.packed, "QKV": 3}[name]
 
     def record(self) -> dict:
         """The problem as the records of every command carry it: sizes, options and dtype, None for an option not
@@ -297,5 +307,7 @@ class Problem:
             return MASK_ITEMSIZE
         if element == "index":
             return INDEX_ITEMSIZE
+        if element == "out" and self.fp8:
+            return FP8_OUT_ITEMSIZE
         data = DTYPE_ITEMSIZE[self.dtype]
         return max(STAT_MIN_ITEMSIZE, data) if element == "stat" else data

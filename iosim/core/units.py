@@ -15,8 +15,10 @@ import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
 
-# Bytes per element of each dtype a run may be counted in.
-DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+# Bytes per element of each dtype a run may be counted in. The two FP8 formats (OCP's, as FlashAttention-3's FP8
+# forward takes e4m3) are counted, never computed in: numeric runs are in float64 at every dtype.
+DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3": 1, "float8_e5m2": 1}
+FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
 
 _POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*(?:([kKmMgGtT])([iI])?)?\s*([bB])?\s*$")

@@ -93,6 +93,9 @@ def check_launchable(pb: Problem) -> None:
         raise InputError("sinks: no kernel the L2 model describes reads attention sinks; allowed: sinks=False")
     if pb.latent:
         raise InputError("latent: no kernel the L2 model describes reads MLA's latent cache; allowed: latent=False")
+    if pb.fp8:
+        raise InputError(f"dtype={pb.dtype!r}: no kernel the L2 model describes has an FP8 build; allowed: float16, "
+                         f"bfloat16, float32")
     if pb.shape.d_v != pb.shape.d:
         raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: the kernels the L2 model describes take one head "
                          f"size for Q, K and V, as their grids and the resource report do; allowed: d_v = d")

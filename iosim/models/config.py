@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from iosim.core.errors import InputError
+from iosim.core.units import DTYPE_ITEMSIZE
 
 # Hugging Face's names of a layer's attention (layer_types)
 GLOBAL, LOCAL, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
@@ -121,6 +122,21 @@ class ModelConfig:
         if not self.mla:
             raise ValueError(f"{self.name} has no latent attention")
         return self.kv_lora_rank + self.qk_rope_head_dim, self.kv_lora_rank
+
+    def kv_cache_bytes(self, dtype: str) -> dict:
+        """The KV cache a token adds, per layer and over every layer (a local layer keeps at most W tokens, a chunked
+        one at most C; this is the cost of one more token until then), and what it holds (``what``): K and V of every
+        K/V head, or MLA's one latent and RoPE key."""
+        item = DTYPE_ITEMSIZE[dtype]
+        if self.mla:
+            per_layer = self.latent_heads()[0] * item
+            what = (f"one latent of {self.kv_lora_rank} and a RoPE key of {self.qk_rope_head_dim}, × {item} B, shared "
+                    f"by every head")
+        else:
+            per_layer = self.kv_heads * (self.head_dim + self.d_v) * item
+            sizes = f"{self.head_dim}" if self.d_v == self.head_dim else f"({self.head_dim} + {self.d_v})"
+            what = f"K and V, {self.kv_heads} K/V heads × {sizes} × {item} B" + " each" * (self.d_v == self.head_dim)
+        return {"per_layer": per_layer, "per_token": per_layer * self.layers, "what": what}
 
 
 def uniform(layers: int, kind: str = GLOBAL) -> tuple[str, ...]:

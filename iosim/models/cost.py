@@ -46,7 +46,7 @@ from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
 from iosim.core.tiling import Tiling, tiling_record
-from iosim.core.units import DTYPE_ITEMSIZE, check_dtype, parse_count
+from iosim.core.units import FP8_DTYPES, check_dtype, parse_count
 from iosim.gpu.dram import covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.l2 import DramCounts, dram_record
@@ -186,7 +186,7 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
             if on_step is not None:
                 on_step(cost)
         out.append(PhaseCost(phase, tuple(costs)))
-    return ModelReport(cfg, batch, preset.name, dtype, M, tuple(out), report_notes(cfg, names, plan))
+    return ModelReport(cfg, batch, preset.name, dtype, M, tuple(out), report_notes(cfg, names, plan, dtype))
 
 
 def default_algorithms() -> list[str]:
@@ -296,7 +296,7 @@ def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
     return kind.window - 1, 0
 
 
-def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> tuple[str, ...]:
+def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase], dtype: str) -> tuple[str, ...]:
     notes = [ATTENTION_ONLY + "; roofline times from the L2 model's DRAM bytes where it covers a layer (a forward "
                               "pass of an algorithm with a kernel: prefill and decoding), else from the two-level HBM "
                               "bytes (training), summed over the layers"]
@@ -316,6 +316,11 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
         notes.append("split-kv is a decoding kernel: it skips the key blocks a causal mask hides only inside a "
                      "sliding window (iosim.algorithms.split_kv), so on global layers its prefill reads every key "
                      "block, where the FlashAttention family skips the hidden half")
+    if dtype in FP8_DTYPES:
+        notes.append(f"{dtype}: Q, K and V one byte an element, with three float32 descales per K/V head that every "
+                     f"thread block reads, O returned in bfloat16, as FlashAttention-3's FP8 forward; only the "
+                     f"algorithms with an FP8 forward are counted, and no training step (its kernels have no FP8 "
+                     f"backward)")
     if cfg.mla:
         d, d_v = cfg.latent_heads()
         notes.append(f"multi-head latent attention: training and prefill counted with the heads expanded (d = "
@@ -343,30 +348,13 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase]) -> 
     return tuple(notes)
 
 
-def kv_cache_bytes(cfg: ModelConfig, dtype: str) -> dict:
-    """The KV cache a token adds, per layer and over every layer (a local layer keeps at most W tokens, a chunked one
-    at most C; this is the cost of one more token until then), and what it holds: K and V of every K/V head, or MLA's
-    one latent and RoPE key (``what``)."""
-    item = DTYPE_ITEMSIZE[dtype]
-    if cfg.mla:
-        d, _ = cfg.latent_heads()
-        per_layer = d * item
-        what = (f"one latent of {cfg.kv_lora_rank} and a RoPE key of {cfg.qk_rope_head_dim}, × {item} B, shared by "
-                f"every head")
-    else:
-        per_layer = cfg.kv_heads * (cfg.head_dim + cfg.d_v) * item
-        sizes = f"{cfg.head_dim}" if cfg.d_v == cfg.head_dim else f"({cfg.head_dim} + {cfg.d_v})"
-        what = f"K and V, {cfg.kv_heads} K/V heads × {sizes} × {item} B" + (" each" * (cfg.d_v == cfg.head_dim))
-    return {"per_layer": per_layer, "per_token": per_layer * cfg.layers, "what": what}
-
-
 def records(report: ModelReport) -> list[dict]:
     """One record per (phase, algorithm, kind of layer): the layer's counts, and the model's totals beside them.
 
     A skipped algorithm has one record per phase, its reason under ``status``.
     """
     cfg, out = report.model, []
-    kv = kv_cache_bytes(cfg, report.dtype)
+    kv = cfg.kv_cache_bytes(report.dtype)
     base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim, d_v=cfg.d_v,
                 gpu=report.gpu, dtype=report.dtype, M=report.M, kv_cache_bytes_per_token=kv["per_token"],
                 kv_cache_bytes_per_token_layer=kv["per_layer"])

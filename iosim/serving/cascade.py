@@ -262,12 +262,12 @@ def _merge_memory(pb: Problem, M: int, data: dict | None) -> Memory:
     mem = Memory(M, bh=s.bh, numeric=data is not None)
     for level in LEVELS:
         for t in STATE:
-            cols, element = (s.d, "data") if t == "O" else (1, "stat")
+            cols, element = (s.d, "out") if t == "O" else (1, "stat")
             name = f"{t}_{level}"
             mem.add_tensor(name, s.n_q, cols, pb.itemsize(element),
                            data=None if data is None else data[name].reshape(s.bh, s.n_q, cols))
     for t in STATE:
-        mem.add_tensor(t, s.n_q, s.d if t == "O" else 1, pb.itemsize("data" if t == "O" else "stat"))
+        mem.add_tensor(t, s.n_q, s.d if t == "O" else 1, pb.itemsize("out" if t == "O" else "stat"))
     return mem
 
 
@@ -304,7 +304,7 @@ def merge_traffic(pb: Problem, M: int) -> Counts:
     s = pb.shape
     rows = s.bh * s.n_q
     size = {"O": s.d, "l": 1, "m": 1}
-    item = {t: pb.itemsize("data" if t == "O" else "stat") for t in STATE}
+    item = {t: pb.itemsize("out" if t == "O" else "stat") for t in STATE}
     inputs = [TensorCounts(f"{t}_{level}", rows * size[t], 0, item[t]) for level in LEVELS for t in STATE]
     outputs = [TensorCounts(t, 0, rows * size[t], item[t]) for t in STATE]
     Br = merge_rows(pb, M)
