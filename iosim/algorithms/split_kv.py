@@ -38,6 +38,9 @@ empty split too, where flash-attn's exits before loading it). Decode-only: there
 backward pass (inference has no gradients); ``backward`` is None. Learned attention sinks (``Problem.sinks``) join
 where the row's softmax is finished: with S = 1 the split starts at them (ℓ = 1, m = sink), with S > 1 the combine
 does, as one more partial with no value; either reads the query block's group's G sinks once.
+The partial outputs are kept in the output's dtype (``Problem.itemsize("out")``: the data's,
+bfloat16 for FP8 data), where flash-attn accumulates them in float32 at every dtype. FP8
+data (``Problem.fp8``) adds each split's read of its K/V head's three descales.
 """
 
 from __future__ import annotations
