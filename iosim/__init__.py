@@ -24,13 +24,16 @@ from iosim.registry import ALGORITHMS, register
 from iosim.results import PredictResult, SimResult
 from iosim.serving.cascade import Cascade, cascade, simulate_cascade
 from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
+from iosim.variants.flex import FlexBlockMask, block_mask
 from iosim.variants.sparsity import BlockSparsity
 
 __all__ = [
     "ALGORITHMS", "Algorithm", "Band", "BlockSizeError", "BlockSparsity", "CapacityError", "Cascade", "ChunkedPrefill",
-    "Counts", "DramResult", "DramTooLong", "GradResult", "InputError", "InputTypeError", "MODELS", "ModelConfig",
+    "Counts", "DramResult", "DramTooLong", "FlexBlockMask", "GradResult", "InputError", "InputTypeError", "MODELS",
+    "ModelConfig",
     "ModelReport",
     "PredictResult", "SearchTooLargeError", "SimResult", "Tensor", "TensorCounts", "Tiling", "attention_backward_ref",
-    "attention_ref", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model", "predict",
+    "attention_ref", "block_mask", "cascade", "chunked_prefill", "count", "dram", "gradients", "load_config", "model",
+    "predict",
     "register", "simulate", "simulate_cascade", "sinks_gradient_ref",
 ]

@@ -11,6 +11,7 @@ from iosim.algorithms import (
     block_sparse_skip,
     flash,
     flash_swapped,
+    flex,
     small_cache,
     split_kv,
     standard,
@@ -28,6 +29,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     block_sparse_skip.ALGORITHM.name: block_sparse_skip.ALGORITHM,
     small_cache.ALGORITHM.name: small_cache.ALGORITHM,
     split_kv.ALGORITHM.name: split_kv.ALGORITHM,
+    flex.ALGORITHM.name: flex.ALGORITHM,
 }
 DEFAULT = flash.ALGORITHM.name  # what `iosim run` simulates unless told otherwise
 

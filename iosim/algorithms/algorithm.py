@@ -63,6 +63,13 @@ BLOCK_TABLE = Tensor("block_table", "pages", "1", "input", "index", kv=True)
 SINKS = Tensor("sinks", "packed", "1", "input", "stat")
 # and their gradient, which a backward pass that takes them writes: Σ over the head's rows of −P_sink·D
 DSINKS = Tensor("dsinks", "packed", "1", "output", "stat")
+# A FlexAttention block mask's index tensors (Problem.flex), int32, as create_block_mask builds them: per query block
+# the number of partial (kv_num_blocks) and of full (full_kv_num_blocks) key blocks, and their indices; one copy per
+# K/V head (the mask is every head's), which each query head reads as its own
+FLEX_INDICES = (Tensor("kv_num_blocks", "T_r", "1", "input", "index", kv=True),
+                Tensor("kv_indices", "T_r", "T_c", "input", "index", kv=True),
+                Tensor("full_kv_num_blocks", "T_r", "1", "input", "index", kv=True),
+                Tensor("full_kv_indices", "T_r", "T_c", "input", "index", kv=True))
 # FP8 data's descales (Problem.fp8): one float32 each for Q, K and V per K/V head, as FlashAttention-3's FP8 forward
 # takes q_descale, k_descale and v_descale of (batch, kv_heads); every thread block reads its head's three once
 DESCALES = Tensor("descale", "1", "QKV", "input", "stat", kv=True)
@@ -81,7 +88,7 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8", "block_mask")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,8 @@ class Needs:
     latent: bool = False
     # it has an FP8 forward (Problem.fp8, a dtype of FP8_DTYPES): each thread block reads its head's descales
     fp8: bool = False
+    # it runs over a FlexAttention block mask (Problem.flex), on the mask's blocks, which it needs: its only mask
+    flex: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,7 +184,7 @@ class Algorithm:
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
                 "seqlens": self.needs.splits is None, "sinks": self.needs.sinks,
-                "latent": self.needs.latent, "fp8": self.needs.fp8}[option]
+                "latent": self.needs.latent, "fp8": self.needs.fp8, "block_mask": self.needs.flex}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
         """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
@@ -203,6 +212,15 @@ class Algorithm:
             raise InputError(f"latent for {self.name}, pass {pass_!r}: it reads V apart from K, not MLA's latent "
                              f"cache; allowed: latent=False, or the forward pass of one that reads it: "
                              f"{[a.name for a in algorithms if a.accepts('latent')]}")
+        takers = [a.name for a in algorithms if a.accepts("block_mask")]
+        if pb.flex is not None and not (self.accepts("block_mask") and pass_ == "fwd"):
+            raise InputError(f"block_mask for {self.name}, pass {pass_!r}: it runs over no FlexAttention block mask; "
+                             f"allowed: block_mask=None, or the forward pass of one that does: {takers}")
+        if self.accepts("block_mask") and (pb.flex is None or pb.causal or pb.has_mask):
+            why = ("it needs one (iosim.block_mask)" if pb.flex is None else
+                   "its block mask is its only mask (iosim.variants.flex.causal makes a causal one)")
+            raise InputError(f"{self.name} with block_mask={getattr(pb.flex, 'name', None)!r}, causal={pb.causal}, "
+                             f"an explicit mask {pb.has_mask}: {why}; allowed: a block mask, causal=False, no mask")
         if pb.fp8 and not (self.accepts("fp8") and pass_ == "fwd"):
             raise InputError(f"dtype={pb.dtype!r} for {self.name}, pass {pass_!r}: it has no FP8 path "
                              f"(FlashAttention-3's FP8 kernels are forward only); allowed: a dtype of 2 or more bytes, "
@@ -224,13 +242,20 @@ class Algorithm:
         """Whether a command that names no algorithm lists it for ``pass_``, given the OPTIONS the user set: one that
         adds a block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no
         window (no packed documents, no sinks in that pass, no latent cache, no FP8 path) is left out when a window
-        (documents, sinks, MLA's latent cache, an FP8 dtype) is set."""
+        (documents, sinks, MLA's latent cache, an FP8 dtype) is set; one that runs over a FlexAttention block mask
+        is listed exactly when one is given."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
                 and ("seqlens" not in given or self.accepts("seqlens"))
                 and ("sinks" not in given or self.takes_sinks(pass_))
                 and ("latent" not in given or self.accepts("latent") and pass_ == "fwd")
-                and ("fp8" not in given or self.accepts("fp8") and pass_ == "fwd"))
+                and ("fp8" not in given or self.accepts("fp8") and pass_ == "fwd")
+                and ("block_mask" in given) == self.accepts("block_mask"))
+
+    def own_tiling(self, pb: Problem) -> Tiling | None:
+        """The tiling its runs take whatever the block policy: a FlexAttention block mask's blocks, for one that runs
+        over it (``Needs.flex``); None for the others."""
+        return Tiling(pb.flex.Br, pb.flex.Bc) if self.needs.flex and pb.flex is not None else None
 
     def run_problem(self, pb: Problem) -> Problem:
         """The problem as it runs it: packed by GQA group when it serves a group from one K/V load."""
@@ -284,7 +309,9 @@ def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
     backward = DOUT in own  # a backward pass writes the sinks' gradient beside its own
     inputs = tuple(t for t in INPUTS if not (pb.latent and t.name == "V"))  # MLA's V is columns of the latent K
-    return (inputs + ((DESCALES,) if pb.fp8 else ())
+    flex = () if pb.flex is None else FLEX_INDICES + tuple(
+        Tensor(name, "N", "1", "input", "index", kv=True) for name in pb.flex.reads)  # what its function reads
+    return (inputs + ((DESCALES,) if pb.fp8 else ()) + flex
             + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
             + ((SINKS,) if pb.sinks else ()) + own + ((DSINKS,) if pb.sinks and backward else ()))
 

@@ -155,6 +155,9 @@ class Splits:
         """Key block size → how many the splits of every query block of ``size`` rows read together."""
         return {b_j: n for b_i, b_j, n in self.tiles.pairs() if b_i == size}
 
+    def nested_plans(self, t: int) -> list[tuple[Blocks, dict[int, int]]]:
+        return [(self.nested(t), self.nested_sizes(self.size(t)))]
+
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """Split-KV forward on Q, K, V (and mask) in ``mem``, on the packed problem; leaves O, l, m in HBM."""

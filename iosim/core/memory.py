@@ -84,7 +84,7 @@ class Memory:
         self._peak = 0
         self._flops = Flops()
         self._weight = 1  # count-only: how many blocks the current one stands for
-        self._plan = None  # count-only: (nested blocks, weight, nested sizes) of the enclosing loop
+        self._plan = None  # count-only: [(nested blocks, weight, nested sizes)] of the enclosing loop's nested loops
         self.on_compute: Callable[[Flops], None] | None = None  # sees the arithmetic so far after each step
 
     # --- HBM ---------------------------------------------------------------
@@ -213,26 +213,29 @@ class Memory:
 
         Numeric mode yields every block. Count-only mode yields one block of each size,
         weighting its traffic by how many blocks of that size the loop visits. Inside
-        such a block, the loop over its nested blocks (``blocks.nested(t)``) stands for
-        the nested loops of every block of its size: it yields one nested block of each
-        size, weighted by how many (block, nested block) pairs of those sizes there are.
-        A loop over blocks that do not depend on the enclosing block is weighted by
-        their own count.
+        such a block, each loop over its nested blocks (``blocks.nested_plans(t)``: one, or
+        several one after another) stands for the nested loops of every block of its size:
+        it yields one nested block of each size, weighted by how many (block, nested block)
+        pairs of those sizes there are. A loop over blocks that do not depend on the
+        enclosing block is weighted by their own count.
         """
         if self.numeric:
             for t in blocks:
                 yield t, blocks.axis.slice(t)
             return
         outer, plan = self._weight, self._plan
-        if plan is not None and blocks == plan[0]:
-            base, weights = plan[1], [(blocks.axis.first_of_size(size), n) for size, n in plan[2].items()]
+        match = next((p for p in plan if p[0] == blocks), None) if plan is not None else None
+        if match is not None:  # taken: a later nested loop over equal blocks (none, say) is the next entry's
+            plan.remove(match)
+            base, weights = match[1], [(blocks.axis.first_of_size(size), n) for size, n in match[2].items()]
         else:
             base, weights = outer, blocks.classes()
         try:
             for t, count in weights:
                 self._weight = base * count
-                if blocks.nested is not None:  # what the loop nested in block t will stand for
-                    self._plan = (blocks.nested(t), base, blocks.nested_sizes(blocks.axis.size(t)))
+                nested = blocks.nested_plans(t)
+                if nested:  # what the loops nested in block t will stand for
+                    self._plan = [(inner, base, sizes) for inner, sizes in nested]
                 yield t, blocks.axis.slice(t)
         finally:
             self._weight, self._plan = outer, plan

@@ -50,6 +50,18 @@ class BlockMask(Protocol):
     def mask(self, T_r: int, T_c: int) -> np.ndarray: ...
 
 
+class FlexMask(Protocol):
+    """What a problem holds of a FlexAttention block mask: ``iosim.variants.flex.FlexBlockMask`` (full, partial and
+    empty blocks of a mask function; the flex algorithm reads it, the problem only carries it)."""
+
+    name: str
+    Br: int
+    Bc: int
+    reads: tuple[str, ...]
+    T_r: int
+    T_c: int
+
+
 UNBOUNDED = -1  # a side of a window that hides nothing, as flash-attn's window_size spells it
 
 
@@ -213,6 +225,9 @@ class Problem:
     # (and RoPE key) per token, shared by every query head, and V is its first d_v columns; no V tensor is read, an
     # algorithm that takes it (Needs.latent) uses the columns of K_j already on chip
     latent: bool = False
+    # a FlexAttention block mask (iosim.block_mask) of the problem's N_q and N_k, which the algorithms that take one
+    # (Needs.flex) run over; checked where it enters the API
+    flex: FlexMask | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -282,12 +297,15 @@ class Problem:
 
     def dim(self, name: str) -> int:
         """A size by the name tensors use for it: N_q, N_k, d (of Q and K), d_v (of V and O), 1, the pages of a paged
-        K/V cache, the query heads packed into one head's rows (``packed``: 1, or a GQA group), or QKV (3: one FP8
-        descale each for Q, K and V)."""
+        K/V cache, the query heads packed into one head's rows (``packed``: 1, or a GQA group), QKV (3: one FP8
+        descale each for Q, K and V), N (max(N_q, N_k)), or a FlexAttention block mask's T_r and T_c."""
         if name == "pages":
             return -(-self.shape.n_k // self.page_size) if self.page_size else 1
         s = self.shape
-        return {"N_q": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": s.d_v, "1": 1, "packed": self.packed, "QKV": 3}[name]
+        if name in ("T_r", "T_c"):  # a FlexAttention block mask's query and key blocks
+            return getattr(self.flex, name)
+        return {"N_q": s.n_q, "N_k": s.n_k, "d": s.d, "d_v": s.d_v, "1": 1, "packed": self.packed, "QKV": 3,
+                "N": max(s.n_q, s.n_k)}[name]
 
     def record(self) -> dict:
         """The problem as the records of every command carry it: sizes, options and dtype, None for an option not
@@ -299,7 +317,7 @@ class Problem:
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,
                 "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks,
-                "latent": self.latent}
+                "latent": self.latent, "flex_mask": None if self.flex is None else self.flex.name}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

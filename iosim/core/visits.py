@@ -94,6 +94,8 @@ class Blocks:
     runs: tuple[range, ...]
     nested: Callable[[int], Blocks] | None = None
     pairs: Callable[[], dict[tuple[int, int], int]] | None = None
+    # further loops nested in each block, after ``nested``'s: (the blocks of block t, their pairs), one per loop
+    siblings: tuple[tuple[Callable[[int], Blocks], Callable[[], dict[tuple[int, int], int]]], ...] = ()
 
     def __iter__(self) -> Iterator[int]:
         for run in self.runs:
@@ -118,6 +120,15 @@ class Blocks:
     def nested_sizes(self, size: int) -> dict[int, int]:
         """Nested block size → how many nested blocks of that size all blocks of ``size`` visit together."""
         return {inner: n for (outer, inner), n in self.pairs().items() if outer == size}
+
+    def nested_plans(self, t: int) -> list[tuple[Blocks, dict[int, int]]]:
+        """Each loop nested in block t, in order, with its ``nested_sizes``: what ``Memory.loop`` weights them by."""
+        if self.nested is None:
+            return []
+        size = self.axis.size(t)
+        return [(self.nested(t), self.nested_sizes(size))] + [
+            (nested(t), {inner: n for (outer, inner), n in pairs().items() if outer == size})
+            for nested, pairs in self.siblings]
 
 
 class PairCounts:

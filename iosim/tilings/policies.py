@@ -108,6 +108,12 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
     ``sms`` SMs when the policy fills the GPU and no tiling is given
     (``Algorithm.with_splits``).
     """
+    own = algo.own_tiling(pb)
+    if own is not None:  # a FlexAttention block mask's blocks
+        if tiling is not None and tiling.capped(pb) != own:
+            raise InputError(f"tiling={tiling} for {algo.name}: it runs on its block mask's blocks, {own}; allowed: "
+                             f"tiling=None, or that one")
+        return _checked(algo, pb, M, own)
     if tiling is not None:
         tiling = algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
         return paging.aligned(pb, tiling, fixed=True)
