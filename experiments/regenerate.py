@@ -110,6 +110,7 @@ OUTPUTS = (
     figure("shared_prefix", "shared_prefix", ("shared_prefix",), 1.1),
     figure("sdpa_dram", "sdpa_dram", ("sdpa_dram",), 1.5),
     figure("modern_attention", "modern_attention", ("mla_decode", "gpt_oss_layers"), 4.5),
+    figure("flex_masks", "flex_masks", ("flex_masks",), 3.2),
     Output("model_gemma3", "python -m iosim model gemma-3-27b --N 8Ki --algo flash-swapped split-kv flash",
            ("docs/figures/model_gemma3.json", "docs/figures/model_gemma3.png"),
            ("--plot", "{root}/docs/figures/model_gemma3.png", "--json", "{root}/docs/figures/model_gemma3.json"), FAST,

@@ -32,7 +32,7 @@ def smallest_M(N: int, d: int) -> int:
 
 
 # The algorithms plotted: the block-sparse ones need a block mask and without one repeat flash.
-DENSE = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
+DENSE = [name for name, a in iosim.ALGORITHMS.items() if a.listed_by_default(())]  # no block mask to use
 # The experiments, declared as data.
 VS_N = dict(M=100_000, ds=(64, 128), Ns=[2**e for e in range(8, 17)])
 VS_M = dict(N=4096, d=64, Ms=[smallest_M(4096, 64) * 2**e for e in range(0, 10)] + [262_144])

@@ -41,8 +41,8 @@ from iosim.plans import Plan, Request
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import PredictResult, SimResult
 from iosim.tilings.policies import choose_tiling
-from iosim.variants.paging import check_page_size
 from iosim.variants.flex import check_flex_mask
+from iosim.variants.paging import check_page_size
 from iosim.variants.sparsity import check_block_sparsity
 from iosim.variants.varlen import check_seqlens, gather, packed, scatter
 
@@ -237,7 +237,8 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                              f"predict take mask=True or False")
     full_mask = check_mask(mask, shape)
     sink_logits = None if sinks is None else check_sinks(sinks, shape.heads)
-    if check_flag("latent", latent) and not (shape.d_v <= shape.d and np.array_equal(v, k[..., :shape.d_v])):
+    if check_flag("latent", latent) and not (shape.d_v <= shape.d and np.array_equal(
+            v, k[..., :shape.d_v], equal_nan=bool(allow_nonfinite))):
         raise InputError(f"latent=True with v of shape {v.shape} and k of {k.shape}: MLA's latent cache has V as the "
                          f"first d_v columns of K; allowed: v equal to k[..., :d_v]")
     pb = Problem(shape, tau=check_scale(scale, shape.d), causal=check_flag("causal", causal),

@@ -54,7 +54,7 @@ def test_bound_command_saves_records_and_plot(tmp_path):
                                            "--json", str(js), "--out", str(png)]))
     records = json.loads(js.read_text())
     # no block mask: dense ones
-    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
+    dense = [name for name, a in iosim.ALGORITHMS.items() if a.listed_by_default(())]
     assert len(records) == 5 * len(dense) and png.stat().st_size > 10_000
     best = [r for r in records if r["best"]]
     assert [r["ratio"] for r in best] == [p.ratio for p in sweep.points]

@@ -12,7 +12,8 @@ import iosim
 from iosim.cli import build_parser, main, run
 from iosim.serving.cascade import merge_rows
 
-MERGING = [name for name, a in iosim.ALGORITHMS.items() if {"l", "m"} <= set(a.outputs())]
+MERGING = [name for name, a in iosim.ALGORITHMS.items()
+           if {"l", "m"} <= set(a.outputs()) and a.listed_by_default(("block_sparsity",))]  # flex needs a block mask
 PAGED = [name for name, a in iosim.ALGORITHMS.items() if a.accepts("page_size")]
 
 

@@ -13,7 +13,7 @@ from iosim.cli import build_parser, main, run
 from iosim.core.counts import combined
 from iosim.plans import Plan
 
-DENSE = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
+DENSE = [name for name, a in iosim.ALGORITHMS.items() if a.listed_by_default(())]  # no block mask to use
 
 
 def chunk_by_chunk(algorithm, N, C, d, M, prefix=0, **options):

@@ -18,8 +18,8 @@ def parse(*argv):
 def test_default_sweep_grid_counts_every_algorithm():
     out = run(parse("sweep", "--M", "100k"))
     assert isinstance(out, SweepOutcome)
-    # no --sparsity: dense ones
-    dense = [name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity")]
+    # no --sparsity, no --flex-mask: those that need no block mask
+    dense = [name for name, a in iosim.ALGORITHMS.items() if a.listed_by_default(())]
     assert [r.algorithm for r in out.rows[::18]] == dense and len(out.rows) == len(dense) * 9 * 2
     assert {r.N for r in out.rows} == {2**e for e in range(8, 17)} and {r.d for r in out.rows} == {64, 128}
     for r in out.rows:

@@ -20,6 +20,9 @@ import pytest
 from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 import iosim
+from iosim.variants.flex import causal
+
+FLEX_CAUSAL = iosim.block_mask(causal(10, 10), 10, block=(4, 4))  # the flex hand case's block mask
 
 CASES = [
     # ---------------------------------------------------------------- flash (Alg. 1/2) ----
@@ -307,6 +310,16 @@ CASES = [
          # step 1: S_ij (6) + mask tile (6) = 12 > S_ij + columns (6 + 5); step 2: S_ij (6) + 4·2 = 14;
          # step 3: O_i (2·2) + 2 + 2 = 8
          peak=2 * 3 + 4 * 2),
+    # FlexAttention over a causal block mask: N = 10, d = 2, blocks of 4 × 4 (sizes 4, 4, 2). Tiles below the
+    # diagonal are full, (1, 0), (2, 0), (2, 1); the diagonal's partial; above it empty. Query blocks 0, 1, 2 visit
+    # key rows 4, 4 + 4, 4 + 4 + 2: K and V read 22 rows of d. Two counts per query block, one index per tile.
+    Hand("flex-causal", "flex", 4, 4,
+         dict(N=10, d=2, M=64, block_mask=FLEX_CAUSAL),
+         reads={"Q": 10 * 2, "K": 22 * 2, "V": 22 * 2, "kv_num_blocks": 3, "full_kv_num_blocks": 3,
+                "kv_indices": 3, "full_kv_indices": 3},
+         writes={"O": 10 * 2, "l": 10, "m": 10},
+         # a 4 × 4 tile: Q_i, O_i (4·2 each), K_j, V_j (4·2 each), S_ij (16), ℓ_i, m_i, m_new, ℓ̃ (4 each)
+         peak=4 * 2 * 4 + 16 + 4 * 4),
 ]
 
 IDS = [c.id for c in CASES]
@@ -349,9 +362,11 @@ def inputs(case: Hand):
 def test_numeric_run_equals_hand(case):
     q, k, v, mask = inputs(case)
     opts = {key: case.shape[key] for key in ("causal", "dropout_p") if key in case.shape}
-    sparsity = case.shape.get("block_sparsity")
+    sparsity, flex = case.shape.get("block_sparsity"), case.shape.get("block_mask")
     r = iosim.simulate(case.algorithm, q, k, v, M=case.shape["M"], mask=mask, block_sparsity=sparsity,
-                       tiling=case.tiling, seed=5, **opts)
+                       block_mask=flex, tiling=case.tiling, seed=5, **opts)
+    if flex is not None:  # the mask function's own mask
+        mask = flex.element_mask()
     assert_counts_equal_hand(case, r.traffic, "simulate")
     if sparsity is not None:  # every element of a zero tile is masked out
         blocks = np.array(sparsity.blocks)

@@ -13,7 +13,7 @@ from iosim.cli import build_parser, main, run
 
 TOL = 1e-10  # both sides compute in float64; only the order of summation differs
 PER_HEAD = [
-    name for name, a in iosim.ALGORITHMS.items() if not a.accepts("block_sparsity") and not a.needs.packs_groups
+    name for name, a in iosim.ALGORITHMS.items() if a.listed_by_default(()) and not a.needs.packs_groups
 ]
 
 

@@ -7,7 +7,7 @@ policy-driven test and failed here (standard-eager's elementwise passes hold one
 not two, without a mask or dropout).
 """
 
-from helpers import BACKWARD_NAMES
+from helpers import ALGORITHM_NAMES, BACKWARD_NAMES
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
@@ -15,7 +15,7 @@ import iosim
 
 
 @settings(max_examples=300, deadline=None)
-@given(algorithm_pass=st.sampled_from([(name, "fwd") for name in sorted(iosim.ALGORITHMS)] +
+@given(algorithm_pass=st.sampled_from([(name, "fwd") for name in sorted(ALGORITHM_NAMES)] +
                                       [(name, "bwd") for name in sorted(BACKWARD_NAMES)]),
        n_q=st.integers(1, 300), n_k=st.integers(1, 300), d=st.integers(1, 40), Br=st.integers(1, 300),
        Bc=st.integers(1, 300), M=st.integers(10, 200_000), causal=st.booleans(), mask=st.booleans(),

@@ -253,7 +253,7 @@ def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
 
 
 @pytest.mark.parametrize("option, message", [
-    (dict(has_mask=True), "explicit or block mask"),
+    (dict(has_mask=True), "explicit, block-sparse or FlexAttention block mask"),
     (dict(window=iosim.Band(16, 0)), r"window=\(16, 0\)"),
     (dict(page_size=16), "page_size=16"),
     (dict(seqlens=(64, 30)), "seqlens"),

@@ -131,3 +131,25 @@ def test_a_model_with_latent_attention_reports_its_latent_cache_bytes(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert ("KV cache: 1.15KB a token a layer (one latent of 512 and a RoPE key of 64, × 2 B, shared by every head)"
             in out)
+
+
+def test_a_latent_cache_with_nan_is_taken_where_nonfinite_inputs_are(capsys):
+    rng = np.random.default_rng(3)
+    q, k, v = latent_qkv(rng, 1, 4, 3, 20, 8, 4)
+    k[0, 0, 5, 0] = np.nan
+    v = k[..., :4].copy()  # the latent's NaN is V's too
+    got = iosim.simulate("split-kv", q, k, v, M=4000, latent=True, allow_nonfinite=True)
+    assert np.isnan(got.out).any()
+    with pytest.raises(InputError, match="non-finite"):  # and refused, as every input is, without the flag
+        iosim.simulate("split-kv", q, k, v, M=4000, latent=True)
+    assert cli_main(["run", "--algo", "split-kv", "--N", "1", "--d", "8", "--d-v", "16", "--latent"]) == 2
+    assert "--latent with --d-v 16 > --d 8" in capsys.readouterr().err
+
+
+def test_an_mla_config_with_grouped_kv_heads_is_refused_as_contradictory():
+    from iosim.models.hf_config import from_hf_config
+
+    config = {"num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": 2, "kv_lora_rank": 512,
+              "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+    with pytest.raises(InputError, match="num_key_value_heads=4 with kv_lora_rank=512"):
+        from_hf_config(config, source="config.json")

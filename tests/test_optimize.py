@@ -180,7 +180,8 @@ def test_swapped_constant_tends_to_four(d, M):
 
 def test_optimize_confirms_and_compares():
     results = optimize(N=1000, N_k=777, d=40, M=5000, causal=True, top=2)
-    assert [r.algorithm for r in results] == list(ALGORITHMS)
+    # every algorithm whose tiling is searched: flex's is its block mask's
+    assert [r.algorithm for r in results] == [name for name, a in ALGORITHMS.items() if not a.accepts("block_mask")]
     for r in results:
         assert r.measured == ALGORITHMS[r.algorithm].traffic(r.problem, r.best[0].tiling, r.M)
         assert r.best[0].traffic < r.best[1].traffic and len(r.best) == 2

@@ -21,7 +21,7 @@ from iosim.cli import build_parser, main, run
 from iosim.core.counts import combined
 from iosim.registry import ALGORITHMS
 
-PACKING = [name for name, a in ALGORITHMS.items() if a.accepts("seqlens")]
+PACKING = [name for name, a in ALGORITHMS.items() if a.accepts("seqlens") and not a.accepts("block_mask")]
 BACKWARD = [name for name in PACKING if ALGORITHMS[name].backward is not None]
 AWKWARD = [1, 113, 239]
 BIG_M = 10**6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 from iosim.api import PASSES, backward_of
@@ -16,6 +17,7 @@ from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import POLICIES
+from iosim.variants.flex import FlexBlockMask, named_mask
 from iosim.variants.sparsity import PATTERNS, BlockSparsity
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
@@ -99,6 +101,12 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-v", type=count_arg, default=None,
                    help="head size of V and of the output O, apart from Q's and K's --d (MLA's heads: --d 192 --d-v "
                         "128; default: d)")
+    p.add_argument("--flex-mask", nargs="+", default=None, metavar="NAME",
+                   help="a FlexAttention block mask, which flex runs over: causal, window W, document (of --seqlens), "
+                        "prefix_lm P, sinks_window K W (StreamingLLM), or module:function, a mask function of (b, h, "
+                        "q_idx, kv_idx)")
+    p.add_argument("--flex-block", type=count_arg, nargs=2, default=[128, 128], metavar=("B_r", "B_c"),
+                   help="the block mask's blocks (default 128 128, FlexAttention's)")
     p.add_argument("--latent", action="store_true",
                    help="multi-head latent attention's cache, projections absorbed (DeepSeek-V3 decoding, FlashMLA): "
                         "V is the first --d-v columns of K, which alone is read; split-kv and flash-swapped take it")
@@ -184,14 +192,33 @@ def window_of(args: argparse.Namespace) -> tuple[int, int] | None:
 
 
 def lengths_of(args: argparse.Namespace, default):
-    """--N, or with --seqlens (packed documents) their longest; --N and --N-k are refused beside --seqlens."""
+    """--N, or with --seqlens (packed documents) their longest (with ``--flex-mask document``, their sum: one
+    sequence, the mask keeping each document to itself); --N and --N-k are refused beside --seqlens."""
     if args.seqlens is None:
         return default if args.N is None else args.N
     if args.N is not None or args.N_k is not None:
         given = " ".join(f"{flag} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
                          for flag, value in (("--N", args.N), ("--N-k", args.N_k)) if value is not None)
         raise InputError(f"{given} with --seqlens: the documents set the lengths; allowed: --seqlens alone")
-    return max(args.seqlens)
+    return sum(args.seqlens) if flex_documents(args) else max(args.seqlens)
+
+
+def flex_documents(args: argparse.Namespace) -> bool:
+    """Whether --seqlens are the documents of ``--flex-mask document`` rather than packed documents of their own."""
+    return (getattr(args, "flex_mask", None) or [None])[0] == "document"
+
+
+def documents(args: argparse.Namespace) -> list[int] | None:
+    """The packed documents a command counts (--seqlens), None where a FlexAttention document mask takes them."""
+    return None if flex_documents(args) else args.seqlens
+
+
+def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMask] | None:
+    """--flex-mask NAME [ARG ...] as the block mask of a problem's (N_q, N_k), in blocks of --flex-block; None
+    without one."""
+    if getattr(args, "flex_mask", None) is None:
+        return None
+    return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=args.flex_block, seqlens=args.seqlens)
 
 
 def band_title(pb: Problem) -> str:
@@ -216,7 +243,8 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
              + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
              + ("sinks",) * bool(getattr(args, "sinks", False))
              + ("latent",) * bool(getattr(args, "latent", False))
-             + ("fp8",) * (getattr(args, "dtype", None) in FP8_DTYPES))
+             + ("fp8",) * (getattr(args, "dtype", None) in FP8_DTYPES)
+             + ("block_mask",) * (getattr(args, "flex_mask", None) is not None))
     pass_ = getattr(args, "pass_", "fwd")
     return [name for name, a in ALGORITHMS.items()
             if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]

@@ -137,7 +137,8 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     found = [r for r in outcome.results if isinstance(r, Optimum)]
     first = found[0]
     s = first.problem.shape
-    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}, batch·heads={s.bh}, M={first.M:,} elements, "
+    console.print(f"N_q={s.n_q:,}, N_k={s.n_k:,}, d={s.d}{f', d_v={s.d_v}' if s.d_v != s.d else ''}, "
+                  f"batch·heads={s.bh}, M={first.M:,} elements, "
                   f"{band_title(first.problem)}, {PASS_TITLES[pass_]}"
                   f"{f', K/V in pages of {first.problem.page_size} tokens' if first.problem.page_size else ''}"
                   f"{mask_title(first.problem)}"

@@ -16,6 +16,8 @@ from iosim.cli.common import (
     block_sparsity,
     check_backward,
     count_arg,
+    documents,
+    flex_mask_for,
     hardware_of,
     lengths_of,
     seed_arg,
@@ -91,13 +93,20 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "
                          f"forward (decode) pass only; allowed: --pass fwd")
+    if args.latent and args.d_v is not None and args.d_v > args.d:
+        raise InputError(f"--latent with --d-v {args.d_v} > --d {args.d}: V is the first d_v columns of the latent K; "
+                         f"allowed: --d-v <= --d")
     if args.latent and args.pass_ != "fwd":
         raise InputError(f"--latent with --pass {args.pass_}: MLA's latent cache is read by the forward (decode) pass "
                          f"only; a training step runs MLA's heads expanded (--d 192 --d-v 128); allowed: --pass fwd")
+    if args.flex_mask is not None and args.pass_ != "fwd":
+        raise InputError(f"--flex-mask with --pass {args.pass_}: flex, which runs over a FlexAttention block mask, has "
+                         f"a forward pass only; allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     N = lengths_of(args, 1000)
     n_k = args.N_k or N
-    docs = args.seqlens
+    docs = documents(args)
+    flex = None if args.flex_mask is None else flex_mask_for(args)(N, n_k)
     batch = args.batch if docs is None else len(docs)  # a bound: every document padded to the longest
     d_v = args.d if args.d_v is None else args.d_v
     shape = dict(N=N, N_k=n_k, d=args.d, batch=batch, heads=args.heads, kv_heads=args.kv_heads, d_v=d_v)
@@ -125,7 +134,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
             result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, latent=args.latent,
-                              **run_options)
+                              block_mask=flex, **run_options)
         outputs = (result.out,)
     else:
         do = rng.standard_normal(q.shape[:3] + (d_v,))
@@ -140,6 +149,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         on_simulated(result)
     if sparsity is not None:  # the reference masks out every element of a zero tile
         options["mask"] = element_mask(sparsity, result.forward_tiling, N, n_k)  # both passes' tiling
+    if flex is not None:  # the mask function's own mask
+        options["mask"] = flex.element_mask()
     err = rel = None
     spans = [slice(None)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
     if not args.no_check and args.pass_ == "fwd":  # packed documents: each against the reference alone

@@ -14,6 +14,8 @@ from iosim.cli.common import (
     block_sparsity,
     check_backward,
     count_arg,
+    documents,
+    flex_mask_for,
     hardware_of,
     lengths_of,
     window_of,
@@ -60,7 +62,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
             takers = [a for a in ALGORITHMS if ALGORITHMS[a].accepts(option)]
             out.append(f"{flag} {value:g} applies to {', '.join(takers)} only; ignored by {', '.join(ignoring)}")
     if args.algo is None:  # a window or packed documents leave out the algorithms that take none: say which
-        for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", args.seqlens),
+        for option, flag, value in (("window", "--window", args.window), ("seqlens", "--seqlens", documents(args)),
                                     ("sinks", "--sinks", args.sinks or None),
                                     ("latent", "--latent", args.latent or None),
                                     ("fp8", f"--dtype {args.dtype}", args.dtype if args.dtype in FP8_DTYPES else None)):
@@ -76,10 +78,12 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
     if args.gpu is not None:  # an option no kernel grid takes (the L2 model's own refusal) leaves rows no DRAM bytes
-        pb = count_problem(None if args.seqlens else _Ns(args)[0], args.d[0], args.N_k, heads=args.heads,
+        N, masks = _Ns(args)[0], flex_mask_for(args)
+        pb = count_problem(None if documents(args) else N, args.d[0], args.N_k, heads=args.heads,
                            kv_heads=args.kv_heads, causal=args.causal, window=window_of(args),
-                           page_size=args.page_size, seqlens=args.seqlens, block_sparsity=block_sparsity(args),
-                           sinks=args.sinks, d_v=args.d_v, latent=args.latent, dtype=args.dtype)
+                           page_size=args.page_size, seqlens=documents(args), block_sparsity=block_sparsity(args),
+                           sinks=args.sinks, d_v=args.d_v, latent=args.latent, dtype=args.dtype,
+                           block_mask=None if masks is None else masks(N, args.N_k or N))
         try:
             check_launchable(pb)
         except InputError as err:
@@ -119,17 +123,18 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=RESUME_REQUIRED) as writer:
-        rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=args.seqlens, batch=args.batch,
+        rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=documents(args), batch=args.batch,
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
-                         latent=args.latent)
+                         latent=args.latent, block_mask_for=flex_mask_for(args))
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
 def _Ns(args: argparse.Namespace) -> list[int]:
-    """The lengths of the grid: --N, the default grid, or with --seqlens the longest document alone."""
+    """The lengths of the grid: --N, the default grid, or with --seqlens the longest document alone (with a
+    FlexAttention document mask, their sum)."""
     return lengths_of(args, list(DEFAULT_N)) if args.seqlens is None else [lengths_of(args, None)]
 
 

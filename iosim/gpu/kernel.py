@@ -78,9 +78,10 @@ def check_launchable(pb: Problem) -> None:
     """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
     read no explicit or block mask, no block table and no attention sinks, skip no tiles outside a sliding window,
     launch one sequence per batch entry, not varlen's packed documents, and take one head size for Q, K and V."""
-    if pb.has_mask or pb.block_sparsity is not None:
-        raise InputError("an explicit or block mask: no GPU kernel of iosim takes one, so the L2 model has no grid "
-                         "for it; allowed: has_mask=False, block_sparsity=None")
+    if pb.has_mask or pb.block_sparsity is not None or pb.flex is not None:
+        raise InputError("an explicit, block-sparse or FlexAttention block mask: no GPU kernel of iosim takes one, so "
+                         "the L2 model has no grid for it; allowed: has_mask=False, block_sparsity=None, "
+                         "block_mask=None")
     if pb.band.sliding:
         raise InputError(f"window=({pb.band.left}, {pb.band.right}): no GPU kernel of iosim takes a sliding "
                          f"window, so the L2 model has no grid for it; allowed: full attention, or causal (-1, 0)")

@@ -75,6 +75,10 @@ class ModelConfig:
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
             raise InputError(f"kv_lora_rank={self.kv_lora_rank!r} with qk_rope_head_dim={self.qk_rope_head_dim!r}: "
                              f"multi-head latent attention needs both, other attention neither")
+        if self.mla and self.kv_heads != self.heads:
+            raise InputError(f"num_key_value_heads={self.kv_heads} with kv_lora_rank={self.kv_lora_rank}: multi-head "
+                             f"latent attention expands one K/V head per query head; allowed: num_key_value_heads = "
+                             f"num_attention_heads = {self.heads}")
         if self.mla and not self.qk_rope_head_dim < self.head_dim:
             raise InputError(f"qk_rope_head_dim={self.qk_rope_head_dim} of a head of {self.head_dim}: the RoPE key is "
                              f"part of the head, beside qk_nope_head_dim >= 1")

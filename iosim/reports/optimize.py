@@ -115,7 +115,9 @@ def optimize(algorithms: Iterable[str | Algorithm] | None = None, *, N, d, M, N_
     user_pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dtype=dtype, kv_heads=kv_heads,
                             window=window, page_size=page_size, block_sparsity=block_sparsity, d_v=d_v)
     M = parse_size(M, dtype)
-    algos = [get_algorithm(a) for a in (ALGORITHMS if algorithms is None else algorithms)]
+    # by default every algorithm whose tiling is searched: flex runs on its block mask's
+    algos = [get_algorithm(a) for a in ([n for n, a in ALGORITHMS.items() if not a.accepts("block_mask")]
+                                         if algorithms is None else algorithms)]
     out: list[Optimum | InputError] = []
     for algo in algos:
         pb = algo.run_problem(user_pb)  # c is the same on either: bh·N_q is unchanged by packing

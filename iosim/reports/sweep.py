@@ -80,6 +80,7 @@ class SweepRow:
     schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.hardware.SCHEDULES); None: lockstep
     d_v: int | None = None  # V's and O's head size where it differs from d (Q's and K's); None when equal
     latent: bool = False  # MLA's latent cache: V read as the first d_v columns of K (Problem.latent)
+    flex_mask: str | None = None  # the FlexAttention block mask's name (Problem.flex); None without one
     sinks: bool = False  # learned attention sinks read (Problem.sinks)
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
     dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (a count that would take too long)
@@ -154,7 +155,7 @@ class SweepRow:
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
                "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
-               "blocks_per_sm", "schedule", "kernel", "sinks", "d_v", "latent")
+               "blocks_per_sm", "schedule", "kernel", "sinks", "d_v", "latent", "flex_mask")
 # what a record written before a key existed means by its absence
 CONFIG_DEFAULTS = {"pass": "fwd", "sinks": False, "latent": False}
 # fields every sweep record has held since the first release: a file to --resume from must have them
@@ -165,7 +166,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
               page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None,
-              sinks: bool = False, d_v=None, latent: bool = False) -> SweepRow:
+              sinks: bool = False, d_v=None, latent: bool = False, block_mask=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -182,7 +183,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     traffic padded to the longest. ``hw`` is ``gpu`` resolved with the user's overrides of the L2 model (capacity,
     blocks per SM, schedule); None: the preset's own. ``sinks`` reads learned attention sinks, refused by an
     algorithm that takes none. ``d_v`` is V's and O's head size (None: d), and ``latent`` reads V as the first d_v
-    columns of K (MLA's latent cache), refused by an algorithm that takes none.
+    columns of K (MLA's latent cache), refused by an algorithm that takes none; ``block_mask`` is a FlexAttention
+    block mask of N and N_k (``iosim.block_mask``), which flex runs over and the others refuse.
     """
     preset = None if gpu is None else get_gpu(gpu)
     if hw is None and gpu is not None:
@@ -191,8 +193,9 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
                         page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel, sinks=sinks, d_v=d_v,
-                        latent=latent)
-    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, d_v=d_v, latent=latent, M=M, batch=batch,
+                        latent=latent, block_mask=block_mask)
+    options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, d_v=d_v, latent=latent,
+                   block_mask=block_mask, M=M, batch=batch,
                    heads=heads,
                    causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window, sinks=sinks,
@@ -201,7 +204,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                    page_size=config["page_size"])
     pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p,
                        dtype=dtype, block_sparsity=options["block_sparsity"], kv_heads=kv_heads, window=window,
-                       page_size=config["page_size"], seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent)
+                       page_size=config["page_size"], seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent,
+                       block_mask=block_mask)
     try:  # planned once: the count and the closed form evaluate the same request
         request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, splits=config["requested_splits"],
                        gpu=gpu)
@@ -230,7 +234,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
                block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
                page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None,
-               sinks: bool = False, d_v=None, latent: bool = False) -> dict:
+               sinks: bool = False, d_v=None, latent: bool = False, block_mask=None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None, and the L2 model's overrides None where not given (the
     schedule None for lockstep), as rows written before they existed have them."""
@@ -251,7 +255,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
                 **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
                 kernel=named_for(algorithm, kernel) if hw is not None else None, sinks=sinks,
-                d_v=None if d_v in (None, d) else d_v, latent=latent)
+                d_v=None if d_v in (None, d) else d_v, latent=latent, flex_mask=getattr(block_mask, "name", None))
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -271,13 +275,14 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
               splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None,
               hw: Hardware | None = None, kernel: str | None = None, sinks: bool = False, d_v=None,
-              latent: bool = False) -> list[SweepRow]:
+              latent: bool = False, block_mask_for: Callable[[int, int], object] | None = None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
     ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row. With ``seqlens``
     (packed documents, iosim.variants.varlen) each row counts them, and ``Ns`` should be their longest alone.
-    ``d_v`` (None: each d) is V's and O's head size in every row; ``latent`` reads MLA's latent cache in every row.
+    ``d_v`` (None: each d) is V's and O's head size in every row; ``latent`` reads MLA's latent cache in every row;
+    ``block_mask_for(N_q, N_k)`` makes each row's FlexAttention block mask.
     """
     rows = []
     if hw is None and gpu is not None:
@@ -286,14 +291,23 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
                    splits=splits, window=window, page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel,
                    sinks=sinks, d_v=d_v, latent=latent)
+    masks: dict[int, object] = {}  # each N's block mask, made once for every algorithm and d
+
+    def mask_of(N: int):
+        if block_mask_for is not None and N not in masks:
+            masks[N] = block_mask_for(N, N_k or N)
+        return masks.get(N)
+
     configs = sweep_configs(algorithms, Ns, ds)
     if configs:  # before any row: a named algorithm that refuses the window, the documents or the sinks
         _, N, d = configs[0]
         pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, window=window, dtype=dtype,
-                           seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent)
+                           seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent,
+                           block_mask=mask_of(N))
         for algorithm in dict.fromkeys(a for a, _, _ in configs):
             get_algorithm(algorithm).refuse_options(pb, pass_, ALGORITHMS.values())
     for algorithm, N, d in configs:
+        options["block_mask"] = mask_of(N)
         config = row_config(algorithm, N, d, **options)
         done = config_key({"algorithm": algorithm, "M": parse_size(M, dtype), "pass": pass_, **config})
         if writer and done in writer.done:

@@ -53,7 +53,8 @@ def paper(algo: Algorithm, pb: Problem, M: int) -> Tiling:
                "the paper's rule leaves no room for the S tile and the statistics; use block policy 'fit'")
         raise BlockSizeError(
             f"block policy 'paper' gives B_r={tiling.Br}, B_c={tiling.Bc} (B = {rule} = {B}) for {algo.name} at "
-            f"d={pb.shape.d}, whose working set of {need} elements exceeds M={M}: {why}"
+            f"d={pb.shape.d}{f', d_v={d_v}' if d_v != d else ''}, whose working set of {need} elements exceeds "
+            f"M={M}: {why}"
         )
     return tiling
 

@@ -68,7 +68,8 @@ def check_fits(algo: Algorithm, pb: Problem, M: int) -> None:
     smallest = smallest_working_set(algo, pb, M)
     if smallest > M:
         raise BlockSizeError(
-            f"M={M} is below the smallest working set of {algo.name} at d={pb.shape.d}, N_q={pb.shape.n_q}, "
+            f"M={M} is below the smallest working set of {algo.name} at d={pb.shape.d}"
+            f"{f', d_v={pb.shape.d_v}' if pb.shape.d_v != pb.shape.d else ''}, N_q={pb.shape.n_q}, "
             f"N_k={pb.shape.n_k}: {smallest} elements (B_r = B_c = 1); allowed range M >= {smallest}"
         )
 

@@ -1,0 +1,172 @@
+"""FlexAttention: block masks from a mask function (``iosim.block_mask``) and the ``flex`` algorithm over them.
+
+Held here: the blocks' kinds against a brute force over every pair; flex's outputs against float64 attention with the
+mask function's element mask, on awkward shapes and every named mask; every count equal to its closed form
+(Hypothesis, over random masks); against the dense algorithms where the mask is dense or causal (flash-swapped visits
+the same tiles and moves the same Q, K, V and O); torch's create_block_mask and flex_attention where torch is
+installed; the command line; everything else refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import relative_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iosim
+from iosim.cli import main as cli_main
+from iosim.variants import flex as F
+
+NAMED = {
+    "causal": lambda n_q, n_k: F.causal(n_q, n_k),
+    "window": lambda n_q, n_k: F.window(n_q, n_k, 37),
+    "prefix_lm": lambda n_q, n_k: F.prefix_lm(n_q, n_k, 20),
+    "sinks_window": lambda n_q, n_k: F.sinks_window(n_q, n_k, 4, 30),
+}
+
+
+def brute_kinds(keep: np.ndarray, Br: int, Bc: int) -> np.ndarray:
+    """Each tile's kind by looking at every element: 0 empty, 1 partial, 2 full."""
+    T_r, T_c = -(-keep.shape[0] // Br), -(-keep.shape[1] // Bc)
+    out = np.empty((T_r, T_c), dtype=int)
+    for i in range(T_r):
+        for j in range(T_c):
+            tile = keep[i * Br:(i + 1) * Br, j * Bc:(j + 1) * Bc]
+            out[i, j] = 2 if tile.all() else 1 if tile.any() else 0
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+@pytest.mark.parametrize("n_q, n_k, block", [(1, 1, (128, 128)), (113, 239, (16, 32)), (239, 113, (32, 7)),
+                                             (239, 239, (64, 64))])
+def test_flex_matches_float64_and_its_closed_form(name, n_q, n_k, block):
+    mask_mod = NAMED[name](n_q, n_k)
+    bm = iosim.block_mask(mask_mod, n_q, n_k, block=block)
+    keep = bm.element_mask()
+    assert np.array_equal(bm.kinds, brute_kinds(keep, bm.Br, bm.Bc))
+    rng = np.random.default_rng(n_q + n_k)
+    q = rng.standard_normal((2, 3, n_q, 12))
+    k, v = rng.standard_normal((2, 3, n_k, 12)), rng.standard_normal((2, 3, n_k, 5))
+    got = iosim.simulate("flex", q, k, v, M=20_000, block_mask=bm, dropout_p=0.2, seed=7)
+    ref = iosim.attention_ref(q, k, v, mask=keep, dropout_p=0.2, seed=7)
+    assert relative_error(got.out, ref.out) < 1e-12
+    sizes = dict(N=n_q, N_k=n_k, d=12, d_v=5, batch=2, heads=3, M=20_000, block_mask=bm, dropout_p=0.2)
+    counted = iosim.count("flex", **sizes)
+    assert got.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
+    assert got.flops == counted.flops == iosim.predict("flex", **sizes).flops
+    assert (got.tiling.Br, got.tiling.Bc) == (bm.Br, bm.Bc)
+
+
+def test_a_document_mask_reads_its_ids_on_partial_blocks_only():
+    # documents of 100, 37 and 163 tokens, blocks of 64: the ids of a partial block's 64 + 64 rows are read, a full
+    # block reads none
+    lengths = [100, 37, 163]
+    bm = iosim.block_mask(F.document(300, 300, lengths), 300, block=(64, 64), reads=("doc_ids",))
+    r = iosim.count("flex", N=300, d=16, M=30_000, block_mask=bm)
+    counts = bm.counts()
+    partial_rows = sum((min(64, 300 - 64 * i) + min(64, 300 - 64 * j)) for i, j in zip(*np.nonzero(bm.kinds == 1)))
+    assert r.traffic.tensor("doc_ids").reads == partial_rows
+    assert r.traffic.tensor("kv_indices").reads == counts["partial"]
+    assert r.traffic.tensor("full_kv_indices").reads == counts["full"]
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 300, 16)) for _ in range(3))
+    got = iosim.simulate("flex", q, k, v, M=30_000, block_mask=bm)
+    ref = np.concatenate([iosim.attention_ref(q[:, :, a:a + L], k[:, :, a:a + L], v[:, :, a:a + L], causal=True).out
+                          for a, L in zip(np.cumsum([0, *lengths]), lengths)], axis=2)
+    assert relative_error(got.out, ref) < 1e-12
+    assert got.traffic == iosim.count("flex", N=300, d=16, M=30_000, block_mask=bm, heads=2).traffic
+
+
+@pytest.mark.parametrize("n_q, n_k", [(239, 239), (113, 239), (240, 64)])
+def test_a_causal_mask_moves_what_flash_swapped_causal_moves(n_q, n_k):
+    bm = iosim.block_mask(F.causal(n_q, n_k), n_q, n_k, block=(32, 16))
+    flex = iosim.count("flex", N=n_q, N_k=n_k, d=16, M=20_000, block_mask=bm, heads=2).traffic
+    dense = iosim.count("flash-swapped", N=n_q, N_k=n_k, d=16, M=20_000, heads=2, causal=True,
+                        tiling=iosim.Tiling(32, 16)).traffic
+    for name in ("Q", "K", "V", "O", "l", "m"):
+        assert flex.tensor(name) == dense.tensor(name), name
+    # and a mask that hides nothing moves what the dense swapped loop moves, every block full
+    full = iosim.block_mask(lambda b, h, q, kv: kv >= 0, n_q, n_k, block=(32, 16))
+    assert full.counts()["partial"] == full.counts()["empty"] == 0
+    flex = iosim.count("flex", N=n_q, N_k=n_k, d=16, M=20_000, block_mask=full).traffic
+    dense = iosim.count("flash-swapped", N=n_q, N_k=n_k, d=16, M=20_000, tiling=iosim.Tiling(32, 16)).traffic
+    assert all(flex.tensor(name) == dense.tensor(name) for name in ("Q", "K", "V", "O", "l", "m"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_q=st.integers(1, 200), n_k=st.integers(1, 200), Br=st.integers(1, 64), Bc=st.integers(1, 64),
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), d=st.integers(1, 32), d_v=st.integers(1, 32),
+       heads=st.sampled_from([1, 3]))
+def test_flex_counts_equal_their_closed_form_on_random_masks(n_q, n_k, Br, Bc, density, seed, d, d_v, heads):
+    table = np.random.default_rng(seed).random((n_q, n_k)) < density
+    bm = iosim.block_mask(lambda b, h, q, kv: table[q, kv], n_q, n_k, block=(Br, Bc), reads=("ids",))
+    sizes = dict(N=n_q, N_k=n_k, d=d, d_v=d_v, heads=heads, M=10**6, block_mask=bm)
+    counted = iosim.count("flex", **sizes)
+    assert counted.traffic == iosim.predict("flex", **sizes).exact
+    assert np.array_equal(bm.kinds, brute_kinds(table, bm.Br, bm.Bc))
+
+
+def test_flex_against_torch_where_installed():
+    torch = pytest.importorskip("torch")
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention")
+    n = 256
+
+    def mask_mod(b, h, q, kv):
+        return ((q >= kv) & ((q - kv < 100) | (kv < 4)))
+
+    theirs = flex_attention.create_block_mask(mask_mod, None, None, n, n, device="cpu", BLOCK_SIZE=64)
+    mine = iosim.block_mask(mask_mod, n, block=(64, 64))
+    full = theirs.full_kv_num_blocks[0, 0].numpy() if theirs.full_kv_num_blocks is not None else 0
+    assert np.array_equal((mine.kinds == 2).sum(axis=1), full)
+    assert np.array_equal((mine.kinds == 1).sum(axis=1), theirs.kv_num_blocks[0, 0].numpy())
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, n, 16)) for _ in range(3))
+    want = flex_attention.flex_attention(*(torch.from_numpy(x) for x in (q, k, v)), block_mask=theirs).numpy()
+    assert relative_error(iosim.simulate("flex", q, k, v, M=30_000, block_mask=mine).out, want) < 1e-10
+
+
+def test_the_command_line_takes_named_masks_and_a_users_function(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sweep.json"
+    assert cli_main(["sweep", "--N", "1000", "--d", "64", "--flex-mask", "sinks_window", "4", "256", "--flex-block",
+                     "64", "64", "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    assert (record["algorithm"], record["flex_mask"], record["status"], record["ratio"]) == (
+        "flex", "sinks_window 4 256", "ok", 1.0)
+    assert (record["Br"], record["Bc"]) == (64, 64)
+    module = tmp_path / "my_masks.py"
+    module.write_text("def banded(b, h, q, kv):\n    return abs(q - kv) < 10\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    capsys.readouterr()
+    assert cli_main(["run", "--algo", "flex", "--N", "113", "--d", "8", "--flex-mask", "my_masks:banded",
+                     "--flex-block", "16", "16", "--M", "10k"]) == 0
+    assert "max |error| against float64 reference" in capsys.readouterr().out
+    assert cli_main(["sweep", "--d", "16", "--flex-mask", "document", "--seqlens", "100", "37", "163", "--flex-block",
+                     "64", "64", "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    assert (record["N"], record["flex_mask"], record["seqlens"], record["ratio"]) == (300, "document", None, 1.0)
+
+
+def test_what_does_not_fit_is_refused_by_name(capsys):
+    bm = iosim.block_mask(F.causal(64, 64), 64, block=(32, 32))
+    with pytest.raises(iosim.InputError, match=r"block_mask for flash, pass 'fwd'"):
+        iosim.count("flash", N=64, d=8, M=10_000, block_mask=bm)
+    with pytest.raises(iosim.InputError, match="flex with block_mask=None.*it needs one"):
+        iosim.count("flex", N=64, d=8, M=10_000)
+    with pytest.raises(iosim.InputError, match="its block mask is its only mask"):
+        iosim.count("flex", N=64, d=8, M=10_000, block_mask=bm, causal=True)
+    with pytest.raises(iosim.InputError, match="block_mask made for N_q=64, N_k=64 on a problem of N_q=65"):
+        iosim.count("flex", N=65, d=8, M=10_000, block_mask=bm)
+    with pytest.raises(iosim.InputError, match="it runs on its block mask's blocks"):
+        iosim.count("flex", N=64, d=8, M=10_000, block_mask=bm, tiling=iosim.Tiling(16, 16))
+    with pytest.raises(iosim.BlockSizeError, match="above M=100"):
+        iosim.count("flex", N=64, d=8, M=100, block_mask=bm)
+    with pytest.raises(iosim.InputError, match="mask_mod returned float64"):
+        iosim.block_mask(lambda b, h, q, kv: q * 1.0 + kv, 8)
+    with pytest.raises(iosim.InputError, match="--flex-mask window takes 1 argument"):
+        F.named_mask(["window"], 64, 64)
+    assert cli_main(["sweep", "--N", "64", "--d", "8", "--flex-mask", "no_such_mask"]) == 2
+    assert "allowed: one of" in capsys.readouterr().err
