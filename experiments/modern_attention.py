@@ -9,7 +9,9 @@ H100 preset in float16; nothing here runs on a GPU:
   projections reads) and the GQA of Llama-3.1-405B (128 query heads on 8 K/V heads of 128), and each one's KV cache
   a token a layer;
 - ``gpt_oss_layers``: gpt-oss-120b's two kinds of layer, a 128-token banded window with learned sinks and full
-  causal attention, in prefill (flash-swapped) and in decoding (split-kv), against the context.
+  causal attention, in prefill (flash-swapped) and in decoding (split-kv), against the context;
+- ``fp8_decode``: Llama-3-70B's decoding (split-kv) and prefill (flash-swapped) in float16 and in FP8 (e4m3, as
+  FlashAttention-3's FP8 forward: one byte an element, descales, O in bfloat16), one layer, against the context.
 
 Usage: python -m experiments.modern_attention [--figures docs/figures]
            [--json experiments/results/modern_attention.json]
@@ -41,11 +43,13 @@ EXPANDED = replace(DEEPSEEK, name="DeepSeek-V3, heads as K and V", kv_lora_rank=
 DECODE = {"MLA latent (DeepSeek-V3)": DEEPSEEK, "heads as K and V (DeepSeek-V3 expanded)": EXPANDED,
           "GQA 128/8 × 128 (Llama-3.1-405B)": PRESETS["llama-3.1-405b"]}
 GPT_OSS = "gpt-oss-120b"
+FP8 = {"float16": "float16", "float8_e4m3": "float8_e4m3"}
+LLAMA = "llama-3-70b"
 
 
-def layer_bytes(cfg, phase: str, n: int, algorithm: str) -> dict[str, int]:
+def layer_bytes(cfg, phase: str, n: int, algorithm: str, dtype: str = DTYPE) -> dict[str, int]:
     """HBM bytes of one layer of each kind of ``cfg`` in ``phase`` at ``n`` tokens (decoding: context n)."""
-    report = iosim.model(cfg, N=n, phases=[phase], algorithms=[algorithm], gpu=GPU, dtype=DTYPE)
+    report = iosim.model(cfg, N=n, phases=[phase], algorithms=[algorithm], gpu=GPU, dtype=dtype)
     (cost,) = report.phases[0].ran
     if not all(layer.exact for layer in cost.layers):
         raise RuntimeError(f"{cfg.name} {phase} N={n}: a count differs from its closed form")
@@ -58,7 +62,11 @@ def collect() -> dict:
               for label, cfg in DECODE.items() for c in CONTEXTS]
     banded = [dict(phase=phase, algorithm=algorithm, N=n, **layer_bytes(GPT_OSS, phase, n, algorithm))
               for phase, algorithm in (("prefill", "flash-swapped"), ("decode", "split-kv")) for n in CONTEXTS]
-    return dict(gpu=GPU, dtype=DTYPE, contexts=CONTEXTS, mla_decode=decode, gpt_oss=banded)
+    fp8 = [dict(phase=phase, algorithm=algorithm, dtype=dtype, N=n,
+                bytes=layer_bytes(LLAMA, phase, n, algorithm, dtype)["global"])
+           for phase, algorithm in (("prefill", "flash-swapped"), ("decode", "split-kv")) for dtype in FP8
+           for n in CONTEXTS[:6]]
+    return dict(gpu=GPU, dtype=DTYPE, contexts=CONTEXTS, mla_decode=decode, gpt_oss=banded, fp8=fp8)
 
 
 def plot(data: dict) -> dict[str, Figure]:
@@ -88,13 +96,28 @@ def plot(data: dict) -> dict[str, Figure]:
     axes[0].set_ylabel("HBM MB, one layer, with its sinks")
     fig2.suptitle("gpt-oss-120b: banded (128) against full layers, H100 preset, float16", fontsize=10)
     fig2.tight_layout()
-    return {"mla_decode": fig, "gpt_oss_layers": fig2}
+    fig3, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
+    for ax3, phase in zip(axes, ("prefill", "decode")):
+        for dtype, style in zip(FP8, ("o-", "s--")):
+            rows = [r for r in data["fp8"] if r["phase"] == phase and r["dtype"] == dtype]
+            ax3.plot([r["N"] for r in rows], [r["bytes"] / 1e6 for r in rows], style, label=dtype)
+        ax3.set_xscale("log", base=2)
+        ax3.set_yscale("log")
+        ax3.set_xlabel("context (tokens)")
+        ax3.set_title(f"{phase} ({rows[0]['algorithm']})", fontsize=10)
+        ax3.legend(fontsize=8)
+    axes[0].set_ylabel("HBM MB, one layer")
+    fig3.suptitle("Llama-3-70B in float16 and FP8 (FlashAttention-3's FP8 forward), H100 preset", fontsize=10)
+    fig3.tight_layout()
+    return {"mla_decode": fig, "gpt_oss_layers": fig2, "fp8_decode": fig3}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     data = run(__doc__, "modern_attention", collect, plot, argv, dpi=120)
     for r in data["mla_decode"]:
         print(f"{r['model']:42} context {r['context']:>7,}  {r['bytes'] / 1e6:10.2f} MB")
+    for r in data["fp8"]:
+        print(f"Llama-3-70B {r['phase']:8} {r['dtype']:12} N {r['N']:>7,}  {r['bytes'] / 1e6:10.2f} MB")
     for r in data["gpt_oss"]:
         print(f"gpt-oss-120b {r['phase']:8} N {r['N']:>7,}  global {r['global'] / 1e6:10.2f} MB  "
               f"local {r['local 128'] / 1e6:8.2f} MB")

@@ -109,7 +109,7 @@ OUTPUTS = (
     figure("paged_kv", "paged_kv", ("paged_kv",), 1.1),
     figure("shared_prefix", "shared_prefix", ("shared_prefix",), 1.1),
     figure("sdpa_dram", "sdpa_dram", ("sdpa_dram",), 1.5),
-    figure("modern_attention", "modern_attention", ("mla_decode", "gpt_oss_layers"), 4.5),
+    figure("modern_attention", "modern_attention", ("mla_decode", "gpt_oss_layers", "fp8_decode"), 5.0),
     figure("flex_masks", "flex_masks", ("flex_masks",), 3.2),
     Output("model_gemma3", "python -m iosim model gemma-3-27b --N 8Ki --algo flash-swapped split-kv flash",
            ("docs/figures/model_gemma3.json", "docs/figures/model_gemma3.png"),
