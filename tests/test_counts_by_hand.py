@@ -310,13 +310,14 @@ CASES = [
          # step 1: S_ij (6) + mask tile (6) = 12 > S_ij + columns (6 + 5); step 2: S_ij (6) + 4·2 = 14;
          # step 3: O_i (2·2) + 2 + 2 = 8
          peak=2 * 3 + 4 * 2),
-    # FlexAttention over a causal block mask: N = 10, d = 2, blocks of 4 × 4 (sizes 4, 4, 2). Tiles below the
-    # diagonal are full, (1, 0), (2, 0), (2, 1); the diagonal's partial; above it empty. Query blocks 0, 1, 2 visit
+    # FlexAttention over a causal block mask: N = 10, d = 2, blocks of 4 × 4 (sizes 4, 4, 2). Below the diagonal,
+    # (1, 0) is full; (2, 0) and (2, 1) attend everywhere but have 2 rows, and a ragged block is never full (torch
+    # pads the mask with False), so they are partial like the diagonal's; above it empty. Query blocks 0, 1, 2 visit
     # key rows 4, 4 + 4, 4 + 4 + 2: K and V read 22 rows of d. Two counts per query block, one index per tile.
     Hand("flex-causal", "flex", 4, 4,
          dict(N=10, d=2, M=64, block_mask=FLEX_CAUSAL),
          reads={"Q": 10 * 2, "K": 22 * 2, "V": 22 * 2, "kv_num_blocks": 3, "full_kv_num_blocks": 3,
-                "kv_indices": 3, "full_kv_indices": 3},
+                "kv_indices": 5, "full_kv_indices": 1},
          writes={"O": 10 * 2, "l": 10, "m": 10},
          # a 4 × 4 tile: Q_i, O_i (4·2 each), K_j, V_j (4·2 each), S_ij (16), ℓ_i, m_i, m_new, ℓ̃ (4 each)
          peak=4 * 2 * 4 + 16 + 4 * 4),

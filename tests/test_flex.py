@@ -30,13 +30,14 @@ NAMED = {
 
 
 def brute_kinds(keep: np.ndarray, Br: int, Bc: int) -> np.ndarray:
-    """Each tile's kind by looking at every element: 0 empty, 1 partial, 2 full."""
+    """Each tile's kind by looking at every element, as torch's create_block_mask pads the mask with False to whole
+    blocks: 0 empty, 1 partial, 2 full (every one of its B_r·B_c entries attends, so never a ragged one)."""
     T_r, T_c = -(-keep.shape[0] // Br), -(-keep.shape[1] // Bc)
     out = np.empty((T_r, T_c), dtype=int)
     for i in range(T_r):
         for j in range(T_c):
             tile = keep[i * Br:(i + 1) * Br, j * Bc:(j + 1) * Bc]
-            out[i, j] = 2 if tile.all() else 1 if tile.any() else 0
+            out[i, j] = 2 if tile.shape == (Br, Bc) and tile.all() else 1 if tile.any() else 0
     return out
 
 
@@ -58,7 +59,7 @@ def test_flex_matches_float64_and_its_closed_form(name, n_q, n_k, block):
     counted = iosim.count("flex", **sizes)
     assert got.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
     assert got.flops == counted.flops == iosim.predict("flex", **sizes).flops
-    assert (got.tiling.Br, got.tiling.Bc) == (bm.Br, bm.Bc)
+    assert (got.tiling.Br, got.tiling.Bc) == (min(bm.Br, n_q), min(bm.Bc, n_k))  # its blocks, capped to the lengths
 
 
 def test_a_document_mask_reads_its_ids_on_partial_blocks_only():
@@ -89,9 +90,12 @@ def test_a_causal_mask_moves_what_flash_swapped_causal_moves(n_q, n_k):
                         tiling=iosim.Tiling(32, 16)).traffic
     for name in ("Q", "K", "V", "O", "l", "m"):
         assert flex.tensor(name) == dense.tensor(name), name
-    # and a mask that hides nothing moves what the dense swapped loop moves, every block full
+    # and a mask that hides nothing moves what the dense swapped loop moves: every block full but the ragged ones,
+    # which torch's padding makes partial
     full = iosim.block_mask(lambda b, h, q, kv: kv >= 0, n_q, n_k, block=(32, 16))
-    assert full.counts()["partial"] == full.counts()["empty"] == 0
+    T_r, T_c, ragged_q, ragged_k = -(-n_q // 32), -(-n_k // 16), n_q % 32 != 0, n_k % 16 != 0
+    assert full.counts()["empty"] == 0
+    assert full.counts()["partial"] == ragged_q * T_c + ragged_k * T_r - ragged_q * ragged_k
     flex = iosim.count("flex", N=n_q, N_k=n_k, d=16, M=20_000, block_mask=full).traffic
     dense = iosim.count("flash-swapped", N=n_q, N_k=n_k, d=16, M=20_000, tiling=iosim.Tiling(32, 16)).traffic
     assert all(flex.tensor(name) == dense.tensor(name) for name in ("Q", "K", "V", "O", "l", "m"))
@@ -135,7 +139,7 @@ def test_the_command_line_takes_named_masks_and_a_users_function(tmp_path, capsy
                      "64", "64", "--json", str(out)]) == 0
     (record,) = json.loads(out.read_text())
     assert (record["algorithm"], record["flex_mask"], record["status"], record["ratio"]) == (
-        "flex", "sinks_window 4 256", "ok", 1.0)
+        "flex", "sinks_window 4 256, blocks 64x64", "ok", 1.0)
     assert (record["Br"], record["Bc"]) == (64, 64)
     module = tmp_path / "my_masks.py"
     module.write_text("def banded(b, h, q, kv):\n    return abs(q - kv) < 10\n")
@@ -147,7 +151,8 @@ def test_the_command_line_takes_named_masks_and_a_users_function(tmp_path, capsy
     assert cli_main(["sweep", "--d", "16", "--flex-mask", "document", "--seqlens", "100", "37", "163", "--flex-block",
                      "64", "64", "--json", str(out)]) == 0
     (record,) = json.loads(out.read_text())
-    assert (record["N"], record["flex_mask"], record["seqlens"], record["ratio"]) == (300, "document", None, 1.0)
+    assert (record["N"], record["flex_mask"], record["seqlens"], record["ratio"]) == (
+        300, "document 100 37 163, blocks 64x64", None, 1.0)
 
 
 def test_what_does_not_fit_is_refused_by_name(capsys):
@@ -170,3 +175,52 @@ def test_what_does_not_fit_is_refused_by_name(capsys):
         F.named_mask(["window"], 64, 64)
     assert cli_main(["sweep", "--N", "64", "--d", "8", "--flex-mask", "no_such_mask"]) == 2
     assert "allowed: one of" in capsys.readouterr().err
+
+
+def test_a_loop_that_passes_twice_over_its_nested_blocks_counts_both_passes():
+    # Memory.loop gives each of several loops nested in one block its own weights (flex's partial, then full), and a
+    # loop that passes twice over one set of nested blocks (a two-pass softmax) the same weights twice
+    from iosim.core.memory import Memory
+    from iosim.core.problem import CAUSAL
+    from iosim.core.visits import Axis, Visits
+
+    tiles = Visits(Axis(10, 2), Axis(10, 2), CAUSAL)
+
+    def reads(numeric: bool) -> int:
+        mem = Memory(10**6, bh=1, numeric=numeric)
+        mem.add_tensor("K", 10, 1, 2)
+        for i, _ in mem.loop(tiles.query_blocks()):
+            for _ in range(2):
+                for _, cols in mem.loop(tiles.keys_seen_by(i)):
+                    mem.free(mem.load("K", cols))
+        return mem.counts().tensor("K").reads
+
+    assert reads(False) == reads(True) == 2 * (2 + 4 + 6 + 8 + 10)  # query block i sees 2(i + 1) keys, twice
+
+
+def test_the_reviewed_edges_are_refused_or_counted_right(tmp_path, capsys):
+    bm = iosim.block_mask(F.causal(64, 64), 64, block=(16, 16))
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 64, 8)) for _ in range(3))
+    with pytest.raises(iosim.InputError, match="seqlens for flex"):
+        iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm, seqlens=[30, 34])
+    with pytest.raises(iosim.InputError, match="splits=2 for flex"):
+        iosim.count("flex", N=64, d=8, M=10**5, block_mask=bm, splits=2)
+    # an all-full mask whose function declares a read takes the M of its true peak (no partial block reads it)
+    full = iosim.block_mask(lambda b, h, q_, kv: kv >= 0, 64, block=(16, 16), reads=("ids",))
+    peak = iosim.count("flex", N=64, d=8, M=10**5, block_mask=full).traffic.peak_sram
+    assert iosim.count("flex", N=64, d=8, M=peak, block_mask=full).traffic.peak_sram == peak
+    # a sweep keeps masks of one name but other blocks apart, and refuses what flex refuses, and a length too long,
+    # before any row
+    out = tmp_path / "s.json"
+    base = ["sweep", "--N", "256", "--d", "64", "--M", "100k", "--flex-mask", "causal", "--json", str(out)]
+    assert cli_main(base) == 0 and cli_main([*base, "--flex-block", "32", "32", "--resume"]) == 0
+    assert sorted(r["flex_mask"] for r in json.loads(out.read_text())) == ["causal, blocks 128x128",
+                                                                         "causal, blocks 32x32"]
+    capsys.readouterr()
+    for argv, words in ((["--window", "10", "0"], "no algorithm takes window, block_mask together"),
+                        (["--N", "65536"], "--flex-mask at N=65,536"),
+                        (["--flex-mask", "os:getcwd"], "must be a function of (b, h, q_idx, kv_idx)")):
+        assert cli_main(["sweep", "--N", "256", "--d", "8", "--flex-mask", "causal", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err

@@ -183,7 +183,7 @@ class Algorithm:
         # cannot serve documents of every length (a short one has fewer K/V blocks than splits)
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
-                "seqlens": self.needs.splits is None, "sinks": self.needs.sinks,
+                "seqlens": self.needs.splits is None and not self.needs.flex, "sinks": self.needs.sinks,
                 "latent": self.needs.latent, "fp8": self.needs.fp8, "block_mask": self.needs.flex}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:

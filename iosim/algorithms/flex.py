@@ -26,37 +26,15 @@ from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
-from iosim.core.visits import Axis, Blocks
-from iosim.variants.flex import EMPTY, FULL, PARTIAL
-from iosim.variants.sparsity import SparseVisits
+from iosim.variants.flex import EMPTY, FULL, PARTIAL, flex_visits
 
 TENSORS = (OUTPUT, *STATISTICS)
-
-
-class FlexVisits:
-    """The tiles a FlexAttention run visits: every query block, nesting its partial key blocks and then its full
-    ones, each with its own pair counts (``SparseVisits`` over each kind)."""
-
-    def __init__(self, pb: Problem, tiling: Tiling):
-        kinds = pb.flex.kinds
-        self.q, self.k = Axis(pb.shape.n_q, tiling.Br), Axis(pb.shape.n_k, tiling.Bc)
-        self.partial = SparseVisits(self.q, self.k, kinds == PARTIAL, skips_empty_columns=True)
-        self.full = SparseVisits(self.q, self.k, kinds == FULL, skips_empty_columns=True)
-        self.kinds = kinds
-
-    def query_blocks(self) -> Blocks:
-        return Blocks(self.q, (range(self.q.T),), self.partial.keys_seen_by, self.partial._pair_counts,
-                      ((self.full.keys_seen_by, self.full._pair_counts),))
-
-    def visited(self) -> SparseVisits:
-        """Every tile it visits, partial or full."""
-        return SparseVisits(self.q, self.k, self.kinds != EMPTY, skips_empty_columns=True)
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     """FlexAttention's forward over ``pb``'s block mask; leaves O, ℓ, m in HBM."""
     d, d_v = pb.shape.d, pb.shape.d_v
-    tiles = FlexVisits(pb, tiling)
+    tiles = flex_visits(pb, tiling)
     for i, rows in mem.loop(tiles.query_blocks()):
         br = rows.stop - rows.start
         for counts in ("kv_num_blocks", "full_kv_num_blocks"):  # how many partial and full key blocks
@@ -93,9 +71,10 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 
 
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
-    # flash-swapped's: Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃); on a partial tile the mask function's
-    # reads, one entry per query and key row of each declared tensor
-    return tile_set(pb, tiling.Br, tiling.Bc, partial=True)
+    # flash-swapped's: Q_i, O_i + K_j, V_j + S_ij + (ℓ_i, m_i, m_new, ℓ̃); on a partial tile, where the mask has
+    # one, the mask function's reads, one entry per query and key row of each declared tensor
+    partial = pb.flex is not None and bool((pb.flex.kinds == PARTIAL).any())
+    return tile_set(pb, tiling.Br, tiling.Bc, partial=partial)
 
 
 def tile_set(pb: Problem, Br: int, Bc: int, partial: bool) -> int:
@@ -110,7 +89,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     and two counts per query block; the declared tensors' entries for every row of each partial tile.
     """
     n_q, d, d_v = pb.shape.n_q, pb.shape.d, pb.shape.d_v
-    tiles = FlexVisits(pb, tiling)
+    tiles = flex_visits(pb, tiling)
     partial, full = tiles.partial.pairs(), tiles.full.pairs()
     cols = sum(b_j * n for _, b_j, n in partial + full)  # key rows read, over every query block
     reads = {"Q": n_q * d, "K": cols * d, "kv_num_blocks": tiles.q.T, "full_kv_num_blocks": tiles.q.T,
@@ -128,7 +107,7 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, and B_r·B_c + B_r exponentials."""
-    pairs = FlexVisits(pb, tiling).visited().pairs()
+    pairs = flex_visits(pb, tiling).visited().pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)
     rows = sum(b_i * n for b_i, _, n in pairs)
     return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + rows).scaled(pb.shape.bh)

@@ -178,9 +178,15 @@ def absorb_gradients(pb: Problem, P_ij: Tile, dO_i: Tile, Q_i: Tile, K_j: Tile, 
     From P_ij and D_i = rowsum(dO_i ∘ O_i): dV_j += (P_ij ∘ Z_ij)ᵀ dO_i; dP_ij = (dO_i V_jᵀ) ∘ Z_ij,
     then dS_ij = P_ij ∘ (dP_ij − D_i) in place of dP_ij; dQ_i += τ dS_ij K_j and dK_j += τ dS_ijᵀ Q_i.
     """
-    dV_j.data += transpose(apply_dropout(pb, P_ij.data, rows, cols)) @ dO_i.data  # (bh, Bc, d)
-    dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # (bh, Br, Bc)
-    dP_ij.data = P_ij.data * (dP_ij.data - D_i.data)
+    dV_j.data += transpose(score_gradient(pb, P_ij, dO_i, V_j, D_i, dP_ij, rows, cols)) @ dO_i.data  # (bh, Bc, d_v)
     dQ_i.data = dQ_i.data + pb.tau * (dP_ij.data @ K_j.data)  # (bh, Br, d)
     dK_j.data += pb.tau * (transpose(dP_ij.data) @ Q_i.data)  # (bh, Bc, d)
+
+
+def score_gradient(pb: Problem, P_ij: Tile, dO_i: Tile, V_j: Tile, D_i: Tile, dP_ij: Tile, rows: slice,
+                   cols: slice) -> np.ndarray:
+    """dS_ij = P_ij ∘ (dP_ij − D_i) into dP_ij, dP_ij = (dO_i V_jᵀ) ∘ Z_ij; returns P_ij ∘ Z_ij, what dV_j takes."""
+    dP_ij.data = apply_dropout(pb, dO_i.data @ transpose(V_j.data), rows, cols)  # (bh, Br, Bc)
+    dP_ij.data = P_ij.data * (dP_ij.data - D_i.data)
+    return apply_dropout(pb, P_ij.data, rows, cols)
 

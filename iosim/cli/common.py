@@ -222,7 +222,9 @@ def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMas
 
 
 def band_title(pb: Problem) -> str:
-    """How a title names a problem's band: causal, a window, both, or no mask."""
+    """How a title names a problem's band: causal, a window, both, a FlexAttention block mask, or no mask."""
+    if pb.flex is not None:
+        return f"FlexAttention mask {pb.flex.label}"
     window = f"window ({pb.window.left}, {pb.window.right})" if pb.window is not None else ""
     causal = "causal" if pb.causal else ""
     return ", ".join(x for x in (causal, window) if x) or "no mask"
@@ -240,14 +242,18 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
         return args.algo
     given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
              + ("window",) * (window_of(args) is not None)
-             + ("seqlens",) * (getattr(args, "seqlens", None) is not None)
+             + ("seqlens",) * (getattr(args, "seqlens", None) is not None and not flex_documents(args))
              + ("sinks",) * bool(getattr(args, "sinks", False))
              + ("latent",) * bool(getattr(args, "latent", False))
              + ("fp8",) * (getattr(args, "dtype", None) in FP8_DTYPES)
              + ("block_mask",) * (getattr(args, "flex_mask", None) is not None))
     pass_ = getattr(args, "pass_", "fwd")
-    return [name for name, a in ALGORITHMS.items()
-            if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]
+    listed = [name for name, a in ALGORITHMS.items()
+              if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]
+    if not listed:
+        raise InputError(f"no algorithm takes {', '.join(given)} together{f' in pass {pass_!r}' * (pass_ != 'fwd')}; "
+                         f"allowed: fewer of them, or --algo NAME to be told which it refuses")
+    return listed
 
 
 def check_backward(algorithms: list[str], pass_: str) -> None:

@@ -254,8 +254,9 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
     from rich.table import Table
 
     pb = r.problem
-    sizes = f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else \
-        f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), "
+    sizes = (f"FlexAttention mask {pb.flex.label}, " if pb.flex is not None else "") + (
+        f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else
+        f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), ")
     table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: {sizes}"
                         f"d={pb.shape.d}{f', d_v={pb.shape.d_v}' if pb.shape.d_v != pb.shape.d else ''}, "
                         f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",

@@ -39,6 +39,7 @@ from iosim.reports.sweep import (
     run_sweep,
     sweep_configs,
 )
+from iosim.variants.flex import MAX_PAIRS
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | None = None) -> SweepOutcome:
     """Count the grid; ``on_row`` sees each row as it finishes (None for one skipped by --resume)."""
     M = resolve_M(args.M, args.gpu, args.dtype)
+    if args.flex_mask is not None:  # every block mask is evaluated pair by pair: refuse a length too long at once
+        longest = max(_Ns(args))
+        if longest * (args.N_k or longest) > MAX_PAIRS:
+            raise InputError(f"--flex-mask at N={longest:,}, N_k={args.N_k or longest:,}: a block mask evaluates "
+                             f"every pair, at most {MAX_PAIRS:.0e}; allowed: --N such that N·N_k <= {MAX_PAIRS:.0e}")
     sparsity = block_sparsity(args)
     hw = hardware_of(args)
     algorithms = algorithms_of(args)
@@ -150,7 +156,8 @@ def main(args: argparse.Namespace, console) -> None:
 
 def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
-               f"batch·heads = {first.batch * first.heads}", "causal" if first.causal else "no mask",
+               f"batch·heads = {first.batch * first.heads}",
+               f"FlexAttention mask {first.flex_mask}" if first.flex_mask else "causal" if first.causal else "no mask",
                *([f"window ({first.window_left}, {first.window_right})"] if first.window_left is not None else []),
                *(["learned attention sinks, one logit per query head"] if first.sinks else []),
                *([f"N_k = {first.N_k:,} (N is N_q)"] if any(r.N_k != r.N for r in rows) else []),

@@ -84,7 +84,8 @@ class Memory:
         self._peak = 0
         self._flops = Flops()
         self._weight = 1  # count-only: how many blocks the current one stands for
-        self._plan = None  # count-only: [(nested blocks, weight, nested sizes)] of the enclosing loop's nested loops
+        # count-only: [nested blocks, weight, nested sizes, taken] of each loop nested in the enclosing loop's block
+        self._plan = None
         self.on_compute: Callable[[Flops], None] | None = None  # sees the arithmetic so far after each step
 
     # --- HBM ---------------------------------------------------------------
@@ -224,9 +225,13 @@ class Memory:
                 yield t, blocks.axis.slice(t)
             return
         outer, plan = self._weight, self._plan
-        match = next((p for p in plan if p[0] == blocks), None) if plan is not None else None
-        if match is not None:  # taken: a later nested loop over equal blocks (none, say) is the next entry's
-            plan.remove(match)
+        # the first of the enclosing block's nested loops over these blocks that no loop has taken yet, else the
+        # first at all: several nested loops over equal blocks (none, say) each take their own entry, and a loop
+        # that passes twice over one set of blocks (two-pass softmax) takes its entry twice
+        equal = [p for p in plan if p[0] == blocks] if plan is not None else []
+        match = next((p for p in equal if not p[3]), equal[0] if equal else None)
+        if match is not None:
+            match[3] = True
             base, weights = match[1], [(blocks.axis.first_of_size(size), n) for size, n in match[2].items()]
         else:
             base, weights = outer, blocks.classes()
@@ -235,7 +240,7 @@ class Memory:
                 self._weight = base * count
                 nested = blocks.nested_plans(t)
                 if nested:  # what the loops nested in block t will stand for
-                    self._plan = [(inner, base, sizes) for inner, sizes in nested]
+                    self._plan = [[inner, base, sizes, False] for inner, sizes in nested]  # False: not taken yet
                 yield t, blocks.axis.slice(t)
         finally:
             self._weight, self._plan = outer, plan

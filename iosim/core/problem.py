@@ -55,6 +55,7 @@ class FlexMask(Protocol):
     empty blocks of a mask function; the flex algorithm reads it, the problem only carries it)."""
 
     name: str
+    label: str
     Br: int
     Bc: int
     reads: tuple[str, ...]
@@ -317,7 +318,7 @@ class Problem:
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,
                 "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks,
-                "latent": self.latent, "flex_mask": None if self.flex is None else self.flex.name}
+                "latent": self.latent, "flex_mask": None if self.flex is None else self.flex.label}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

@@ -255,7 +255,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
                 **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
                 kernel=named_for(algorithm, kernel) if hw is not None else None, sinks=sinks,
-                d_v=None if d_v in (None, d) else d_v, latent=latent, flex_mask=getattr(block_mask, "name", None))
+                d_v=None if d_v in (None, d) else d_v, latent=latent, flex_mask=getattr(block_mask, "label", None))
 
 
 def config_key(config: dict) -> tuple[str, ...]:

@@ -114,7 +114,7 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
         if tiling is not None and tiling.capped(pb) != own:
             raise InputError(f"tiling={tiling} for {algo.name}: it runs on its block mask's blocks, {own}; allowed: "
                              f"tiling=None, or that one")
-        return _checked(algo, pb, M, own)
+        return algo.with_splits(pb, _checked(algo, pb, M, own), splits, default=False, sms=sms, fixed=True)
     if tiling is not None:
         tiling = algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
         return paging.aligned(pb, tiling, fixed=True)

@@ -4,8 +4,9 @@ and empty blocks, as ``torch.nn.attention.flex_attention.create_block_mask`` mak
 ``block_mask(mask_mod, N_q, N_k, block=(128, 128))`` evaluates ``mask_mod(b, h, q_idx, kv_idx)`` (True = attend) on
 every (query, key) pair, a block row at a time, with numpy arrays of indices broadcast against each other, and sorts
 each B_r × B_c block: **full** (every pair attends: the kernel applies no mask), **partial** (some do: the kernel
-evaluates the mask function on it) or **empty** (none: the kernel never visits it). The mask is one for every batch
-entry and head (FlexAttention's ``B=None, H=None``): it is evaluated at b = h = 0.
+evaluates the mask function on it) or **empty** (none: the kernel never visits it). As torch pads the mask with
+False to whole blocks, a ragged last block (or a block longer than the sequence) is never full. The mask is one for
+every batch entry and head (FlexAttention's ``B=None, H=None``): it is evaluated at b = h = 0.
 
 The kernel reads the block mask's index tensors from HBM (``FLEX_TENSORS``, int32): for each query block the number of
 partial and of full key blocks, and one index per key block it visits. A mask function that reads a tensor (a
@@ -28,8 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
-from iosim.core.tiling import ceil_div
+from iosim.core.tiling import Tiling, ceil_div
 from iosim.core.units import parse_count
+from iosim.core.visits import Axis, Blocks
+from iosim.variants.sparsity import SparseVisits
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 MAX_PAIRS = 2 * 10**9  # (query, key) pairs a block mask evaluates: about a minute of numpy on one core
@@ -59,6 +62,11 @@ class FlexBlockMask:
     def T_c(self) -> int:
         return self.kinds.shape[1]
 
+    @property
+    def label(self) -> str:
+        """The name with the blocks: what records and titles carry, so that two masks of one name stay apart."""
+        return f"{self.name}, blocks {self.Br}x{self.Bc}"
+
     def counts(self) -> dict[str, int]:
         """How many blocks are full, partial and empty."""
         return {name: int(np.count_nonzero(self.kinds == kind))
@@ -73,9 +81,47 @@ class FlexBlockMask:
         return self.keep(slice(0, self.n_q), slice(0, self.n_k))
 
 
+class FlexVisits:
+    """The tiles a run over a block mask visits, in FlexAttention's two orders: every query block nesting its
+    partial key blocks and then its full ones (the forward, and the backward's dQ), and every key block nesting its
+    partial query blocks and then its full ones (the backward's dK, dV, over the transposed mask), each loop with its
+    own pair counts (``SparseVisits`` over each kind)."""
+
+    def __init__(self, kinds: np.ndarray, n_q: int, n_k: int, tiling: Tiling):
+        self.q, self.k = Axis(n_q, tiling.Br), Axis(n_k, tiling.Bc)
+        self.partial = SparseVisits(self.q, self.k, kinds == PARTIAL, skips_empty_columns=True)
+        self.full = SparseVisits(self.q, self.k, kinds == FULL, skips_empty_columns=True)
+        self.partial_t = SparseVisits(self.k, self.q, (kinds == PARTIAL).T, skips_empty_columns=True)
+        self.full_t = SparseVisits(self.k, self.q, (kinds == FULL).T, skips_empty_columns=True)
+        self.kinds = kinds
+
+    def query_blocks(self) -> Blocks:
+        """Every query block, nesting its partial key blocks, then its full ones."""
+        return Blocks(self.q, (range(self.q.T),), self.partial.keys_seen_by, self.partial._pair_counts,
+                      ((self.full.keys_seen_by, self.full._pair_counts),))
+
+    def key_blocks(self) -> Blocks:
+        """Every key block, nesting the query blocks of its partial tiles, then of its full ones."""
+        return Blocks(self.k, (range(self.k.T),), self.partial_t.keys_seen_by, self.partial_t._pair_counts,
+                      ((self.full_t.keys_seen_by, self.full_t._pair_counts),))
+
+    def visited(self) -> SparseVisits:
+        """Every tile visited, partial or full."""
+        return SparseVisits(self.q, self.k, self.kinds != EMPTY, skips_empty_columns=True)
+
+
+def flex_visits(pb, tiling: Tiling) -> FlexVisits:
+    """The tiles a run on ``pb`` (``Problem.flex`` set) visits."""
+    return FlexVisits(pb.flex.kinds, pb.shape.n_q, pb.shape.n_k, tiling)
+
+
 def evaluate(mask_mod: Callable, q_idx: np.ndarray, kv_idx: np.ndarray) -> np.ndarray:
     """``mask_mod`` on every pair of ``q_idx`` × ``kv_idx``: (len(q_idx), len(kv_idx)) booleans."""
-    out = np.asarray(mask_mod(np.int64(0), np.int64(0), q_idx[:, None], kv_idx[None, :]))
+    try:
+        out = np.asarray(mask_mod(np.int64(0), np.int64(0), q_idx[:, None], kv_idx[None, :]))
+    except TypeError as err:  # a user's function that does not take (b, h, q_idx, kv_idx) as numpy arrays
+        raise InputTypeError(f"mask_mod {_name_of(mask_mod)} must be a function of (b, h, q_idx, kv_idx) on numpy "
+                             f"index arrays: {err}") from None
     if out.dtype != np.bool_:
         raise InputTypeError(f"mask_mod returned {out.dtype}: it must return booleans (True = attend)")
     try:
@@ -99,7 +145,6 @@ def block_mask(mask_mod: Callable, N_q, N_k=None, *, block=(128, 128), name: str
     if isinstance(block, (str, bytes)) or not hasattr(block, "__len__") or len(block) != 2:
         raise InputTypeError(f"block={block!r} must be a pair (B_r, B_c) of whole numbers >= 1")
     Br, Bc = parse_count("block B_r", block[0]), parse_count("block B_c", block[1])
-    Br, Bc = min(Br, n_q), min(Bc, n_k)
     if n_q * n_k > MAX_PAIRS:
         raise InputError(f"a block mask over N_q × N_k = {n_q:,} × {n_k:,} pairs evaluates more than {MAX_PAIRS:.0e} "
                          f"of them; allowed: N_q·N_k <= {MAX_PAIRS:.0e}")
@@ -112,14 +157,10 @@ def block_mask(mask_mod: Callable, N_q, N_k=None, *, block=(128, 128), name: str
     for start in range(0, n_q, rows_per_step):
         stop = min(n_q, start + rows_per_step)
         keep = evaluate(mask_mod, np.arange(start, stop), kv_idx)
-        padded = np.zeros((ceil_div(stop - start, Br) * Br, T_c * Bc), dtype=np.int8)
+        padded = np.zeros((ceil_div(stop - start, Br) * Br, T_c * Bc), dtype=np.int8)  # False beyond the sequences
         padded[:stop - start, :n_k] = keep
-        seen = np.ones_like(padded)
-        seen[stop - start:] = 0
-        seen[:, n_k:] = 0
-        tiles = padded.reshape(-1, Br, T_c, Bc).sum(axis=(1, 3))
-        sizes = seen.reshape(-1, Br, T_c, Bc).sum(axis=(1, 3))
-        kinds[start // Br:ceil_div(stop, Br)] = np.where(tiles == 0, EMPTY, np.where(tiles == sizes, FULL, PARTIAL))
+        tiles = padded.reshape(-1, Br, T_c, Bc).sum(axis=(1, 3), dtype=np.int64)
+        kinds[start // Br:ceil_div(stop, Br)] = np.where(tiles == 0, EMPTY, np.where(tiles == Br * Bc, FULL, PARTIAL))
     return FlexBlockMask(name or _name_of(mask_mod), n_q, n_k, Br, Bc, kinds, mask_mod, tuple(reads))
 
 
@@ -193,7 +234,8 @@ def named_mask(spec: Sequence[str], n_q: int, n_k: int, block=(128, 128), seqlen
         if name == "document":
             if seqlens is None or args:
                 raise InputError("--flex-mask document takes no arguments and needs --seqlens (the documents' lengths)")
-            return block_mask(factory(n_q, n_k, seqlens), n_q, n_k, block=block, name="document", reads=reads)
+            return block_mask(factory(n_q, n_k, seqlens), n_q, n_k, block=block,
+                              name=" ".join(["document", *map(str, seqlens)]), reads=reads)
         if len(args) != len(params):
             raise InputError(f"--flex-mask {name} takes {len(params)} argument{'s' * (len(params) != 1)} "
                              f"({' '.join(params) or 'none'}); got {args}")
