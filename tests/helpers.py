@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # flex runs over a FlexAttention block mask, which these shared strategies do not make: tests/test_flex.py holds it
 ALGORITHM_NAMES = [name for name, a in ALGORITHMS.items() if not a.accepts("block_mask")]
 # the algorithms with a backward pass (small-cache, for one, has none: --pass bwd refuses it)
-BACKWARD_NAMES = [name for name, a in ALGORITHMS.items() if a.backward is not None]
+BACKWARD_NAMES = [name for name in ALGORITHM_NAMES if ALGORITHMS[name].backward is not None]
 
 
 def load_file(name: str, path: Path):

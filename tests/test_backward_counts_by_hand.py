@@ -14,6 +14,7 @@ import pytest
 from helpers import BIG_M, SPARSE, Hand, assert_counts_equal_hand
 
 import iosim
+from iosim.variants.flex import causal
 
 CASES = [
     # ------------------------------------------------------------------ flash (Alg. 4) ----
@@ -141,6 +142,26 @@ CASES = [
          reads={"K": 7 * 4, "V": 7 * 4, "Q": 12 * 4, "O": 12 * 4, "dO": 12 * 4, "dQ": 12 * 4, "l": 12, "m": 12},
          writes={"dQ": 10 * 4 + 12 * 4, "dK": 10 * 4 + 7 * 4, "dV": 10 * 4 + 7 * 4},
          peak=4 * 3 * 4 + 4 * 4 * 4 + 2 * 4 * 3 + 3 * 4),
+    # ------------------------------------------------------------- flex backward ----
+    # FlexAttention's backward over a causal block mask, N = 10, d = 2, blocks 4 × 4 (sizes 4, 4, 2): tile (1, 0) full,
+    # (0, 0), (1, 1), (2, 0), (2, 1), (2, 2) partial (a ragged block is never full). A first pass reads O, dO, ℓ, m and
+    # writes D, L per row. The dQ loop reads Q, dO, L, D once per query block and K, V per visited tile: query blocks
+    # 0, 1, 2 meet 4, 8 and 10 key rows (22). The dK, dV loop reads K, V once per key block and Q, dO, L, D per visited
+    # tile: key blocks 0, 1, 2 meet 10, 6 and 2 query rows (18). Each loop reads two counts per block of its outer
+    # loop and one index per tile.
+    Hand("flex-causal", "flex", 4, 4,
+         dict(N=10, d=2, M=88, block_mask=iosim.block_mask(causal(10, 10), 10, block=(4, 4))),
+         reads={
+             "O": 20, "l": 10, "m": 10,  # first pass
+             "dO": 20 + 20 + 18 * 2, "L": 10 + 18, "D": 10 + 18,  # first pass, dQ loop, dK, dV loop
+             "Q": 20 + 18 * 2, "K": 22 * 2 + 20, "V": 22 * 2 + 20,  # dQ loop's K, V per tile; dK, dV loop's once
+             "kv_num_blocks": 3, "full_kv_num_blocks": 3, "q_num_blocks": 3, "full_q_num_blocks": 3,
+             "kv_indices": 5, "full_kv_indices": 1, "q_indices": 5, "full_q_indices": 1,
+         },
+         writes={"D": 10, "L": 10, "dQ": 20, "dK": 20, "dV": 20},
+         # the dK, dV loop at a 4 × 4 tile: K_j, V_j, dK_j, dV_j (4·2 each) + Q_i, dO_i (4·2 each), L_i, D_i (4 each)
+         # + S_ij, dP_ij (16 each); the dQ loop's is 80, the first pass's 32
+         peak=4 * 4 * 2 + 2 * 4 * 2 + 2 * 4 + 2 * 16),
 ]
 
 IDS = [c.id for c in CASES]

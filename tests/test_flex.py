@@ -224,3 +224,39 @@ def test_the_reviewed_edges_are_refused_or_counted_right(tmp_path, capsys):
         assert cli_main(["sweep", "--N", "256", "--d", "8", "--flex-mask", "causal", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+@pytest.mark.parametrize("n_q, n_k, block", [(1, 1, (128, 128)), (113, 239, (16, 32)), (239, 113, (32, 7))])
+def test_flex_gradients_match_float64_and_their_closed_form(name, n_q, n_k, block):
+    bm = iosim.block_mask(NAMED[name](n_q, n_k), n_q, n_k, block=block)
+    rng = np.random.default_rng(n_q * n_k)
+    q, k = rng.standard_normal((1, 2, n_q, 6)), rng.standard_normal((1, 2, n_k, 6))
+    v, do = rng.standard_normal((1, 2, n_k, 4)), rng.standard_normal((1, 2, n_q, 4))
+    g = iosim.gradients("flex", q, k, v, do, M=20_000, block_mask=bm, dropout_p=0.2, seed=4)
+    ref = iosim.attention_backward_ref(q, k, v, do, mask=bm.element_mask(), dropout_p=0.2, seed=4)
+    for got, want in zip((g.dq, g.dk, g.dv), ref):
+        assert relative_error(got, want) < 1e-12
+    sizes = dict(N=n_q, N_k=n_k, d=6, d_v=4, heads=2, M=20_000, block_mask=bm, dropout_p=0.2)
+    counted = iosim.count("flex", pass_="bwd", **sizes)
+    assert g.traffic == counted.traffic == iosim.predict("flex", pass_="bwd", **sizes).exact
+    assert g.flops == counted.flops == iosim.predict("flex", pass_="bwd", **sizes).flops
+    step = dict(sizes, pass_="fwd+bwd")
+    assert iosim.count("flex", **step).traffic == iosim.predict("flex", **step).exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_q=st.integers(1, 150), n_k=st.integers(1, 150), Br=st.integers(1, 48), Bc=st.integers(1, 48),
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), d=st.integers(1, 32), d_v=st.integers(1, 32))
+def test_flex_backward_counts_equal_their_closed_form_on_random_masks(n_q, n_k, Br, Bc, density, seed, d, d_v):
+    table = np.random.default_rng(seed).random((n_q, n_k)) < density
+    bm = iosim.block_mask(lambda b, h, q, kv: table[q, kv], n_q, n_k, block=(Br, Bc), reads=("ids",))
+    sizes = dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=10**6, block_mask=bm, pass_="bwd")
+    assert iosim.count("flex", **sizes).traffic == iosim.predict("flex", **sizes).exact
+
+
+def test_run_checks_flex_gradients_against_float64(capsys):
+    assert cli_main(["run", "--algo", "flex", "--N", "113", "--d", "8", "--flex-mask", "sinks_window", "4", "30",
+                     "--flex-block", "16", "16", "--M", "10k", "--pass", "fwd+bwd"]) == 0
+    out = capsys.readouterr().out
+    assert "backward pass" in out and "max |error| against float64 reference" in out

@@ -70,6 +70,11 @@ FLEX_INDICES = (Tensor("kv_num_blocks", "T_r", "1", "input", "index", kv=True),
                 Tensor("kv_indices", "T_r", "T_c", "input", "index", kv=True),
                 Tensor("full_kv_num_blocks", "T_r", "1", "input", "index", kv=True),
                 Tensor("full_kv_indices", "T_r", "T_c", "input", "index", kv=True))
+# and its transpose, which a backward pass's dK, dV loop reads: per key block, its partial and full query blocks
+FLEX_INDICES_T = (Tensor("q_num_blocks", "T_c", "1", "input", "index", kv=True),
+                  Tensor("q_indices", "T_c", "T_r", "input", "index", kv=True),
+                  Tensor("full_q_num_blocks", "T_c", "1", "input", "index", kv=True),
+                  Tensor("full_q_indices", "T_c", "T_r", "input", "index", kv=True))
 # FP8 data's descales (Problem.fp8): one float32 each for Q, K and V per K/V head, as FlashAttention-3's FP8 forward
 # takes q_descale, k_descale and v_descale of (batch, kv_heads); every thread block reads its head's three once
 DESCALES = Tensor("descale", "1", "QKV", "input", "stat", kv=True)
@@ -212,10 +217,10 @@ class Algorithm:
             raise InputError(f"latent for {self.name}, pass {pass_!r}: it reads V apart from K, not MLA's latent "
                              f"cache; allowed: latent=False, or the forward pass of one that reads it: "
                              f"{[a.name for a in algorithms if a.accepts('latent')]}")
-        takers = [a.name for a in algorithms if a.accepts("block_mask")]
-        if pb.flex is not None and not (self.accepts("block_mask") and pass_ == "fwd"):
+        if pb.flex is not None and not self.takes_flex(pass_):
             raise InputError(f"block_mask for {self.name}, pass {pass_!r}: it runs over no FlexAttention block mask; "
-                             f"allowed: block_mask=None, or the forward pass of one that does: {takers}")
+                             f"allowed: block_mask=None, or one that does in that pass: "
+                             f"{[a.name for a in algorithms if a.takes_flex(pass_)]}")
         if self.accepts("block_mask") and (pb.flex is None or pb.causal or pb.has_mask):
             why = ("it needs one (iosim.block_mask)" if pb.flex is None else
                    "its block mask is its only mask (iosim.variants.flex.causal makes a causal one)")
@@ -231,6 +236,12 @@ class Algorithm:
             raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
                              f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
                              f"{[a.name for a in algorithms if a.accepts('seqlens')]}")
+
+    def takes_flex(self, pass_: str) -> bool:
+        """Whether every pass of ``pass_`` runs over a FlexAttention block mask: its forward, and its backward where it
+        runs one."""
+        backward = self.backward is not None and self.backward.accepts("block_mask")
+        return self.accepts("block_mask") and (pass_ == "fwd" or backward)
 
     def takes_sinks(self, pass_: str) -> bool:
         """Whether every pass of ``pass_`` takes learned attention sinks: its forward, and its backward where it
@@ -309,7 +320,7 @@ def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     """Every HBM tensor of a run of an algorithm that writes ``own``, in the order results list them."""
     backward = DOUT in own  # a backward pass writes the sinks' gradient beside its own
     inputs = tuple(t for t in INPUTS if not (pb.latent and t.name == "V"))  # MLA's V is columns of the latent K
-    flex = () if pb.flex is None else FLEX_INDICES + tuple(
+    flex = () if pb.flex is None else FLEX_INDICES + FLEX_INDICES_T * backward + tuple(
         Tensor(name, "N", "1", "input", "index", kv=True) for name in pb.flex.reads)  # what its function reads
     return (inputs + ((DESCALES,) if pb.fp8 else ()) + flex
             + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from iosim.algorithms import flex_backward
 from iosim.algorithms.algorithm import OUTPUT, STATISTICS, Algorithm, Needs, exact_counts
 from iosim.algorithms.tile_ops import absorb_block, kv_width, load_kv, safe_divide, scores
 from iosim.core.counts import Counts
@@ -122,5 +123,6 @@ def paper_form(pb: Problem, M: int) -> float:
 
 ALGORITHM = Algorithm(
     name="flex", run=run, tensors=TENSORS, outer="Br", working_set=working_set, traffic=traffic,
-    paper_form=paper_form, paper_label="s(8N²d²/M) + 3dN + 2N", flops=flops, needs=Needs(flex=True, latent=True),
+    paper_form=paper_form, paper_label="s(8N²d²/M) + 3dN + 2N", flops=flops, backward=flex_backward.ALGORITHM,
+    needs=Needs(flex=True, latent=True),
 )

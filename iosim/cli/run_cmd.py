@@ -99,9 +99,6 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     if args.latent and args.pass_ != "fwd":
         raise InputError(f"--latent with --pass {args.pass_}: MLA's latent cache is read by the forward (decode) pass "
                          f"only; a training step runs MLA's heads expanded (--d 192 --d-v 128); allowed: --pass fwd")
-    if args.flex_mask is not None and args.pass_ != "fwd":
-        raise InputError(f"--flex-mask with --pass {args.pass_}: flex, which runs over a FlexAttention block mask, has "
-                         f"a forward pass only; allowed: --pass fwd")
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     N = lengths_of(args, 1000)
     n_k = args.N_k or N
@@ -140,7 +137,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         do = rng.standard_normal(q.shape[:3] + (d_v,))
         with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = gradients(args.algo, q, k, v, do, **run_options)
+            result = gradients(args.algo, q, k, v, do, block_mask=flex, **run_options)
         outputs = (result.dq, result.dk, result.dv)
     if not all(np.isfinite(x).all() for x in outputs):  # the inputs are finite: only the scale can overflow
         raise InputError(f"--scale {args.scale}: tau·QKᵀ overflows float64 on these inputs, so the output is not "
