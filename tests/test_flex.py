@@ -260,3 +260,24 @@ def test_run_checks_flex_gradients_against_float64(capsys):
                      "--flex-block", "16", "16", "--M", "10k", "--pass", "fwd+bwd"]) == 0
     out = capsys.readouterr().out
     assert "backward pass" in out and "max |error| against float64 reference" in out
+
+
+def test_the_block_sparse_algorithms_run_over_a_flex_masks_blocks():
+    # a block-aligned mask (documents of whole blocks): block-sparse-skip over its nonempty blocks computes exactly
+    # flex's output, and reads what flex reads of Q, K, V but its own way (K_j, V_j once per key block, outer)
+    lengths = [64, 128, 64]
+    bm = iosim.block_mask(F.document(256, 256, lengths), 256, block=(32, 32))
+    sparsity = iosim.BlockSparsity.from_block_mask(bm)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 2, 256, 8)) for _ in range(3))
+    tiling = iosim.Tiling(32, 32)
+    got = iosim.simulate("block-sparse-skip", q, k, v, M=10**5, block_sparsity=sparsity, tiling=tiling,
+                         mask=bm.element_mask())
+    want = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm).out
+    assert relative_error(got.out, want) < 1e-12
+    count = iosim.count("block-sparse-skip", N=256, d=8, heads=2, M=10**5, block_sparsity=sparsity, tiling=tiling,
+                        mask=True)
+    assert got.traffic == count.traffic
+    assert count.traffic.tensor("K").reads == 2 * sum(L for L in lengths) * 8  # every nonempty key block once
+    with pytest.raises(iosim.InputError, match="must be an iosim.block_mask"):
+        iosim.BlockSparsity.from_block_mask(sparsity)

@@ -81,6 +81,17 @@ class BlockSparsity:
             raise InputError(f"block mask must be a non-empty 2-D array (T_r, T_c); got shape {m.shape}")
         return cls(sparsity=max(float(m.mean()), 1e-300), blocks=tuple(tuple(bool(x) for x in row) for row in m))
 
+    @classmethod
+    def from_block_mask(cls, block_mask) -> BlockSparsity:
+        """The blocks a FlexAttention block mask (``iosim.block_mask``) leaves, full or partial, as a block mask of
+        the block-sparse algorithms, on the same blocks (their tiling must be the mask's). They compute every element
+        of such a block: exact where the mask is block-aligned; a partial block's element mask is the explicit
+        ``mask=`` of a run (``block_mask.element_mask()``)."""
+        kinds = getattr(block_mask, "kinds", None)
+        if kinds is None:
+            raise InputTypeError(f"block_mask={block_mask!r} must be an iosim.block_mask(...)")
+        return cls.from_array(kinds != 0)
+
     def mask(self, T_r: int, T_c: int) -> np.ndarray:
         """The (T_r, T_c) block mask of a run with that many query and key blocks.
 
