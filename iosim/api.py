@@ -282,8 +282,8 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     ``seqlens`` (or ``cu_seqlens``) packs documents end to end (iosim.variants.varlen): q, k, v are (1, heads, Σ L_b, d)
     and so is the output, each document attending only to itself. ``sinks``, one logit per query head (shape
     (heads,)), are learned attention sinks (gpt-oss): each row's softmax takes its head's sink as one more score,
-    whose weight goes to no value; flash, flash-swapped and split-kv take them (flash-swapped's backward too, in
-    ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v columns: K alone
+    whose weight goes to no value; flash, flash-swapped and split-kv take them (flash's and flash-swapped's backward
+    too, in ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v columns: K alone
     is read (split-kv and flash-swapped take it). ``block_mask`` (``iosim.block_mask``) is the FlexAttention block
     mask that ``flex`` runs over.
     """

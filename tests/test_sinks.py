@@ -2,7 +2,8 @@
 
 flash, flash-swapped and split-kv take them in their forward pass (``Problem.sinks``): each query block reads its
 head's sink once (split-kv's, of a GQA group's packed rows, its group's; with K/V splits its combine does) and starts
-its running max and sum at (sink, 1). flash-swapped's backward pass takes them too, and writes their gradient.
+its running max and sum at (sink, 1). flash's and flash-swapped's backward passes take them too, and write their
+gradient.
 Held here: the outputs and the log-sum-exp against float64 on awkward shapes, rows that see no key included; the
 gradients, the sinks' against central differences; every count equal to its closed form, and the sinks' reads (and
 their gradient's writes) the only bytes they add; everything else refused by name.
@@ -10,6 +11,7 @@ their gradient's writes) the only bytes they add; everything else refused by nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -129,10 +131,14 @@ def test_every_other_algorithm_refuses_sinks_by_name(algo):
         iosim.count(algo, N=64, d=8, M="20k", sinks=True)
 
 
-@pytest.mark.parametrize("call, algo, pass_", [("count", "flash", "fwd+bwd"), ("predict", "flash", "bwd")])
-def test_a_backward_pass_without_sinks_refuses_them_by_name(call, algo, pass_):
-    words = f"sinks for {algo}, pass {pass_!r}: its backward pass takes no attention sinks; allowed: sinks=False, or " \
-            f"one that takes them in that pass: ['flash-swapped']"
+@pytest.mark.parametrize("call, pass_", [("count", "fwd+bwd"), ("predict", "bwd")])
+def test_a_backward_pass_without_sinks_refuses_them_by_name(call, pass_):
+    # an algorithm whose forward takes sinks and whose backward does not: flash with its backward's sinks taken away
+    flash = iosim.ALGORITHMS["flash"]
+    algo = dataclasses.replace(flash, name="flash-no-sink-gradient", backward=dataclasses.replace(
+        flash.backward, needs=dataclasses.replace(flash.backward.needs, sinks=False)))
+    words = (f"sinks for {algo.name}, pass {pass_!r}: its backward pass takes no attention sinks; allowed: "
+             f"sinks=False, or one that takes them in that pass: ['flash', 'flash-swapped']")
     with pytest.raises(InputError, match=re.escape(words)):
         getattr(iosim, call)(algo, N=64, d=8, M="20k", sinks=True, pass_=pass_)
 
@@ -143,13 +149,14 @@ def test_a_backward_pass_without_sinks_refuses_them_by_name(call, algo, pass_):
     dict(batch=1, heads=2, n_q=70, n_k=70, d=4, M=500, window=(10, 3)),
     dict(batch=1, heads=1, n_q=1, n_k=1, d=3, M=100),
 ], ids=["Nq<Nk,causal", "rows that see no key", "window", "N=1"])
-def test_flash_swapped_s_backward_gives_the_sinks_gradient_and_its_closed_form(shape):
+@pytest.mark.parametrize("algo", ["flash", "flash-swapped"])
+def test_a_backward_pass_gives_the_sinks_gradient_and_its_closed_form(algo, shape):
     shape = dict(shape)
     batch, heads, n_q, n_k, d, M = (shape.pop(k) for k in ("batch", "heads", "n_q", "n_k", "d", "M"))
     rng = np.random.default_rng(n_q)
     q, k, v = random_qkv(rng, batch, heads, n_q, n_k, d)
     do, sinks = rng.standard_normal(q.shape), 2 * rng.standard_normal(heads)
-    got = iosim.gradients("flash-swapped", q, k, v, do, M=M, sinks=sinks, **shape)
+    got = iosim.gradients(algo, q, k, v, do, M=M, sinks=sinks, **shape)
     for g, r in zip((got.dq, got.dk, got.dv), iosim.attention_backward_ref(q, k, v, do, sinks=sinks, **shape)):
         np.testing.assert_allclose(g, r, rtol=0, atol=1e-12)
     want = iosim.sinks_gradient_ref(q, k, v, do, sinks, **shape)
@@ -161,9 +168,9 @@ def test_flash_swapped_s_backward_gives_the_sinks_gradient_and_its_closed_form(s
     diffs = [(loss(sinks + step * e) - loss(sinks - step * e)) / (2 * step) for e in np.eye(heads)]
     np.testing.assert_allclose(want, diffs, rtol=0, atol=1e-7)
     sizes = dict(N=n_q, N_k=n_k, d=d, batch=batch, heads=heads, M=M, **shape)
-    step_counts = iosim.count("flash-swapped", sinks=True, pass_="fwd+bwd", **sizes)
-    assert step_counts.traffic == iosim.predict("flash-swapped", sinks=True, pass_="fwd+bwd", **sizes).exact
-    backward = iosim.count("flash-swapped", sinks=True, pass_="bwd", tiling=got.backward_tiling, **sizes).traffic
+    step_counts = iosim.count(algo, sinks=True, pass_="fwd+bwd", **sizes)
+    assert step_counts.traffic == iosim.predict(algo, sinks=True, pass_="fwd+bwd", **sizes).exact
+    backward = iosim.count(algo, sinks=True, pass_="bwd", tiling=got.backward_tiling, **sizes).traffic
     assert got.traffic == backward
     assert (backward.tensor("sinks").reads, backward.tensor("dsinks").writes) == (
         batch * heads * -(-n_q // got.backward_tiling.Br), batch * heads)
@@ -199,8 +206,7 @@ def test_run_draws_sinks_from_its_seed_and_checks_them_against_float64(tmp_path,
     assert record["sinks"] is True and record["max_abs_error"] < 1e-12
     assert {t["name"]: t["reads"] for t in record["tensors"]}["sinks"] == 2 * -(-record["N"] // record["Br"])
     for argv, words in ((["--algo", "standard"], "sinks for standard, pass 'fwd': it takes no attention sinks"),
-                        (["--pass", "bwd"],
-                         "sinks for flash, pass 'fwd+bwd': its backward pass takes no attention sinks")):
+                        (["--algo", "split-kv", "--pass", "bwd"], "algorithm='split-kv' has no backward pass")):
         capsys.readouterr()
         assert main(["run", "--N", "64", "--d", "8", "--sinks", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -236,9 +242,8 @@ def test_a_backward_sweep_with_sinks_lists_the_algorithms_whose_backward_takes_t
     from iosim.cli import build_parser, run
 
     outcome = run(build_parser().parse_args(["sweep", "--N", "256", "--d", "16", "--sinks", "--pass", "fwd+bwd"]))
-    assert [r.algorithm for r in outcome.rows] == ["flash-swapped"]
-    assert outcome.notes[0] == "--sinks leaves out standard, flash, standard-eager: they take no attention sinks in " \
-                               "that pass"
+    assert [r.algorithm for r in outcome.rows] == ["flash", "flash-swapped"]
+    assert outcome.notes[0] == "--sinks leaves out standard, standard-eager: they take no attention sinks in that pass"
     with pytest.raises(InputError, match=re.escape("sinks for split-kv, pass 'fwd+bwd': it has no backward pass")):
         iosim.count("split-kv", N=1, N_k=64, d=8, M="20k", sinks=True, pass_="fwd+bwd")
 

@@ -16,13 +16,25 @@ nothing. Line 2's block sizes are the block policy's, as in the forward pass. Wi
 a band (causal, or a sliding window), an inner step whose tile is entirely hidden is
 skipped (it would add zero to dQ_i, dK_j and dV_j), and so is a key block no query
 sees (line 5 left its dK_j, dV_j zero); an explicit mask is not inspected. Line 5 is followed
-as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV.
+as printed: dQ, dK and dV are zeroed in HBM, though line 24 overwrites dK and dV. With learned
+attention sinks (``Problem.sinks``) the forward's ℓ and m include them, so P and the gradients
+above are unchanged; their own gradient, −Σ_rows exp(sink − L_i)·D_i, takes a first pass over the
+query blocks (as FlashAttention-2's backward computes D in one): O_i, dO_i, ℓ_i, m_i and the
+sink read once per query block, the gradient held on chip and written once (dsinks).
 """
 
 from __future__ import annotations
 
 from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algorithm, Needs, exact_counts, saved
-from iosim.algorithms.tile_ops import absorb_gradients, load_mask, probabilities, row_dot, scores
+from iosim.algorithms.tile_ops import (
+    absorb_gradients,
+    absorb_sink_gradient,
+    load_mask,
+    logsumexp,
+    probabilities,
+    row_dot,
+    scores,
+)
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory
@@ -41,6 +53,8 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
 def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
     """Alg. 4 over the tiles ``tiles`` visits: those the causal mask leaves, or a block-sparse mask's."""
     d, d_v = pb.shape.d, pb.shape.d_v
+    if pb.sinks:
+        sink_gradient(mem, pb, tiles)
 
     # line 5: initialize dQ = (0), dK = (0), dV = (0) in HBM
     for _, rows in mem.loop(tiles.q.all()):
@@ -79,6 +93,24 @@ def run_on(mem: Memory, pb: Problem, tiling: Tiling, tiles: Visits) -> None:
         mem.free(K_j, V_j, dK_j, dV_j)
 
 
+def sink_gradient(mem: Memory, pb: Problem, tiles: Visits) -> None:
+    """The sinks' gradient, −Σ_rows exp(sink − L_i)·D_i, in a first pass over the query blocks: D_i = rowsum(dO_i ∘
+    O_i) (line 19) and L_i from the forward's ℓ_i, m_i, the gradient held on chip and written once."""
+    dsinks = mem.alloc("dsinks", pb.packed, fill=0.0)
+    for _, rows in mem.loop(tiles.q.all()):
+        br = rows.stop - rows.start
+        O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
+        l_i, m_i = mem.load("l", rows), mem.load("m", rows)
+        D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
+        mem.compute(exp=br)  # the log of L_i
+        if mem.numeric:
+            D_i.data, L_i.data = row_dot(dO_i.data, O_i.data), logsumexp(l_i.data, m_i.data)
+        absorb_sink_gradient(mem, pb, rows, D_i, L_i, dsinks)
+        mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
+    mem.store(dsinks, "dsinks", slice(0, pb.packed))
+    mem.free(dsinks)
+
+
 def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
     # K_j, V_j, dK_j, dV_j + Q_i, O_i, dO_i, dQ_i + S_ij, dP_ij + (ℓ_i, m_i, D_i) [+ mask tile]
     Br, Bc, d, d_v = tiling.Br, tiling.Bc, pb.shape.d, pb.shape.d_v
@@ -111,9 +143,16 @@ def traffic_on(pb: Problem, tiling: Tiling, M: int, tiles: Visits) -> Counts:
     }
     if pb.has_mask:
         reads["mask"] = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # each visited tile of the mask, once
+    sinks = []
+    if pb.sinks:  # the first pass: O, dO, ℓ, m and the head's sink once per query block, their gradient written once
+        for name, width in (("O", d_v), ("dO", d_v), ("l", 1), ("m", 1)):
+            reads[name] = reads.get(name, 0) + n_q * width
+        reads["sinks"], writes["dsinks"] = tiles.q.T, 1
+        # O_i, dO_i, ℓ_i, m_i, D_i, L_i beside the gradient, and the sink
+        sinks = [2 * b_i * d_v + 4 * b_i + 2 for b_i in tiles.q.all().sizes()]
     zeros = [tiles.q.size(0) * d, tiles.k.size(0) * max(d, d_v)]
     outer = [2 * b_j * (d + d_v) for b_j in tiles.key_blocks().sizes()]  # K_j, V_j, dK_j, dV_j of a key block alone
-    peak = max(zeros + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
+    peak = max(sinks + zeros + outer + [working_set(pb, Tiling(b_i, b_j), M) for b_i, b_j, _ in pairs])
     return exact_counts(TENSORS, pb, reads, writes, peak)
 
 
@@ -127,7 +166,8 @@ def flops_on(pb: Problem, tiles: Visits) -> Flops:
     """The arithmetic of ``run_on`` over ``tiles``."""
     pairs = tiles.pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)  # N_q·N_k without a causal skip
-    return Flops(matmul=2 * (3 * pb.shape.d + 2 * pb.shape.d_v) * area, exp=area).scaled(pb.shape.bh)
+    sinks = 2 * pb.shape.n_q * pb.sinks  # with sinks: the log of L and the sink's probability, per row
+    return Flops(matmul=2 * (3 * pb.shape.d + 2 * pb.shape.d_v) * area, exp=area + sinks).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:
@@ -143,5 +183,5 @@ def paper_form(pb: Problem, M: int) -> float:
 ALGORITHM = Algorithm(
     name="flash backward", run=run, tensors=TENSORS, outer="Bc", working_set=working_set, traffic=traffic,
     paper_form=paper_form, paper_label="20N²d²/M + 8N²d/M + 7Nd", flops=flops,
-    needs=Needs(window=True),
+    needs=Needs(window=True, sinks=True),
 )

@@ -119,8 +119,8 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "through a block table (default: contiguous)")
     p.add_argument("--sinks", action="store_true",
                    help="learned attention sinks (gpt-oss), one logit per query head: flash, flash-swapped and "
-                        "split-kv take them forward, flash-swapped backward too (run draws them from --seed after q, "
-                        "k, v)")
+                        "split-kv take them forward, flash and flash-swapped backward too (run draws them from --seed "
+                        "after q, k, v)")
     p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
                    help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
                         "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")
