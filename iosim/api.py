@@ -283,9 +283,9 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     and so is the output, each document attending only to itself. ``sinks``, one logit per query head (shape
     (heads,)), are learned attention sinks (gpt-oss): each row's softmax takes its head's sink as one more score,
     whose weight goes to no value; flash, flash-swapped and split-kv take them (flash's and flash-swapped's backward
-    too, in ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v columns: K alone
-    is read (split-kv and flash-swapped take it). ``block_mask`` (``iosim.block_mask``) is the FlexAttention block
-    mask that ``flex`` runs over.
+    too, in ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v
+    columns: K alone is read (split-kv and flash-swapped take it). ``block_mask`` (``iosim.block_mask``) is the
+    FlexAttention block mask that ``flex`` runs over.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
