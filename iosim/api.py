@@ -41,7 +41,7 @@ from iosim.plans import Plan, Request
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import PredictResult, SimResult
 from iosim.tilings.policies import choose_tiling
-from iosim.variants.flex import check_flex_mask
+from iosim.variants.flex import check_flex_mask, check_score_mod
 from iosim.variants.paging import check_page_size
 from iosim.variants.sparsity import check_block_sparsity
 from iosim.variants.varlen import check_seqlens, gather, packed, scatter
@@ -99,12 +99,13 @@ def plan(algorithm, pb: Problem, M, *, pass_: str = "fwd", block_policy: str = "
 
 def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False, dropout_p=0.0, seed=0,
                   dtype="float16", block_sparsity=None, kv_heads=None, window=None, page_size=None, seqlens=None,
-                  cu_seqlens=None, sinks=False, d_v=None, latent=False, block_mask=None) -> Problem:
+                  cu_seqlens=None, sinks=False, d_v=None, latent=False, block_mask=None, score_mod=None) -> Problem:
     """The problem of a count or a prediction: sizes only, no data. ``d`` is the head size of Q and K, ``d_v`` that
     of V and O (None: d); ``latent``: V is the first d_v columns of K, MLA's latent cache (``Problem.latent``).
     Packed documents (``seqlens`` or ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None.
     ``sinks``: whether each query head reads a learned attention sink (``Problem.sinks``); ``block_mask``: a
-    FlexAttention block mask of N and N_k (``iosim.block_mask``)."""
+    FlexAttention block mask of N and N_k (``iosim.block_mask``); ``score_mod``: its score_mod
+    (``iosim.variants.flex.score_mod``)."""
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and (N, N_k) != (None, None):
         raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
@@ -128,7 +129,8 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
                           block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
                           page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks),
                           latent=check_flag("latent", latent),
-                          flex=check_flex_mask(block_mask, shape.n_q, shape.n_k)), docs)
+                          flex=check_flex_mask(block_mask, shape.n_q, shape.n_k),
+                          score_mod=check_score_mod(score_mod)), docs)
 
 
 def simulation_bytes(algorithm, *, N, d, N_k=None, batch=1, heads=1, mask=False, kv_heads=None, d_v=None) -> int:
@@ -225,7 +227,7 @@ def _tiling(p: Plan | None) -> Tiling | None:
 
 def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, block_sparsity=None, window=None,
                    allow_nonfinite=False, page_size=None, seqlens=None, cu_seqlens=None, sinks=None, latent=False,
-                   block_mask=None) -> tuple[Problem, dict]:
+                   block_mask=None, score_mod=None) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V, the mask and the sinks); with packed
     documents (iosim.variants.varlen), q, k, v are (1, heads, Σ L_b, d)."""
     q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
@@ -245,7 +247,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
                  page_size=check_page_size(page_size), sinks=sink_logits is not None, latent=latent,
-                 flex=check_flex_mask(block_mask, shape.n_q, shape.n_k))
+                 flex=check_flex_mask(block_mask, shape.n_q, shape.n_k), score_mod=check_score_mod(score_mod))
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "
@@ -262,7 +264,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
 def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
              block_policy="fit", tiling=None, dtype="float16", block_sparsity=None, splits=None, gpu=None,
              window=None, allow_nonfinite=False, on_progress: Progress | None = None, page_size=None, seqlens=None,
-             cu_seqlens=None, sinks=None, latent=False, block_mask=None) -> SimResult:
+             cu_seqlens=None, sinks=None, latent=False, block_mask=None, score_mod=None) -> SimResult:
     """Run ``algorithm`` numerically on q (batch, heads, N_q, d), k (batch, kv_heads, N_k, d) and v (batch,
     kv_heads, N_k, d_v): V's head size may differ from Q's and K's (MLA's heads), and the output has V's.
 
@@ -285,12 +287,14 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     whose weight goes to no value; flash, flash-swapped and split-kv take them (flash's and flash-swapped's backward
     too, in ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v
     columns: K alone is read (split-kv and flash-swapped take it). ``block_mask`` (``iosim.block_mask``) is the
-    FlexAttention block mask that ``flex`` runs over.
+    FlexAttention block mask that ``flex`` runs over, and ``score_mod`` (``iosim.variants.flex.score_mod``) a
+    score_mod its forward applies.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
                               allow_nonfinite=allow_nonfinite, page_size=page_size, seqlens=seqlens,
-                              cu_seqlens=cu_seqlens, sinks=sinks, latent=latent, block_mask=block_mask)
+                              cu_seqlens=cu_seqlens, sinks=sinks, latent=latent, block_mask=block_mask,
+                              score_mod=score_mod)
     p = plan(algorithm, pb, M, block_policy=block_policy, tiling=tiling, splits=splits, gpu=gpu).forward
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow of tau·QKᵀ is reported by name below
         runs = execute_parts(p, data, on_progress, total=work(p) if on_progress else 0)
@@ -308,7 +312,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
 def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
           seed=0, block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
           kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None, cu_seqlens=None,
-          sinks=False, d_v=None, latent=False, block_mask=None) -> SimResult:
+          sinks=False, d_v=None, latent=False, block_mask=None, score_mod=None) -> SimResult:
     """Run ``algorithm`` count-only: tiles carry shapes, nothing is computed.
 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
@@ -322,12 +326,12 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     longest. ``sinks=True`` counts each query head's learned attention sink, as ``simulate`` reads it. ``d`` is the
     head size of Q and K and ``d_v`` that of V and O (None: d), as MLA's heads differ; ``latent=True`` counts MLA's
     latent cache, V being the first d_v columns of K (one tensor read), as ``simulate`` takes it; ``block_mask`` is
-    the FlexAttention block mask ``flex`` runs over (``iosim.block_mask``).
+    the FlexAttention block mask ``flex`` runs over (``iosim.block_mask``), ``score_mod`` its forward's score_mod.
     """
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, seed=seed,
                        dtype=dtype, block_sparsity=block_sparsity, kv_heads=kv_heads, window=window,
                        page_size=page_size, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v,
-                       latent=latent, block_mask=block_mask)
+                       latent=latent, block_mask=block_mask, score_mod=score_mod)
     return measure(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                         gpu=gpu), gpu)
 
@@ -335,7 +339,7 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
 def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, mask=False, dropout_p=0.0,
             block_policy="fit", tiling=None, dtype="float16", pass_="fwd", block_sparsity=None,
             kv_heads=None, splits=None, gpu=None, window=None, page_size=None, seqlens=None,
-            cu_seqlens=None, sinks=False, d_v=None, latent=False, block_mask=None) -> PredictResult:
+            cu_seqlens=None, sinks=False, d_v=None, latent=False, block_mask=None, score_mod=None) -> PredictResult:
     """The exact closed-form traffic of ``algorithm``, and the paper's asymptotic form beside it.
 
     ``pass_="bwd"`` predicts the backward pass alone; ``pass_="fwd+bwd"`` both, as ``count``
@@ -344,6 +348,6 @@ def predict(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p, dtype=dtype,
                        block_sparsity=block_sparsity, kv_heads=kv_heads, window=window, page_size=page_size,
                        seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks, d_v=d_v, latent=latent,
-                       block_mask=block_mask)
+                       block_mask=block_mask, score_mod=score_mod)
     return closed_form(plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, splits=splits,
                             gpu=gpu))

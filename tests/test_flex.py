@@ -281,3 +281,43 @@ def test_the_block_sparse_algorithms_run_over_a_flex_masks_blocks():
     assert count.traffic.tensor("K").reads == 2 * sum(L for L in lengths) * 8  # every nonempty key block once
     with pytest.raises(iosim.InputError, match="must be an iosim.block_mask"):
         iosim.BlockSparsity.from_block_mask(sparsity)
+
+
+def score_mod_reference(q, k, v, keep, mod):
+    """Float64 attention with a score_mod applied to the scaled scores before the mask."""
+    s = np.einsum("bhid,bhjd->bhij", q, k) / np.sqrt(q.shape[-1])
+    s = np.where(keep, mod.fn(s, 0, 0, np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :]), -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isneginf(m), 0.0, m))
+    total = e.sum(axis=-1, keepdims=True)
+    return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total)) @ v
+
+
+def test_a_score_mod_is_applied_and_counted_as_declared():
+    rng = np.random.default_rng(8)
+    table = rng.standard_normal((113, 239))
+    mods = (F.softcap(2.0), F.relative_bias(0.3),
+            F.score_mod(lambda s, b, h, q, kv: s + 0.1 * table[q, kv], flops=1, reads=("bias",), name="bias table"))
+    bm = iosim.block_mask(F.causal(113, 239), 113, 239, block=(32, 16))
+    q = rng.standard_normal((1, 2, 113, 8))
+    k, v = rng.standard_normal((1, 2, 239, 8)), rng.standard_normal((1, 2, 239, 8))
+    visited = F.FlexVisits(bm.kinds, 113, 239, iosim.Tiling(32, 16)).visited().pairs()
+    area = sum(b_i * b_j * n for b_i, b_j, n in visited)
+    for mod in mods:
+        got = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm, score_mod=mod)
+        assert relative_error(got.out, score_mod_reference(q, k, v, bm.element_mask(), mod)) < 1e-12
+        sizes = dict(N=113, N_k=239, d=8, heads=2, M=10**5, block_mask=bm, score_mod=mod)
+        counted = iosim.count("flex", **sizes)
+        assert got.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
+        assert got.flops == counted.flops == iosim.predict("flex", **sizes).flops
+        assert counted.flops.score == 2 * area * mod.flops  # its FLOPs per score, over every visited score
+    plain = iosim.count("flex", N=113, N_k=239, d=8, heads=2, M=10**5, block_mask=bm).traffic
+    # the bias table's entries for every row of every visited tile, and nothing else more
+    assert counted.traffic.tensor("bias").reads == 2 * sum((b_i + b_j) * n for b_i, b_j, n in visited)
+    assert all(counted.traffic.tensor(t.name) == t for t in plain.tensors)
+    with pytest.raises(iosim.InputError, match="a score_mod's gradient needs its derivative"):
+        iosim.count("flex", N=113, N_k=239, d=8, M=10**5, block_mask=bm, score_mod=mods[0], pass_="bwd")
+    with pytest.raises(iosim.InputError, match="for flash, pass 'fwd': it runs no FlexAttention score_mod"):
+        iosim.count("flash", N=113, N_k=239, d=8, M=10**5, score_mod=mods[0])
+    with pytest.raises(iosim.InputError, match="softcap T=0"):
+        F.softcap(0)

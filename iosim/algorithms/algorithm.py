@@ -93,7 +93,8 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
-OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8", "block_mask")
+OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8", "block_mask",
+           "score_mod")
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ class Algorithm:
         return {"block_sparsity": self.needs.block_mask, "splits": self.needs.splits is not None,
                 "window": self.needs.window, "page_size": self.needs.pages,
                 "seqlens": self.needs.splits is None and not self.needs.flex, "sinks": self.needs.sinks,
-                "latent": self.needs.latent, "fp8": self.needs.fp8, "block_mask": self.needs.flex}[option]
+                "latent": self.needs.latent, "fp8": self.needs.fp8, "block_mask": self.needs.flex,
+                "score_mod": self.needs.flex}[option]
 
     def refuse_options(self, pb: Problem, pass_: str, algorithms: Iterable[Algorithm]) -> None:
         """Refuse, by name, the first option of ``pb`` that this algorithm does not take for ``pass_`` (a block mask,
@@ -226,6 +228,15 @@ class Algorithm:
                    "its block mask is its only mask (iosim.variants.flex.causal makes a causal one)")
             raise InputError(f"{self.name} with block_mask={getattr(pb.flex, 'name', None)!r}, causal={pb.causal}, "
                              f"an explicit mask {pb.has_mask}: {why}; allowed: a block mask, causal=False, no mask")
+        if pb.score_mod is not None and not (self.accepts("score_mod") and pass_ == "fwd"):
+            why = ("a score_mod's gradient needs its derivative, which iosim does not take" if self.accepts("score_mod")
+                   else "it runs no FlexAttention score_mod")
+            raise InputError(f"score_mod {pb.score_mod.name!r} for {self.name}, pass {pass_!r}: {why}; allowed: "
+                             f"score_mod=None, or flex's forward pass")
+        shared = set(getattr(pb.flex, "reads", ())) & set(getattr(pb.score_mod, "reads", ()))
+        if shared:
+            raise InputError(f"reads {sorted(shared)} declared by both the block mask and the score_mod: each tensor "
+                             f"is read under one name; allowed: distinct names")
         if pb.fp8 and not (self.accepts("fp8") and pass_ == "fwd"):
             raise InputError(f"dtype={pb.dtype!r} for {self.name}, pass {pass_!r}: it has no FP8 path "
                              f"(FlashAttention-3's FP8 kernels are forward only); allowed: a dtype of 2 or more bytes, "
@@ -322,6 +333,8 @@ def hbm_tensors(own: tuple[Tensor, ...], pb: Problem) -> tuple[Tensor, ...]:
     inputs = tuple(t for t in INPUTS if not (pb.latent and t.name == "V"))  # MLA's V is columns of the latent K
     flex = () if pb.flex is None else FLEX_INDICES + FLEX_INDICES_T * backward + tuple(
         Tensor(name, "N", "1", "input", "index", kv=True) for name in pb.flex.reads)  # what its function reads
+    if pb.score_mod is not None:  # and what a score_mod reads, float32 entries
+        flex += tuple(Tensor(name, "N", "1", "input", "stat", kv=True) for name in pb.score_mod.reads)
     return (inputs + ((DESCALES,) if pb.fp8 else ()) + flex
             + ((MASK,) if pb.has_mask else ()) + ((BLOCK_TABLE,) if pb.page_size else ())
             + ((SINKS,) if pb.sinks else ()) + own + ((DSINKS,) if pb.sinks and backward else ()))

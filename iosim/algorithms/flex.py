@@ -5,7 +5,9 @@ The block mask (``iosim.block_mask``, ``Problem.flex``) sorts each B_r × B_c ti
 each query block the kernel reads how many partial and how many full key blocks it has, loads Q_i once and keeps
 O_i, ℓ_i and m_i on chip, then runs two loops over its key blocks, each reading one index per block: the partial
 blocks, where it evaluates the mask function on the tile (and reads, for each of the tile's query and key rows, the
-tensors the function declares), then the full blocks, with no mask at all. Empty blocks are never visited. O, ℓ and
+tensors the function declares), then the full blocks, with no mask at all. A score_mod (``Problem.score_mod``) is
+applied to every visited tile's scores before the mask: its declared FLOPs per score (``Flops.score``) and, per
+query and key row, the tensors it declares. Empty blocks are never visited. O, ℓ and
 m are written once per query block. The runs are on the block mask's own blocks, whatever the block policy.
 
 On-chip buffers per head: those of ``flash-swapped`` (Q_i, O_i, K_j, V_j, S_ij, ℓ_i, m_i, m_new, ℓ̃), and on a partial
@@ -51,18 +53,19 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 K_j, V_j = load_kv(mem, pb, cols)
                 S_ij = mem.alloc("S_ij", br, bc)
                 m_new, l_tilde = mem.alloc("m_new", br), mem.alloc("l~_ij", br)
-                mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d_v), exp=br * bc + br)
-                if kind == PARTIAL:
-                    ids = [mem.load(name, rows_of, tile=f"{name}_{side}")  # the mask function's reads
-                           for name in pb.flex.reads for side, rows_of in (("q", rows), ("kv", cols))]
+                score_flops = pb.score_mod.flops * br * bc if pb.score_mod is not None else 0
+                mem.compute(matmul=matmul(br, d, bc) + matmul(br, bc, d_v), exp=br * bc + br, score=score_flops)
+                names = [*(pb.flex.reads if kind == PARTIAL else ()), *getattr(pb.score_mod, "reads", ())]
+                ids = [mem.load(name, rows_of, tile=f"{name}_{side}")  # the mask's (partial) and score_mod's reads
+                       for name in names for side, rows_of in (("q", rows), ("kv", cols))]
                 if mem.numeric:
                     S_ij.data = scores(pb, Q_i, K_j, rows, cols, None)  # (bh, Br, Bc)
+                    if pb.score_mod is not None:
+                        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols)
                     if kind == PARTIAL:
                         S_ij.data = np.where(pb.flex.keep(rows, cols), S_ij.data, -np.inf)
                     absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)
-                if kind == PARTIAL:
-                    mem.free(*ids)
-                mem.free(K_j, V_j, S_ij, m_new, l_tilde)
+                mem.free(K_j, V_j, S_ij, m_new, l_tilde, *ids)
         if mem.numeric:
             O_i.data = safe_divide(O_i.data, l_i.data)
         mem.store(O_i, "O", rows)
@@ -79,7 +82,7 @@ def working_set(pb: Problem, tiling: Tiling, M: int) -> int:
 
 
 def tile_set(pb: Problem, Br: int, Bc: int, partial: bool) -> int:
-    reads = len(pb.flex.reads) if pb.flex is not None and partial else 0
+    reads = (len(pb.flex.reads) if pb.flex is not None and partial else 0) + len(getattr(pb.score_mod, "reads", ()))
     return Br * (pb.shape.d + pb.shape.d_v) + Bc * kv_width(pb) + Br * Bc + 4 * Br + reads * (Br + Bc)
 
 
@@ -99,6 +102,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
         reads["V"] = cols * d_v
     for name in pb.flex.reads:
         reads[name] = sum((b_i + b_j) * n for b_i, b_j, n in partial)
+    for name in getattr(pb.score_mod, "reads", ()):  # the score_mod's, on every visited tile
+        reads[name] = sum((b_i + b_j) * n for b_i, b_j, n in partial + full)
     writes = {"O": n_q * d_v, "l": n_q, "m": n_q}
     alone = [b_i * (d + d_v) + 2 * b_i for b_i in tiles.q.all().sizes()]  # Q_i, O_i, ℓ_i, m_i of any query block
     peak = max(alone + [tile_set(pb, b_i, b_j, True) for b_i, b_j, _ in partial]
@@ -107,11 +112,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
-    """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, and B_r·B_c + B_r exponentials."""
+    """Two products per visited tile, B_r × d × B_c and B_r × B_c × d_v, B_r·B_c + B_r exponentials, and a
+    score_mod's declared FLOPs per score."""
     pairs = flex_visits(pb, tiling).visited().pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)
     rows = sum(b_i * n for b_i, _, n in pairs)
-    return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + rows).scaled(pb.shape.bh)
+    score = area * pb.score_mod.flops if pb.score_mod is not None else 0
+    return Flops(matmul=2 * (pb.shape.d + pb.shape.d_v) * area, exp=area + rows, score=score).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

@@ -7,7 +7,8 @@ so it does more matmul FLOPs than standard attention's, which reads P back inste
 
 Conventions: an (a × k)(k × b) product is 2·a·k·b FLOPs; exp (and the log of a
 logsumexp) count one each. Other elementwise work (scale, mask, max, sums,
-divisions, dropout) is not counted. Like traffic, counts are summed over batch·heads.
+divisions, dropout) is not counted, but for a FlexAttention ``score_mod``'s, which its user
+declares per score (``score``). Like traffic, counts are summed over batch·heads.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ class Flops:
 
     matmul: int = 0
     exp: int = 0
+    score: int = 0  # a FlexAttention score_mod's elementwise FLOPs, as its user declares them per score
 
     def __add__(self, other: Flops) -> Flops:
-        return Flops(self.matmul + other.matmul, self.exp + other.exp)
+        return Flops(self.matmul + other.matmul, self.exp + other.exp, self.score + other.score)
 
     def scaled(self, bh: int) -> Flops:
-        return Flops(self.matmul * bh, self.exp * bh)
+        return Flops(self.matmul * bh, self.exp * bh, self.score * bh)
 
 
 def matmul(a: int, k: int, b: int) -> int:

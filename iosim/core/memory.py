@@ -198,9 +198,9 @@ class Memory:
         return out
 
     # --- arithmetic --------------------------------------------------------
-    def compute(self, matmul: int = 0, exp: int = 0) -> None:
+    def compute(self, matmul: int = 0, exp: int = 0, score: int = 0) -> None:
         """Count the arithmetic of one step on one head's tiles, for every head (and every block it stands for)."""
-        self._flops = self._flops + Flops(matmul, exp).scaled(self.bh * self._weight)
+        self._flops = self._flops + Flops(matmul, exp, score).scaled(self.bh * self._weight)
         if self.on_compute is not None:
             self.on_compute(self._flops)
 

@@ -50,6 +50,14 @@ class BlockMask(Protocol):
     def mask(self, T_r: int, T_c: int) -> np.ndarray: ...
 
 
+class ScoreModLike(Protocol):
+    """What a problem holds of a FlexAttention score_mod: ``iosim.variants.flex.ScoreMod``."""
+
+    name: str
+    flops: int
+    reads: tuple[str, ...]
+
+
 class FlexMask(Protocol):
     """What a problem holds of a FlexAttention block mask: ``iosim.variants.flex.FlexBlockMask`` (full, partial and
     empty blocks of a mask function; the flex algorithm reads it, the problem only carries it)."""
@@ -229,6 +237,8 @@ class Problem:
     # a FlexAttention block mask (iosim.block_mask) of the problem's N_q and N_k, which the algorithms that take one
     # (Needs.flex) run over; checked where it enters the API
     flex: FlexMask | None = None
+    # a FlexAttention score_mod (iosim.variants.flex.ScoreMod) that flex's forward applies to every score it computes
+    score_mod: ScoreModLike | None = None
 
     def __post_init__(self):
         if not isinstance(self.shape, AttentionShape):
@@ -318,7 +328,8 @@ class Problem:
                 "window_left": getattr(w, "left", None), "window_right": getattr(w, "right", None),
                 "page_size": self.page_size,
                 "seqlens": None if self.seqlens is None else " ".join(map(str, self.seqlens)), "sinks": self.sinks,
-                "latent": self.latent, "flex_mask": None if self.flex is None else self.flex.label}
+                "latent": self.latent, "flex_mask": None if self.flex is None else self.flex.label,
+                "score_mod": getattr(self.score_mod, "name", None)}
 
     def itemsize(self, element: str = "data") -> int:
         """Bytes per element of the element class ``element`` (one of ELEMENTS)."""

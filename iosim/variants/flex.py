@@ -13,6 +13,11 @@ partial and of full key blocks, and one index per key block it visits. A mask fu
 document id per token, say) declares it in ``reads``: on a partial block the kernel reads its entry for each query
 row and each key row of the block, from a tensor of max(N_q, N_k) int32 entries.
 
+A ``score_mod`` (``score_mod(fn, flops=, reads=)``: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``,
+applied to each scaled score before the mask) is counted by what its user declares of it: its elementwise FLOPs per
+score (``Flops.score``) and the tensors it reads, one entry per query row and key row of every block visited. Named
+ones: ``softcap`` T (Gemma 2's T·tanh(s/T)) and ``relative_bias`` w (s − w·|i − j|, ALiBi's with one slope).
+
 Named masks (``MASKS``), each aligned as iosim's bands are (bottom-right: query i of N_q stands at position i + N_k −
 N_q among the keys): ``causal``; ``window`` W (a query sees itself and the W − 1 keys before it, Hugging Face's
 sliding window); ``document`` (packed documents of the given lengths, each causal within itself); ``prefix_lm`` P
@@ -166,6 +171,60 @@ def block_mask(mask_mod: Callable, N_q, N_k=None, *, block=(128, 128), name: str
 
 def _name_of(mask_mod: Callable) -> str:
     return f"{getattr(mask_mod, '__module__', '?')}:{getattr(mask_mod, '__qualname__', repr(mask_mod))}"
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreMod:
+    """FlexAttention's score_mod: ``fn(score, b, h, q_idx, kv_idx)`` on each scaled score, with what it costs."""
+
+    name: str
+    fn: Callable = field(repr=False)
+    flops: int  # elementwise FLOPs per score, as its user counts them
+    reads: tuple[str, ...] = ()  # tensors it reads: one float32 entry per query row and key row of a visited block
+
+    def apply(self, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
+        """The function on one tile's scores (bh, rows, cols), where a score is finite; −inf (a hidden key) stays."""
+        q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)[None, :]
+        try:
+            out = np.asarray(self.fn(S, np.int64(0), np.int64(0), q_idx, kv_idx), dtype=np.float64)
+        except TypeError as err:
+            raise InputTypeError(f"score_mod {self.name} must be a function of (score, b, h, q_idx, kv_idx) on numpy "
+                                 f"arrays: {err}") from None
+        if out.shape != S.shape:
+            raise InputError(f"score_mod {self.name} returned shape {out.shape} for scores of shape {S.shape}")
+        return np.where(np.isneginf(S), -np.inf, out)
+
+
+def score_mod(fn: Callable, *, flops: int, reads: Sequence[str] = (), name: str | None = None) -> ScoreMod:
+    """A score_mod as iosim counts it: ``flops`` elementwise FLOPs per score (an integer >= 0) and the tensors it
+    ``reads``."""
+    if not callable(fn):
+        raise InputTypeError(f"score_mod={fn!r} must be a function of (score, b, h, q_idx, kv_idx)")
+    if isinstance(flops, bool) or not isinstance(flops, int) or flops < 0:
+        raise InputError(f"flops={flops!r} must be a whole number >= 0 (FLOPs per score)")
+    if isinstance(reads, str) or not all(isinstance(r, str) and r.isidentifier() for r in reads):
+        raise InputTypeError(f"reads={reads!r} must be a sequence of tensor names (identifiers)")
+    return ScoreMod(name or _name_of(fn), fn, flops, tuple(reads))
+
+
+def softcap(T: float) -> ScoreMod:
+    """Gemma 2's attention logit softcapping, T·tanh(s/T): a division, a tanh and a product per score."""
+    if isinstance(T, bool) or not isinstance(T, (int, float)) or not T > 0:
+        raise InputError(f"softcap T={T!r} must be a number > 0")
+    return score_mod(lambda s, b, h, q, kv: T * np.tanh(s / T), flops=3, name=f"softcap {T:g}")
+
+
+def relative_bias(w: float) -> ScoreMod:
+    """s − w·|i − j|, ALiBi's bias with one slope: a difference, an absolute value, a product and a sum per score."""
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        raise InputTypeError(f"relative_bias w={w!r} must be a number")
+    return score_mod(lambda s, b, h, q, kv: s - w * np.abs(q - kv), flops=4, name=f"relative_bias {w:g}")
+
+
+def check_score_mod(value) -> ScoreMod | None:
+    if value is not None and not isinstance(value, ScoreMod):
+        raise InputTypeError(f"score_mod={value!r} must be an iosim.variants.flex.score_mod(...) or None")
+    return value
 
 
 def check_flex_mask(value, n_q: int, n_k: int) -> FlexBlockMask | None:
