@@ -83,33 +83,33 @@ def plot(data: dict) -> dict[str, Figure]:
     ax.set_title("Decoding one token, split-kv on the H100 preset, float16", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig2, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
-    for ax2, phase in zip(axes, ("prefill", "decode")):
-        rows = [r for r in data["gpt_oss"] if r["phase"] == phase]
-        for kind, style in (("global", "o-"), ("local 128", "s--")):
-            ax2.plot([r["N"] for r in rows], [r[kind] / 1e6 for r in rows], style, label=f"{kind} layer")
-        ax2.set_xscale("log", base=2)
-        ax2.set_yscale("log")
-        ax2.set_xlabel("context (tokens)")
-        ax2.set_title(f"{phase} ({rows[0]['algorithm']})", fontsize=10)
-        ax2.legend(fontsize=8)
-    axes[0].set_ylabel("HBM MB, one layer, with its sinks")
-    fig2.suptitle("gpt-oss-120b: banded (128) against full layers, H100 preset, float16", fontsize=10)
-    fig2.tight_layout()
-    fig3, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
-    for ax3, phase in zip(axes, ("prefill", "decode")):
-        for dtype, style in zip(FP8, ("o-", "s--")):
-            rows = [r for r in data["fp8"] if r["phase"] == phase and r["dtype"] == dtype]
-            ax3.plot([r["N"] for r in rows], [r["bytes"] / 1e6 for r in rows], style, label=dtype)
-        ax3.set_xscale("log", base=2)
-        ax3.set_yscale("log")
-        ax3.set_xlabel("context (tokens)")
-        ax3.set_title(f"{phase} ({rows[0]['algorithm']})", fontsize=10)
-        ax3.legend(fontsize=8)
-    axes[0].set_ylabel("HBM MB, one layer")
-    fig3.suptitle("Llama-3-70B in float16 and FP8 (FlashAttention-3's FP8 forward), H100 preset", fontsize=10)
-    fig3.tight_layout()
+    fig2 = phase_panels(lambda phase: [
+        (f"{kind} layer", style, [r for r in data["gpt_oss"] if r["phase"] == phase], kind)
+        for kind, style in (("global", "o-"), ("local 128", "s--"))],
+        "HBM MB, one layer, with its sinks", "gpt-oss-120b: banded (128) against full layers, H100 preset, float16")
+    fig3 = phase_panels(lambda phase: [
+        (dtype, style, [r for r in data["fp8"] if r["phase"] == phase and r["dtype"] == dtype], "bytes")
+        for dtype, style in zip(FP8, ("o-", "s--"))],
+        "HBM MB, one layer", "Llama-3-70B in float16 and FP8 (FlashAttention-3's FP8 forward), H100 preset")
     return {"mla_decode": fig, "gpt_oss_layers": fig2, "fp8_decode": fig3}
+
+
+def phase_panels(curves, ylabel: str, title: str) -> Figure:
+    """Prefill and decoding side by side against the context: ``curves(phase)`` gives each curve's (label, style,
+    rows, the key of their bytes)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0))
+    for ax, phase in zip(axes, ("prefill", "decode")):
+        for label, style, rows, key in curves(phase):
+            ax.plot([r["N"] for r in rows], [r[key] / 1e6 for r in rows], style, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("context (tokens)")
+        ax.set_title(f"{phase} ({rows[0]['algorithm']})", fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def main(argv: Sequence[str] | None = None) -> None:

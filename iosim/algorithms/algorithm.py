@@ -232,7 +232,8 @@ class Algorithm:
             why = ("a score_mod's gradient needs its derivative, which iosim does not take" if self.accepts("score_mod")
                    else "it runs no FlexAttention score_mod")
             raise InputError(f"score_mod {pb.score_mod.name!r} for {self.name}, pass {pass_!r}: {why}; allowed: "
-                             f"score_mod=None, or flex's forward pass")
+                             f"score_mod=None, or the forward pass of one that runs it: "
+                             f"{[a.name for a in algorithms if a.accepts('score_mod')]}")
         shared = set(getattr(pb.flex, "reads", ())) & set(getattr(pb.score_mod, "reads", ()))
         if shared:
             raise InputError(f"reads {sorted(shared)} declared by both the block mask and the score_mod: each tensor "
@@ -244,8 +245,10 @@ class Algorithm:
         if pb.sinks and pb.seqlens is not None:
             raise InputError("sinks with seqlens: packed documents take no attention sinks here; allowed: one of them")
         if pb.seqlens is not None and not self.accepts("seqlens"):
-            raise InputError(f"seqlens for {self.name}: it takes no packed documents (its K/V splits are sized per "
-                             f"sequence); allowed: seqlens=None, or an algorithm that takes them: "
+            why = ("its K/V splits are sized per sequence" if self.needs.splits is not None else
+                   "its block mask keeps documents apart itself: iosim.variants.flex.document")
+            raise InputError(f"seqlens for {self.name}: it takes no packed documents ({why}); allowed: seqlens=None, "
+                             f"or an algorithm that takes them: "
                              f"{[a.name for a in algorithms if a.accepts('seqlens')]}")
 
     def takes_flex(self, pass_: str) -> bool:

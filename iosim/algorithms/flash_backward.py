@@ -29,8 +29,8 @@ from iosim.algorithms.algorithm import DOUT, GRADIENTS, OUTPUT, STATISTICS, Algo
 from iosim.algorithms.tile_ops import (
     absorb_gradients,
     absorb_sink_gradient,
+    gradient_statistics,
     load_mask,
-    logsumexp,
     probabilities,
     row_dot,
     scores,
@@ -98,15 +98,9 @@ def sink_gradient(mem: Memory, pb: Problem, tiles: Visits) -> None:
     O_i) (line 19) and L_i from the forward's ℓ_i, m_i, the gradient held on chip and written once."""
     dsinks = mem.alloc("dsinks", pb.packed, fill=0.0)
     for _, rows in mem.loop(tiles.q.all()):
-        br = rows.stop - rows.start
-        O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
-        l_i, m_i = mem.load("l", rows), mem.load("m", rows)
-        D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
-        mem.compute(exp=br)  # the log of L_i
-        if mem.numeric:
-            D_i.data, L_i.data = row_dot(dO_i.data, O_i.data), logsumexp(l_i.data, m_i.data)
+        D_i, L_i, loaded = gradient_statistics(mem, rows)
         absorb_sink_gradient(mem, pb, rows, D_i, L_i, dsinks)
-        mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
+        mem.free(*loaded, D_i, L_i)
     mem.store(dsinks, "dsinks", slice(0, pb.packed))
     mem.free(dsinks)
 

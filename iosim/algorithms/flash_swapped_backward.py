@@ -43,9 +43,8 @@ from iosim.algorithms.tile_ops import (
     absorb_gradients,
     absorb_sink_gradient,
     exp_diff,
+    gradient_statistics,
     load_mask,
-    logsumexp,
-    row_dot,
     scores,
 )
 from iosim.core.counts import Counts
@@ -70,20 +69,13 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     # attention sinks: their gradient −Σ_rows P_sink·D, P_sink = exp(sink − L), summed on chip over the first pass
     dsinks = mem.alloc("dsinks", pb.packed, fill=0.0) if pb.sinks else None
     for _, rows in mem.loop(tiles.q.all()):  # first pass: D, L and dQ = (0), per query block
-        br = rows.stop - rows.start
-        O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
-        l_i, m_i = mem.load("l", rows), mem.load("m", rows)
-        D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
-        mem.compute(exp=br)  # the log of L_i
-        if mem.numeric:
-            D_i.data = row_dot(dO_i.data, O_i.data)  # line 19, once per row
-            L_i.data = logsumexp(l_i.data, m_i.data)
+        D_i, L_i, loaded = gradient_statistics(mem, rows)  # line 19, once per row
         if dsinks is not None:
             absorb_sink_gradient(mem, pb, rows, D_i, L_i, dsinks)
         mem.store(D_i, "D", rows)
         mem.store(L_i, "L", rows)
-        mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
-        zero = mem.alloc("dQ_i", br, d, fill=0.0)  # line 5
+        mem.free(*loaded, D_i, L_i)
+        zero = mem.alloc("dQ_i", rows.stop - rows.start, d, fill=0.0)  # line 5
         mem.store(zero, "dQ", rows)
         mem.free(zero)
 

@@ -35,7 +35,7 @@ from iosim.algorithms.algorithm import (
     exact_counts,
     saved,
 )
-from iosim.algorithms.tile_ops import exp_diff, logsumexp, row_dot, score_gradient, scores, transpose
+from iosim.algorithms.tile_ops import exp_diff, gradient_statistics, score_gradient, scores, transpose
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
 from iosim.core.memory import Memory, Tile
@@ -55,16 +55,10 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
     d, d_v = pb.shape.d, pb.shape.d_v
     tiles = flex_visits(pb, tiling)
     for _, rows in mem.loop(tiles.q.all()):  # first pass: D and L (line 19)
-        br = rows.stop - rows.start
-        O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
-        l_i, m_i = mem.load("l", rows), mem.load("m", rows)
-        D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
-        mem.compute(exp=br)  # the log of L_i
-        if mem.numeric:
-            D_i.data, L_i.data = row_dot(dO_i.data, O_i.data), logsumexp(l_i.data, m_i.data)
+        D_i, L_i, loaded = gradient_statistics(mem, rows)
         mem.store(D_i, "D", rows)
         mem.store(L_i, "L", rows)
-        mem.free(O_i, dO_i, l_i, m_i, D_i, L_i)
+        mem.free(*loaded, D_i, L_i)
 
     for i, rows in mem.loop(tiles.query_blocks()):  # dQ: each query block over its key blocks
         br = rows.stop - rows.start

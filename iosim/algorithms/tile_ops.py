@@ -149,6 +149,20 @@ def logsumexp(l: np.ndarray, m: np.ndarray) -> np.ndarray:
         return np.where(l == 0, -np.inf, m + np.log(np.where(l == 0, 1.0, l)))
 
 
+def gradient_statistics(mem: Memory, rows: slice) -> tuple[Tile, Tile, tuple[Tile, ...]]:
+    """A backward pass's statistics of the query rows ``rows``: loads O_i, dO_i, ℓ_i, m_i and computes D_i =
+    rowsum(dO_i ∘ O_i) (Alg. 4 line 19) and L_i = m_i + log ℓ_i, one log a row. Returns D_i, L_i and the loaded tiles,
+    all resident: the caller frees them."""
+    br = rows.stop - rows.start
+    O_i, dO_i = mem.load("O", rows), mem.load("dO", rows)
+    l_i, m_i = mem.load("l", rows), mem.load("m", rows)
+    D_i, L_i = mem.alloc("D_i", br), mem.alloc("L_i", br)
+    mem.compute(exp=br)  # the log of L_i
+    if mem.numeric:
+        D_i.data, L_i.data = row_dot(dO_i.data, O_i.data), logsumexp(l_i.data, m_i.data)
+    return D_i, L_i, (O_i, dO_i, l_i, m_i)
+
+
 def transpose(x: np.ndarray) -> np.ndarray:
     """xᵀ of every head's tile: (bh, a, b) → (bh, b, a)."""
     return np.swapaxes(x, -1, -2)
