@@ -224,6 +224,8 @@ def test_the_reviewed_edges_are_refused_or_counted_right(tmp_path, capsys):
         assert cli_main(["sweep", "--N", "256", "--d", "8", "--flex-mask", "causal", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+    assert cli_main(["run", "--algo", "flex", "--d", "8", "--seqlens", "30", "34", "--flex-mask", "causal"]) == 2
+    assert "--seqlens with --flex-mask causal" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))

@@ -218,6 +218,9 @@ def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMas
     without one."""
     if getattr(args, "flex_mask", None) is None:
         return None
+    if documents(args) is not None:
+        raise InputError(f"--seqlens with --flex-mask {' '.join(args.flex_mask)}: a block mask keeps packed documents "
+                         f"apart itself; allowed: --flex-mask document with --seqlens, or no --seqlens")
     return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=args.flex_block, seqlens=args.seqlens)
 
 
