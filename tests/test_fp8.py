@@ -81,7 +81,7 @@ def test_what_has_no_fp8_path_refuses_it_by_name():
     assert sorted(r.algorithm for r in outcome.rows) == sorted(TAKERS)
     assert outcome.notes[0] == ("--dtype float8_e4m3 leaves out standard, flash, standard-eager, small-cache: they "
                                 "take no FP8 path")
-    assert "no kernel the L2 model describes has an FP8 build" in outcome.notes[1]
+    assert "this kernel has no FP8 build" in outcome.notes[1]
     assert all(r.dram is None for r in outcome.rows)
 
 

@@ -138,7 +138,8 @@ def test_iosim_kernels_writes_one_record_per_kernel_and_marks_the_defaults(tmp_p
         assert r["default"] is (default_kernel(kernel.algorithm) is kernel), r
     assert {r["kernel"] for r in records if r["default"]} == {"flash", "flash-swapped", "split-kv"}
     assert {r["algorithm"] for r in records} == {"flash", "flash-swapped", "split-kv"}
-    assert [r["kernel"] for r in records if r["own_tile"]] == ["sdpa-flash"]
+    assert [r["kernel"] for r in records if r["own_tile"]] == ["fa3", "sdpa-flash"]
+    assert {r["kernel"]: r["takes"] for r in records if r["takes"]} == {"fa3": "fp8 d_v"}
     assert {r["kernel"] for r in records if r["timed"]} == {"flash-swapped", "flash-swapped-tc", "sdpa-flash"}
 
 

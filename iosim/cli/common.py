@@ -167,7 +167,7 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
 
 def hardware_of(args: argparse.Namespace) -> Hardware | None:
     """--gpu with --l2-bytes, --blocks-per-sm and --schedule, resolved once; None without --gpu. The overrides (and
-    --kernel) are refused without --gpu, whose L2 they change."""
+    --kernel) are refused without --gpu, whose L2 they change, and a --kernel built for other GPUs than --gpu."""
     given = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm,
              "--schedule": None if args.schedule == "lockstep" else args.schedule, "--kernel": args.kernel}
     given = {name: value for name, value in given.items() if value is not None}
@@ -177,8 +177,11 @@ def hardware_of(args: argparse.Namespace) -> Hardware | None:
             raise InputError(f"{name} {value} without --gpu: it changes a GPU preset's L2 model; allowed: --gpu NAME "
                              f"{name} {value}")
         return None
-    return hardware(args.gpu, l2_bytes=args.l2_bytes, blocks_per_sm=args.blocks_per_sm, schedule=args.schedule,
-                    physical=True)
+    hw = hardware(args.gpu, l2_bytes=args.l2_bytes, blocks_per_sm=args.blocks_per_sm, schedule=args.schedule,
+                  physical=True)
+    if args.kernel is not None:
+        KERNELS[args.kernel].check_gpu(hw.gpu.name)
+    return hw
 
 
 def window_of(args: argparse.Namespace) -> tuple[int, int] | None:

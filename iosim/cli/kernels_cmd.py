@@ -24,6 +24,7 @@ def records() -> list[dict]:
     for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
         rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
                          passes="fwd, bwd" if k.backward else "fwd", options=" ".join(k.options) or None,
+                         takes=" ".join(k.takes) or None,
                          closed_form=k.forward_dram is not None, own_tile=k.tile is not None,
                          timed=k.rate is not None, source=k.source))
     return rows
@@ -38,12 +39,14 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 def main(args: argparse.Namespace, console) -> None:
     rows = run(args)
-    table = compact_table(("kernel", "algorithm", "default", "passes", "options"), left="kernel")
+    table = compact_table(("kernel", "algorithm", "default", "passes", "options", "takes"), left="kernel")
     for r in rows:
-        table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "")
+        table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "",
+                      r["takes"] or "")
     console.print(table)
     console.print("launch their own tiles, whatever the request's: "
                   + ", ".join(r["kernel"] for r in rows if r["own_tile"]))
+    console.print("takes: fp8, FP8 data (--dtype float8_e4m3); d_v, a V head size apart from d (--d-v)")
     console.print("forward timed on a GPU, so --schedule timed runs them: "
                   + ", ".join(r["kernel"] for r in rows if r["timed"]))
     for r in rows:

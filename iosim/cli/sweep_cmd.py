@@ -86,7 +86,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                            sinks=args.sinks, d_v=args.d_v, latent=args.latent, dtype=args.dtype,
                            block_mask=None if masks is None else masks(N, args.N_k or N))
         try:
-            check_launchable(pb)
+            check_launchable(pb, get_kernel(args.kernel).takes if args.kernel else ())
         except InputError as err:
             out.append(f"--gpu {args.gpu}: the rows counted with this option have no DRAM bytes, their time is from "
                        f"HBM bytes ({err})")

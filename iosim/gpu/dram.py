@@ -88,6 +88,7 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
     """The DRAM counts of every kernel ``launch``'s pass launches, in launch order, each from a cold L2 (what ncu
     reports kernel by kernel). A lockstep count or a simulation estimated to take longer than ``budget_s`` raises
     ``DramTooLong`` before it starts (None: no limit)."""
+    kernel.check_gpu(hw.gpu.name)
     launch = kernel.own(launch)
     grids = kernel.grids(launch)
     form = kernel.closed_form(launch) if len(grids) == 1 else None
@@ -149,7 +150,7 @@ class DramResult:
         return one_pass(self.forward_tiling, self.backward_tiling)
 
 
-def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
+def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
          tiling=None, kv_heads=None, pass_="fwd", gpu="h100", l2_bytes=None, blocks_per_sm=None,
          window=None, schedule="lockstep", kernel: str | None = None, sawtooth: bool = False,
          budget_s: float | None = BUDGET_S) -> DramResult:
@@ -170,7 +171,7 @@ def dram(algorithm, *, N, d, M, N_k=None, batch=1, heads=1, causal=False, dtype=
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
     hw = hardware(gpu, l2_bytes=l2_bytes, blocks_per_sm=blocks_per_sm, schedule=schedule)
-    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window)
+    pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window, d_v=d_v)
     request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)
     found = kernel_for(request.algorithm.name, kernel)
     if found.tile is not None:

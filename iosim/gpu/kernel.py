@@ -17,6 +17,7 @@ from iosim.gpu.l2 import DramForm, Grid, SharedMemoryBound
 from iosim.gpu.occupancy import report
 
 OPTIONS = ("sawtooth",)  # kernel options: the sawtooth order of flash-swapped's forward (odd query blocks reversed)
+TAKES = ("fp8", "d_v")  # what some kernels take and the others refuse: FP8 data, a V head size apart from Q's and K's
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,16 @@ class Kernel:
     # its forward's measured FLOP/s on the problem's dtype, which sets the timed schedule's miss penalty
     # (iosim.gpu.timed); None where no GPU run has timed it
     rate: Callable[[Problem], float] | None = None
+    # what beyond one head size and 16- or 32-bit data it takes (TAKES): "fp8" data, "d_v" apart from d
+    takes: tuple[str, ...] = ()
+    # the GPU presets (names) it runs on where it is built for one architecture; None: any
+    runs_on: tuple[str, ...] | None = None
+
+    def check_gpu(self, gpu: str) -> None:
+        """Refuse, by name, a GPU the kernel is not built for."""
+        if self.runs_on is not None and gpu not in self.runs_on:
+            raise InputError(f"the {gpu} preset: kernel={self.name!r} is built for the {', '.join(self.runs_on)} "
+                             f"only; allowed: a GPU preset of those")
 
     def own(self, launch: Launch) -> Launch:
         """``launch`` at the kernel's own tile, where it fixes one: the DRAM level describes the kernel as it runs."""
@@ -66,7 +77,7 @@ class Kernel:
         if launch.sawtooth and "sawtooth" not in self.options:
             raise InputError(f"sawtooth=True: kernel={self.name!r} takes no sawtooth order; allowed with it: "
                              f"sawtooth=False")
-        check_launchable(launch.problem)
+        check_launchable(launch.problem, self.takes)
         return self.launches(self.own(launch))
 
     def closed_form(self, launch: Launch) -> Callable[[Problem, Tiling, int, int], DramForm | None] | None:
@@ -74,10 +85,11 @@ class Kernel:
         return None if launch.backward or launch.sawtooth else self.forward_dram
 
 
-def check_launchable(pb: Problem) -> None:
-    """Refuse, by name, what no kernel grid takes: the kernels of iosim.kernels (and Flash-Decoding's, as declared)
-    read no explicit or block mask, no block table and no attention sinks, skip no tiles outside a sliding window,
-    launch one sequence per batch entry, not varlen's packed documents, and take one head size for Q, K and V."""
+def check_launchable(pb: Problem, takes: tuple[str, ...] = ()) -> None:
+    """Refuse, by name, what no kernel grid takes: the kernels described read no explicit or block mask, no block
+    table and no attention sinks, skip no tiles outside a sliding window and launch one sequence per batch entry, not
+    varlen's packed documents; and what a kernel that does not declare it in ``takes`` (``TAKES``) refuses: FP8 data,
+    and a head size for V apart from Q's and K's."""
     if pb.has_mask or pb.block_sparsity is not None or pb.flex is not None:
         raise InputError("an explicit, block-sparse or FlexAttention block mask: no GPU kernel of iosim takes one, so "
                          "the L2 model has no grid for it; allowed: has_mask=False, block_sparsity=None, "
@@ -94,12 +106,13 @@ def check_launchable(pb: Problem) -> None:
         raise InputError("sinks: no kernel the L2 model describes reads attention sinks; allowed: sinks=False")
     if pb.latent:
         raise InputError("latent: no kernel the L2 model describes reads MLA's latent cache; allowed: latent=False")
-    if pb.fp8:
-        raise InputError(f"dtype={pb.dtype!r}: no kernel the L2 model describes has an FP8 build; allowed: float16, "
-                         f"bfloat16, float32")
-    if pb.shape.d_v != pb.shape.d:
-        raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: the kernels the L2 model describes take one head "
-                         f"size for Q, K and V, as their grids and the resource report do; allowed: d_v = d")
+    if pb.fp8 and "fp8" not in takes:
+        raise InputError(f"dtype={pb.dtype!r}: this kernel has no FP8 build; allowed: float16, bfloat16, float32, or "
+                         f"a kernel that takes FP8 (`iosim kernels`: fa3)")
+    if pb.shape.d_v != pb.shape.d and "d_v" not in takes:
+        raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: this kernel takes one head size for Q, K and V, "
+                         f"as its grids and the resource report do; allowed: d_v = d, or a kernel that takes two "
+                         f"(`iosim kernels`: fa3)")
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,

@@ -176,7 +176,7 @@ def by_dram(algo: Algorithm, pb: Problem, searched: tuple[Candidate, ...], hw: H
     if found.tile is not None:
         raise InputError(f"kernel={found.name!r} launches its own tile, so objective 'dram' has no tiling to choose "
                          f"for it; allowed: {sorted(k.name for k in KERNELS.values() if k.tile is None)}")
-    check_launchable(pb)  # before the shortlist: a mask, a window or documents no kernel takes
+    check_launchable(pb, found.takes)  # before the shortlist: a mask, a window or documents no kernel takes
     scored = sorted(((pass_counts(found, Launch(pb, x.tiling, sms=hw.sms), hw), x)
                      for x in searched[:DRAM_CANDIDATES]),
                     key=lambda s: (s[0].moved, rank_key(s[1])))

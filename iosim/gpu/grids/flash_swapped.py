@@ -38,15 +38,15 @@ FORWARD_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log
 
 def kv_step_cache(tiles: Tiles, pb: Problem, tiling: Tiling) -> Callable[[int], list]:
     """The steps (K_j, V_j) of each K/V head, built once: one object per j for every block of the head, so that
-    ``iosim.gpu.l2`` sees a repeated step and skips it."""
+    ``iosim.gpu.l2`` sees a repeated step and skips it. K_j has d columns, V_j d_v."""
     s, Bc = pb.shape, tiling.Bc
     Tc, data = -(-s.n_k // Bc), pb.itemsize("data")
     shared: dict[int, list] = {}  # K/V head -> its steps
 
     def kv_steps(kvh: int) -> list:
         if kvh not in shared:
-            shared[kvh] = [tuple(tiles.access(x, kvh * Tc + j, min(Bc, s.n_k - j * Bc) * s.d * data, READ)
-                                 for x in ("K", "V")) for j in range(Tc)]
+            shared[kvh] = [tuple(tiles.access(x, kvh * Tc + j, min(Bc, s.n_k - j * Bc) * width * data, READ)
+                                 for x, width in (("K", s.d), ("V", s.d_v))) for j in range(Tc)]
         return shared[kvh]
 
     return kv_steps
@@ -104,6 +104,45 @@ def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound
         return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
 
     return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm)
+
+
+def downward_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound,
+                     tile_at: Callable[[int], tuple[int, int]]) -> Grid:
+    """FlashAttention-2's and -3's forward blocks, each visiting its key blocks from the last down to the first: block
+    b (in launch or dispatch order) computes query block i of batch·head bh, (bh, i) = ``tile_at(b)``. It reads Q_i
+    (and, for FP8 data, its K/V head's three float32 descales) with its first key block, K_j (d columns) and V_j (d_v)
+    at each, and writes O_i (d_v columns in the output dtype) and lse_i (float32) with the last. A block that sees no
+    key writes O_i and lse_i and reads nothing. The tiles of a head are shared objects, so that the blocks of one
+    head started in one round run as a cohort (``iosim.gpu.schedule``)."""
+    s, Br = pb.shape, tiling.Br
+    Tr = -(-s.n_q // Br)
+    data, out_size, stat = pb.itemsize("data"), pb.itemsize("out"), 4
+    tiles = Tiles(FORWARD_TENSORS + (("descale",) if pb.fp8 else ()))
+    upwards = kv_step_cache(tiles, pb, tiling)
+    downwards: dict[int, list] = {}  # K/V head -> its (K_j, V_j) steps, last first: one list for all its blocks
+    met = visits(pb, tiling, skips_hidden=True)
+
+    def steps(b: int):
+        bh, i = tile_at(b)
+        rows = min(Br, s.n_q - i * Br)
+        t = bh * Tr + i
+        out = (tiles.access("O", t, rows * s.d_v * out_size, WRITE), tiles.access("lse", t, rows * stat, WRITE))
+        run = met.key_run(i)
+        if not run:
+            return iter((out,))
+        kvh = s.kv_head(bh)
+        q = (tiles.access("Q", t, rows * s.d * data, READ),)
+        if pb.fp8:
+            q += (tiles.access("descale", kvh, 3 * stat, READ),)
+        kv = downwards.get(kvh)
+        if kv is None:
+            kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
+        first, count = len(kv) - run.stop, len(run)
+        if count == 1:
+            return iter((q + kv[first] + out,))
+        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
+
+    return Grid(s.bh * Tr, steps, tiles, per_sm)
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:

@@ -43,7 +43,7 @@ from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.grids._device import TILES
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step, Tiles
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step
 
 FORWARD_TILE = {64: (128, 128), 128: (128, 64)}  # d -> (kBlockM, kBlockN), Flash_fwd_kernel_traits
 BACKWARD_TILE = {64: (128, 128), 128: (64, 128)}  # d -> (kBlockM, kBlockN), Flash_bwd_kernel_traits
@@ -115,34 +115,11 @@ def launch_order(s: AttentionShape):
 def forward(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
     """``flash_fwd_kernel``'s blocks in launch order: block n·T_r + i is query block i of the n-th (batch, head)
     pair; each reads Q_i with its first (the last) key block, the key blocks it sees downwards, and writes O_i, lse_i
-    with the last."""
-    s, Br = pb.shape, tiling.Br
-    Tr = -(-s.n_q // Br)
-    data, stat = pb.itemsize("data"), 4
-    tiles = Tiles(flash_swapped.FORWARD_TENSORS)
-    upwards = flash_swapped.kv_step_cache(tiles, pb, tiling)
-    downwards: dict[int, list] = {}  # K/V head -> its (K_j, V_j) steps, last first: one list for all its blocks
-    met = visits(pb, tiling, skips_hidden=True)
-    pair = launch_order(s)
-
-    def steps(b: int):
-        n, i = divmod(b, Tr)
-        bh = pair(n)
-        rows = min(Br, s.n_q - i * Br)
-        t = bh * Tr + i
-        out = (tiles.access("O", t, rows * s.d * data, WRITE), tiles.access("lse", t, rows * stat, WRITE))
-        run = met.key_run(i)  # never empty: torch runs no flash kernel for a causal mask with N_q ≠ N_k (``check``)
-        q = (tiles.access("Q", t, rows * s.d * data, READ),)
-        kvh = s.kv_head(bh)
-        kv = downwards.get(kvh)
-        if kv is None:
-            kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
-        first, count = len(kv) - run.stop, len(run)
-        if count == 1:
-            return iter((q + kv[first] + out,))
-        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
-
-    return Grid(s.bh * Tr, steps, tiles, per_sm)
+    with the last (``flash_swapped.downward_forward``; its run of key blocks is never empty: torch runs no flash
+    kernel for a causal mask with N_q ≠ N_k, ``check``)."""
+    Tr = -(-pb.shape.n_q // tiling.Br)
+    pair = launch_order(pb.shape)
+    return flash_swapped.downward_forward(pb, tiling, per_sm, lambda b: (pair(b // Tr), b % Tr))
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
