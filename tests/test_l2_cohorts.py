@@ -1,5 +1,6 @@
 """Cohorts in the L2 simulation (iosim.gpu.schedule.simulate): blocks that share a run of steps (``SharedSteps``) and
-start in one round advance together, and the counts are those of the schedule run block by block."""
+start in one round advance together, and the counts are those of the schedule run block by block; so do the
+sawtooth's pairs of blocks fused into one (``Grid.fuse``)."""
 
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu import call1, schedule
+from iosim.gpu.grids import flash_swapped
 from iosim.gpu.kernel import Launch
 from iosim.gpu.l2 import LRU, READ, READ_WRITE, WRITE, Grid, L2Config, SharedSteps, Tiles
 from iosim.gpu.schedule import simulate
@@ -161,3 +163,39 @@ def test_a_shared_run_must_lie_within_its_body():
     body = [((1, 32, READ),)] * 3
     with pytest.raises(ValueError, match="run 2:4 must lie within its body of 3 steps"):
         SharedSteps((), body, 2, 4, ())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.sampled_from([1, 17, 100, 300]), st.sampled_from([1, 64, 300]),
+       st.sampled_from([(16, 16), (32, 16), (16, 64)]), st.sampled_from([2_000, 40_000, 37_000_000]),
+       st.integers(1, 24))
+def test_the_sawtooth_s_pairs_run_as_one_block_with_the_counts_of_its_blocks(bh, n_q, n_k, tile, capacity,
+                                                                             concurrent):
+    # the odd query blocks scan downwards: the fused pairs (an upward and a downward block) count what the blocks
+    # count run one by one, and by hand; an odd number of slots runs the blocks unfused
+    pb = Problem(AttentionShape(1, bh, n_q, n_k, 16), tau=1.0, dtype="float16")
+    grid = flash_swapped.forward(pb, Tiling(*tile), 1, sawtooth=True)
+    assert grid.fuse == 2
+    config = L2Config(capacity, concurrent)
+    assert simulate(grid, config) == simulate(block_by_block(replace(grid, fuse=1)), config) \
+        == schedule_by_hand(grid, config)
+
+
+def test_fused_pairs_form_cohorts_and_refuse_blocks_of_unequal_steps(monkeypatch):
+    pb = Problem(AttentionShape(1, 2, 512, 512, 16), tau=1.0, dtype="float16")
+    grid = flash_swapped.forward(pb, Tiling(16, 16), 1, sawtooth=True)  # 32 query blocks of 32 steps a head
+    pairs = schedule.fused(grid)
+    assert pairs.blocks == 32 and pairs.steps(0).runs_with(pairs.steps(5))  # a head's pairs share their run
+    joined = []
+    join = schedule._Cohort.join
+
+    def spy(self, other):
+        joined.append(join(self, other))
+        return joined[-1]
+
+    monkeypatch.setattr(schedule._Cohort, "join", spy)
+    simulate(grid, L2Config(40_000, 16))
+    assert sum(joined) >= 24, sum(joined)  # 8 pairs at once: at least 6 join the first of their round, 4 rounds
+    causal = replace(flash_swapped.forward(replace(pb, causal=True), Tiling(16, 16), 1), fuse=2)
+    with pytest.raises(ValueError, match="fused blocks must make as many"):
+        list(schedule.fused(causal).steps(0))

@@ -157,6 +157,10 @@ class Grid:
     blocks_per_sm: int | SharedMemoryBound
     # every block makes the same steps, on tiles no other block touches (iosim.gpu.lockstep.lockstep)
     uniform: bool = False
+    # every block makes as many steps (at least one), and groups of ``fuse`` consecutive blocks share their joined
+    # steps with other groups (the sawtooth's even and odd query blocks): the lockstep simulation runs each group as
+    # one block (``iosim.gpu.schedule.fused``)
+    fuse: int = 1
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""

@@ -13,11 +13,16 @@ blocks share a whole run of steps says so with ``SharedSteps``: blocks adjacent 
 order that start in one round with the same shared run, and heads and tails of equal
 length, then make one cohort, which a round advances once instead of block by block, with
 the same counts (tests/test_l2_cohorts.py holds them equal to the schedule run block by block).
+A grid whose blocks all make as many steps, and whose groups of ``Grid.fuse`` consecutive blocks share their steps
+joined (the sawtooth's pairs of an upward and a downward query block), runs under lockstep as a grid of those groups
+(``fused``): its blocks start and end in waves of W in grid order, so a group's steps joined, one group per ``fuse``
+slots, are the same accesses in the same order, and the groups form cohorts where the blocks alone cannot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import islice
 
 from iosim.gpu.l2 import LRU, DramCounts, Grid, L2Config, SharedSteps, Step
@@ -32,6 +37,9 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
     blocks. A finished entry's slots go to the next blocks in grid order, which start in the next round.
     """
     l2 = LRU(config.capacity, len(grid.tiles.tensors))
+    counted = config
+    if grid.fuse > 1 and config.schedule == "lockstep" and config.concurrent % grid.fuse == 0:
+        grid, config = fused(grid), replace(config, concurrent=config.concurrent // grid.fuse)
     pending = iter(range(grid.blocks))
     state = _Run(l2)
     entries: list = []
@@ -66,7 +74,35 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
             else:
                 out.append(entry)
         entries = _settled(out, fresh) if fresh else out
-    return l2.counts(grid.tiles, config)
+    return l2.counts(grid.tiles, counted)
+
+
+def fused(grid: Grid) -> Grid:
+    """``grid`` with each ``grid.fuse`` consecutive blocks as one, whose steps are theirs joined round by round (in
+    slot order, as the schedule runs them). Where the group's blocks are ``SharedSteps`` with runs of one length,
+    the group's are too, its run joined once for every group of the same blocks' runs, so that groups started together
+    form a cohort. The blocks must make as many steps each (``Grid.fuse``'s promise)."""
+    k = grid.fuse
+    joined: dict[tuple, list] = {}  # the members' (body, start) -> their run joined: one object for all groups
+
+    def steps(g: int):
+        members = [grid.steps(b) for b in range(g * k, min((g + 1) * k, grid.blocks))]
+        shared = all(isinstance(m, SharedSteps) for m in members)
+        if shared and len({(len(m.head), m.stop - m.start, len(m.tail)) for m in members}) == 1:
+            key = tuple((id(m.body), m.start) for m in members)
+            n = members[0].stop - members[0].start
+            if key not in joined:
+                joined[key] = [sum((m.body[m.start + t] for m in members), ()) for t in range(n)]
+            head = tuple(sum(parts, ()) for parts in zip(*(m.head for m in members)))
+            tail = tuple(sum(parts, ()) for parts in zip(*(m.tail for m in members)))
+            return SharedSteps(head, joined[key], 0, n, tail)
+        runs = [list(m) for m in members]
+        if len({len(r) for r in runs}) != 1:
+            raise ValueError(f"Grid.fuse={k}: blocks {g * k}..{g * k + len(runs) - 1} make {[len(r) for r in runs]} "
+                             f"steps; fused blocks must make as many")
+        return iter([sum(parts, ()) for parts in zip(*runs)])
+
+    return Grid(-(-grid.blocks // k), steps, grid.tiles, grid.blocks_per_sm)
 
 
 class _Run:

@@ -10,6 +10,7 @@ Each grid takes the kernel's blocks per SM (``iosim.gpu.kernels`` reads them fro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -81,7 +82,10 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound, sawtoo
     block, ends with its first and O_i, lse_i. (arXiv 2601.16032 alternates per wave of a persistent kernel instead:
     ``iosim.gpu.grids.persistent``.) The two-level count is the same: only the order, which the L2 sees, differs."""
     Tr = -(-pb.shape.n_q // tiling.Br)
-    return ordered_forward(pb, tiling, per_sm, lambda b: sawtooth and b % Tr % 2 == 1)
+    grid = ordered_forward(pb, tiling, per_sm, lambda b: sawtooth and b % Tr % 2 == 1)
+    if sawtooth and pb.band.full and not pb.has_mask:  # every block sees every key block: pairs run as one
+        return replace(grid, fuse=2)
+    return grid
 
 
 def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound,
