@@ -43,7 +43,7 @@ class GradResult:
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
               block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
               allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None,
-              sinks=None, block_mask=None) -> GradResult:
+              sinks=None, block_mask=None, score_mod=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d_v), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
@@ -62,7 +62,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
                               allow_nonfinite=allow_nonfinite, seqlens=seqlens, cu_seqlens=cu_seqlens, sinks=sinks,
-                              block_mask=block_mask)
+                              block_mask=block_mask, score_mod=score_mod)
     do = np.asarray(do) if isinstance(do, (list, tuple)) else do
     check_dout(do, replace(pb.shape, n_q=tokens(pb)), "do")  # packed documents: (1, heads, Σ L_b, d)
     do = np.asarray(do)

@@ -84,7 +84,8 @@ def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
     return np.repeat(x, heads // x.shape[1], axis=1)
 
 
-def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None, sinks=None):
+def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None, sinks=None,
+                   score_mod=None):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     shape = check_qkv(q, k, v)
     check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
@@ -93,6 +94,8 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
     rows = _check_rows(rows, shape.n_q)
     q64, k64 = np.asarray(q[:, :, rows], dtype=np.float64), np.asarray(k, dtype=np.float64)
     s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, rows, N_k)
+    if score_mod is not None:  # FlexAttention's score_mod, on the scaled scores before the mask
+        s = score_mod.apply(s, rows, slice(0, shape.n_k))
     keep = _keep_matrix(shape, causal, mask, rows, window)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -127,32 +130,37 @@ def dropout_scale_matrix(shape: AttentionShape, dropout_p: float, seed: int, row
 
 
 def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                  rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None
-                  ) -> ReferenceOutput:
+                  rows: slice | None = None, allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None,
+                  score_mod=None) -> ReferenceOutput:
     """Float64 attention of q (b, h, N_q, d) against k (b, h_kv, N_k, d) and v (b, h_kv, N_k, d_v), h_kv dividing h.
 
     ``rows`` computes only those query rows, in memory O(rows·N_k): a check of a long
     sequence goes through it a slice at a time. ``window=(left, right)``: a sliding window.
     ``first_batch``: the dropout streams' batch index of q's first entry (one packed document's place).
     ``sinks``: learned attention sinks, one logit per query head (gpt-oss): the softmax of each row over its
-    scores and its head's sink, the sink's share of the weight going to no value.
+    scores and its head's sink, the sink's share of the weight going to no value. ``score_mod``: a FlexAttention
+    score_mod (``iosim.variants.flex.score_mod``) applied to the scaled scores before the mask.
     """
-    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window, sinks)
+    shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window, sinks, score_mod)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q), first_batch)
     out = (p * z) @ repeat_kv(np.asarray(v, dtype=np.float64), shape.heads)
     return ReferenceOutput(out=out, lse=lse)
 
 
 def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
-                           allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None):
+                           allow_nonfinite=False, window=None, first_batch: int = 0, sinks=None, score_mod=None):
     """Float64 gradients (dq, dk, dv) of attention_ref with respect to q, k, v (with ``sinks``, of attention_ref's
-    with them; ``sinks_gradient_ref`` is theirs).
+    with them; ``sinks_gradient_ref`` is theirs; with ``score_mod``, which must carry its derivative, of
+    attention_ref's through it).
 
     Follows Alg. 4's algebra on whole matrices: dV = (P∘Z)ᵀ dO, dP = (dO Vᵀ)∘Z,
-    D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q.
+    D = rowsum(dP∘P), dS = P∘(dP − D), dQ = tau dS K, dK = tau dSᵀ Q; a score_mod f multiplies dS by f'(S).
     """
     shape, tau, p, _ = _probabilities(q, k, v, causal, mask, scale, allow_nonfinite=allow_nonfinite, window=window,
-                                      sinks=sinks)
+                                      sinks=sinks, score_mod=score_mod)
+    if score_mod is not None and score_mod.grad is None:
+        raise InputError(f"score_mod {score_mod.name!r}: its gradient needs its derivative, and it has none; allowed: "
+                         f"a score_mod with grad=")
     if shape.kv_heads != shape.heads:
         raise InputError(f"kv_heads={shape.kv_heads}: the backward reference takes kv_heads == heads={shape.heads}")
     check_dout(dout, shape)
@@ -164,6 +172,9 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
     dp = (do64 @ np.swapaxes(v64, -1, -2)) * z
     big_d = (dp * p).sum(axis=-1, keepdims=True)
     ds = p * (dp - big_d)
+    if score_mod is not None:
+        scores = tau * (np.asarray(q, dtype=np.float64) @ np.swapaxes(k64, -1, -2))
+        ds = ds * score_mod.derivative(scores, slice(0, shape.n_q), slice(0, shape.n_k))
     return tau * (ds @ k64), tau * (np.swapaxes(ds, -1, -2) @ q64), dv
 
 

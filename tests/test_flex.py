@@ -249,11 +249,15 @@ def test_flex_gradients_match_float64_and_their_closed_form(name, n_q, n_k, bloc
 
 @settings(max_examples=40, deadline=None)
 @given(n_q=st.integers(1, 150), n_k=st.integers(1, 150), Br=st.integers(1, 48), Bc=st.integers(1, 48),
-       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), d=st.integers(1, 32), d_v=st.integers(1, 32))
-def test_flex_backward_counts_equal_their_closed_form_on_random_masks(n_q, n_k, Br, Bc, density, seed, d, d_v):
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**32 - 1), d=st.integers(1, 32), d_v=st.integers(1, 32),
+       modded=st.booleans())
+def test_flex_backward_counts_equal_their_closed_form_on_random_masks(n_q, n_k, Br, Bc, density, seed, d, d_v,
+                                                                       modded):
     table = np.random.default_rng(seed).random((n_q, n_k)) < density
     bm = iosim.block_mask(lambda b, h, q, kv: table[q, kv], n_q, n_k, block=(Br, Bc), reads=("ids",))
-    sizes = dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=10**6, block_mask=bm, pass_="bwd")
+    mod = F.score_mod(lambda s, b, h, q, kv: s, flops=1, reads=("bias",), grad=lambda s, b, h, q, kv: 1.0,
+                      grad_flops=1) if modded else None
+    sizes = dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=10**6, block_mask=bm, score_mod=mod, pass_="bwd")
     assert iosim.count("flex", **sizes).traffic == iosim.predict("flex", **sizes).exact
 
 
@@ -295,6 +299,66 @@ def score_mod_reference(q, k, v, keep, mod):
     return np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total)) @ v
 
 
+def score_mod_backward_reference(q, k, v, do, keep, mod):
+    """Float64 dQ, dK, dV of ``score_mod_reference``: the softmax's gradient in the modified scores, times the
+    score_mod's derivative at the scores."""
+    tau = 1 / np.sqrt(q.shape[-1])
+    s = np.einsum("bhid,bhjd->bhij", q, k) * tau
+    at = (s, 0, 0, np.arange(q.shape[2])[:, None], np.arange(k.shape[2])[None, :])
+    modified = np.where(keep, mod.fn(*at), -np.inf)
+    m = modified.max(axis=-1, keepdims=True)
+    e = np.exp(modified - np.where(np.isneginf(m), 0.0, m))
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.where(total == 0, 0.0, e / np.where(total == 0, 1.0, total))
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True)) * np.broadcast_to(mod.grad(*at), s.shape)
+    return tau * ds @ k, tau * np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ do
+
+
+def test_the_backward_reference_with_a_score_mod_is_the_forward_reference_s_gradient():
+    # central differences of Σ out ∘ dO, on the float64 forward reference: the reference backward is not circular
+    rng = np.random.default_rng(5)
+    q, k, v, do = (rng.standard_normal((1, 1, n, 3)) for n in (5, 7, 7, 5))
+    keep = np.tril(np.ones((5, 7), dtype=bool), 2)
+    mod = F.softcap(1.2)
+    grads = score_mod_backward_reference(q, k, v, do, keep, mod)
+    for x, g in zip((q, k, v), grads):
+        for idx in ((0, 0, 1, 2), (0, 0, 4, 0)):
+            plus, minus = x.copy(), x.copy()
+            plus[idx] += 1e-6
+            minus[idx] -= 1e-6
+            args = [(plus if y is x else y) for y in (q, k, v)], [(minus if y is x else y) for y in (q, k, v)]
+            numeric = ((score_mod_reference(*args[0], keep, mod) - score_mod_reference(*args[1], keep, mod)) * do
+                       ).sum() / 2e-6
+            assert abs(numeric - g[idx]) < 1e-7
+
+
+@pytest.mark.parametrize("mod", [F.softcap(1.5), F.relative_bias(0.3),
+                                 F.score_mod(lambda s, b, h, q, kv: 0.5 * s * s, flops=2, reads=("scale",),
+                                             grad=lambda s, b, h, q, kv: s, grad_flops=0, name="half square")],
+                         ids=["softcap", "relative_bias", "user"])
+@pytest.mark.parametrize("n_q, n_k, block", [(1, 1, (128, 128)), (113, 239, (16, 32)), (239, 113, (32, 7))])
+def test_flex_gradients_through_a_score_mod_match_float64_and_their_closed_form(mod, n_q, n_k, block):
+    bm = iosim.block_mask(F.prefix_lm(n_q, n_k, 9), n_q, n_k, block=block)
+    rng = np.random.default_rng(n_q + n_k)
+    q, k = rng.standard_normal((1, 2, n_q, 6)) / 2, rng.standard_normal((1, 2, n_k, 6)) / 2
+    v, do = rng.standard_normal((1, 2, n_k, 4)), rng.standard_normal((1, 2, n_q, 4))
+    g = iosim.gradients("flex", q, k, v, do, M=20_000, block_mask=bm, score_mod=mod)
+    for got, want in zip((g.dq, g.dk, g.dv), score_mod_backward_reference(q, k, v, do, bm.element_mask(), mod)):
+        assert relative_error(got, want) < 1e-12
+    sizes = dict(N=n_q, N_k=n_k, d=6, d_v=4, heads=2, M=20_000, block_mask=bm, score_mod=mod, pass_="bwd")
+    counted = iosim.count("flex", **sizes)
+    assert g.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
+    assert g.flops == counted.flops == iosim.predict("flex", **sizes).flops
+    visited = F.FlexVisits(bm.kinds, n_q, n_k, iosim.Tiling(*block)).visited().pairs()
+    # the function again and its derivative, in each of the two loops, on every visited score of both heads
+    assert counted.flops.score == 2 * 2 * sum(b_i * b_j * n for b_i, b_j, n in visited) * (mod.flops + mod.grad_flops)
+    for name in mod.reads:  # its entries for the rows of every visited tile, in each loop
+        assert counted.traffic.tensor(name).reads == 2 * 2 * sum((b_i + b_j) * n for b_i, b_j, n in visited)
+    plain = iosim.count("flex", **{**sizes, "score_mod": None}).traffic
+    assert all(counted.traffic.tensor(t.name) == t for t in plain.tensors)
+
+
 def test_a_score_mod_is_applied_and_counted_as_declared():
     rng = np.random.default_rng(8)
     table = rng.standard_normal((113, 239))
@@ -317,9 +381,67 @@ def test_a_score_mod_is_applied_and_counted_as_declared():
     # the bias table's entries for every row of every visited tile, and nothing else more
     assert counted.traffic.tensor("bias").reads == 2 * sum((b_i + b_j) * n for b_i, b_j, n in visited)
     assert all(counted.traffic.tensor(t.name) == t for t in plain.tensors)
-    with pytest.raises(iosim.InputError, match="a score_mod's gradient needs its derivative"):
-        iosim.count("flex", N=113, N_k=239, d=8, M=10**5, block_mask=bm, score_mod=mods[0], pass_="bwd")
+    with pytest.raises(iosim.InputError, match="a score_mod's gradient needs its derivative, and this one has none"):
+        iosim.count("flex", N=113, N_k=239, d=8, M=10**5, block_mask=bm, score_mod=mods[2], pass_="bwd")
     with pytest.raises(iosim.InputError, match="for flash, pass 'fwd': it runs no FlexAttention score_mod"):
         iosim.count("flash", N=113, N_k=239, d=8, M=10**5, score_mod=mods[0])
     with pytest.raises(iosim.InputError, match="softcap T=0"):
         F.softcap(0)
+
+
+def test_the_command_line_applies_a_score_mod_in_both_passes_and_records_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "rows.json"
+    assert cli_main(["sweep", "--N", "300", "--d", "16", "--flex-mask", "causal", "--flex-block", "64", "64",
+                     "--score-mod", "softcap", "30", "--pass", "fwd+bwd", "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    mod = F.softcap(30.0)
+    counted = iosim.count("flex", N=300, d=16, M="100k", pass_="fwd+bwd", score_mod=mod,
+                          block_mask=iosim.block_mask(F.causal(300, 300), 300, block=(64, 64)))
+    assert (record["score_mod"], record["score_flops"], record["total"]) == (
+        "softcap 30", counted.flops.score, counted.traffic.total)
+    module = tmp_path / "my_mods.py"
+    module.write_text("import numpy as np\nfrom iosim.variants.flex import score_mod\n"
+                      "def cube():\n    return score_mod(lambda s, b, h, q, kv: s - s ** 3 / 30, flops=3, "
+                      "grad=lambda s, b, h, q, kv: 1 - s ** 2 / 10, grad_flops=2, name='cube')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    capsys.readouterr()
+    assert cli_main(["run", "--algo", "flex", "--N", "113", "--N-k", "70", "--d", "8", "--flex-mask", "window", "40",
+                     "--flex-block", "16", "16", "--M", "10k", "--score-mod", "my_mods:cube", "--pass", "bwd"]) == 0
+    text = capsys.readouterr().out
+    assert "score_mod cube" in text
+    error = float(text.split("max |error| against float64 reference: ")[1].split()[0])
+    assert error < 1e-12
+    for argv, words in ((["--score-mod", "softcap", "3"], "without --flex-mask"),
+                        (["--flex-mask", "causal", "--score-mod", "softcap"], "takes one argument (T)"),
+                        (["--flex-mask", "causal", "--score-mod", "tanh", "2"], "allowed: one of ['relative_bias'"),
+                        (["--flex-mask", "causal", "--score-mod", "my_mods:np"], "is not an iosim.variants.flex"),
+                        (["--algo", "flash", "--flex-mask", "causal", "--score-mod", "softcap", "3"],
+                         "it runs over no FlexAttention block mask")):
+        assert cli_main(["sweep", "--N", "64", "--d", "8", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+
+
+def test_a_score_mod_and_its_gradients_against_torch_where_installed():
+    torch = pytest.importorskip("torch")
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention")
+    n = 128
+
+    def mask_mod(b, h, q, kv):
+        return q >= kv
+
+    def softcap(score, b, h, q_idx, kv_idx):
+        return 2.0 * torch.tanh(score / 2.0)
+
+    theirs = flex_attention.create_block_mask(mask_mod, None, None, n, n, device="cpu", BLOCK_SIZE=64)
+    mine = iosim.block_mask(mask_mod, n, block=(64, 64))
+    rng = np.random.default_rng(3)
+    q, k, v, do = (rng.standard_normal((1, 2, n, 16)) for _ in range(4))
+    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    out = flex_attention.flex_attention(tq, tk, tv, score_mod=softcap, block_mask=theirs)
+    out.backward(torch.from_numpy(do))
+    g = iosim.gradients("flex", q, k, v, do, M=30_000, block_mask=mine, score_mod=F.softcap(2.0))
+    assert relative_error(iosim.simulate("flex", q, k, v, M=30_000, block_mask=mine,
+                                         score_mod=F.softcap(2.0)).out, out.detach().numpy()) < 1e-10
+    for got, want in zip((g.dq, g.dk, g.dv), (tq.grad, tk.grad, tv.grad)):
+        assert relative_error(got, want.numpy()) < 1e-10

@@ -228,12 +228,16 @@ class Algorithm:
                    "its block mask is its only mask (iosim.variants.flex.causal makes a causal one)")
             raise InputError(f"{self.name} with block_mask={getattr(pb.flex, 'name', None)!r}, causal={pb.causal}, "
                              f"an explicit mask {pb.has_mask}: {why}; allowed: a block mask, causal=False, no mask")
-        if pb.score_mod is not None and not (self.accepts("score_mod") and pass_ == "fwd"):
-            why = ("a score_mod's gradient needs its derivative, which iosim does not take" if self.accepts("score_mod")
-                   else "it runs no FlexAttention score_mod")
+        if pb.score_mod is not None and not (self.accepts("score_mod")
+                                             and (pass_ == "fwd" or pb.score_mod.grad is not None)):
+            takers = [a.name for a in algorithms if a.accepts("score_mod")]
+            if self.accepts("score_mod"):
+                why, allowed = ("a score_mod's gradient needs its derivative, and this one has none",
+                                "pass 'fwd', or a score_mod with its derivative (score_mod(..., grad=))")
+            else:
+                why, allowed = "it runs no FlexAttention score_mod", f"an algorithm that runs one: {takers}"
             raise InputError(f"score_mod {pb.score_mod.name!r} for {self.name}, pass {pass_!r}: {why}; allowed: "
-                             f"score_mod=None, or the forward pass of one that runs it: "
-                             f"{[a.name for a in algorithms if a.accepts('score_mod')]}")
+                             f"score_mod=None, or {allowed}")
         shared = set(getattr(pb.flex, "reads", ())) & set(getattr(pb.score_mod, "reads", ()))
         if shared:
             raise InputError(f"reads {sorted(shared)} declared by both the block mask and the score_mod: each tensor "
@@ -268,13 +272,14 @@ class Algorithm:
         adds a block mask to another algorithm repeats that algorithm without a mask to use, and one that takes no
         window (no packed documents, no sinks in that pass, no latent cache, no FP8 path) is left out when a window
         (documents, sinks, MLA's latent cache, an FP8 dtype) is set; one that runs over a FlexAttention block mask
-        is listed exactly when one is given."""
+        is listed exactly when one is given (a score_mod lists only those)."""
         return ((not self.needs.block_mask or "block_sparsity" in given)
                 and ("window" not in given or self.needs.window)
                 and ("seqlens" not in given or self.accepts("seqlens"))
                 and ("sinks" not in given or self.takes_sinks(pass_))
                 and ("latent" not in given or self.accepts("latent") and pass_ == "fwd")
                 and ("fp8" not in given or self.accepts("fp8") and pass_ == "fwd")
+                and ("score_mod" not in given or self.accepts("score_mod"))
                 and ("block_mask" in given) == self.accepts("block_mask"))
 
     def own_tiling(self, pb: Problem) -> Tiling | None:

@@ -8,12 +8,16 @@ entry each), recomputing P_ij = exp(S_ij − L_i) and adding τ·dS_ij·K_j into
 K_j and V_j once and runs over the query blocks of its partial tiles and then its full ones, from the block mask's
 transpose (``q_num_blocks``, ``q_indices`` and their full ones), adding P_ijᵀ·dO_i into dV_j and τ·dS_ijᵀ·Q_i into
 dK_j, written once. The mask function is evaluated on partial tiles only, with the tensors it declares read there,
-in both loops. Line numbers are Algorithm 4's (Dao et al. 2022) that each step corresponds to.
+in both loops. A score_mod (with its derivative, ``score_mod(..., grad=)``) is applied to every recomputed S_ij in
+both loops, before the mask, and dS_ij is multiplied by its derivative at S_ij before it meets K_j or Q_i: its FLOPs
+and its derivative's per score (``Flops.score``) and the tensors it declares, per query and key row of every visited
+tile, in each loop. Line numbers are Algorithm 4's (Dao et al. 2022) that each step corresponds to.
 
 On-chip buffers per head: first pass O_i, dO_i (B_r × d_v each) and ℓ_i, m_i, D_i, L_i (B_r each); the dQ loop
 Q_i, dQ_i (B_r × d), dO_i (B_r × d_v), L_i, D_i (B_r each), K_j (B_c × d), V_j (B_c × d_v), S_ij and dP_ij
 (B_r × B_c each); the dK, dV loop K_j, dK_j (B_c × d), V_j, dV_j (B_c × d_v), Q_i (B_r × d), dO_i (B_r × d_v),
-L_i, D_i (B_r each), S_ij and dP_ij; on a partial tile, one entry of each declared tensor per query and key row.
+L_i, D_i (B_r each), S_ij and dP_ij; on a partial tile, one entry of each tensor the mask declares per query and key
+row; on every tile, the score_mod's, and its derivative at S_ij (B_r × B_c).
 
 Deviations: FlexAttention's forward saves L itself; the forward modelled here (``flex``) saves ℓ and m, so the first
 pass reads both and writes L, as ``flash-swapped backward`` does. A key block none of whose tiles is visited still
@@ -74,13 +78,16 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 K_j, V_j = mem.load("K", cols), mem.load("V", cols)
                 S_ij, dP_ij = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc)
                 # S_ij recomputed, dP_ij = dO_i V_jᵀ, dQ_i += τ dS_ij K_j; exp for P_ij
-                mem.compute(matmul=2 * matmul(br, d, bc) + matmul(br, d_v, bc), exp=br * bc)
+                mem.compute(matmul=2 * matmul(br, d, bc) + matmul(br, d_v, bc), exp=br * bc,
+                            score=score_flops(pb, br, bc))
                 ids = read_ids(mem, pb, kind, rows, cols)
+                slope = mem.alloc("dmod_ij", br, bc) if pb.score_mod is not None else None
                 if mem.numeric:
-                    probabilities(pb, kind, Q_i, K_j, L_i, S_ij, rows, cols)
+                    probabilities(pb, kind, Q_i, K_j, L_i, S_ij, rows, cols, slope)
                     score_gradient(pb, S_ij, dO_i, V_j, D_i, dP_ij, rows, cols)  # dS_ij in place of dP_ij
+                    through_score_mod(dP_ij, slope)
                     dQ_i.data += pb.tau * (dP_ij.data @ K_j.data)  # (bh, Br, d)
-                mem.free(K_j, V_j, S_ij, dP_ij, *ids)
+                mem.free(K_j, V_j, S_ij, dP_ij, *ids, *([slope] if slope else []))
         mem.store(dQ_i, "dQ", rows)
         mem.free(Q_i, dO_i, L_i, D_i, dQ_i)
 
@@ -98,40 +105,59 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 Q_i, dO_i, L_i, D_i = (mem.load(name, rows) for name in ("Q", "dO", "L", "D"))
                 S_ij, dP_ij = mem.alloc("S_ij", br, bc), mem.alloc("dP_ij", br, bc)
                 # S_ij recomputed, dP_ij, dV_j += P_ijᵀ dO_i, dK_j += τ dS_ijᵀ Q_i; exp for P_ij
-                mem.compute(matmul=2 * matmul(br, d, bc) + 2 * matmul(br, d_v, bc), exp=br * bc)
+                mem.compute(matmul=2 * matmul(br, d, bc) + 2 * matmul(br, d_v, bc), exp=br * bc,
+                            score=score_flops(pb, br, bc))
                 ids = read_ids(mem, pb, kind, rows, cols)
+                slope = mem.alloc("dmod_ij", br, bc) if pb.score_mod is not None else None
                 if mem.numeric:
-                    probabilities(pb, kind, Q_i, K_j, L_i, S_ij, rows, cols)
+                    probabilities(pb, kind, Q_i, K_j, L_i, S_ij, rows, cols, slope)
                     dropped = score_gradient(pb, S_ij, dO_i, V_j, D_i, dP_ij, rows, cols)
+                    through_score_mod(dP_ij, slope)
                     dV_j.data += transpose(dropped) @ dO_i.data  # (bh, Bc, d_v)
                     dK_j.data += pb.tau * (transpose(dP_ij.data) @ Q_i.data)  # (bh, Bc, d)
-                mem.free(Q_i, dO_i, L_i, D_i, S_ij, dP_ij, *ids)
+                mem.free(Q_i, dO_i, L_i, D_i, S_ij, dP_ij, *ids, *([slope] if slope else []))
         mem.store(dK_j, "dK", cols)
         mem.store(dV_j, "dV", cols)
         mem.free(K_j, V_j, dK_j, dV_j)
 
 
 def read_ids(mem: Memory, pb: Problem, kind: int, rows: slice, cols: slice) -> list[Tile]:
-    """On a partial tile, the entries of every tensor the mask function declares, for its query and key rows."""
-    if kind != PARTIAL:
-        return []
-    return [mem.load(name, part, tile=f"{name}_{side}") for name in pb.flex.reads
-            for side, part in (("q", rows), ("kv", cols))]
+    """The entries, for the tile's query and key rows, of every tensor the mask function declares (on a partial tile)
+    and the score_mod declares (on every tile)."""
+    names = [*(pb.flex.reads if kind == PARTIAL else ()), *getattr(pb.score_mod, "reads", ())]
+    return [mem.load(name, part, tile=f"{name}_{side}") for name in names for side, part in (("q", rows), ("kv", cols))]
+
+
+def score_flops(pb: Problem, br: int, bc: int) -> int:
+    """A score_mod's FLOPs on a B_r × B_c tile of the backward: the function again, and its derivative."""
+    return (pb.score_mod.flops + pb.score_mod.grad_flops) * br * bc if pb.score_mod is not None else 0
 
 
 def probabilities(pb: Problem, kind: int, Q_i: Tile, K_j: Tile, L_i: Tile, S_ij: Tile, rows: slice,
-                  cols: slice) -> None:
-    """P_ij = exp(S_ij − L_i) into S_ij (line 13), the mask function applied on a partial tile."""
+                  cols: slice, slope: Tile | None = None) -> None:
+    """P_ij = exp(S_ij − L_i) into S_ij (line 13), the score_mod applied first (its derivative at S_ij into
+    ``slope``) and the mask function on a partial tile."""
     S_ij.data = scores(pb, Q_i, K_j, rows, cols, None)
+    if pb.score_mod is not None:
+        slope.data = pb.score_mod.derivative(S_ij.data, rows, cols)
+        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols)
     if kind == PARTIAL:
         S_ij.data = np.where(pb.flex.keep(rows, cols), S_ij.data, -np.inf)
     S_ij.data = exp_diff(S_ij.data, L_i.data)
+
+
+def through_score_mod(dS_ij: Tile, slope: Tile | None) -> None:
+    """dS_ij, the gradient in the modified scores, taken back through the score_mod to the scores (the chain rule)."""
+    if slope is not None:
+        dS_ij.data = dS_ij.data * slope.data
 
 
 def loop_sets(pb: Problem, b_i: int, b_j: int, partial: bool) -> tuple[int, int]:
     """On chip at one tile of the dQ loop and of the dK, dV loop: what each holds beside S_ij and dP_ij."""
     d, d_v = pb.shape.d, pb.shape.d_v
     reads = len(pb.flex.reads) * (b_i + b_j) if pb.flex is not None and partial else 0
+    if pb.score_mod is not None:  # its tensors' entries and its derivative on every tile
+        reads += len(pb.score_mod.reads) * (b_i + b_j) + b_i * b_j
     tile = 2 * b_i * b_j + reads
     dq = b_i * (2 * d + d_v) + 2 * b_i + b_j * (d + d_v) + tile  # Q_i, dQ_i, dO_i, L_i, D_i + K_j, V_j
     dkdv = 2 * b_j * (d + d_v) + b_i * (d + d_v) + 2 * b_i + tile  # K_j, V_j, dK_j, dV_j + Q_i, dO_i, L_i, D_i
@@ -169,6 +195,8 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
     }
     for name in pb.flex.reads:  # in each loop, on every partial tile
         reads[name] = 2 * sum((b_i + b_j) * n for b_i, b_j, n in partial)
+    for name in getattr(pb.score_mod, "reads", ()):  # the score_mod's, in each loop, on every visited tile
+        reads[name] = 2 * sum((b_i + b_j) * n for b_i, b_j, n in partial + full)
     writes = {"D": n_q, "L": n_q, "dQ": n_q * d, "dK": n_k * d, "dV": n_k * d_v}
     first = [2 * b_i * d_v + 4 * b_i for b_i in tiles.q.all().sizes()]
     alone = [b_i * (2 * d + d_v) + 2 * b_i for b_i in tiles.q.all().sizes()]  # the dQ loop's query block alone
@@ -180,11 +208,13 @@ def traffic(pb: Problem, tiling: Tiling, M: int) -> Counts:
 
 def flops(pb: Problem, tiling: Tiling, M: int) -> Flops:
     """Per visited tile, three products in the dQ loop (S_ij, dP_ij, dQ_i) and four in the dK, dV loop (S_ij, dP_ij,
-    dV_j, dK_j), B_r·B_c exps in each; a log per query row."""
+    dV_j, dK_j), B_r·B_c exps in each; a log per query row; in each loop a score_mod's FLOPs and its derivative's
+    per score."""
     pairs = flex_visits(pb, tiling).visited().pairs()
     area = sum(b_i * b_j * n for b_i, b_j, n in pairs)
     d, d_v = pb.shape.d, pb.shape.d_v
-    return Flops(matmul=2 * (4 * d + 3 * d_v) * area, exp=2 * area + pb.shape.n_q).scaled(pb.shape.bh)
+    score = 2 * area * (pb.score_mod.flops + pb.score_mod.grad_flops) if pb.score_mod is not None else 0
+    return Flops(matmul=2 * (4 * d + 3 * d_v) * area, exp=2 * area + pb.shape.n_q, score=score).scaled(pb.shape.bh)
 
 
 def paper_form(pb: Problem, M: int) -> float:

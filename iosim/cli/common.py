@@ -17,7 +17,7 @@ from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import POLICIES
-from iosim.variants.flex import FlexBlockMask, named_mask
+from iosim.variants.flex import FlexBlockMask, ScoreMod, named_mask, named_score_mod
 from iosim.variants.sparsity import PATTERNS, BlockSparsity
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
@@ -107,6 +107,10 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "q_idx, kv_idx)")
     p.add_argument("--flex-block", type=count_arg, nargs=2, default=[128, 128], metavar=("B_r", "B_c"),
                    help="the block mask's blocks (default 128 128, FlexAttention's)")
+    p.add_argument("--score-mod", nargs="+", default=None, metavar="NAME",
+                   help="a FlexAttention score_mod, which flex applies to every score (forward and backward): "
+                        "softcap T (Gemma 2's T·tanh(s/T)), relative_bias w (s − w·|i − j|), or module:name of an "
+                        "iosim.variants.flex.score_mod(...)")
     p.add_argument("--latent", action="store_true",
                    help="multi-head latent attention's cache, projections absorbed (DeepSeek-V3 decoding, FlashMLA): "
                         "V is the first --d-v columns of K, which alone is read; split-kv and flash-swapped take it")
@@ -216,6 +220,17 @@ def documents(args: argparse.Namespace) -> list[int] | None:
     return None if flex_documents(args) else args.seqlens
 
 
+def score_mod_of(args: argparse.Namespace) -> ScoreMod | None:
+    """--score-mod NAME [ARG] as a score_mod; None without it. It needs --flex-mask: flex, which applies it, runs over
+    a block mask."""
+    spec = getattr(args, "score_mod", None)
+    if spec is not None and getattr(args, "flex_mask", None) is None:
+        raise InputError(f"--score-mod {' '.join(spec)} without --flex-mask: flex, the algorithm that applies a "
+                         f"score_mod, runs over a FlexAttention block mask; allowed: --flex-mask NAME [ARG] beside it "
+                         f"(--flex-mask causal, say)")
+    return None if spec is None else named_score_mod(spec)
+
+
 def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMask] | None:
     """--flex-mask NAME [ARG ...] as the block mask of a problem's (N_q, N_k), in blocks of --flex-block; None
     without one."""
@@ -246,13 +261,15 @@ def algorithms_of(args: argparse.Namespace) -> list[str]:
     --pass bwd or fwd+bwd only those with a backward pass)."""
     if args.algo is not None:
         return args.algo
+    score_mod_of(args)  # a score_mod without a block mask: refused by name before the list is made
     given = (("block_sparsity",) * (getattr(args, "sparsity", None) is not None)
              + ("window",) * (window_of(args) is not None)
              + ("seqlens",) * (getattr(args, "seqlens", None) is not None and not flex_documents(args))
              + ("sinks",) * bool(getattr(args, "sinks", False))
              + ("latent",) * bool(getattr(args, "latent", False))
              + ("fp8",) * (getattr(args, "dtype", None) in FP8_DTYPES)
-             + ("block_mask",) * (getattr(args, "flex_mask", None) is not None))
+             + ("block_mask",) * (getattr(args, "flex_mask", None) is not None)
+             + ("score_mod",) * (getattr(args, "score_mod", None) is not None))
     pass_ = getattr(args, "pass_", "fwd")
     listed = [name for name, a in ALGORITHMS.items()
               if a.listed_by_default(given, pass_) and (a.backward is not None or pass_ == "fwd")]

@@ -20,6 +20,7 @@ from iosim.cli.common import (
     flex_mask_for,
     hardware_of,
     lengths_of,
+    score_mod_of,
     seed_arg,
     window_of,
 )
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     n_k = args.N_k or N
     docs = documents(args)
     flex = None if args.flex_mask is None else flex_mask_for(args)(N, n_k)
+    mod = score_mod_of(args)
     batch = args.batch if docs is None else len(docs)  # a bound: every document padded to the longest
     d_v = args.d if args.d_v is None else args.d_v
     shape = dict(N=N, N_k=n_k, d=args.d, batch=batch, heads=args.heads, kv_heads=args.kv_heads, d_v=d_v)
@@ -131,13 +133,13 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         with warnings.catch_warnings():  # an overflow is reported below, in one line
             warnings.simplefilter("ignore", RuntimeWarning)
             result = simulate(args.algo, q, k, v, gpu=args.gpu, page_size=args.page_size, latent=args.latent,
-                              block_mask=flex, **run_options)
+                              block_mask=flex, score_mod=mod, **run_options)
         outputs = (result.out,)
     else:
         do = rng.standard_normal(q.shape[:3] + (d_v,))
         with warnings.catch_warnings(), np.errstate(over="ignore", invalid="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
-            result = gradients(args.algo, q, k, v, do, block_mask=flex, **run_options)
+            result = gradients(args.algo, q, k, v, do, block_mask=flex, score_mod=mod, **run_options)
         outputs = (result.dq, result.dk, result.dv)
     if not all(np.isfinite(x).all() for x in outputs):  # the inputs are finite: only the scale can overflow
         raise InputError(f"--scale {args.scale}: tau·QKᵀ overflows float64 on these inputs, so the output is not "
@@ -148,6 +150,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         options["mask"] = element_mask(sparsity, result.forward_tiling, N, n_k)  # both passes' tiling
     if flex is not None:  # the mask function's own mask
         options["mask"] = flex.element_mask()
+    if mod is not None:
+        options["score_mod"] = mod
     err = rel = None
     spans = [slice(None)] if docs is None else [slice(a, a + L) for a, L in zip(np.cumsum([0, *docs]), docs)]
     if not args.no_check and args.pass_ == "fwd":  # packed documents: each against the reference alone
@@ -252,6 +256,7 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
 
     pb = r.problem
     sizes = (f"FlexAttention mask {pb.flex.label}, " if pb.flex is not None else "") + (
+        f"score_mod {pb.score_mod.name}, " if pb.score_mod is not None else "") + (
         f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else
         f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), ")
     table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: {sizes}"

@@ -18,6 +18,7 @@ from iosim.cli.common import (
     flex_mask_for,
     hardware_of,
     lengths_of,
+    score_mod_of,
     window_of,
 )
 from iosim.cli.progress import progress_bar
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
-                         latent=args.latent, block_mask_for=flex_mask_for(args))
+                         latent=args.latent, block_mask_for=flex_mask_for(args), score_mod=score_mod_of(args))
     return SweepOutcome(rows, kept, notes(args, algorithms))
 
 
@@ -158,6 +159,7 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
     options = [f"M = {first.M:,} elements ({nbytes(first.M * DTYPE_ITEMSIZE[first.dtype])} of {first.dtype})",
                f"batch·heads = {first.batch * first.heads}",
                f"FlexAttention mask {first.flex_mask}" if first.flex_mask else "causal" if first.causal else "no mask",
+               *([f"score_mod {first.score_mod}"] if first.score_mod else []),
                *([f"window ({first.window_left}, {first.window_right})"] if first.window_left is not None else []),
                *(["learned attention sinks, one logit per query head"] if first.sinks else []),
                *([f"N_k = {first.N_k:,} (N is N_q)"] if any(r.N_k != r.N for r in rows) else []),

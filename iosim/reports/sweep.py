@@ -81,6 +81,7 @@ class SweepRow:
     d_v: int | None = None  # V's and O's head size where it differs from d (Q's and K's); None when equal
     latent: bool = False  # MLA's latent cache: V read as the first d_v columns of K (Problem.latent)
     flex_mask: str | None = None  # the FlexAttention block mask's name (Problem.flex); None without one
+    score_mod: str | None = None  # the FlexAttention score_mod's name (Problem.score_mod); None without one
     sinks: bool = False  # learned attention sinks read (Problem.sinks)
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
     dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (a count that would take too long)
@@ -141,6 +142,7 @@ class SweepRow:
                                   "peak_sram", "tensors")}
         backward = tiling_record(second, "bwd_")
         arithmetic = {"matmul_flops": getattr(self.flops, "matmul", None), "exp": getattr(self.flops, "exp", None),
+                      "score_flops": getattr(self.flops, "score", None),
                       "roofline_s": getattr(self.roofline, "seconds", None),
                       "bound": getattr(self.roofline, "bound", None),
                       "intensity": getattr(self.roofline, "intensity", None), **dram_record(self.dram)}
@@ -155,7 +157,7 @@ class SweepRow:
 CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "mask", "dropout_p", "dtype",
                "block_policy", "pass", "sparsity", "sparsity_pattern", "sparsity_seed", "kv_heads",
                "requested_splits", "gpu", "window_left", "window_right", "page_size", "seqlens", "l2_bytes",
-               "blocks_per_sm", "schedule", "kernel", "sinks", "d_v", "latent", "flex_mask")
+               "blocks_per_sm", "schedule", "kernel", "sinks", "d_v", "latent", "flex_mask", "score_mod")
 # what a record written before a key existed means by its absence
 CONFIG_DEFAULTS = {"pass": "fwd", "sinks": False, "latent": False}
 # fields every sweep record has held since the first release: a file to --resume from must have them
@@ -166,7 +168,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
               dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
               block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
               page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None,
-              sinks: bool = False, d_v=None, latent: bool = False, block_mask=None) -> SweepRow:
+              sinks: bool = False, d_v=None, latent: bool = False, block_mask=None, score_mod=None) -> SweepRow:
     """Count one configuration and predict it; a block policy that overflows M gives a row that says so.
 
     ``pass_`` is one of PASSES; with "fwd+bwd" each pass has its own tiling, as
@@ -184,7 +186,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     blocks per SM, schedule); None: the preset's own. ``sinks`` reads learned attention sinks, refused by an
     algorithm that takes none. ``d_v`` is V's and O's head size (None: d), and ``latent`` reads V as the first d_v
     columns of K (MLA's latent cache), refused by an algorithm that takes none; ``block_mask`` is a FlexAttention
-    block mask of N and N_k (``iosim.block_mask``), which flex runs over and the others refuse.
+    block mask of N and N_k (``iosim.block_mask``), which flex runs over and the others refuse, and ``score_mod`` a
+    FlexAttention score_mod (``iosim.variants.flex.score_mod``) flex applies.
     """
     preset = None if gpu is None else get_gpu(gpu)
     if hw is None and gpu is not None:
@@ -193,9 +196,9 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                         dropout_p=dropout_p, dtype=dtype, block_policy=block_policy, pass_=pass_, gpu=gpu,
                         block_sparsity=block_sparsity, kv_heads=kv_heads, splits=splits, window=window,
                         page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel, sinks=sinks, d_v=d_v,
-                        latent=latent, block_mask=block_mask)
+                        latent=latent, block_mask=block_mask, score_mod=score_mod)
     options = dict(N=None if seqlens else N, N_k=N_k, seqlens=seqlens, d=d, d_v=d_v, latent=latent,
-                   block_mask=block_mask, M=M, batch=batch,
+                   block_mask=block_mask, score_mod=score_mod, M=M, batch=batch,
                    heads=heads,
                    causal=causal, mask=mask, dropout_p=dropout_p,
                    window=window, sinks=sinks,
@@ -205,7 +208,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, mask=mask, dropout_p=dropout_p,
                        dtype=dtype, block_sparsity=options["block_sparsity"], kv_heads=kv_heads, window=window,
                        page_size=config["page_size"], seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent,
-                       block_mask=block_mask)
+                       block_mask=block_mask, score_mod=score_mod)
     try:  # planned once: the count and the closed form evaluate the same request
         request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, splits=config["requested_splits"],
                        gpu=gpu)
@@ -234,7 +237,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                dropout_p=0.0, dtype="float16", block_policy="fit", pass_="fwd", gpu: str | None = None,
                block_sparsity: BlockSparsity | None = None, kv_heads=None, splits=None, window=None,
                page_size=None, seqlens=None, hw: Hardware | None = None, kernel: str | None = None,
-               sinks: bool = False, d_v=None, latent: bool = False, block_mask=None) -> dict:
+               sinks: bool = False, d_v=None, latent: bool = False, block_mask=None, score_mod=None) -> dict:
     """A row's configuration beside its algorithm and M, as ``SweepRow`` fields: every option that changes it, an
     option the algorithm does not take set to None, and the L2 model's overrides None where not given (the
     schedule None for lockstep), as rows written before they existed have them."""
@@ -255,7 +258,8 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
                 **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
                 kernel=named_for(algorithm, kernel) if hw is not None else None, sinks=sinks,
-                d_v=None if d_v in (None, d) else d_v, latent=latent, flex_mask=getattr(block_mask, "label", None))
+                d_v=None if d_v in (None, d) else d_v, latent=latent, flex_mask=getattr(block_mask, "label", None),
+                score_mod=getattr(score_mod, "name", None))
 
 
 def config_key(config: dict) -> tuple[str, ...]:
@@ -275,14 +279,16 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
               gpu: str | None = None, block_sparsity: BlockSparsity | None = None, kv_heads=None,
               splits=None, kept: list[dict] | None = None, window=None, page_size=None, seqlens=None,
               hw: Hardware | None = None, kernel: str | None = None, sinks: bool = False, d_v=None,
-              latent: bool = False, block_mask_for: Callable[[int, int], object] | None = None) -> list[SweepRow]:
+              latent: bool = False, block_mask_for: Callable[[int, int], object] | None = None,
+              score_mod=None) -> list[SweepRow]:
     """Count every (algorithm, N, d) not already done; rows go to ``writer`` and ``on_row`` as they finish.
 
     ``on_row`` gets None for a configuration the writer already holds (``--resume``), and
     ``kept`` its record. ``N_k`` (default: each N) is the key/value length of every row. With ``seqlens``
     (packed documents, iosim.variants.varlen) each row counts them, and ``Ns`` should be their longest alone.
     ``d_v`` (None: each d) is V's and O's head size in every row; ``latent`` reads MLA's latent cache in every row;
-    ``block_mask_for(N_q, N_k)`` makes each row's FlexAttention block mask.
+    ``block_mask_for(N_q, N_k)`` makes each row's FlexAttention block mask, and ``score_mod`` is every row's
+    FlexAttention score_mod.
     """
     rows = []
     if hw is None and gpu is not None:
@@ -290,7 +296,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
     options = dict(N_k=N_k, batch=batch, heads=heads, causal=causal, mask=mask, dropout_p=0.0, dtype=dtype,
                    block_policy=block_policy, pass_=pass_, gpu=gpu, block_sparsity=block_sparsity, kv_heads=kv_heads,
                    splits=splits, window=window, page_size=page_size, seqlens=seqlens, hw=hw, kernel=kernel,
-                   sinks=sinks, d_v=d_v, latent=latent)
+                   sinks=sinks, d_v=d_v, latent=latent, score_mod=score_mod)
     masks: dict[int, object] = {}  # each N's block mask, made once for every algorithm and d
 
     def mask_of(N: int):
@@ -303,7 +309,7 @@ def run_sweep(algorithms: Iterable[str], Ns: Iterable[int], ds: Iterable[int], M
         _, N, d = configs[0]
         pb = count_problem(None if seqlens else N, d, N_k, batch, heads, causal=causal, window=window, dtype=dtype,
                            seqlens=seqlens, sinks=sinks, d_v=d_v, latent=latent,
-                           block_mask=mask_of(N))
+                           block_mask=mask_of(N), score_mod=score_mod)
         for algorithm in dict.fromkeys(a for a, _, _ in configs):
             get_algorithm(algorithm).refuse_options(pb, pass_, ALGORITHMS.values())
     for algorithm, N, d in configs:
