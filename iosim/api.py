@@ -41,7 +41,7 @@ from iosim.plans import Plan, Request
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import PredictResult, SimResult
 from iosim.tilings.policies import choose_tiling
-from iosim.variants.flex import check_flex_mask, check_score_mod
+from iosim.variants.flex import check_flex_mask, check_score_mod, gather_heads, scatter_heads
 from iosim.variants.paging import check_page_size
 from iosim.variants.sparsity import check_block_sparsity
 from iosim.variants.varlen import check_seqlens, gather, packed, scatter
@@ -129,7 +129,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
                           block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
                           page_size=check_page_size(page_size), sinks=check_flag("sinks", sinks),
                           latent=check_flag("latent", latent),
-                          flex=check_flex_mask(block_mask, shape.n_q, shape.n_k),
+                          flex=check_flex_mask(block_mask, shape),
                           score_mod=check_score_mod(score_mod)), docs)
 
 
@@ -172,17 +172,28 @@ def execute_parts(p: Plan, data: dict | None = None, on_progress: Progress | Non
     """Run every part of a pass (``Plan.parts``: one per document length), each on its documents' inputs."""
     runs = []
     for part in p.parts():
-        mem = execute(part, None if data is None else gather(data, p.problem, part.problem), on_progress, before,
-                      total)
+        mem = execute(part, None if data is None else part_inputs(data, p.problem, part.problem), on_progress,
+                      before, total)
         before += mem.flops().matmul + mem.flops().exp
         runs.append((part, mem))
     return runs
 
 
+def part_inputs(data: dict, pb: Problem, part: Problem) -> dict:
+    """The inputs of one part of a pass on ``pb`` (``Plan.parts``): a group of heads' of a per-head block mask, one
+    length's documents, or ``data`` itself."""
+    if pb.flex is not None and pb.flex.per_head:
+        return gather_heads(data, part)
+    return gather(data, pb, part)
+
+
 def unpacked(pb: Problem, runs: list[tuple[Plan, Memory]], name: str, cols: int) -> np.ndarray:
     """A tensor of a numeric pass on ``pb`` as the caller's arrays hold it: (batch, heads, N, cols), or packed
     documents' (1, heads, Σ L_b, cols)."""
-    return scatter(pb, [(part.problem, mem.tensor(name)) for part, mem in runs], cols)
+    parts = [(part.problem, mem.tensor(name)) for part, mem in runs]
+    if pb.flex is not None and pb.flex.per_head:
+        return scatter_heads(pb, parts, cols)
+    return scatter(pb, parts, cols)
 
 
 def execute(p: Plan, data: dict | None = None, on_progress: Progress | None = None, before: int = 0,
@@ -247,7 +258,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                  has_mask=full_mask is not None, dropout_p=dropout_p, seed=seed, dtype=dtype,
                  block_sparsity=check_block_sparsity(block_sparsity), window=check_window(window),
                  page_size=check_page_size(page_size), sinks=sink_logits is not None, latent=latent,
-                 flex=check_flex_mask(block_mask, shape.n_q, shape.n_k), score_mod=check_score_mod(score_mod))
+                 flex=check_flex_mask(block_mask, shape), score_mod=check_score_mod(score_mod))
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and not shape.n_q == shape.n_k == sum(docs):
         raise InputError(f"q of {shape.n_q} and k of {shape.n_k} tokens with seqlens of {sum(docs)}: packed "

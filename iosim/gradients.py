@@ -12,13 +12,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from iosim.api import Progress, execute_parts, numeric_inputs, plan, unpacked, work
+from iosim.api import Progress, execute_parts, numeric_inputs, part_inputs, plan, unpacked, work
 from iosim.core.counts import Counts, combined
 from iosim.core.flops import Flops
 from iosim.core.inputs import check_dout, check_values
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
-from iosim.variants.varlen import gather, tokens
+from iosim.variants.varlen import tokens
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     bwd = []  # each document length's backward pass, on what its forward saved
     for (part, mem), back in zip(fwd, backward.parts()):
         saved = {name: mem.tensor(name) for name in backward.algorithm.saved_inputs() if name != "dO"}
-        bwd += execute_parts(back, {**gather({**data, "dO": do}, pb, part.problem), **saved}, on_progress, first,
+        bwd += execute_parts(back, {**part_inputs({**data, "dO": do}, pb, part.problem), **saved}, on_progress, first,
                              total)
         first += sum(f.matmul + f.exp for f in (m.flops() for _, m in bwd[-1:]))
     d, d_v = pb.shape.d, pb.shape.d_v

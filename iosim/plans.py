@@ -13,6 +13,7 @@ from iosim.core.counts import Counts, combined
 from iosim.core.flops import Flops
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
+from iosim.variants.flex import head_groups
 from iosim.variants.varlen import documents
 
 
@@ -32,7 +33,10 @@ class Plan:
 
     def parts(self) -> tuple[Plan, ...]:
         """The plain plans it adds up: one per distinct document length of packed documents (iosim.variants.varlen),
-        each at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; else itself."""
+        each at this tiling capped to its documents, as ``count(N=L, tiling=...)`` caps it; one per group of heads of
+        equal blocks of a per-head FlexAttention mask (``head_groups``); else itself."""
+        if self.problem.flex is not None and self.problem.flex.per_head:
+            return tuple(Plan(self.algorithm, pb, self.M, self.tiling) for pb in head_groups(self.problem))
         if self.problem.seqlens is None:
             return (self,)
         return tuple(Plan(self.algorithm, pb, self.M, self.tiling.capped(self.algorithm.run_problem(pb)))

@@ -445,3 +445,119 @@ def test_a_score_mod_and_its_gradients_against_torch_where_installed():
                                          score_mod=F.softcap(2.0)).out, out.detach().numpy()) < 1e-10
     for got, want in zip((g.dq, g.dk, g.dv), (tq.grad, tk.grad, tv.grad)):
         assert relative_error(got, want.numpy()) < 1e-10
+
+
+WINDOWS = np.array([[3, 50, 3, 200], [10, 10, 64, 1]])  # a sliding window of each (batch entry, head)
+
+
+def per_head_window(b, h, q, kv):
+    return (kv <= q) & (q - kv < WINDOWS[b, h])
+
+
+def one_head(b, h):
+    """The mask of one (batch entry, head) alone, as a mask of every head."""
+    return lambda _b, _h, q, kv: per_head_window(b, h, q, kv)
+
+
+@pytest.mark.parametrize("n_q, block", [(113, (16, 32)), (1, (8, 8)), (239, (32, 7))])
+def test_a_per_head_mask_runs_each_head_over_its_own_blocks(n_q, block):
+    bm = iosim.block_mask(per_head_window, n_q, block=block, B=2, H=4)
+    assert bm.kinds.shape[:2] == (2, 4) and "each of 2×4 (batch, head)" in bm.label
+    distinct = {bm.kinds[b, h].tobytes() for b in range(2) for h in range(4)}
+    assert len(bm.groups(2, 4)) == len(distinct)  # heads of equal blocks run as one part
+    rng = np.random.default_rng(n_q)
+    q, k, v = rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal(
+        (2, 4, n_q, 6))
+    do = rng.standard_normal((2, 4, n_q, 6))
+    r = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm)
+    assert relative_error(r.out, iosim.attention_ref(q, k, v, mask=bm.element_mask()).out) < 1e-12
+    g = iosim.gradients("flex", q, k, v, do, M=10**5, block_mask=bm)
+    for got, want in zip((g.dq, g.dk, g.dv), iosim.attention_backward_ref(q, k, v, do, mask=bm.element_mask())):
+        assert relative_error(got, want) < 1e-12
+    for pass_, result in (("fwd", r), ("bwd", g)):
+        sizes = dict(N=n_q, d=8, d_v=6, batch=2, heads=4, M=10**5, block_mask=bm, pass_=pass_)
+        counted = iosim.count("flex", **sizes)
+        assert result.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
+        assert result.flops == counted.flops == iosim.predict("flex", **sizes).flops
+        # the sum of every head counted alone over its own mask
+        alone = [iosim.count("flex", N=n_q, d=8, d_v=6, M=10**5, pass_=pass_,
+                             block_mask=iosim.block_mask(one_head(b, h), n_q, block=block))
+                 for b in range(2) for h in range(4)]
+        assert counted.traffic.total == sum(a.traffic.total for a in alone)
+        for t in counted.traffic.tensors:
+            assert t.reads == sum(a.traffic.tensor(t.name).reads for a in alone), t.name
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_q=st.integers(1, 90), n_k=st.integers(1, 90), Br=st.integers(1, 40), Bc=st.integers(1, 40),
+       B=st.sampled_from([None, 1, 2]), H=st.sampled_from([None, 3]), seed=st.integers(0, 2**32 - 1),
+       pass_=st.sampled_from(["fwd", "bwd"]))
+def test_per_head_counts_equal_their_closed_form_and_the_sum_of_their_heads(n_q, n_k, Br, Bc, B, H, seed, pass_):
+    tables = np.random.default_rng(seed).random((2, 3, n_q, n_k)) < np.random.default_rng(seed + 1).random((2, 3, 1, 1))
+    bm = iosim.block_mask(lambda b, h, q, kv: tables[b, h, q, kv], n_q, n_k, block=(Br, Bc), B=B, H=H,
+                          reads=("ids",))
+    sizes = dict(N=n_q, N_k=n_k, d=4, batch=2, heads=3, M=10**6, block_mask=bm, pass_=pass_)
+    counted = iosim.count("flex", **sizes).traffic
+    assert counted == iosim.predict("flex", **sizes).exact
+    total = 0
+    for b in range(2):
+        for h in range(3):
+            at = (b if B == 2 else 0, h if H == 3 else 0)  # a B or H of None or 1 is one mask for all
+            one = iosim.block_mask(lambda _b, _h, q, kv, at=at: tables[at][q, kv], n_q, n_k, block=(Br, Bc),
+                                   reads=("ids",))
+            total += iosim.count("flex", **{**sizes, "batch": 1, "heads": 1, "block_mask": one}).traffic.total
+    assert counted.total == total
+
+
+def test_a_per_head_mask_is_refused_where_it_does_not_fit_by_name(tmp_path, monkeypatch, capsys):
+    bm = iosim.block_mask(per_head_window, 64, block=(16, 16), B=2, H=4)
+    with pytest.raises(iosim.InputError, match=r"block_mask made with H=4 on a problem of 2 heads"):
+        iosim.count("flex", N=64, d=8, batch=2, heads=2, M=10**5, block_mask=bm)
+    with pytest.raises(iosim.InputError, match=r"block_mask made with B=2 on a problem of 3 batch entries"):
+        iosim.count("flex", N=64, d=8, batch=3, heads=4, M=10**5, block_mask=bm)
+    with pytest.raises(iosim.InputError, match=r"kv_heads=2 < heads=4"):
+        iosim.count("flex", N=64, d=8, batch=2, heads=4, kv_heads=2, M=10**5, block_mask=bm)
+    with pytest.raises(iosim.InputError, match="the block-sparse algorithms take one block mask for every head"):
+        iosim.BlockSparsity.from_block_mask(bm)
+    module = tmp_path / "head_masks.py"
+    module.write_text("import numpy as np\nW = np.array([4, 16, 64])\n"
+                      "def windows(b, h, q, kv):\n    return (kv <= q) & (q - kv < W[h])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "rows.json"
+    assert cli_main(["sweep", "--N", "200", "--d", "8", "--heads", "3", "--flex-mask", "head_masks:windows",
+                     "--flex-heads", "--flex-block", "32", "32", "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())
+    mine = iosim.block_mask(lambda b, h, q, kv: (kv <= q) & (q - kv < np.array([4, 16, 64])[h]), 200,
+                            block=(32, 32), H=3)
+    assert record["flex_mask"].endswith("each of 1×3 (batch, head)")
+    assert record["total"] == iosim.count("flex", N=200, d=8, heads=3, M="100k", block_mask=mine).traffic.total
+    capsys.readouterr()
+    assert cli_main(["run", "--algo", "flex", "--N", "113", "--d", "8", "--heads", "3", "--flex-mask",
+                     "head_masks:windows", "--flex-heads", "--flex-block", "16", "16", "--pass", "fwd+bwd"]) == 0
+    error = float(capsys.readouterr().out.split("max |error| against float64 reference: ")[1].split()[0])
+    assert error < 1e-12
+    for argv, words in ((["--flex-heads"], "--flex-heads without --flex-mask"),
+                        (["--flex-mask", "causal", "--flex-heads"], "a named mask is one for every head")):
+        assert cli_main(["sweep", "--N", "64", "--d", "8", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+
+
+def test_a_per_head_block_mask_against_torch_where_installed():
+    torch = pytest.importorskip("torch")
+    flex_attention = pytest.importorskip("torch.nn.attention.flex_attention")
+    n, windows = 256, torch.tensor([[8, 100, 30, 256], [64, 1, 200, 16]])
+
+    def mask_mod(b, h, q, kv):
+        return (q >= kv) & (q - kv < windows[b, h])
+
+    theirs = flex_attention.create_block_mask(mask_mod, 2, 4, n, n, device="cpu", BLOCK_SIZE=64)
+    np_windows = windows.numpy()
+    mine = iosim.block_mask(lambda b, h, q, kv: (q >= kv) & (q - kv < np_windows[b, h]), n, block=(64, 64), B=2, H=4)
+    full = theirs.full_kv_num_blocks.numpy() if theirs.full_kv_num_blocks is not None else 0
+    assert np.array_equal((mine.kinds == 2).sum(axis=-1), full)
+    assert np.array_equal((mine.kinds == 1).sum(axis=-1), theirs.kv_num_blocks.numpy())
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 4, n, 16)) for _ in range(3))
+    want = flex_attention.flex_attention(*(torch.from_numpy(x) for x in (q, k, v)), block_mask=theirs).numpy()
+    assert relative_error(iosim.simulate("flex", q, k, v, M=30_000, block_mask=mine).out, want) < 1e-10

@@ -107,6 +107,9 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "q_idx, kv_idx)")
     p.add_argument("--flex-block", type=count_arg, nargs=2, default=[128, 128], metavar=("B_r", "B_c"),
                    help="the block mask's blocks (default 128 128, FlexAttention's)")
+    p.add_argument("--flex-heads", action="store_true",
+                   help="evaluate a --flex-mask module:function for every batch entry and head (FlexAttention's B "
+                        "and H), each head running over its own blocks (default: once, at b = h = 0, for all)")
     p.add_argument("--score-mod", nargs="+", default=None, metavar="NAME",
                    help="a FlexAttention score_mod, which flex applies to every score (forward and backward): "
                         "softcap T (Gemma 2's T·tanh(s/T)), relative_bias w (s − w·|i − j|), or module:name of an "
@@ -235,11 +238,16 @@ def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMas
     """--flex-mask NAME [ARG ...] as the block mask of a problem's (N_q, N_k), in blocks of --flex-block; None
     without one."""
     if getattr(args, "flex_mask", None) is None:
+        if getattr(args, "flex_heads", False):
+            raise InputError("--flex-heads without --flex-mask: it evaluates a mask function for every head; allowed: "
+                             "--flex-mask module:function --flex-heads")
         return None
     if documents(args) is not None:
         raise InputError(f"--seqlens with --flex-mask {' '.join(args.flex_mask)}: a block mask keeps packed documents "
                          f"apart itself; allowed: --flex-mask document with --seqlens, or no --seqlens")
-    return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=args.flex_block, seqlens=args.seqlens)
+    heads = (args.batch, args.heads) if getattr(args, "flex_heads", False) else None
+    return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=args.flex_block, seqlens=args.seqlens,
+                                       per_head=heads)
 
 
 def band_title(pb: Problem) -> str:

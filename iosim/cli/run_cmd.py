@@ -104,7 +104,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     N = lengths_of(args, 1000)
     n_k = args.N_k or N
     docs = documents(args)
-    flex = None if args.flex_mask is None else flex_mask_for(args)(N, n_k)
+    masks = flex_mask_for(args)
+    flex = None if masks is None else masks(N, n_k)
     mod = score_mod_of(args)
     batch = args.batch if docs is None else len(docs)  # a bound: every document padded to the longest
     d_v = args.d if args.d_v is None else args.d_v

@@ -90,6 +90,9 @@ class BlockSparsity:
         kinds = getattr(block_mask, "kinds", None)
         if kinds is None:
             raise InputTypeError(f"block_mask={block_mask!r} must be an iosim.block_mask(...)")
+        if kinds.ndim != 2:
+            raise InputError(f"block_mask {block_mask.label}: a mask of each batch entry and head; the block-sparse "
+                             f"algorithms take one block mask for every head; allowed: a block mask made with B=H=None")
         return cls.from_array(kinds != 0)
 
     def mask(self, T_r: int, T_c: int) -> np.ndarray:
