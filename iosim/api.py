@@ -41,8 +41,9 @@ from iosim.plans import Plan, Request
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.results import PredictResult, SimResult
 from iosim.tilings.policies import choose_tiling
-from iosim.variants.flex import check_flex_mask, check_score_mod, gather_heads, scatter_heads
+from iosim.variants.flex import check_flex_mask, gather_heads, scatter_heads
 from iosim.variants.paging import check_page_size
+from iosim.variants.score_mods import check_score_mod
 from iosim.variants.sparsity import check_block_sparsity
 from iosim.variants.varlen import check_seqlens, gather, packed, scatter
 
@@ -105,7 +106,7 @@ def count_problem(N, d, N_k=None, batch=1, heads=1, *, causal=False, mask=False,
     Packed documents (``seqlens`` or ``cu_seqlens``, iosim.variants.varlen) set N and N_k, which must then be None.
     ``sinks``: whether each query head reads a learned attention sink (``Problem.sinks``); ``block_mask``: a
     FlexAttention block mask of N and N_k (``iosim.block_mask``); ``score_mod``: its score_mod
-    (``iosim.variants.flex.score_mod``)."""
+    (``iosim.variants.score_mods.score_mod``)."""
     docs = check_seqlens(seqlens, cu_seqlens)
     if docs is not None and (N, N_k) != (None, None):
         raise InputError(f"N={N!r}, N_k={N_k!r} with seqlens: the documents set the lengths; allowed: N=None, N_k=None")
@@ -298,7 +299,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     whose weight goes to no value; flash, flash-swapped and split-kv take them (flash's and flash-swapped's backward
     too, in ``iosim.gradients``). ``latent=True`` reads K and V as MLA's latent cache, v being k's first d_v
     columns: K alone is read (split-kv and flash-swapped take it). ``block_mask`` (``iosim.block_mask``) is the
-    FlexAttention block mask that ``flex`` runs over, and ``score_mod`` (``iosim.variants.flex.score_mod``) a
+    FlexAttention block mask that ``flex`` runs over, and ``score_mod`` (``iosim.variants.score_mods.score_mod``) a
     score_mod its forward applies.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,

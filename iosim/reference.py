@@ -139,7 +139,7 @@ def attention_ref(q, k, v, *, causal=False, mask=None, scale=None, dropout_p=0.0
     ``first_batch``: the dropout streams' batch index of q's first entry (one packed document's place).
     ``sinks``: learned attention sinks, one logit per query head (gpt-oss): the softmax of each row over its
     scores and its head's sink, the sink's share of the weight going to no value. ``score_mod``: a FlexAttention
-    score_mod (``iosim.variants.flex.score_mod``) applied to the scaled scores before the mask.
+    score_mod (``iosim.variants.score_mods.score_mod``) applied to the scaled scores before the mask.
     """
     shape, _, p, lse = _probabilities(q, k, v, causal, mask, scale, rows, allow_nonfinite, window, sinks, score_mod)
     z = dropout_scale_matrix(shape, dropout_p, seed, _check_rows(rows, shape.n_q), first_batch)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import iosim
 from iosim.cli import main as cli_main
 from iosim.variants import flex as F
+from iosim.variants import score_mods as S
 
 NAMED = {
     "causal": lambda n_q, n_k: F.causal(n_q, n_k),
@@ -255,7 +256,7 @@ def test_flex_backward_counts_equal_their_closed_form_on_random_masks(n_q, n_k, 
                                                                        modded):
     table = np.random.default_rng(seed).random((n_q, n_k)) < density
     bm = iosim.block_mask(lambda b, h, q, kv: table[q, kv], n_q, n_k, block=(Br, Bc), reads=("ids",))
-    mod = F.score_mod(lambda s, b, h, q, kv: s, flops=1, reads=("bias",), grad=lambda s, b, h, q, kv: 1.0,
+    mod = S.score_mod(lambda s, b, h, q, kv: s, flops=1, reads=("bias",), grad=lambda s, b, h, q, kv: 1.0,
                       grad_flops=1) if modded else None
     sizes = dict(N=n_q, N_k=n_k, d=d, d_v=d_v, M=10**6, block_mask=bm, score_mod=mod, pass_="bwd")
     assert iosim.count("flex", **sizes).traffic == iosim.predict("flex", **sizes).exact
@@ -320,7 +321,7 @@ def test_the_backward_reference_with_a_score_mod_is_the_forward_reference_s_grad
     rng = np.random.default_rng(5)
     q, k, v, do = (rng.standard_normal((1, 1, n, 3)) for n in (5, 7, 7, 5))
     keep = np.tril(np.ones((5, 7), dtype=bool), 2)
-    mod = F.softcap(1.2)
+    mod = S.softcap(1.2)
     grads = score_mod_backward_reference(q, k, v, do, keep, mod)
     for x, g in zip((q, k, v), grads):
         for idx in ((0, 0, 1, 2), (0, 0, 4, 0)):
@@ -333,8 +334,8 @@ def test_the_backward_reference_with_a_score_mod_is_the_forward_reference_s_grad
             assert abs(numeric - g[idx]) < 1e-7
 
 
-@pytest.mark.parametrize("mod", [F.softcap(1.5), F.relative_bias(0.3),
-                                 F.score_mod(lambda s, b, h, q, kv: 0.5 * s * s, flops=2, reads=("scale",),
+@pytest.mark.parametrize("mod", [S.softcap(1.5), S.relative_bias(0.3),
+                                 S.score_mod(lambda s, b, h, q, kv: 0.5 * s * s, flops=2, reads=("scale",),
                                              grad=lambda s, b, h, q, kv: s, grad_flops=0, name="half square")],
                          ids=["softcap", "relative_bias", "user"])
 @pytest.mark.parametrize("n_q, n_k, block", [(1, 1, (128, 128)), (113, 239, (16, 32)), (239, 113, (32, 7))])
@@ -362,8 +363,8 @@ def test_flex_gradients_through_a_score_mod_match_float64_and_their_closed_form(
 def test_a_score_mod_is_applied_and_counted_as_declared():
     rng = np.random.default_rng(8)
     table = rng.standard_normal((113, 239))
-    mods = (F.softcap(2.0), F.relative_bias(0.3),
-            F.score_mod(lambda s, b, h, q, kv: s + 0.1 * table[q, kv], flops=1, reads=("bias",), name="bias table"))
+    mods = (S.softcap(2.0), S.relative_bias(0.3),
+            S.score_mod(lambda s, b, h, q, kv: s + 0.1 * table[q, kv], flops=1, reads=("bias",), name="bias table"))
     bm = iosim.block_mask(F.causal(113, 239), 113, 239, block=(32, 16))
     q = rng.standard_normal((1, 2, 113, 8))
     k, v = rng.standard_normal((1, 2, 239, 8)), rng.standard_normal((1, 2, 239, 8))
@@ -386,7 +387,7 @@ def test_a_score_mod_is_applied_and_counted_as_declared():
     with pytest.raises(iosim.InputError, match="for flash, pass 'fwd': it runs no FlexAttention score_mod"):
         iosim.count("flash", N=113, N_k=239, d=8, M=10**5, score_mod=mods[0])
     with pytest.raises(iosim.InputError, match="softcap T=0"):
-        F.softcap(0)
+        S.softcap(0)
 
 
 def test_the_command_line_applies_a_score_mod_in_both_passes_and_records_it(tmp_path, monkeypatch, capsys):
@@ -394,13 +395,13 @@ def test_the_command_line_applies_a_score_mod_in_both_passes_and_records_it(tmp_
     assert cli_main(["sweep", "--N", "300", "--d", "16", "--flex-mask", "causal", "--flex-block", "64", "64",
                      "--score-mod", "softcap", "30", "--pass", "fwd+bwd", "--json", str(out)]) == 0
     (record,) = json.loads(out.read_text())
-    mod = F.softcap(30.0)
+    mod = S.softcap(30.0)
     counted = iosim.count("flex", N=300, d=16, M="100k", pass_="fwd+bwd", score_mod=mod,
                           block_mask=iosim.block_mask(F.causal(300, 300), 300, block=(64, 64)))
     assert (record["score_mod"], record["score_flops"], record["total"]) == (
         "softcap 30", counted.flops.score, counted.traffic.total)
     module = tmp_path / "my_mods.py"
-    module.write_text("import numpy as np\nfrom iosim.variants.flex import score_mod\n"
+    module.write_text("import numpy as np\nfrom iosim.variants.score_mods import score_mod\n"
                       "def cube():\n    return score_mod(lambda s, b, h, q, kv: s - s ** 3 / 30, flops=3, "
                       "grad=lambda s, b, h, q, kv: 1 - s ** 2 / 10, grad_flops=2, name='cube')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -414,7 +415,7 @@ def test_the_command_line_applies_a_score_mod_in_both_passes_and_records_it(tmp_
     for argv, words in ((["--score-mod", "softcap", "3"], "without --flex-mask"),
                         (["--flex-mask", "causal", "--score-mod", "softcap"], "takes one argument (T)"),
                         (["--flex-mask", "causal", "--score-mod", "tanh", "2"], "allowed: one of ['relative_bias'"),
-                        (["--flex-mask", "causal", "--score-mod", "my_mods:np"], "is not an iosim.variants.flex"),
+                        (["--flex-mask", "causal", "--score-mod", "my_mods:np"], "is not an iosim.variants.score_mods"),
                         (["--algo", "flash", "--flex-mask", "causal", "--score-mod", "softcap", "3"],
                          "it runs over no FlexAttention block mask")):
         assert cli_main(["sweep", "--N", "64", "--d", "8", *argv]) == 2
@@ -440,9 +441,9 @@ def test_a_score_mod_and_its_gradients_against_torch_where_installed():
     tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
     out = flex_attention.flex_attention(tq, tk, tv, score_mod=softcap, block_mask=theirs)
     out.backward(torch.from_numpy(do))
-    g = iosim.gradients("flex", q, k, v, do, M=30_000, block_mask=mine, score_mod=F.softcap(2.0))
+    g = iosim.gradients("flex", q, k, v, do, M=30_000, block_mask=mine, score_mod=S.softcap(2.0))
     assert relative_error(iosim.simulate("flex", q, k, v, M=30_000, block_mask=mine,
-                                         score_mod=F.softcap(2.0)).out, out.detach().numpy()) < 1e-10
+                                         score_mod=S.softcap(2.0)).out, out.detach().numpy()) < 1e-10
     for got, want in zip((g.dq, g.dk, g.dv), (tq.grad, tk.grad, tv.grad)):
         assert relative_error(got, want.numpy()) < 1e-10
 

@@ -82,21 +82,27 @@ _STEP = st.lists(st.sampled_from(ACCESSES), min_size=1, max_size=3).map(tuple)
 _BODY = st.lists(_STEP, min_size=1, max_size=6)
 _PLAIN = st.lists(_STEP, max_size=4).map(tuple)  # a plain block's steps, maybe none
 _ENDS = st.lists(_STEP, max_size=2).map(tuple)  # a shared block's own head or tail
-_KIND = st.sampled_from(["plain", "shared", "shared", "shared", "again"])
+_KIND = st.sampled_from(["plain", "shared", "shared", "shared", "again", "longer", "shorter"])
 
 
 @st.composite
 def grids(draw):
     """Blocks of three kinds, in random order: plain iterators (some without steps), and SharedSteps over one of
-    two bodies with random runs, heads and tails (blocks beside each other often share all of it)."""
+    two bodies with random runs, heads and tails (blocks beside each other often share all of it, or all but the
+    end of their run, which may come later or sooner than the one before it's)."""
     bodies = [draw(_BODY) for _ in range(2)]
     kinds = []
     for _ in range(draw(st.integers(1, 30))):
         kind = draw(_KIND)
-        if kind == "again" and kinds:
-            kinds.append(kinds[-1][:3] + (tuple(draw(_STEP) for _ in kinds[-1][3]),
-                                          tuple(draw(_STEP) for _ in kinds[-1][4])))
+        if kind in ("again", "longer", "shorter") and kinds and kinds[-1][0] == "shared":
+            _, body, (start, stop), head, tail = kinds[-1]
+            if kind != "again":  # the same run from the same start, ending later or sooner
+                stop = draw(st.integers(stop, len(bodies[body])) if kind == "longer" else st.integers(start, stop))
+            kinds.append(("shared", body, (start, stop), tuple(draw(_STEP) for _ in head),
+                          tuple(draw(_STEP) for _ in tail)))
             continue
+        if kind in ("again", "longer", "shorter"):
+            kind = "plain"
         if kind == "plain":
             kinds.append(("plain", draw(_PLAIN), None, (), ()))
             continue

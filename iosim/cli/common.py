@@ -17,7 +17,8 @@ from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import POLICIES
-from iosim.variants.flex import FlexBlockMask, ScoreMod, named_mask, named_score_mod
+from iosim.variants.flex import FlexBlockMask, named_mask
+from iosim.variants.score_mods import ScoreMod, named_score_mod
 from iosim.variants.sparsity import PATTERNS, BlockSparsity
 
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
@@ -113,7 +114,7 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--score-mod", nargs="+", default=None, metavar="NAME",
                    help="a FlexAttention score_mod, which flex applies to every score (forward and backward): "
                         "softcap T (Gemma 2's T·tanh(s/T)), relative_bias w (s − w·|i − j|), or module:name of an "
-                        "iosim.variants.flex.score_mod(...)")
+                        "iosim.variants.score_mods.score_mod(...)")
     p.add_argument("--latent", action="store_true",
                    help="multi-head latent attention's cache, projections absorbed (DeepSeek-V3 decoding, FlashMLA): "
                         "V is the first --d-v columns of K, which alone is read; split-kv and flash-swapped take it")

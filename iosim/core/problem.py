@@ -51,7 +51,7 @@ class BlockMask(Protocol):
 
 
 class ScoreModLike(Protocol):
-    """What a problem holds of a FlexAttention score_mod: ``iosim.variants.flex.ScoreMod``."""
+    """What a problem holds of a FlexAttention score_mod: ``iosim.variants.score_mods.ScoreMod``."""
 
     name: str
     flops: int
@@ -237,7 +237,7 @@ class Problem:
     # a FlexAttention block mask (iosim.block_mask) of the problem's N_q and N_k, which the algorithms that take one
     # (Needs.flex) run over; checked where it enters the API
     flex: FlexMask | None = None
-    # a FlexAttention score_mod (iosim.variants.flex.ScoreMod) that flex's forward applies to every score it computes
+    # a FlexAttention score_mod (iosim.variants.score_mods.ScoreMod) that flex applies to every score it computes
     score_mod: ScoreModLike | None = None
 
     def __post_init__(self):

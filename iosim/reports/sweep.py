@@ -187,7 +187,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     algorithm that takes none. ``d_v`` is V's and O's head size (None: d), and ``latent`` reads V as the first d_v
     columns of K (MLA's latent cache), refused by an algorithm that takes none; ``block_mask`` is a FlexAttention
     block mask of N and N_k (``iosim.block_mask``), which flex runs over and the others refuse, and ``score_mod`` a
-    FlexAttention score_mod (``iosim.variants.flex.score_mod``) flex applies.
+    FlexAttention score_mod (``iosim.variants.score_mods.score_mod``) flex applies.
     """
     preset = None if gpu is None else get_gpu(gpu)
     if hw is None and gpu is not None:

@@ -17,10 +17,7 @@ partial and of full key blocks, and one index per key block it visits. A mask fu
 document id per token, say) declares it in ``reads``: on a partial block the kernel reads its entry for each query
 row and each key row of the block, from a tensor of max(N_q, N_k) int32 entries.
 
-A ``score_mod`` (``score_mod(fn, flops=, reads=)``: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx)``,
-applied to each scaled score before the mask) is counted by what its user declares of it: its elementwise FLOPs per
-score (``Flops.score``) and the tensors it reads, one entry per query row and key row of every block visited. Named
-ones: ``softcap`` T (Gemma 2's T·tanh(s/T)) and ``relative_bias`` w (s − w·|i − j|, ALiBi's with one slope).
+A ``score_mod`` beside a block mask is ``iosim.variants.score_mods``' to make.
 
 Named masks (``MASKS``), each aligned as iosim's bands are (bottom-right: query i of N_q stands at position i + N_k −
 N_q among the keys): ``causal``; ``window`` W (a query sees itself and the W − 1 keys before it, Hugging Face's
@@ -191,7 +188,7 @@ def evaluate(mask_mod: Callable, q_idx: np.ndarray, kv_idx: np.ndarray, b: int =
     try:
         out = np.asarray(mask_mod(np.int64(b), np.int64(h), q_idx[:, None], kv_idx[None, :]))
     except TypeError as err:  # a user's function that does not take (b, h, q_idx, kv_idx) as numpy arrays
-        raise InputTypeError(f"mask_mod {_name_of(mask_mod)} must be a function of (b, h, q_idx, kv_idx) on numpy "
+        raise InputTypeError(f"mask_mod {function_name(mask_mod)} must be a function of (b, h, q_idx, kv_idx) on numpy "
                              f"index arrays: {err}") from None
     if out.dtype != np.bool_:
         raise InputTypeError(f"mask_mod returned {out.dtype}: it must return booleans (True = attend)")
@@ -227,8 +224,8 @@ def block_mask(mask_mod: Callable, N_q, N_k=None, *, block=(128, 128), name: str
     if isinstance(reads, str) or not all(isinstance(r, str) and r.isidentifier() for r in reads):
         raise InputTypeError(f"reads={reads!r} must be a sequence of tensor names (identifiers)")
     kinds = np.stack([np.stack([_kinds(mask_mod, n_q, n_k, Br, Bc, b, h) for h in range(nh)]) for b in range(nb)])
-    return FlexBlockMask(name or _name_of(mask_mod), n_q, n_k, Br, Bc, kinds if per_head else kinds[0, 0], mask_mod,
-                         tuple(reads))
+    return FlexBlockMask(name or function_name(mask_mod), n_q, n_k, Br, Bc, kinds if per_head else kinds[0, 0],
+                         mask_mod, tuple(reads))
 
 
 def _kinds(mask_mod: Callable, n_q: int, n_k: int, Br: int, Bc: int, b: int, h: int) -> np.ndarray:
@@ -247,113 +244,9 @@ def _kinds(mask_mod: Callable, n_q: int, n_k: int, Br: int, Bc: int, b: int, h: 
     return kinds
 
 
-def _name_of(mask_mod: Callable) -> str:
+def function_name(mask_mod: Callable) -> str:
+    """What records call a user's function: module:qualified name."""
     return f"{getattr(mask_mod, '__module__', '?')}:{getattr(mask_mod, '__qualname__', repr(mask_mod))}"
-
-
-@dataclass(frozen=True, eq=False)
-class ScoreMod:
-    """FlexAttention's score_mod: ``fn(score, b, h, q_idx, kv_idx)`` on each scaled score, with what it costs; ``grad``,
-    its derivative in the score (a function of the same arguments), is what a backward pass needs."""
-
-    name: str
-    fn: Callable = field(repr=False)
-    flops: int  # elementwise FLOPs per score, as its user counts them
-    reads: tuple[str, ...] = ()  # tensors it reads: one float32 entry per query row and key row of a visited block
-    grad: Callable | None = field(default=None, repr=False)  # d fn / d score; None: no backward pass
-    grad_flops: int = 0  # elementwise FLOPs per score of ``grad``
-
-    def apply(self, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
-        """The function on one tile's scores (bh, rows, cols), where a score is finite; −inf (a hidden key) stays."""
-        return np.where(np.isneginf(S), -np.inf, self._call(self.fn, S, rows, cols))
-
-    def derivative(self, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
-        """``grad`` on one tile's scores (bh, rows, cols), where a score is finite; 0 where it is −inf."""
-        return np.where(np.isneginf(S), 0.0, self._call(self.grad, np.where(np.isneginf(S), 0.0, S), rows, cols))
-
-    def _call(self, fn: Callable, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
-        q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)[None, :]
-        try:
-            out = np.asarray(fn(S, np.int64(0), np.int64(0), q_idx, kv_idx), dtype=np.float64)
-        except TypeError as err:
-            raise InputTypeError(f"score_mod {self.name} must be a function of (score, b, h, q_idx, kv_idx) on numpy "
-                                 f"arrays: {err}") from None
-        out = np.broadcast_to(out, S.shape) if out.ndim < S.ndim and fn is self.grad else out
-        if out.shape != S.shape:
-            raise InputError(f"score_mod {self.name} returned shape {out.shape} for scores of shape {S.shape}")
-        return out
-
-
-def score_mod(fn: Callable, *, flops: int, reads: Sequence[str] = (), name: str | None = None,
-              grad: Callable | None = None, grad_flops: int = 0) -> ScoreMod:
-    """A score_mod as iosim counts it: ``flops`` elementwise FLOPs per score (an integer >= 0) and the tensors it
-    ``reads``; ``grad``, its derivative in the score, and its ``grad_flops``, for a backward pass (FlexAttention's
-    autograd derives it; here its user gives it)."""
-    if not callable(fn):
-        raise InputTypeError(f"score_mod={fn!r} must be a function of (score, b, h, q_idx, kv_idx)")
-    if grad is not None and not callable(grad):
-        raise InputTypeError(f"grad={grad!r} must be a function of (score, b, h, q_idx, kv_idx), or None")
-    for label, value in (("flops", flops), ("grad_flops", grad_flops)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{label}={value!r} must be a whole number >= 0 (FLOPs per score)")
-    if isinstance(reads, str) or not all(isinstance(r, str) and r.isidentifier() for r in reads):
-        raise InputTypeError(f"reads={reads!r} must be a sequence of tensor names (identifiers)")
-    return ScoreMod(name or _name_of(fn), fn, flops, tuple(reads), grad, grad_flops)
-
-
-def softcap(T: float) -> ScoreMod:
-    """Gemma 2's attention logit softcapping, T·tanh(s/T): a division, a tanh and a product per score; its derivative
-    1 − tanh²(s/T), a division, a tanh, a square and a difference."""
-    if isinstance(T, bool) or not isinstance(T, (int, float)) or not T > 0:
-        raise InputError(f"softcap T={T!r} must be a number > 0")
-    return score_mod(lambda s, b, h, q, kv: T * np.tanh(s / T), flops=3, name=f"softcap {T:g}",
-                     grad=lambda s, b, h, q, kv: 1.0 - np.tanh(s / T) ** 2, grad_flops=4)
-
-
-def relative_bias(w: float) -> ScoreMod:
-    """s − w·|i − j|, ALiBi's bias with one slope: a difference, an absolute value, a product and a sum per score; its
-    derivative is 1, no FLOP."""
-    if isinstance(w, bool) or not isinstance(w, (int, float)):
-        raise InputTypeError(f"relative_bias w={w!r} must be a number")
-    return score_mod(lambda s, b, h, q, kv: s - w * np.abs(q - kv), flops=4, name=f"relative_bias {w:g}",
-                     grad=lambda s, b, h, q, kv: np.ones_like(s), grad_flops=0)
-
-
-SCORE_MODS = {"softcap": (softcap, "T"), "relative_bias": (relative_bias, "w")}  # name → (factory, its argument)
-
-
-def named_score_mod(spec: Sequence[str]) -> ScoreMod:
-    """The score_mod of a command line's ``--score-mod NAME [ARG]``: a name of ``SCORE_MODS`` and its number, or
-    ``module:name``, a ``score_mod(...)`` object there or a function of no arguments that returns one."""
-    name, args = spec[0], list(spec[1:])
-    if name in SCORE_MODS:
-        factory, param = SCORE_MODS[name]
-        if len(args) != 1:
-            raise InputError(f"--score-mod {name} takes one argument ({param}); got {args}")
-        try:
-            value = float(args[0])
-        except ValueError:
-            raise InputError(f"--score-mod {name} {args[0]}: {param} must be a number") from None
-        return factory(value)
-    if ":" not in name or args:
-        raise InputError(f"--score-mod {' '.join(spec)}: allowed: one of {sorted(SCORE_MODS)} with its number, or "
-                         f"module:name of an iosim.variants.flex.score_mod(...)")
-    module, _, attr = name.partition(":")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise InputError(f"--score-mod {name}: {err}") from None
-    made = found if isinstance(found, ScoreMod) else found() if callable(found) else found
-    if not isinstance(made, ScoreMod):
-        raise InputTypeError(f"--score-mod {name}: {made!r} is not an iosim.variants.flex.score_mod(...), nor a "
-                             f"function of no arguments that returns one")
-    return made
-
-
-def check_score_mod(value) -> ScoreMod | None:
-    if value is not None and not isinstance(value, ScoreMod):
-        raise InputTypeError(f"score_mod={value!r} must be an iosim.variants.flex.score_mod(...) or None")
-    return value
 
 
 def check_flex_mask(value, shape) -> FlexBlockMask | None:
