@@ -7,7 +7,9 @@ query blocks of each head instead, in a dispatched grid (``iosim.gpu.grids.flash
 runs both, and the plain order, through the lockstep schedule at one head, float16, d = 128, tiles of 64 × 64 (as
 experiments/sawtooth.py), 2 CTAs per SM (the occupancy of FlashAttention-2's forward, iosim/gpu/grids/sdpa_flash.py),
 N from 16,384 to 262,144, and
-reports each order's K and V DRAM reads over K and V read once. A dotted line marks the N from which one head's K
+reports each order's K and V DRAM reads over K and V read once. The persistent order runs in its lockstep form
+(``persistent.in_waves``: its waves as a dispatched grid, held equal to its CTAs' chained tiles by
+tests/test_persistent.py). A dotted line marks the N from which one head's K
 and V (4·N·d bytes) pass the preset's effective L2. Predictions of the model, not measurements.
 
 Usage: python -m experiments.sawtooth_orders [--figures docs/figures] [--json experiments/results/sawtooth_orders.json]
@@ -38,7 +40,7 @@ ORDERS = ("plain", "odd query blocks reversed (kernels/)", "odd waves reversed (
 def grids(pb: Problem, ctas: int):
     """The three orders' grids, in ORDERS' order."""
     return (flash_swapped.forward(pb, TILING, PER_SM), flash_swapped.forward(pb, TILING, PER_SM, sawtooth=True),
-            persistent.forward(pb, TILING, PER_SM, ctas, sawtooth=True))
+            persistent.in_waves(pb, TILING, PER_SM, ctas, sawtooth=True))
 
 
 def collect() -> dict:

@@ -39,3 +39,15 @@ def test_the_sawtooth_scans_odd_waves_downwards_and_reads_each_tile_once_where_t
     plain = persistent.forward(pb, tiling, 1, ctas=2)
     config = L2Config(10**9, 2)
     assert simulate(grid, config) == simulate(plain, config)
+
+
+@pytest.mark.parametrize("heads, n, tiling, ctas", [(3, 300, Tiling(32, 16), 5), (2, 512, Tiling(64, 64), 8),
+                                                    (1, 1000, Tiling(16, 32), 7), (4, 128, Tiling(32, 32), 16)])
+@pytest.mark.parametrize("capacity", [30_000, 300_000, 10**9])
+@pytest.mark.parametrize("sawtooth", [False, True])
+def test_in_waves_moves_what_the_ctas_move_under_lockstep(heads, n, tiling, ctas, capacity, sawtooth):
+    pb = problem(heads, n)
+    config = L2Config(capacity, ctas)
+    waves = persistent.in_waves(pb, tiling, 1, ctas, sawtooth)
+    assert simulate(waves, config) == simulate(persistent.forward(pb, tiling, 1, ctas, sawtooth), config)
+    assert persistent.in_waves(problem(heads, n, causal=True), tiling, 1, ctas, sawtooth) is None

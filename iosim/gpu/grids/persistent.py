@@ -9,6 +9,11 @@ scan direction" with each CTA's successive tiles) visits the key blocks of odd w
 starts on the K_j, V_j the wave before ended on. Without it, and where every tile has as many steps (no causal
 mask), the persistent grid moves what the dispatched grid moves under lockstep (tests/test_persistent.py). It is
 not among ``iosim.gpu.kernels``' descriptions: ``experiments/sawtooth_orders.py`` runs it with its CTAs given.
+
+``in_waves`` is its lockstep count's fast form: where every tile has as many steps, the CTAs run wave k's tiles at
+once, which is the dispatched grid with ``ctas`` slots whose k-th wave of blocks scans downwards in the sawtooth; the
+blocks of one head and one wave then share their steps and run as cohorts (``iosim.gpu.schedule``), where the CTAs'
+chained tiles run step by step. tests/test_persistent.py holds the two equal.
 """
 
 from __future__ import annotations
@@ -32,3 +37,11 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int, ctas: int, sawtooth: bool 
                                    for k, t in enumerate(range(c, up.blocks, ctas)))
 
     return Grid(min(ctas, up.blocks), steps, up.tiles, per_sm)
+
+
+def in_waves(pb: Problem, tiling: Tiling, per_sm: int, ctas: int, sawtooth: bool = False) -> Grid | None:
+    """``forward``'s accesses under lockstep with ``ctas`` blocks at once, as a dispatched grid of its tiles, odd
+    waves downwards where ``sawtooth``; None where the tiles' steps differ (a mask), and the CTAs do not run in waves."""
+    if not pb.band.full or pb.has_mask:
+        return None
+    return flash_swapped.ordered_forward(pb, tiling, per_sm, lambda b: sawtooth and b // ctas % 2 == 1)
