@@ -41,7 +41,7 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int, ctas: int, sawtooth: bool 
 
 def in_waves(pb: Problem, tiling: Tiling, per_sm: int, ctas: int, sawtooth: bool = False) -> Grid | None:
     """``forward``'s accesses under lockstep with ``ctas`` blocks at once, as a dispatched grid of its tiles, odd
-    waves downwards where ``sawtooth``; None where the tiles' steps differ (a mask), and the CTAs do not run in waves."""
+    waves downwards where ``sawtooth``; None where the tiles' steps differ (a mask): the CTAs then run no waves."""
     if not pb.band.full or pb.has_mask:
         return None
     return flash_swapped.ordered_forward(pb, tiling, per_sm, lambda b: sawtooth and b // ctas % 2 == 1)
