@@ -14,10 +14,13 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
 - a sweep of 3,200 rows with ``--json`` and ``--csv`` within 1.2× of the same sweep
   without them (records are written in time linear in the rows);
 - the L2 model's DRAM bytes (``iosim.gpu.dram.pass_counts`` on call 1's kernels, the H100 preset) of any
-  configuration of call 1, forward or backward, under 2 s (issue 17), in process.
+  configuration of call 1, forward or backward, under 2 s (issue 17), in process;
+- the same of every row of the next GPU call's short grids (issue 28, item 4: ``experiments/ncu_traffic.py``'s
+  short-schedule, short-rest, call3-sdpa and call5-sdpa) under the lockstep schedule at the preset's effective L2,
+  under 2 s each (``--only grid``; timed once each, the slowest rows taking tens of seconds).
 
-Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2] [--smoke]
-(``--only l2`` measures the L2 cases alone; ``--smoke`` runs every part once at tiny sizes, which CI does to keep the
+Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid] [--smoke]
+(``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows; ``--smoke`` runs every part once at tiny sizes, which CI does to keep the
 script working: its seconds say nothing about the targets.)
 """
 
@@ -79,6 +82,7 @@ SMOKE_FORWARD = dict(FORWARD_CASE, heads=1, N=64)
 SMOKE_BACKWARD = dict(BACKWARD_CASE, heads=1, N=64)
 SMOKE_RECORDS = ["sweep", "--N", "256", "512", "--d", "64", "--algo", "flash"]
 SMOKE_L2 = [("flash-swapped", "forward", 1, 1, 1024, 64), ("flash", "backward", 1, 1, 1024, 64)]
+GRIDS = ("short-schedule", "short-rest", "call3-sdpa", "call5-sdpa")  # issue 28, item 4: the next call's rows
 
 
 def numpy_attention(q, k, v):
@@ -188,6 +192,30 @@ def l2_cases(repeats: int, cases: list[tuple] = L2_CASES) -> list[dict]:
     return out
 
 
+def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict]:
+    """``pass_counts`` of every row of the short grids (the first row of the first alone with ``smoke``) at the kernel
+    and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; timed once."""
+    from experiments import ncu_traffic, predict_next_call
+    from iosim.gpu.kernels import KERNELS
+
+    out = []
+    for name in names[:1] if smoke else names:
+        configs = ncu_traffic.GRIDS[name]()
+        for i, cfg in enumerate(configs[:1] if smoke else configs):
+            launch = predict_next_call.launch(cfg)
+            start = time.perf_counter()
+            pass_counts(KERNELS[cfg.impl], launch, hardware("h100"), budget_s=None)
+            out.append(dict(grid=name, index=i, impl=cfg.impl, direction=cfg.direction, dtype=cfg.dtype,
+                            batch_heads=cfg.batch * cfg.heads, N=cfg.n_q, d=cfg.d, causal=cfg.causal,
+                            sawtooth=bool(cfg.sawtooth), kv_heads=cfg.kv_heads, schedule="lockstep",
+                            seconds=time.perf_counter() - start, target_seconds=L2_TARGET))
+    slow = [r for r in out if r["seconds"] > L2_TARGET]
+    print(f"L2 model, the short grids' {len(out)} rows: {len(out) - len(slow)} under {L2_TARGET:g} s; over it: "
+          + (", ".join(f"{r['grid']} #{r['index']} ({r['impl']} {r['direction']}{' causal' if r['causal'] else ''}, "
+                       f"{r['batch_heads']} × {r['N']:,} × {r['d']}) {r['seconds']:.1f} s" for r in slow) or "none"))
+    return out
+
+
 def machine(load_before) -> dict:
     return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__, "load_average_before": load_before,
@@ -197,20 +225,22 @@ def machine(load_before) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=None, help="default experiments/results/speed.json; --smoke needs its own")
-    parser.add_argument("--only", choices=("l2",), help="measure only these cases")
+    parser.add_argument("--out", default=None, help="default experiments/results/speed.json (with --only, "
+                                                     "speed_<part>.json); --smoke needs its own")
+    parser.add_argument("--only", choices=("l2", "grid"), help="measure only these cases")
     parser.add_argument("--smoke", action="store_true", help="every part once at tiny sizes (CI): no timing")
     args = parser.parse_args(argv)
     if args.smoke and args.out is None:
         parser.error("--smoke measures nothing worth keeping: give --out PATH (not the committed speed.json)")
-    args.out = args.out or "experiments/results/speed.json"
+    args.out = args.out or f"experiments/results/speed{'_' + args.only if args.only else ''}.json"
     load_before = os.getloadavg()
     smoke = args.smoke
     if smoke:
         args.repeats = 1
     l2 = SMOKE_L2 if smoke else L2_CASES
-    if args.only == "l2":
-        result = {"l2": l2_cases(args.repeats, l2), "machine": machine(load_before), "commit": git_commit(),
+    if args.only is not None:
+        part = l2_cases(args.repeats, l2) if args.only == "l2" else grid_cases(smoke=smoke)
+        result = {args.only: part, "machine": machine(load_before), "commit": git_commit(),
                   "command": "python -m experiments.speed " + " ".join(sys.argv[1:]), "repeats": args.repeats,
                   "statistic": "best of repeats, wall-clock seconds"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

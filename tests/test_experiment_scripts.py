@@ -27,6 +27,10 @@ def test_the_speed_script_runs_every_part(tmp_path):
     assert result["records"]["seconds"] > 0 and result["records"]["seconds_with_json_and_csv"] > 0
     assert [(r["impl"], r["direction"]) for r in result["l2"]] == [(c[0], c[1]) for c in speed.SMOKE_L2]
     assert set(result["huge_count_seconds"]) == {"flash", "flash causal"}
+    grid = tmp_path / "grid.json"
+    speed.main(["--smoke", "--only", "grid", "--out", str(grid)])
+    (row,) = json.loads(grid.read_text())["grid"]
+    assert (row["grid"], row["index"], row["schedule"]) == (speed.GRIDS[0], 0, "lockstep") and row["seconds"] > 0
 
 
 def test_the_sawtooth_orders_script_runs_its_three_orders_on_both_presets(tmp_path, monkeypatch):
