@@ -84,7 +84,7 @@ SPLIT_KV_REPORT_COMMIT = "cd9c224"
 SPLIT_KV_KERNELS = ("split", "combine")  # the split-kv kernel's launches, in order
 BACKWARD_KERNELS = ("row_dot", "fill", "main", "cast")  # flash-swapped's backward launches, in order
 SDPA_BACKWARD_KERNELS = ("dot_do_o", "main", "convert_dq")  # SDPA's flash backward launches, in order
-SDPA_SOURCE = "published register counts (flash-attention issues #1630, #420) and shared memory " \
+SDPA_SOURCE = "registers of torch 2.14.1's sm_90 binary (iosim/gpu/sdpa_resources_sm90.json) and shared memory " \
               "(iosim/gpu/grids/sdpa_flash.py)"
 
 

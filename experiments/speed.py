@@ -20,8 +20,9 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   under 2 s each (``--only grid``; timed once each, the slowest rows taking tens of seconds).
 
 Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid] [--smoke]
-(``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows; ``--smoke`` runs every part once at tiny sizes, which CI does to keep the
-script working: its seconds say nothing about the targets.)
+(``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows, each into speed_<part>.json;
+``--smoke`` runs every part once at tiny sizes, which CI does to keep the script working: its seconds say nothing
+about the targets.)
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from test_l2_cohorts import block_by_block
 
 import iosim
 from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.grids import sdpa_flash
@@ -205,3 +206,24 @@ def test_the_forward_closed_form_equals_the_simulation_over_random_shapes(batch,
     form = sdpa_flash.forward_dram(pb, tiling, capacity, concurrent)
     assume(form is not None)  # a tile larger than the L2 goes around it: no closed form
     assert form.counts(g.tiles, config) == simulate(g, config)
+
+
+def test_the_occupancy_is_that_of_torch_s_sm90_binary():
+    # every instantiation the description launches is in the file read from torch's libtorch_cuda.so
+    for dtype in ("float16", "bfloat16"):
+        for d in (64, 128):
+            for causal in (False, True):
+                for n in (4096, 4096 + 1):  # key and query blocks even, and ragged
+                    pb = problem(n=n, d=d, causal=causal, dtype=dtype)
+                    assert sdpa_flash.forward_bound(pb, sdpa_flash.tile(pb, False)).registers == 255
+                    dot, main, convert = sdpa_flash.backward_bounds(pb, sdpa_flash.tile(pb, True))
+                    assert main.registers == 255 and 32 <= dot.registers <= 64 and convert.registers in (64, 72)
+    pb = problem(n=4096, d=128)
+    dot, main, convert = sdpa_flash.backward_bounds(pb, sdpa_flash.tile(pb, True))
+    h100 = GPUS["h100"]
+    # 51 registers (dot_do_o clearing dQ's accumulator, float16, d = 128) × 256 threads: 14,336 of 65,536 a block, 4
+    # blocks; convert_dq's 72: 18,432, 3 blocks; the forward's 255 × 128 threads, 2
+    assert (dot.registers, dot.on(h100), convert.registers, convert.on(h100)) == (51, 4, 72, 3)
+    assert sdpa_flash.forward_bound(pb, sdpa_flash.tile(pb, False)).on(h100) == 2
+    with pytest.raises(ValueError, match="has no flash_fwd_kernel at d=96"):
+        sdpa_flash.registers("flash_fwd_kernel", problem(d=96), Tiling(128, 64))

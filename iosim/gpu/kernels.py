@@ -93,8 +93,8 @@ FA3 = "FlashAttention-3's forward on sm_90 (github.com/Dao-AILab/flash-attention
       "tiles; one persistent CTA per SM (MinBlocksPerMultiprocessor = 1), its static or L2-aware causal order"
 
 SDPA = "torch's scaled_dot_product_attention, flash backend: FlashAttention-2's kernels as read from their source " \
-       "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from published " \
-       "register counts and its shared memory"
+       "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from the registers of " \
+       "torch 2.14.1's sm_90 binary (iosim/gpu/sdpa_resources_sm90.json) and its shared memory"
 
 # Forward FLOP/s call 3 measured on an H100 at batch·heads 256, N 4,096, d 64 (experiments/results/call3.json, the
 # gpu_bench records of experiments/results/gpu/call3/second and fourth): flash-swapped float32 20.59 TFLOP/s (its

@@ -33,7 +33,10 @@ description puts each read in the step that computes on it, one step later than 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 
@@ -50,15 +53,14 @@ BACKWARD_TILE = {64: (128, 128), 128: (64, 128)}  # d -> (kBlockM, kBlockN), Fla
 DTYPES = ("float16", "bfloat16")
 ROUND_ROWS = 128  # softmax_d and dq_accum have N_q rounded up to 128 rows (flash_api.cpp's seqlen_q_rounded)
 
-# Occupancy. The kernels declare no __launch_bounds__, so the compiler may give a thread up to 255 registers.
-# Published ptxas reports (sm_80 builds; none was found for sm_90): the forward at Flash_fwd_kernel_traits<128, 128,
-# 64, 4> (d = 128) 255 registers, at <64, 128, 64, 4> (d = 64 with dropout, a smaller S tile than the 128 × 128
-# used here) 250 (flash-attention issue #1630); the backward's main kernel at <128, 64, 128, 8> 255, convert_dq 32,
-# dot_do_o 46 (issue #420, FlashAttention 2.0). Any count from 169 to 255 at 128 threads gives the forward 2 blocks
-# per SM on a 64 K-register SM, which its shared memory (48 KB at d = 64, 64 KB at d = 128) allows on an H100; the
-# main backward kernel's 144 KB of shared memory allow 1.
-FORWARD_THREADS, FORWARD_REGISTERS = 128, 255
-BACKWARD_THREADS, BACKWARD_MAIN_REGISTERS, DOT_REGISTERS, CONVERT_REGISTERS = 256, 255, 46, 32
+# Occupancy: registers per thread from torch's shipped sm_90 binary (``RESOURCES``, read by
+# experiments/sdpa_resources.py with cuobjdump from torch 2.14.1+cu130's libtorch_cuda.so), for the instantiation each
+# pass launches; shared memory from the tiles. The kernels declare no __launch_bounds__: the forward and the main
+# backward kernel take 255 registers in every instantiation here, so the forward runs 2 blocks of 128 threads per SM,
+# which its shared memory (48 KB at d = 64, 64 KB at d = 128) allows on an H100, and the main backward kernel 1 by its
+# 144 KB of shared memory; dot_do_o (34 to 51) and convert_dq (64, 72) at 256 threads.
+RESOURCES = Path(__file__).resolve().parent.parent / "sdpa_resources_sm90.json"
+FORWARD_THREADS, BACKWARD_THREADS = 128, 256
 
 
 def check(pb: Problem) -> None:
@@ -208,17 +210,44 @@ def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid
         TILES.access("dQ", t, full * d * 4, READ), TILES.access("dQ_cast", t, rows * d * data, WRITE)))
 
 
+@cache
+def _binary() -> tuple[dict, ...]:
+    return tuple(json.loads(RESOURCES.read_text())["rows"])
+
+
+def registers(kernel: str, pb: Problem, tiling: Tiling, **flags: bool) -> int:
+    """Registers per thread of ``kernel``'s sm_90 instantiation at the problem's head size and dtype, the tile and
+    ``flags`` (its template flags as torch's source names them), from torch's binary (``RESOURCES``)."""
+    for r in _binary():
+        if (r["kernel"], r["head_dim"], r["dtype"]) == (kernel, pb.shape.d, pb.dtype) and all(
+                r["flags"].get(name, False) == value for name, value in flags.items()) and (
+                r["block_m"], r["block_n"]) == (tiling.Br, tiling.Bc):
+            return r["registers"]
+    raise ValueError(f"{RESOURCES.name} has no {kernel} at d={pb.shape.d}, {pb.dtype}, tile {tiling.Br}×{tiling.Bc}, "
+                     f"{flags}: the description launches one that the file does not hold")
+
+
+def _even(pb: Problem, tiling: Tiling) -> bool:
+    """Is_even_MN as torch's launch templates set it: no ragged query or key block (d = kHeadDim here)."""
+    return pb.shape.n_q % tiling.Br == 0 and pb.shape.n_k % tiling.Bc == 0
+
+
 def forward_bound(pb: Problem, tiling: Tiling) -> ResourceBound:
-    """The forward's occupancy: Q_i, K_j, V_j in shared memory (16-bit), 128 threads of 255 registers."""
+    """The forward's occupancy: Q_i, K_j, V_j in shared memory (16-bit), 128 threads of its registers."""
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, FORWARD_REGISTERS)
+    used = registers("flash_fwd_kernel", pb, tiling, Is_dropout=False, Is_causal=pb.causal, Is_local=False,
+                     Is_even_MN=_even(pb, tiling), Is_even_K=True, Return_softmax=False)
+    return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, used)
 
 
 def backward_bounds(pb: Problem, tiling: Tiling) -> tuple[ResourceBound, ResourceBound, ResourceBound]:
-    """The backward kernels' occupancy, in launch order: dot_do_o (no shared memory), the main kernel (Q_i twice and
-    dO_i, K_j, V_j, P and dS, 16-bit: 144 KB at both tiles) and convert_dq (dQ_i, 16-bit)."""
+    """The backward kernels' occupancy, in launch order: dot_do_o (no shared memory; it clears the dQ accumulator),
+    the main kernel (Q_i twice and dO_i, K_j, V_j, P and dS, 16-bit: 144 KB at both tiles) and convert_dq (dQ_i,
+    16-bit), each at 256 threads of its registers."""
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
     main = 2 * (3 * Br * d + 2 * Bc * d + 2 * Br * Bc)
-    return (ResourceBound(0, BACKWARD_THREADS, DOT_REGISTERS),
-            ResourceBound(main, BACKWARD_THREADS, BACKWARD_MAIN_REGISTERS),
-            ResourceBound(2 * Br * d, BACKWARD_THREADS, CONVERT_REGISTERS))
+    return (ResourceBound(0, BACKWARD_THREADS, registers("flash_bwd_dot_do_o_kernel", pb, tiling, Clear_dQaccum=True)),
+            ResourceBound(main, BACKWARD_THREADS, registers(
+                "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", pb, tiling, Is_dropout=False, Is_causal=pb.causal,
+                Is_local=False, Is_even_MN=_even(pb, tiling), Is_even_K=True)),
+            ResourceBound(2 * Br * d, BACKWARD_THREADS, registers("flash_bwd_convert_dq_kernel", pb, tiling)))
