@@ -22,7 +22,9 @@ Kinds of output:
   since its name holds the commit that made it;
 - ``timing``: a measurement of the machine that ran it (experiments/speed.py): rewritten only when ``--only``
   names it, never checked;
-- ``gpu``: measured on a GPU by a device call: neither rerun nor checked here.
+- ``gpu``: measured on a GPU by a device call: neither rerun nor checked here;
+- ``binary``: read from a binary the project does not depend on (torch's CUDA library, with cuobjdump): rewritten
+  only when ``--only`` names it, on a machine with both (the command names them), never checked.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAST, SLOW, RECORD, TIMING, GPU = "fast", "slow", "record", "timing", "gpu"
+FAST, SLOW, RECORD, TIMING, GPU, BINARY = "fast", "slow", "record", "timing", "gpu", "binary"
 CHECKED = (FAST, SLOW, RECORD)
 # JSON fields that differ from run to run or machine to machine, left out of the comparison
 VOLATILE = frozenset({
@@ -64,7 +66,7 @@ class Output:
     command: str  # as run from the repository root
     files: tuple[str, ...]  # the committed files it writes, relative to the repository root
     redirect: tuple[str, ...]  # the options that write those files under another root ("{root}") instead
-    kind: str  # FAST, SLOW, RECORD, TIMING or GPU
+    kind: str  # FAST, SLOW, RECORD, TIMING, GPU or BINARY
     seconds: float | None  # its command's wall time on this project's 2-core container (README, "Regenerating the
     # results"); None where it runs on a GPU
 
@@ -148,6 +150,12 @@ OUTPUTS = (
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
            ("--out", "{root}/experiments/results/kernels_resources_sm90",
             "--json", "{root}/iosim/gpu/kernels_resources_sm90.json"), SLOW, 140),
+    # torch SDPA's flash kernels as torch ships them (python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.14.1
+    # nvidia-cuda-cuobjdump)
+    Output("sdpa_resources_sm90", "python -m experiments.sdpa_resources --torch-lib "
+           "/tmp/tv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so --cuobjdump "
+           "/tmp/tv/lib/python3.11/site-packages/nvidia/cu13/bin/cuobjdump", ("iosim/gpu/sdpa_resources_sm90.json",),
+           ("--out", "{root}/iosim/gpu/sdpa_resources_sm90.json"), BINARY, 3),
     report("kernels_static_model_sm90", "python -m experiments.kernel_static_model",
            "experiments/results/kernels_static_model_sm90", 391, SLOW),
     Output("speed", "python -m experiments.speed", ("experiments/results/speed.json",),
@@ -310,7 +318,8 @@ def check_one(output: Output, tmp: Path) -> Verdict:
     """Run ``output``'s command into ``tmp`` and compare: "reproduces", "DIFFERS" (a value), "FIELDS" (every value
     the same, fields added or gone), "FAILED" (the command), or "not checked"."""
     if output.kind not in CHECKED:
-        why = {TIMING: "a timing of the machine that ran it", GPU: "measured on a GPU"}[output.kind]
+        why = {TIMING: "a timing of the machine that ran it", GPU: "measured on a GPU",
+               BINARY: "read from a binary the project does not install"}[output.kind]
         return Verdict(output, "not checked", (why,))
     root = tmp / output.name
     for name in output.files:
@@ -342,7 +351,7 @@ def not_rerun(output: Output, named: bool) -> str | None:
     """Why ``regenerate`` leaves ``output`` as committed, or None."""
     if output.kind == GPU:
         return f"measured on a GPU ({output.command})"
-    if output.kind in (RECORD, TIMING) and not named:
+    if output.kind in (RECORD, TIMING, BINARY) and not named:
         return f"a {output.kind}: rewritten only when --only names it"
     return None
 
