@@ -6,7 +6,8 @@
 Issue 28, item 1: the occupancy of the description of SDPA's flash backend (``iosim/gpu/grids/sdpa_flash.py``) from the
 binary users run, not from published sm_80 ptxas reports. This runs ``cuobjdump --dump-resource-usage
 --gpu-architecture sm_90`` on ``libtorch_cuda.so``, demangles each function name with ``c++filt`` and keeps the
-FlashAttention-2 kernels the description launches: ``flash_fwd_kernel`` at its forward tiles, and the backward's
+FlashAttention-2 kernels the description launches: ``flash_fwd_kernel`` at its forward tiles, the split-KV forward's
+``flash_fwd_splitkv_kernel`` and ``flash_fwd_splitkv_combine_kernel`` at theirs, and the backward's
 ``flash_bwd_dot_do_o_kernel``, ``flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`` and ``flash_bwd_convert_dq_kernel`` at
 its backward tiles, each instantiation (dtype and template flags; one built in two files, once) with its registers
 per thread, its stack frame per thread (bytes of local memory for spills and calls), its static shared memory and its
@@ -32,7 +33,7 @@ from pathlib import Path
 
 # the description's tiles (iosim/gpu/grids/sdpa_flash.py): d -> Flash_fwd_kernel_traits' (kHeadDim, kBlockM, kBlockN,
 # kNWarps) and Flash_bwd_kernel_traits' (kHeadDim, kBlockM, kBlockN, kNWarps)
-FORWARD_TRAITS = {(64, 128, 128, 4), (128, 128, 64, 4)}
+FORWARD_TRAITS = {(64, 128, 128, 4), (128, 128, 64, 4), (64, 64, 256, 4), (128, 64, 128, 4)}  # unsplit, split-KV
 BACKWARD_TRAITS = {(64, 128, 128, 8), (128, 64, 128, 8)}
 FLAGS = {  # each kernel's boolean template parameters, in order
     "flash_fwd_kernel": ("Is_dropout", "Is_causal", "Is_local", "Has_alibi", "Is_even_MN", "Is_even_K", "Is_softcap",
@@ -41,7 +42,11 @@ FLAGS = {  # each kernel's boolean template parameters, in order
                                                      "Is_even_K", "Is_softcap"),
     "flash_bwd_dot_do_o_kernel": ("Clear_dQaccum",),
     "flash_bwd_convert_dq_kernel": (),
+    "flash_fwd_splitkv_kernel": ("Is_causal", "Is_local", "Has_alibi", "Is_even_MN", "Is_even_K", "Is_softcap", "Split",
+                                 "Append_KV"),
+    "flash_fwd_splitkv_combine_kernel": ("Is_even_K",),  # after its ints kBlockM and Log_max_splits
 }
+SPLIT_KERNELS = ("flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel")
 NAME = re.compile(r"void pytorch_flash::(\w+)<((?:(?:true|false), )*)"
                   r"(?:pytorch_flash::)?Flash_(fwd|bwd)_kernel_traits<([^>]*)>")
 RESOURCES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+) CONSTANT\[0\]:(\d+)")
@@ -67,15 +72,19 @@ def row(name: str, resources: str) -> dict | None:
         return None
     kernel, traits = found.group(1), [x.strip() for x in found.group(4).split(",")]
     dims = tuple(int(x) for x in traits[:4])
-    if dims not in (FORWARD_TRAITS if found.group(3) == "fwd" else BACKWARD_TRAITS):
+    if dims not in (FORWARD_TRAITS if found.group(3) == "fwd" else BACKWARD_TRAITS) or (
+            kernel in SPLIT_KERNELS) != (found.group(3) == "fwd" and dims[1] == 64):
         return None
     dtype = "bfloat16" if "bfloat16_t" in found.group(4) else "float16"
     tail = name[name.index(">", found.end()) + 1:]  # the kernel's own template arguments after its traits
     flags = re.findall(r"\b(true|false)\b", found.group(2) + tail[:tail.rindex(">")])
     reg, stack, shared, local, constant = (int(x) for x in RESOURCES.search(resources).groups())
+    ints = re.match(r", (\d+), (\d+),", tail) if kernel == "flash_fwd_splitkv_combine_kernel" else None
+    extra = {} if ints is None else {"combine_block_m": int(ints.group(1)), "log_max_splits": int(ints.group(2))}
     return dict(kernel=kernel, head_dim=dims[0], block_m=dims[1], block_n=dims[2], warps=dims[3], dtype=dtype,
-                traits=traits[:9], flags=dict(zip(FLAGS[kernel], (f == "true" for f in flags))), registers=reg,
-                stack_bytes=stack, static_shared_bytes=shared, local_bytes=local, constant_bank0_bytes=constant)
+                traits=traits[:9], flags=dict(zip(FLAGS[kernel], (f == "true" for f in flags))), **extra,
+                registers=reg, stack_bytes=stack, static_shared_bytes=shared, local_bytes=local,
+                constant_bank0_bytes=constant)
 
 
 def collect(torch_lib: Path, cuobjdump: str) -> dict:
@@ -90,7 +99,8 @@ def collect(torch_lib: Path, cuobjdump: str) -> dict:
                 torch_version=_torch_version(torch_lib), cuobjdump=version[-1] if version else None,
                 architecture="sm_90", read_on=date.today().isoformat(),
                 command=f"cuobjdump --dump-resource-usage --gpu-architecture sm_90 {torch_lib.name}",
-                rows=sorted(rows, key=lambda r: (r["kernel"], r["head_dim"], r["dtype"], sorted(r["flags"].items()))))
+                rows=sorted(rows, key=lambda r: (r["kernel"], r["head_dim"], r["dtype"], sorted(r["flags"].items()),
+                                                 r.get("log_max_splits", 0))))
 
 
 def _torch_version(torch_lib: Path) -> str | None:

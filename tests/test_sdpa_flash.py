@@ -146,8 +146,6 @@ def test_refusals_name_what_the_description_does_not_cover():
         ask(dtype="float32")
     with pytest.raises(InputError, match="d=96"):
         ask(d=96)
-    with pytest.raises(InputError, match="split-KV kernels here"):
-        ask(heads=1, N=1024)
     with pytest.raises(InputError, match=r"tiling=\(64, 64\).*\(128, 128\)"):
         ask(tiling=iosim.Tiling(64, 64))
     with pytest.raises(InputError, match="dropout_p=0.1"):
@@ -227,3 +225,52 @@ def test_the_occupancy_is_that_of_torch_s_sm90_binary():
     assert sdpa_flash.forward_bound(pb, sdpa_flash.tile(pb, False)).on(h100) == 2
     with pytest.raises(ValueError, match="has no flash_fwd_kernel at d=96"):
         sdpa_flash.registers("flash_fwd_kernel", problem(d=96), Tiling(128, 64))
+
+
+def test_where_torch_splits_k_v_its_split_kernel_and_combine_run_at_their_own_tile():
+    # 1 head of N_q = 300 against N_k = 1,200 at d = 64: 5 query blocks of 64 < 211, so torch splits; key blocks of
+    # 256: 5, in splits of ⌈5/S⌉
+    pb = problem(n=300, n_k=1200, d=64)
+    splits = sdpa_flash.forward_splits(pb.shape, 132)
+    assert splits == 5
+    assert (sdpa_flash.tile(pb, False, 132).Br, sdpa_flash.tile(pb, False, 132).Bc) == (64, 256)
+    split, merge = SDPA.grids(Launch(pb, Tiling(1, 1), sms=132))
+    assert split.blocks == 5 * splits and merge.blocks == 300 // 8 + 1
+    # block (i, s) = (2, 3): query block 2 of split 3, whose one key block is 3 (keys 768 … 1,023)
+    steps = readable(split, 3 * 5 + 2)
+    assert [(name, index) for name, index, _ in steps[0][:3]] == [("Q", 2), ("K", 3), ("V", 3)]
+    rows = [x for x in steps[-1] if x[0] == "O_accum"]
+    assert [index for _, index, _ in rows] == [3 * 300 + 128 + r for r in range(64)]  # its 64 rows of split 3
+    assert all(nbytes == 64 * 4 for _, _, nbytes in rows)
+    # the combine's block 0 reads rows 0 … 7 of every split and writes their O and lse
+    (combine_step,) = readable(merge, 0)
+    assert sorted({index // 300 for name, index, _ in combine_step if name == "O_accum"}) == list(range(splits))
+    assert ("O", 0, 8 * 64 * 2) in combine_step and ("lse", 0, 32) in combine_step
+
+
+@pytest.mark.parametrize("n_q, n_k, d, heads, causal", [(300, 1200, 64, 1, False), (1, 8192, 128, 32, False),
+                                                         (1024, 1024, 64, 4, True), (200, 200, 128, 2, True)])
+def test_the_split_kernels_read_their_inputs_once_where_the_l2_holds_them_and_pass_the_partials_through_it(
+        n_q, n_k, d, heads, causal):
+    pb = problem(heads=heads, n=n_q, n_k=n_k, d=d, causal=causal)
+    splits = sdpa_flash.forward_splits(pb.shape, 132)
+    assert splits > 1
+    r = iosim.dram("flash-swapped", N=n_q, N_k=n_k, d=d, heads=heads, causal=causal, M="228KiB", kernel="sdpa-flash",
+                   l2_bytes=10**9)
+    by = {t.name: t for t in r.dram.tensors}
+    assert by["Q"].reads == heads * n_q * d * 2 and by["K"].reads == by["V"].reads == heads * n_k * d * 2
+    # every split's partial rows written by the split kernel, and read back by the combine (from a cold L2)
+    partial = splits * heads * n_q * d * 4
+    assert by["O_accum"].writes + by["O_accum"].dirty_at_end == by["O_accum"].reads == partial
+    assert by["O"].writes + by["O"].dirty_at_end == heads * n_q * d * 2
+    # the grids count what the schedule run block by block counts: the cohorts change nothing
+    for grid in SDPA.grids(Launch(pb, sdpa_flash.tile(pb, False, 132), sms=132)):
+        config = L2Config(2_000_000, 264)
+        assert simulate(grid, config) == simulate(block_by_block(grid), config)
+
+
+def test_the_split_kernels_occupancy_is_that_of_torch_s_binary():
+    pb = problem(n=1, n_k=8192, d=128)
+    split, merge = sdpa_flash.split_bounds(pb, Tiling(64, 128), 7)
+    assert split.registers == 246 and split.on(GPUS["h100"]) == 2  # the unmasked, even-K, ragged-M split build
+    assert merge.registers == 52 and merge.block_bytes == 8 * 5 * 4  # built for up to 8 splits, 4 rows

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from iosim.api import count_problem, measure, plan
 from iosim.core.counts import Counts
 from iosim.core.errors import InputError
+from iosim.core.gpus import get_gpu
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.core.visits import visits
@@ -191,7 +192,7 @@ def own_tiles(request: Request, kernel: Kernel, tiling: Tiling | None, block_pol
     shared memory), whatever the M asked."""
     passes = []
     for p in request.plans:
-        own = kernel.tile(p.run_problem, p.algorithm.is_backward)
+        own = kernel.tile(p.run_problem, p.algorithm.is_backward, int(get_gpu(gpu).sms.value))
         if tiling is not None and (tiling.Br, tiling.Bc) != (own.Br, own.Bc):
             raise InputError(f"tiling=({tiling.Br}, {tiling.Bc}): kernel={kernel.name!r} launches its own tile, "
                              f"({own.Br}, {own.Bc}) for this pass; allowed: tiling=None")

@@ -48,9 +48,9 @@ class Kernel:
     backward: bool  # whether it has a backward pass
     forward_dram: Callable[[Problem, Tiling, int, int], DramForm | None] | None = None
     options: tuple[str, ...] = ()  # which of OPTIONS it takes
-    # the tile the kernel launches whatever it is asked (pass backward or not), where it fixes its own; None where it
-    # takes the request's tiling
-    tile: Callable[[Problem, bool], Tiling] | None = None
+    # the tile the kernel launches whatever it is asked (pass backward or not, on a GPU of that many SMs: None where
+    # unknown), where it fixes its own; None where it takes the request's tiling
+    tile: Callable[[Problem, bool, int | None], Tiling] | None = None
     # its forward's measured FLOP/s on the problem's dtype, which sets the timed schedule's miss penalty
     # (iosim.gpu.timed); None where no GPU run has timed it
     rate: Callable[[Problem], float] | None = None
@@ -67,7 +67,8 @@ class Kernel:
 
     def own(self, launch: Launch) -> Launch:
         """``launch`` at the kernel's own tile, where it fixes one: the DRAM level describes the kernel as it runs."""
-        return launch if self.tile is None else replace(launch, tiling=self.tile(launch.problem, launch.backward))
+        return launch if self.tile is None else replace(launch, tiling=self.tile(launch.problem, launch.backward,
+                                                                                 launch.sms))
 
     def grids(self, launch: Launch) -> tuple[Grid, ...]:
         """The grids of ``launch``'s pass (at the kernel's own tile, where it has one), refusing by name a pass or an

@@ -62,7 +62,8 @@ def _split_kv(launch: Launch) -> tuple[Grid, ...]:
 
 
 def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
-    """torch SDPA's flash backend: the forward's one kernel where torch runs it unsplit; the backward's three."""
+    """torch SDPA's flash backend: the forward's one kernel where torch runs it unsplit, else its split-KV kernel and
+    the combine; the backward's three."""
     pb, t = launch.problem, launch.tiling
     if launch.backward:
         if pb.shape.kv_heads != pb.shape.heads:  # torch then sums dK, dV over each group: two kernels more
@@ -75,10 +76,9 @@ def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
     if launch.sms is None:
         raise ValueError("sdpa-flash's forward needs the GPU's SMs (Launch.sms) to know whether torch splits K/V")
     splits = sdpa_flash.forward_splits(pb.shape, launch.sms)
-    if splits > 1:
-        raise InputError(f"batch·heads={pb.shape.bh}, N={pb.shape.n_q:,}: torch's flash backend runs "
-                         f"FlashAttention-2's split-KV kernels here ({splits} splits), which kernel='sdpa-flash' does "
-                         f"not describe; allowed: batch·heads·⌈N/64⌉ ≥ 0.8 × 2 × {launch.sms} SMs")
+    if splits > 1:  # FlashAttention-2's split-KV kernels, at their own tile (sdpa_flash.tile with the SMs)
+        split, merge = sdpa_flash.split_bounds(pb, t, splits)
+        return sdpa_flash.split_forward(pb, t, splits, split), sdpa_flash.combine(pb, splits, merge)
     return (sdpa_flash.forward(pb, t, sdpa_flash.forward_bound(pb, t)),)
 
 

@@ -110,8 +110,9 @@ def check(pb: Problem) -> None:
                          f"16-bit data only; allowed: float16, bfloat16")
 
 
-def tile(pb: Problem, backward: bool) -> Tiling:
-    """The kernel's own tile for the forward (kBlockM × kBlockN); the backward is not described."""
+def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
+    """The kernel's own tile for the forward (kBlockM × kBlockN), on any number of SMs; the backward is not
+    described."""
     if backward:
         raise InputError("kernel='fa3' describes FlashAttention-3's forward only; allowed with it: pass 'fwd'")
     check(pb)

@@ -10,10 +10,19 @@ What this description takes from the source (file names are flash-attention's):
   aligned, ends the run at ⌈((i+1)·kBlockM + N_k − N_q)/kBlockN⌉), reading K_j and V_j at each, and writes O_i (in
   the input dtype) and lse_i (float32) at the end. Tiles (kBlockM × kBlockN): 128 × 128 at d = 64, 128 × 64 at
   d = 128, float16 or bfloat16, no dropout, on sm_80 and sm_90 (``run_mha_fwd_hdim64``, ``run_mha_fwd_hdim128``).
-- **Which forward runs**: torch's ``mha_fwd`` lets ``num_splits_heuristic`` choose K/V splits (``flash_api.cpp``);
-  where it chooses more than one, the split-KV kernels run instead, which this description does not cover
-  (``forward_splits`` says when). Decoding with grouped heads (N_q = 1, heads > kv_heads) runs as one head of G query
-  rows, and torch runs no flash kernel for a causal mask with N_q ≠ N_k: both refused by name.
+- **Which forward runs**: torch's ``mha_fwd`` lets ``num_splits_heuristic`` choose K/V splits (``flash_api.cpp``,
+  ``forward_splits``); where it chooses more than one, the split-KV kernels run instead (``run_flash_splitkv_fwd``,
+  ``run_mha_fwd_splitkv_dispatch``), at tiles of kBlockM = 64 by kBlockN = 256 (d = 64) or 128 (d = 128):
+  1. ``flash_fwd_splitkv_kernel``, ``grid (⌈N_q/64⌉, num_splits, batch·heads)``: block (i, s, bh) sees key blocks
+     s·n, …, (s + 1)·n − 1 (n = ⌈⌈N_k/kBlockN⌉/num_splits⌉, cut by a causal mask as above), reads Q_i and them from
+     the last down to the first, and writes its rows of the float32 partial outputs O_accum and their lse_accum; a
+     block that sees no key exits before reading Q_i, writing zeros and −inf (``compute_attn_1rowblock_splitkv``);
+  2. ``flash_fwd_splitkv_combine_kernel``, one block per kBlockM (4 at d = 128, 8 at d = 64) rows of the flattened
+     (batch, heads, N_q): it reads every split's lse_accum and O_accum of its rows and writes O (the dtype) and lse
+     (``combine_attn_seqk_parallel``).
+  O_accum is held row by row (d float32, whole sectors), lse_accum and lse sector by sector, as the L2 sees them.
+  Decoding with grouped heads (N_q = 1, heads > kv_heads) runs as one head of G query rows, and torch runs no flash
+  kernel for a causal mask with N_q ≠ N_k: both refused by name.
 - **Backward** (``run_flash_bwd_seqk_parallel``, ``flash_bwd_launch_template.h``, at 144 KB of shared memory per block
   or more, which an H100 allows): three kernels.
   1. ``flash_bwd_dot_do_o_kernel``, ``grid (⌈N_q/kBlockM⌉, batch, heads)``: reads dO_i and O_i, writes
@@ -46,9 +55,12 @@ from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.grids._device import TILES
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step
+from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step, Tiles
 
 FORWARD_TILE = {64: (128, 128), 128: (128, 64)}  # d -> (kBlockM, kBlockN), Flash_fwd_kernel_traits
+SPLIT_TILE = {64: (64, 256), 128: (64, 128)}  # d -> (kBlockM, kBlockN) of run_mha_fwd_splitkv_dispatch
+COMBINE_ROWS = {64: 8, 128: 4}  # d -> the combine's kBlockM: 4 where d % 128 == 0, else 8 where d % 64 == 0
+SPLIT_TILES = Tiles(("Q", "K", "V", "O", "lse", "O_accum", "lse_accum"))
 BACKWARD_TILE = {64: (128, 128), 128: (64, 128)}  # d -> (kBlockM, kBlockN), Flash_bwd_kernel_traits
 DTYPES = ("float16", "bfloat16")
 ROUND_ROWS = 128  # softmax_d and dq_accum have N_q rounded up to 128 rows (flash_api.cpp's seqlen_q_rounded)
@@ -84,9 +96,12 @@ def check(pb: Problem) -> None:
                          "does not cover; allowed: N_q > 1, or kv_heads == heads")
 
 
-def tile(pb: Problem, backward: bool) -> Tiling:
-    """The kernel's own tile for the pass (kBlockM × kBlockN)."""
+def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
+    """The kernel's own tile for the pass (kBlockM × kBlockN): the split-KV kernel's where torch splits K/V on a GPU
+    of ``sms`` SMs (None: the unsplit kernel's)."""
     check(pb)
+    if not backward and sms is not None and forward_splits(pb.shape, sms) > 1:
+        return Tiling(*SPLIT_TILE[pb.shape.d])
     return Tiling(*(BACKWARD_TILE if backward else FORWARD_TILE)[pb.shape.d])
 
 
@@ -122,6 +137,67 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
     Tr = -(-pb.shape.n_q // tiling.Br)
     pair = launch_order(pb.shape)
     return flash_swapped.downward_forward(pb, tiling, per_sm, lambda b: (pair(b // Tr), b % Tr))
+
+
+def _sectors_of(name: str, first: int, count: int, mode: int) -> Step:
+    """Float32 entries ``first`` … ``first + count − 1`` of a flat tensor as the 32-byte sectors they lie in, each
+    with the bytes of them it holds."""
+    per = SECTOR // 4
+    return tuple(SPLIT_TILES.access(name, k, 4 * (min(first + count, (k + 1) * per) - max(first, k * per)), mode)
+                 for k in range(first // per, (first + count - 1) // per + 1))
+
+
+def split_forward(pb: Problem, tiling: Tiling, splits: int, per_sm: int | ResourceBound) -> Grid:
+    """``flash_fwd_splitkv_kernel``'s blocks in launch order: block (bh·S + s)·T_r + i is query block i of split s of
+    batch·head bh (batch-major); it reads Q_i and its split's key blocks from the last down to the first and writes
+    its rows of O_accum and lse_accum, or writes them alone where it sees no key."""
+    s, Br, Bc = pb.shape, tiling.Br, tiling.Bc
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    per_split, rows_total, data = -(-Tc // splits), s.bh * s.n_q, pb.itemsize("data")
+    upwards = flash_swapped.kv_step_cache(SPLIT_TILES, pb, tiling)
+    downwards: dict[int, list] = {}
+    met = visits(pb, tiling, skips_hidden=True)
+
+    def steps(b: int):
+        i, rest = b % Tr, b // Tr
+        split, bh = rest % splits, rest // splits
+        rows, first_row = min(Br, s.n_q - i * Br), split * rows_total + bh * s.n_q + i * Br
+        out = tuple(SPLIT_TILES.access("O_accum", first_row + r, s.d * 4, WRITE) for r in range(rows)) + _sectors_of(
+            "lse_accum", first_row, rows, WRITE)
+        run = met.key_run(i)
+        lo, hi = max(run.start, split * per_split), min(run.stop, (split + 1) * per_split)
+        if lo >= hi:
+            return iter((out,))
+        q = (SPLIT_TILES.access("Q", bh * Tr + i, rows * s.d * data, READ),)
+        kvh = s.kv_head(bh)
+        kv = downwards.get(kvh)
+        if kv is None:
+            kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
+        first, count = Tc - hi, hi - lo
+        if count == 1:
+            return iter((q + kv[first] + out,))
+        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
+
+    return Grid(s.bh * splits * Tr, steps, SPLIT_TILES, per_sm)
+
+
+def combine(pb: Problem, splits: int, per_sm: int | ResourceBound) -> Grid:
+    """``flash_fwd_splitkv_combine_kernel``: block c takes rows c·k … c·k + k − 1 of the flattened (batch, heads, N_q),
+    k = ``COMBINE_ROWS``; it reads every split's lse_accum and O_accum of them and writes their O and lse."""
+    s, data = pb.shape, pb.itemsize("data")
+    k, rows_total = COMBINE_ROWS[s.d], s.bh * s.n_q
+
+    def steps(c: int):
+        first, rows = c * k, min(k, rows_total - c * k)
+        reads: Step = ()
+        for split in range(splits):
+            at = split * rows_total + first
+            reads += _sectors_of("lse_accum", at, rows, READ) + tuple(
+                SPLIT_TILES.access("O_accum", at + r, s.d * 4, READ) for r in range(rows))
+        return iter((reads + (SPLIT_TILES.access("O", c, rows * s.d * data, WRITE),)
+                     + _sectors_of("lse", first, rows, WRITE),))
+
+    return Grid(-(-rows_total // k), steps, SPLIT_TILES, per_sm)
 
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
@@ -215,12 +291,13 @@ def _binary() -> tuple[dict, ...]:
     return tuple(json.loads(RESOURCES.read_text())["rows"])
 
 
-def registers(kernel: str, pb: Problem, tiling: Tiling, **flags: bool) -> int:
+def registers(kernel: str, pb: Problem, tiling: Tiling, **flags: bool | int) -> int:
     """Registers per thread of ``kernel``'s sm_90 instantiation at the problem's head size and dtype, the tile and
-    ``flags`` (its template flags as torch's source names them), from torch's binary (``RESOURCES``)."""
+    ``flags`` (its template flags as torch's source names them, and the combine's ``log_max_splits``), from torch's
+    binary (``RESOURCES``)."""
     for r in _binary():
         if (r["kernel"], r["head_dim"], r["dtype"]) == (kernel, pb.shape.d, pb.dtype) and all(
-                r["flags"].get(name, False) == value for name, value in flags.items()) and (
+                r["flags"].get(name, r.get(name, False)) == value for name, value in flags.items()) and (
                 r["block_m"], r["block_n"]) == (tiling.Br, tiling.Bc):
             return r["registers"]
     raise ValueError(f"{RESOURCES.name} has no {kernel} at d={pb.shape.d}, {pb.dtype}, tile {tiling.Br}×{tiling.Bc}, "
@@ -238,6 +315,18 @@ def forward_bound(pb: Problem, tiling: Tiling) -> ResourceBound:
     used = registers("flash_fwd_kernel", pb, tiling, Is_dropout=False, Is_causal=pb.causal, Is_local=False,
                      Is_even_MN=_even(pb, tiling), Is_even_K=True, Return_softmax=False)
     return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, used)
+
+
+def split_bounds(pb: Problem, tiling: Tiling, splits: int) -> tuple[ResourceBound, ResourceBound]:
+    """The split-KV kernels' occupancy: the split kernel's Q_i, K_j, V_j in shared memory (16-bit) at 128 threads;
+    the combine's lse of every split (its kMaxSplits = 2^⌈log2 S⌉ by kBlockM + 1 float32) at 128 threads."""
+    Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
+    split = registers("flash_fwd_splitkv_kernel", pb, tiling, Is_causal=pb.causal, Is_local=False,
+                      Is_even_MN=_even(pb, tiling), Is_even_K=True, Split=True, Append_KV=False)
+    log_max = max(1, (splits - 1).bit_length())  # the combine built for up to 2, 4, 8, … splits
+    merge = registers("flash_fwd_splitkv_combine_kernel", pb, tiling, Is_even_K=True, log_max_splits=log_max)
+    return (ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, split),
+            ResourceBound((1 << log_max) * (COMBINE_ROWS[d] + 1) * 4, FORWARD_THREADS, merge))
 
 
 def backward_bounds(pb: Problem, tiling: Tiling) -> tuple[ResourceBound, ResourceBound, ResourceBound]:
