@@ -97,8 +97,11 @@ class LaunchConfig:
         """The B_r × B_c the kernel runs: the host API's tiling, except flash-swapped-tc's 16-bit kernels, which
         ignore it: the forward runs B_r = 64 rows (4 warps × m16) by keys_per_step(d) keys, the backward
         B_c = 64 keys (BKB) by queries_per_step(d) queries a step."""
-        if self.impl == SDPA:
+        if self.impl == SDPA:  # its own, the split-KV kernel's where torch splits on the H100's SMs
             tiles = sdpa_flash.BACKWARD_TILE if self.direction == "backward" else sdpa_flash.FORWARD_TILE
+            shape = AttentionShape(self.batch, self.heads, self.n_q, self.n_k, self.d, kv_heads=self.kv_heads)
+            if self.direction == "forward" and sdpa_flash.forward_splits(shape, H100_SMS) > 1:
+                tiles = sdpa_flash.SPLIT_TILE
             return dict(zip(("Br", "Bc"), tiles[self.d]))
         if self.impl == "flash-swapped-tc" and self.dtype != "float32":
             if self.direction == "forward":
@@ -334,6 +337,17 @@ def call3_sdpa_grid() -> list[LaunchConfig]:
     return rows
 
 
+def call5_split_grid() -> list[LaunchConfig]:
+    """SDPA's split-KV forward (FlashAttention-2's flash_fwd_splitkv_kernel and its combine), where torch splits K/V
+    on an H100 (batch·heads·⌈N_q/64⌉ < 211): decoding one token at 32 heads against 8,192 and 65,536 keys, at 8 heads
+    of d = 64, and prefills of one head (N = 4,096, d = 128) and of 4 causal heads (N = 1,024, d = 64)."""
+    f = "forward"
+    return [LaunchConfig(SDPA, f, 1, 32, 1, 8192, 128, "float16"),
+            LaunchConfig(SDPA, f, 1, 32, 1, 65536, 128, "float16"),
+            LaunchConfig(SDPA, f, 1, 8, 1, 32768, 64, "bfloat16"), _short(SDPA, f, "float16", 1, 4096, 128),
+            LaunchConfig(SDPA, f, 1, 4, 1024, 1024, 64, "float16", causal=True)]
+
+
 def call5_sdpa_grid() -> list[LaunchConfig]:
     """SDPA's causal forward at d = 128, which call 4 measured reading 1.4× to 2.5× its prediction where causal at
     d = 64 and the unmasked rows held: N at one head and at 16, more heads, bfloat16, an unmasked twin, and causal at
@@ -352,7 +366,7 @@ GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
          "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid,
          "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid,
-         "call3-sdpa": call3_sdpa_grid, "call5-sdpa": call5_sdpa_grid}
+         "call3-sdpa": call3_sdpa_grid, "call5-sdpa": call5_sdpa_grid, "call5-split": call5_split_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -67,6 +67,7 @@ from iosim.core.gpus import GPUS  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
 from iosim.gpu.dram import kernel_counts, pass_counts  # noqa: E402
+from iosim.gpu.grids import sdpa_flash  # noqa: E402
 from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
 from iosim.gpu.kernel import Launch  # noqa: E402
 from iosim.gpu.kernels import KERNELS  # noqa: E402
@@ -158,6 +159,9 @@ def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
     if cfg.impl == ncu_traffic.SDPA and cfg.direction == "backward":
         return by_kernel(cfg, SDPA_BACKWARD_KERNELS, "iosim.gpu.grids.sdpa_flash's dot_do_o, backward_main, "
                          "convert_dq, each from a cold L2", schedule)
+    if cfg.impl == ncu_traffic.SDPA and sdpa_flash.forward_splits(problem(cfg).shape, launch(cfg).sms) > 1:
+        return by_kernel(cfg, ("split", "combine"), "iosim.gpu.grids.sdpa_flash's split_forward and combine, each from "
+                         "a cold L2", schedule)
     if cfg.impl == ncu_traffic.SDPA:
         grid = "iosim.gpu.grids.sdpa_flash.forward"
         whole = cfg.n_k % cfg.tile()["Bc"] == 0 or cfg.n_k <= cfg.tile()["Bc"]

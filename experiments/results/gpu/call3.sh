@@ -20,6 +20,9 @@
 #           test_kernels_gpu.py, which its time limit cut; SDPA's causal forward at d = 128 across N and heads
 #           (call5-sdpa: 9 rows, predicted before the run in predictions-5217ccf, -staggered, -timed-call5-sdpa);
 #           flash-swapped float32 at d = 128 against torch eager, the timing calls 3 and 4 left out.
+#   call5b: a second half for the same call: SDPA's split-KV forward, where torch splits K/V (decoding and short
+#           prefills of few heads; call5-split: 5 rows, each kernel apart, predicted before the run in the
+#           predictions files experiments/call3_short.py names).
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
@@ -121,6 +124,9 @@ case $PART in
     step bench-fp32-d128 45 python3 -m experiments.gpu_bench --out "$R/bench" --batch-size 2 --num-heads 16 \
       --seq-len 4096 --emb-dim 2048 --warmup 1 --repeats 2 --impl flash-swapped torch --dtype float32
     pack bench
+    ;;
+  call5b)
+    ncu_grid call5-split 60 --grouped
     ;;
   *)
     ncu_grid "$PART" 560
