@@ -31,9 +31,9 @@ from experiments import ncu_traffic
 REPO = Path(__file__).resolve().parents[1]
 PREDICTIONS = REPO / "experiments" / "results" / "gpu"
 LOCKSTEP = ("predictions-80f2354", "predictions-6d16ff6", "predictions-bda8144", "predictions-69c24cc",
-            "predictions-159b338", "predictions-96a5261", "predictions-5217ccf")
+            "predictions-159b338", "predictions-96a5261", "predictions-5217ccf", "predictions-d3b558b")
 STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered", "predictions-96a5261-staggered",
-             "predictions-5217ccf-staggered")
+             "predictions-5217ccf-staggered", "predictions-d3b558b-staggered")
 COMPILE_S = 12.0  # a specialisation compiled in 10.7 to 13.4 s on the H100 machine's host in call 3 (call3/README.md)
 HOST_VALUES_PER_S = 1.5e8  # numpy's standard_normal on one core, about
 # SDPA's flash kernels ran at 243 (forward) and 213 TFLOP/s (backward) in call 3 (d = 64, 256 × 4096); 150 is taken

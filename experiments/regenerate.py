@@ -145,6 +145,8 @@ OUTPUTS = (
     prediction("96a5261", "--grid call3-sdpa --schedule staggered --jobs 2", 6.5, "-staggered"),
     prediction("5217ccf", "--grid call5-sdpa --jobs 2", 2.3),
     prediction("5217ccf", "--grid call5-sdpa --schedule staggered --jobs 2", 1.4, "-staggered"),
+    prediction("d3b558b", "--grid call5-split --jobs 2", 2.0),
+    prediction("d3b558b", "--grid call5-split --schedule staggered --jobs 2", 1.0, "-staggered"),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),

@@ -27,7 +27,7 @@
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
 # Usage, from the repository's root on the device (IOSIM_GIT_COMMIT names the commit the tree is):
-#   IOSIM_GIT_COMMIT=<commit> bash experiments/results/gpu/call3.sh first|second|rest-first|rest-second|<call-3 grid>
+#   IOSIM_GIT_COMMIT=<commit> bash experiments/results/gpu/call3.sh first|second|rest-first|rest-second|call5|call5b|<grid>
 # The device's numpy 2.5 lacks np.row_stack, which numba-cuda 0.30.4 imports: a numpy 2.4.6 wheel is carried in .whl
 # and installed to /tmp/site, first on PYTHONPATH (docs/gpu.md). iosim.kernels is kernels/ (pyproject's package-dir):
 # the disposable device copy links it into iosim/ so that the tree imports without an install.
