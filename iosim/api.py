@@ -184,7 +184,7 @@ def part_inputs(data: dict, pb: Problem, part: Problem) -> dict:
     """The inputs of one part of a pass on ``pb`` (``Plan.parts``): a group of heads' of a per-head block mask, one
     length's documents, or ``data`` itself."""
     if pb.flex is not None and pb.flex.per_head:
-        return gather_heads(data, part)
+        return gather_heads(data, pb, part)
     return gather(data, pb, part)
 
 

@@ -155,16 +155,21 @@ class FlexVisits:
 
 def head_groups(pb) -> tuple:
     """A problem with a per-head block mask as one problem per group of its (batch entry, head) pairs of equal blocks
-    (``FlexBlockMask.groups``): one batch entry of the group's heads, each its own K/V head, and the group's mask."""
+    (``FlexBlockMask.groups``): one batch entry of the group's heads, each with its own copy of its K/V head (flex
+    reads K and V for every query head, grouped or not, so the counts are the same), and the group's mask."""
     return tuple(replace(pb, shape=replace(pb.shape, batch=1, heads=len(g.heads), kv_heads=len(g.heads)), flex=g)
                  for g in pb.flex.groups(pb.shape.batch, pb.shape.heads))
 
 
-def gather_heads(data: dict[str, np.ndarray], part) -> dict[str, np.ndarray]:
-    """The inputs of a group of heads (``head_groups``): every (batch, heads, rows, cols) array cut to the group's
-    (batch entry, head) pairs, (1, pairs, rows, cols)."""
+KV_INPUTS = ("K", "V")  # inputs with one head per K/V head
+
+
+def gather_heads(data: dict[str, np.ndarray], pb, part) -> dict[str, np.ndarray]:
+    """The inputs of a group of heads (``head_groups``) of ``pb``: every (batch, heads, rows, cols) array cut to the
+    group's (batch entry, head) pairs, (1, pairs, rows, cols), K and V at each head's K/V head."""
     b, h = (np.array(x) for x in zip(*part.flex.heads))
-    return {name: np.ascontiguousarray(x[b, h][None]) for name, x in data.items()}
+    group = pb.shape.heads // pb.shape.kv_heads
+    return {name: np.ascontiguousarray(x[b, h // group if name in KV_INPUTS else h][None]) for name, x in data.items()}
 
 
 def scatter_heads(pb, parts: list[tuple[object, np.ndarray]], cols: int) -> np.ndarray:
@@ -251,7 +256,7 @@ def function_name(mask_mod: Callable) -> str:
 
 def check_flex_mask(value, shape) -> FlexBlockMask | None:
     """A run's FlexAttention block mask as it enters the API: None, or one made for its N_q and N_k; a per-head one
-    for its batch and heads (a B or H of 1 broadcasts), with one K/V head per query head."""
+    for its batch and heads (a B or H of 1 broadcasts)."""
     if value is None:
         return None
     if not isinstance(value, FlexBlockMask):
@@ -265,10 +270,6 @@ def check_flex_mask(value, shape) -> FlexBlockMask | None:
             if made not in (1, run):
                 raise InputError(f"block_mask made with {label}={made} on a problem of {run} "
                                  f"{'batch entries' if label == 'B' else 'heads'}; allowed: {label}=None, 1 or {run}")
-        if shape.kv_heads != shape.heads:
-            raise InputError(f"a block mask of each batch entry and head (B={B}, H={H}) with kv_heads={shape.kv_heads} "
-                             f"< heads={shape.heads}: its heads run in groups of equal blocks, apart from their K/V "
-                             f"head's; allowed: kv_heads == heads, or B=H=None")
     return value
 
 
