@@ -17,7 +17,8 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   configuration of call 1, forward or backward, under 2 s (issue 17), in process;
 - the same of every row of the next GPU call's short grids (issue 28, item 4: ``experiments/ncu_traffic.py``'s
   short-schedule, short-rest, call3-sdpa and call5-sdpa) under the lockstep schedule at the preset's effective L2,
-  under 2 s each (``--only grid``; timed once each, the slowest rows taking tens of seconds).
+  and under the timed schedule for the one-kernel forward rows of kernels with a measured rate, under 2 s each
+  (``--only grid``; timed once each, the slowest rows taking tens of seconds).
 
 Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid] [--smoke]
 (``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows, each into speed_<part>.json;
@@ -203,17 +204,23 @@ def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict
     for name in names[:1] if smoke else names:
         configs = ncu_traffic.GRIDS[name]()
         for i, cfg in enumerate(configs[:1] if smoke else configs):
-            launch = predict_next_call.launch(cfg)
-            start = time.perf_counter()
-            pass_counts(KERNELS[cfg.impl], launch, hardware("h100"), budget_s=None)
-            out.append(dict(grid=name, index=i, impl=cfg.impl, direction=cfg.direction, dtype=cfg.dtype,
-                            batch_heads=cfg.batch * cfg.heads, N=cfg.n_q, d=cfg.d, causal=cfg.causal,
-                            sawtooth=bool(cfg.sawtooth), kv_heads=cfg.kv_heads, schedule="lockstep",
-                            seconds=time.perf_counter() - start, target_seconds=L2_TARGET))
-    slow = [r for r in out if r["seconds"] > L2_TARGET]
-    print(f"L2 model, the short grids' {len(out)} rows: {len(out) - len(slow)} under {L2_TARGET:g} s; over it: "
-          + (", ".join(f"{r['grid']} #{r['index']} ({r['impl']} {r['direction']}{' causal' if r['causal'] else ''}, "
-                       f"{r['batch_heads']} × {r['N']:,} × {r['d']}) {r['seconds']:.1f} s" for r in slow) or "none"))
+            launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
+            timed = cfg.direction == "forward" and kernel.rate is not None and len(kernel.grids(launch)) == 1
+            for schedule in ("lockstep", "timed") if timed else ("lockstep",):
+                start = time.perf_counter()
+                pass_counts(kernel, launch, hardware("h100", schedule=schedule), budget_s=None)
+                out.append(dict(grid=name, index=i, impl=cfg.impl, direction=cfg.direction, dtype=cfg.dtype,
+                                batch_heads=cfg.batch * cfg.heads, N=cfg.n_q, d=cfg.d, causal=cfg.causal,
+                                sawtooth=bool(cfg.sawtooth), kv_heads=cfg.kv_heads, schedule=schedule,
+                                seconds=time.perf_counter() - start, target_seconds=L2_TARGET))
+    for schedule in ("lockstep", "timed"):
+        rows = [r for r in out if r["schedule"] == schedule]
+        slow = [r for r in rows if r["seconds"] > L2_TARGET]
+        print(f"L2 model, {schedule}, the short grids' {len(rows)} rows: {len(rows) - len(slow)} under {L2_TARGET:g} s;"
+              f" over it: " + (", ".join(
+                  f"{r['grid']} #{r['index']} ({r['impl']}{' causal' if r['causal'] else ''}"
+                  f"{' sawtooth' if r['sawtooth'] else ''}, {r['batch_heads']} × {r['N']:,} × {r['d']}) "
+                  f"{r['seconds']:.1f} s" for r in slow) or "none"))
     return out
 
 

@@ -3,18 +3,23 @@ for count; a penalty reorders steps but never loses a compulsory read; its param
 
 from __future__ import annotations
 
+import heapq
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_l2_cohorts import grids
 
 from iosim.core.errors import InputError
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
-from iosim.gpu.l2 import READ, Grid, L2Config, Tiles
+from iosim.gpu.l2 import LRU, READ, DramCounts, Grid, L2Config, Tiles
 from iosim.gpu.schedule import simulate
-from iosim.gpu.timed import Timing, simulate_timed
+from iosim.gpu.timed import Timing, factors, simulate_timed
 
 
 def problem(heads=3, n=300, n_k=None, d=16, causal=False, dtype="float16") -> Problem:
@@ -117,3 +122,60 @@ def test_the_sweep_runs_the_timed_schedule_and_says_so(capsys):
     out = " ".join(capsys.readouterr().out.split())
     # Q, K, V read, O and lse written, once each: 4 × 262 KB + 4 KB
     assert "the timed schedule (blocks at their own speed" in out and "1.05MB" in out
+
+
+def timed_by_hand(grid: Grid, config: L2Config, timing: Timing, sms: int) -> DramCounts:
+    """The timed schedule written out in Python, event by event, as an independent check of the compiled loop: the
+    first W blocks start at 0 in slot order; the step whose issue time is earliest (ties in slot order) runs against
+    the LRU and takes f_s·g_b + (bytes missed) / B; a block that ends gives its slot to the next block in grid order at
+    its end (a block without steps leaves the slot empty)."""
+    l2 = LRU(config.capacity, len(grid.tiles.tensors))
+    rng = np.random.default_rng(timing.seed)
+    sm_speed = factors(sms, timing.sm_spread, rng)
+    block_speed = factors(grid.blocks, timing.block_spread, rng)
+    penalty = 0.0 if math.isinf(timing.miss_bytes_per_step) else 1.0 / timing.miss_bytes_per_step
+    running, heap, pending = {}, [], iter(range(grid.blocks))
+
+    def start(slot, at):
+        b = next(pending, None)
+        if b is None:
+            return
+        steps = iter(grid.steps(b))
+        first = next(steps, None)
+        if first is not None:
+            running[slot] = (steps, first, float(sm_speed[slot % sms] * block_speed[b]))
+            heapq.heappush(heap, (at, slot))
+
+    for slot in range(min(config.concurrent, grid.blocks)):
+        start(slot, 0.0)
+    while heap:
+        at, slot = heapq.heappop(heap)
+        steps, step, speed = running[slot]
+        before = sum(l2.reads)
+        l2.step(step)
+        done = at + speed + (sum(l2.reads) - before) * penalty
+        following = next(steps, None)
+        if following is None:
+            del running[slot]
+            start(slot, done)
+        else:
+            running[slot] = (steps, following, speed)
+            heapq.heappush(heap, (done, slot))
+    return l2.counts(grid.tiles, config)
+
+
+@settings(max_examples=200, deadline=None)
+@given(grids(), st.sampled_from([math.inf, 32.0, 500.0]), st.sampled_from([0.0, 0.05]),
+       st.sampled_from([0.0, 0.01, 0.2]), st.integers(1, 4), st.integers(0, 3))
+def test_the_compiled_loop_counts_what_the_loop_written_out_counts(case, miss, sm_spread, block_spread, sms, seed):
+    grid, config = case
+    timing = Timing(miss_bytes_per_step=miss, sm_spread=sm_spread, block_spread=block_spread, seed=seed)
+    assert simulate_timed(grid, config, timing, sms) == timed_by_hand(grid, config, timing, sms)
+
+
+@pytest.mark.parametrize("kernel, pb, tiling, backward, sawtooth", CASES)
+def test_on_the_kernels_grids_too(kernel, pb, tiling, backward, sawtooth):
+    timing = Timing(miss_bytes_per_step=3000.0, sm_spread=0.05, block_spread=0.01, seed=2)
+    for g in KERNELS[kernel].grids(Launch(pb, tiling, backward, sawtooth, sms=1)):
+        config = L2Config(60_000, 11)
+        assert simulate_timed(g, config, timing, sms=3) == timed_by_hand(g, config, timing, sms=3)

@@ -1,0 +1,108 @@
+"""The timed schedule's event loop (``iosim.gpu.timed``), compiled: a grid as arrays, and the LRU and the heap in Numba.
+
+``flatten`` turns a ``Grid`` into arrays once: every distinct step (by identity: a step object shared by the blocks of
+a head is one step) as its accesses, with the tiles' keys made dense; every block as its own head steps, a run of a
+shared body and its own tail steps (a block of plain steps has them all as its head). ``run`` then makes the steps in
+the timed schedule's order against an LRU of whole tiles, as ``iosim.gpu.l2.LRU`` does, and returns the DRAM bytes
+read and written per tensor and the dirty bytes left: a step that is the very step run just before, and fits in the
+L2, is all hits and changes nothing, so it is skipped. tests/test_timed.py holds the counts equal to the event loop
+written out in Python, step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from iosim.gpu.l2 import READ, WRITE, Grid, SharedSteps
+
+
+@dataclass(frozen=True)
+class FlatGrid:
+    """A grid as arrays (``flatten``)."""
+
+    pre_offsets: np.ndarray  # block b's own first steps: pre_ids[pre_offsets[b]:pre_offsets[b + 1]]
+    pre_ids: np.ndarray
+    body: np.ndarray  # block b's shared run: body_ids[body_offsets[body[b]] + start[b] : … + stop[b]]; -1: none
+    start: np.ndarray
+    stop: np.ndarray
+    body_offsets: np.ndarray
+    body_ids: np.ndarray
+    post_offsets: np.ndarray  # block b's own last steps
+    post_ids: np.ndarray
+    step_offsets: np.ndarray  # step s's accesses: keys[step_offsets[s]:step_offsets[s + 1]]
+    keys: np.ndarray  # dense tile indices
+    nbytes: np.ndarray
+    modes: np.ndarray
+    key_tensor: np.ndarray  # the tensor of each dense tile
+    step_bytes: np.ndarray  # each step's bytes, summed (whether it fits in the L2)
+
+
+def flatten(grid: Grid) -> FlatGrid:
+    """``grid``'s blocks and steps as arrays; the step objects are held while it runs, so that their identities stay
+    distinct."""
+    ids: dict[int, int] = {}
+    held: list = []  # every step object seen, in id order: alive, so that no two share an id()
+    bodies: dict[int, int] = {}
+    body_lists: list[list[int]] = []
+    held_bodies: list = []
+
+    def step_id(step) -> int:
+        found = ids.get(id(step))
+        if found is None:
+            found = ids[id(step)] = len(held)
+            held.append(step)
+        return found
+
+    pre, post, body, start, stop = [], [], [], [], []
+    for b in range(grid.blocks):
+        steps = grid.steps(b)
+        if isinstance(steps, SharedSteps):
+            pre.append([step_id(s) for s in steps.head])
+            post.append([step_id(s) for s in steps.tail])
+            index = bodies.get(id(steps.body))
+            if index is None:
+                index = bodies[id(steps.body)] = len(body_lists)
+                held_bodies.append(steps.body)
+                body_lists.append([step_id(s) for s in steps.body])
+            body.append(index)
+            start.append(steps.start)
+            stop.append(steps.stop)
+        else:
+            pre.append([step_id(s) for s in steps])
+            post.append([])
+            body.append(-1)
+            start.append(0)
+            stop.append(0)
+    raw = [access for s in held for access in s]
+    tile_keys = np.array([k for k, _, _ in raw], dtype=np.int64)
+    dense, inverse = np.unique(tile_keys, return_inverse=True) if raw else (np.zeros(0, np.int64), np.zeros(0, int))
+    n = len(grid.tiles.tensors)
+    sizes = np.array([len(s) for s in held], dtype=np.int64)
+    nbytes = np.array([x for _, x, _ in raw], dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    total = np.concatenate(([0], np.cumsum(nbytes)))
+    return FlatGrid(
+        *_ragged(pre), np.array(body, dtype=np.int64), np.array(start, dtype=np.int64), np.array(stop, dtype=np.int64),
+        *_ragged(body_lists), *_ragged(post), offsets, inverse.astype(np.int64), nbytes,
+        np.array([m for _, _, m in raw], dtype=np.int64), (dense % n).astype(np.int64),
+        (total[offsets[1:]] - total[offsets[:-1]]).astype(np.int64))
+
+
+def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Lists as (offsets, concatenation)."""
+    offsets = np.concatenate(([0], np.cumsum([len(x) for x in lists]))).astype(np.int64)
+    flat = np.array([v for x in lists for v in x], dtype=np.int64)
+    return offsets, flat
+
+
+def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
+        block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
+    from iosim.gpu import _timed_jit
+
+    return _timed_jit.events(flat.pre_offsets, flat.pre_ids, flat.body, flat.start, flat.stop, flat.body_offsets,
+                             flat.body_ids, flat.post_offsets, flat.post_ids, flat.step_offsets, flat.keys,
+                             flat.nbytes, flat.modes, flat.key_tensor, flat.step_bytes, n_tensors, capacity,
+                             concurrent, sm_speed, block_speed, penalty, READ, WRITE)
