@@ -6,9 +6,10 @@ the kernel in ``kernels/`` named as the algorithm unless ``kernel=`` names anoth
 kernel of a pass runs from a cold L2, as ncu measures it, and the passes one after another.
 
 ``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds), the
-lockstep count where its blocks are equal (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``); all
-are equal where they apply (tests/test_l2.py). The closed forms and the lockstep count assume the lockstep schedule:
-a staggered one is always simulated. The model, its sources and its limits: docs/gpu.md.
+lockstep count where its blocks are equal (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``; under
+a causal mask, whose blocks run no cohorts, the compiled timed loop at zero spread, which is the same schedule); all
+are equal where they apply (tests/test_l2.py, tests/test_timed.py). The closed forms and the lockstep count assume
+the lockstep schedule: a staggered one is always simulated. The model, its sources and its limits: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
                 counts = lockstep(g, config)
         if counts is None:
             check_budget(kernel, launch, False, budget_s)
-            counts = simulate(g, config)
+            # under a causal mask blocks of one head start in different rounds and never run as cohorts: the compiled
+            # timed loop at zero spread and no penalty is the lockstep schedule, count for count, and faster
+            steady = launch.problem.causal and config.schedule == "lockstep"
+            counts = simulate_timed(g, config, Timing(), hw.sms) if steady else simulate(g, config)
         parts.append(counts)
     return parts
 
