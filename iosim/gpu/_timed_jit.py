@@ -50,7 +50,7 @@ def _pop(times, slots, n):
 
 @njit(cache=True)
 def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post_offsets, post_ids, step_offsets,
-           keys, nbytes, modes, key_tensor, step_bytes, n_tensors, capacity, concurrent, sm_speed, block_speed,
+           keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, sm_speed, block_speed,
            penalty, READ, WRITE):
     blocks = body.shape[0]
     n_keys = key_tensor.shape[0]
@@ -123,7 +123,9 @@ def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post
                 nxt[tail], prev[n_keys] = k, k
                 if mode & WRITE:
                     dirty[k] = True
-            last, last_fits = step, step_bytes[step] <= capacity
+            last, last_fits = step, True  # again at once, it changes nothing if its tiles all stayed resident
+            for a in range(step_offsets[step], step_offsets[step + 1]):
+                last_fits = last_fits and resident[keys[a]]
         done = at + slot_speed[slot] + missed * penalty
         t += 1
         if t < n_pre + n_body + n_post:

@@ -267,7 +267,10 @@ class LRU:
         self.used = used
 
     def fits(self, step: Step) -> bool:
-        return sum(nbytes for _, nbytes, _ in step) <= self.capacity
+        """Whether every tile of ``step`` is resident: asked right after the step ran, whether running it again would
+        change nothing (each tile a hit, moved to the recent end in the order it already has)."""
+        resident = self.resident
+        return all(key in resident for key, _, _ in step)
 
     def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
         left = [0] * self.n

@@ -106,7 +106,8 @@ def fused(grid: Grid) -> Grid:
 
 
 class _Run:
-    """The L2 and the step just run: a step that is that very object again is all hits where it fits."""
+    """The L2 and the step just run: a step that is that very object again is all hits where its tiles all stayed
+    resident (``LRU.fits``)."""
 
     __slots__ = ("l2", "last", "last_fits")
 

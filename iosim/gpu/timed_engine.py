@@ -4,8 +4,8 @@
 a head is one step) as its accesses, with the tiles' keys made dense; every block as its own head steps, a run of a
 shared body and its own tail steps (a block of plain steps has them all as its head). ``run`` then makes the steps in
 the timed schedule's order against an LRU of whole tiles, as ``iosim.gpu.l2.LRU`` does, and returns the DRAM bytes
-read and written per tensor and the dirty bytes left: a step that is the very step run just before, and fits in the
-L2, is all hits and changes nothing, so it is skipped. tests/test_timed.py holds the counts equal to the event loop
+read and written per tensor and the dirty bytes left: a step that is the very step run just before, all of whose tiles
+stayed resident, is all hits and changes nothing, so it is skipped. tests/test_timed.py holds the counts equal to the event loop
 written out in Python, step by step.
 """
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iosim.gpu import _timed_jit
 from iosim.gpu.l2 import READ, WRITE, Grid, SharedSteps
 
 
@@ -36,7 +37,6 @@ class FlatGrid:
     nbytes: np.ndarray
     modes: np.ndarray
     key_tensor: np.ndarray  # the tensor of each dense tile
-    step_bytes: np.ndarray  # each step's bytes, summed (whether it fits in the L2)
 
 
 def flatten(grid: Grid) -> FlatGrid:
@@ -82,12 +82,10 @@ def flatten(grid: Grid) -> FlatGrid:
     sizes = np.array([len(s) for s in held], dtype=np.int64)
     nbytes = np.array([x for _, x, _ in raw], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    total = np.concatenate(([0], np.cumsum(nbytes)))
     return FlatGrid(
         *_ragged(pre), np.array(body, dtype=np.int64), np.array(start, dtype=np.int64), np.array(stop, dtype=np.int64),
         *_ragged(body_lists), *_ragged(post), offsets, inverse.astype(np.int64), nbytes,
-        np.array([m for _, _, m in raw], dtype=np.int64), (dense % n).astype(np.int64),
-        (total[offsets[1:]] - total[offsets[:-1]]).astype(np.int64))
+        np.array([m for _, _, m in raw], dtype=np.int64), (dense % n).astype(np.int64))
 
 
 def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -100,9 +98,7 @@ def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
         block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
-    from iosim.gpu import _timed_jit
-
     return _timed_jit.events(flat.pre_offsets, flat.pre_ids, flat.body, flat.start, flat.stop, flat.body_offsets,
                              flat.body_ids, flat.post_offsets, flat.post_ids, flat.step_offsets, flat.keys,
-                             flat.nbytes, flat.modes, flat.key_tensor, flat.step_bytes, n_tensors, capacity,
+                             flat.nbytes, flat.modes, flat.key_tensor, n_tensors, capacity,
                              concurrent, sm_speed, block_speed, penalty, READ, WRITE)
