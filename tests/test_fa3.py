@@ -51,7 +51,7 @@ def persistent_ctas(grid: Grid, ctas: int) -> Grid:
                 grid.tiles, 1)
 
 
-@pytest.mark.parametrize("pb", [problem(heads=3, n=300, d=16), problem(batch=2, heads=4, kv_heads=2, n=200, d=32),
+@pytest.mark.parametrize("pb", [problem(heads=3, n=300, d=16), problem(batch=2, heads=4, kv_heads=2, n=384, d=32),
                                 problem(heads=2, n=130, n_k=400, d=16, dtype="float8_e4m3"),
                                 problem(heads=3, n=250, d=24, d_v=16)], ids=["ragged", "gqa", "fp8", "d_v"])
 @pytest.mark.parametrize("capacity", [20_000, 200_000, 10**9])
@@ -178,3 +178,19 @@ def test_the_command_line_counts_fp8_on_it_and_refuses_a_gpu_it_is_not_built_for
     assert main(argv[:10] + ["a100", "--kernel", "fa3"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "the A100 preset: kernel='fa3' is built for the H100, H200 only" in line
+
+
+def test_the_kernel_s_tile_is_its_instantiation_s_and_the_host_s_rules_compare_as_c_plus_plus_does():
+    # d = 64 with d_v = 128 runs run_mha_fwd's (64, 256) kernel: tile_size_fwd_sm90(64, 256) = 128 × 96, while the
+    # host's split and PackGQA rules reason at the rounded (64, 128): 192 × 192
+    pb = problem(d=64, d_v=128, dtype="bfloat16")
+    assert (fa3.tile(pb, False).Br, fa3.tile(pb, False).Bc) == (128, 96)
+    assert (fa3.host_tile(pb).Br, fa3.host_tile(pb).Bc) == (192, 192)
+    # N_q = 576 in blocks of 128: 576/640 = 0.9 exactly of a group of 2 packed (1,152/1,280); in float32 against a
+    # double 0.9 the plain efficiency is below: FA3 packs, and the description refuses
+    with pytest.raises(InputError, match="PackGQA"):
+        iosim.dram("flash-swapped", N=576, d=128, heads=24, kv_heads=12, M="100k", kernel="fa3", dtype="bfloat16")
+    for kw, words in ((dict(d=100), "multiples of 8"), (dict(d=72, dtype="float8_e4m3"), "multiples of 16"),
+                      (dict(d=64, d_v=128, dtype="float8_e4m3"), "FP8 build has a kernel with a V head size apart")):
+        with pytest.raises(InputError, match=words):
+            iosim.dram("flash-swapped", N=1024, heads=128, M="100k", kernel="fa3", **{"dtype": "bfloat16", **kw})

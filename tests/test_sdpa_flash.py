@@ -274,3 +274,9 @@ def test_the_split_kernels_occupancy_is_that_of_torch_s_binary():
     split, merge = sdpa_flash.split_bounds(pb, Tiling(64, 128), 7)
     assert split.registers == 246 and split.on(GPUS["h100"]) == 2  # the unmasked, even-K, ragged-M split build
     assert merge.registers == 52 and merge.block_bytes == 8 * 5 * 4  # built for up to 8 splits, 4 rows
+
+
+def test_the_split_rule_compares_float32_efficiencies_with_a_double_0_85_of_the_best():
+    # 11 heads of one query against 12,800 keys of d = 128: 100 key blocks of 128. The efficiency at 17 splits,
+    # 0.70833331 in float32, is just under 0.85 × the best (0.70833332 in double), so C++ skips it and takes 20
+    assert sdpa_flash.forward_splits(AttentionShape(1, 11, 1, 12800, 128), 132) == 20

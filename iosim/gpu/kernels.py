@@ -84,7 +84,7 @@ def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
 
 def _fa3(launch: Launch) -> tuple[Grid, ...]:
     """FlashAttention-3's forward: one persistent kernel where it runs unsplit and unpacked."""
-    fa3.check_launch(launch.problem, launch.tiling, launch.sms)
+    fa3.check_launch(launch.problem, launch.sms)
     return (fa3.forward(launch.problem, launch.tiling),)
 
 

@@ -105,9 +105,15 @@ def check(pb: Problem) -> None:
     if s.d_v != s.d and not (128 < s.d <= 192 and 96 < s.d_v <= 128 or s.d <= 64 and s.d_v <= 512):
         raise InputError(f"d={s.d}, d_v={s.d_v}: FlashAttention-3 takes a V head size apart from Q's and K's only "
                          f"for d in (128, 192] with d_v in (96, 128], or d <= 64 with d_v <= 512")
-    if s.d_v > 256 and pb.fp8:
-        raise InputError(f"d_v={s.d_v} with dtype={pb.dtype!r}: FlashAttention-3 takes a V head size above 256 in "
-                         f"16-bit data only; allowed: float16, bfloat16")
+    if pb.fp8 and s.d_v != s.d and not (128 < s.d <= 192 and s.d_v <= 128):
+        raise InputError(f"d={s.d}, d_v={s.d_v} with dtype={pb.dtype!r}: FlashAttention-3's FP8 build has a kernel "
+                         f"with a V head size apart only for d in (128, 192] with d_v <= 128 (run_mha_fwd); allowed: "
+                         f"float16, bfloat16, or d_v = d")
+    alignment = 16 if pb.fp8 else 8  # mha_fwd: "head_size should be a multiple of" 8, 16 for FP8
+    for name, size in (("d", s.d), ("d_v", s.d_v)):
+        if size % alignment:
+            raise InputError(f"{name}={size} with dtype={pb.dtype!r}: FlashAttention-3 takes head sizes that are "
+                             f"multiples of {alignment}; allowed: a multiple of {alignment}")
 
 
 def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
@@ -118,13 +124,27 @@ def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
     check(pb)
     s = pb.shape
     d = rounded(s.d)
+    d_v = d  # run_mha_fwd's instantiations: (64, 512), (64, 256) and (192, 128) beside one head size
+    if s.d_v != s.d and d == 64 and not pb.fp8:
+        d_v = 512 if s.d_v > 256 else 256 if s.d_v > 64 else 64
+    elif s.d_v != s.d and d == 192:
+        d_v = 128 if s.d_v <= 128 else 192
+    return Tiling(*tile_size(d, d_v, causal_mask(pb), pb.itemsize("data")))
+
+
+def host_tile(pb: Problem) -> Tiling:
+    """The tile ``get_num_splits`` and ``get_pack_gqa`` reason with: ``tile_size_fwd_sm90`` at the head sizes as the
+    host rounds them (``round_up_headdim``, ``round_up_headdimv``), which may not be the launched kernel's."""
+    s = pb.shape
+    d = rounded(s.d)
     d_v = d if s.d_v == s.d else rounded(s.d_v, v=True)
     return Tiling(*tile_size(d, d_v, causal_mask(pb), pb.itemsize("data")))
 
 
 def splits(pb: Problem, tiling: Tiling, sms: int) -> int:
-    """The K/V splits ``get_num_splits`` chooses (``num_splits_heuristic``, float arithmetic in float32 as in C++;
-    its count of query blocks packs each group's heads, as the function does)."""
+    """The K/V splits ``get_num_splits`` chooses at the host's ``tiling`` (``num_splits_heuristic``: its efficiencies
+    in float32, compared with 0.85 of the best in double, as C++ does; its count of query blocks packs each group's
+    heads, as the function does)."""
     s, f32 = pb.shape, np.float32
     group = s.heads // s.kv_heads
     n_blocks = -(-s.n_k // tiling.Bc)
@@ -140,11 +160,12 @@ def splits(pb: Problem, tiling: Tiling, sms: int) -> int:
     most = min(MAX_SPLITS, sms, n_blocks)
     efficiency = [(w := f32(total * n) / f32(sms)) / np.ceil(w) for n in range(1, most + 1)]
     best = max(efficiency)
-    return next(n for n, e in enumerate(efficiency, 1) if e >= 0.85 * float(best))
+    return next(n for n, e in enumerate(efficiency, 1) if float(e) >= 0.85 * float(best))
 
 
 def packs_groups(pb: Problem, tiling: Tiling) -> bool:
-    """Whether ``get_pack_gqa`` packs each group's query heads into one (``should_pack_gqa``, without varlen)."""
+    """Whether ``get_pack_gqa`` packs each group's query heads into one at the host's ``tiling`` (``should_pack_gqa``,
+    without varlen: the efficiencies in float32, 0.9 of one in double, as C++ compares them)."""
     s = pb.shape
     group = s.heads // s.kv_heads
     if group == 1:
@@ -152,13 +173,14 @@ def packs_groups(pb: Problem, tiling: Tiling) -> bool:
     Br = tiling.Br
     plain = np.float32(s.n_q) / np.float32(-(-s.n_q // Br) * Br)
     packed = np.float32(s.n_q * group) / np.float32(-(-s.n_q * group // Br) * Br)
-    return bool(plain < np.float32(0.9) * packed)
+    return float(plain) < 0.9 * float(packed)
 
 
-def check_launch(pb: Problem, tiling: Tiling, sms: int | None) -> None:
+def check_launch(pb: Problem, sms: int | None) -> None:
     """Refuse, by name, a launch FA3 runs with kernels this description does not hold: K/V splits, PackGQA."""
     if sms is None:
         raise ValueError("fa3's forward needs the GPU's SMs (Launch.sms): its grid is one CTA per SM")
+    tiling = host_tile(pb)
     n = splits(pb, tiling, sms)
     if n > 1:
         raise InputError(f"batch·heads={pb.shape.bh}, N_q={pb.shape.n_q:,}, N_k={pb.shape.n_k:,}: FlashAttention-3 "

@@ -108,7 +108,7 @@ def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
 def forward_splits(s: AttentionShape, sms: int) -> int:
     """The K/V splits torch's ``mha_fwd`` chooses (flash-attention's ``num_splits_heuristic`` with blocks of 64
     queries and of 256 (d ≤ 64) or 128 keys, on 2 × the GPU's SMs): 1 runs ``flash_fwd_kernel``, more its split-KV
-    kernels. Its float arithmetic is float32, as in C++."""
+    kernels. Its efficiencies are float32 and compared with 0.85 of the best in double, as C++ computes them."""
     f32 = np.float32
     blocks = s.bh * -(-s.n_q // 64)
     slots = 2 * sms
@@ -120,7 +120,8 @@ def forward_splits(s: AttentionShape, sms: int) -> int:
     waves = [f32(blocks * n) / f32(slots) for n in range(1, most + 1)]
     efficiency = [w / np.ceil(w) if ok else f32(0) for w, ok in zip(waves, eligible)]
     best = max(efficiency, default=f32(0))
-    return next((n for n, (e, ok) in enumerate(zip(efficiency, eligible), 1) if ok and e >= 0.85 * float(best)), 1)
+    return next((n for n, (e, ok) in enumerate(zip(efficiency, eligible), 1) if ok and float(e) >= 0.85 * float(best)),
+                1)
 
 
 def launch_order(s: AttentionShape):
