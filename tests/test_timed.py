@@ -17,7 +17,7 @@ from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
-from iosim.gpu.l2 import LRU, READ, DramCounts, Grid, L2Config, Tiles
+from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, Tiles
 from iosim.gpu.schedule import simulate
 from iosim.gpu.timed import Timing, factors, simulate_timed
 
@@ -179,3 +179,15 @@ def test_on_the_kernels_grids_too(kernel, pb, tiling, backward, sawtooth):
     for g in KERNELS[kernel].grids(Launch(pb, tiling, backward, sawtooth, sms=1)):
         config = L2Config(60_000, 11)
         assert simulate_timed(g, config, timing, sms=3) == timed_by_hand(g, config, timing, sms=3)
+
+
+def test_a_repeated_step_that_wrote_past_the_l2_is_run_again():
+    # a write of 4,096 bytes to a tile the 64-byte L2 cannot hold goes past it; the read of 32 bytes after it makes the
+    # tile resident, clean: the same step again hits the tile with the write and makes it dirty, so it is not skipped
+    tiles = Tiles(("A",))
+    step = (tiles.access("A", 0, 4096, WRITE), tiles.access("A", 0, 32, READ))
+    g = Grid(2, lambda b: iter([step]), tiles, 1)
+    config = L2Config(64, 2)
+    expected = timed_by_hand(g, config, Timing(), 1)
+    assert expected.dirty_at_end == 32
+    assert simulate_timed(g, config, Timing(), 1) == simulate(g, config) == expected

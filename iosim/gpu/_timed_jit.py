@@ -123,9 +123,11 @@ def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post
                 nxt[tail], prev[n_keys] = k, k
                 if mode & WRITE:
                     dirty[k] = True
-            last, last_fits = step, True  # again at once, it changes nothing if its tiles all stayed resident
+            # again at once, it changes nothing if its tiles all stayed resident, and dirty where it writes them
+            last, last_fits = step, True
             for a in range(step_offsets[step], step_offsets[step + 1]):
-                last_fits = last_fits and resident[keys[a]]
+                k = keys[a]
+                last_fits = last_fits and resident[k] and (not (modes[a] & WRITE) or dirty[k])
         done = at + slot_speed[slot] + missed * penalty
         t += 1
         if t < n_pre + n_body + n_post:

@@ -267,10 +267,11 @@ class LRU:
         self.used = used
 
     def fits(self, step: Step) -> bool:
-        """Whether every tile of ``step`` is resident: asked right after the step ran, whether running it again would
-        change nothing (each tile a hit, moved to the recent end in the order it already has)."""
-        resident = self.resident
-        return all(key in resident for key, _, _ in step)
+        """Whether every tile of ``step`` is resident, and dirty where the step writes it: asked right after the step
+        ran, whether running it again would change nothing (each tile a hit, moved to the recent end in the order it
+        already has, no tile made dirty: a write larger than the L2 went past it)."""
+        resident, dirty = self.resident, self.dirty
+        return all(key in resident and (not mode & WRITE or key in dirty) for key, _, mode in step)
 
     def counts(self, tiles: Tiles, config: L2Config) -> DramCounts:
         left = [0] * self.n

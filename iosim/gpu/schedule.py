@@ -107,7 +107,7 @@ def fused(grid: Grid) -> Grid:
 
 class _Run:
     """The L2 and the step just run: a step that is that very object again is all hits where its tiles all stayed
-    resident (``LRU.fits``)."""
+    resident, and dirty where it writes them (``LRU.fits``)."""
 
     __slots__ = ("l2", "last", "last_fits")
 
