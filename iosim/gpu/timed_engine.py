@@ -5,8 +5,8 @@ a head is one step) as its accesses, with the tiles' keys made dense; every bloc
 shared body and its own tail steps (a block of plain steps has them all as its head). ``run`` then makes the steps in
 the timed schedule's order against an LRU of whole tiles, as ``iosim.gpu.l2.LRU`` does, and returns the DRAM bytes
 read and written per tensor and the dirty bytes left: a step that is the very step run just before, all of whose
-tiles stayed resident (and dirty, where it writes them), is all hits and changes nothing, so it is skipped. tests/test_timed.py holds the counts equal
-to the event loop written out in Python, step by step.
+tiles stayed resident (and dirty, where it writes them), is all hits and changes nothing, so it is skipped.
+tests/test_timed.py holds the counts equal to the event loop written out in Python, step by step.
 """
 
 from __future__ import annotations
