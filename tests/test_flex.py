@@ -466,15 +466,16 @@ def one_head(b, h):
     return lambda _b, _h, q, kv: per_head_window(b, h, q, kv)
 
 
-@pytest.mark.parametrize("n_q, block", [(113, (16, 32)), (1, (8, 8)), (239, (32, 7))])
-def test_a_per_head_mask_runs_each_head_over_its_own_blocks(n_q, block):
-    bm = iosim.block_mask(per_head_window, n_q, block=block, B=2, H=4)
+@pytest.mark.parametrize("n_q, n_k, block", [(113, 113, (16, 32)), (1, 1, (8, 8)), (239, 239, (32, 7)),
+                                              (70, 130, (16, 32)), (130, 70, (32, 16)), (1, 90, (8, 16))])
+def test_a_per_head_mask_runs_each_head_over_its_own_blocks(n_q, n_k, block):
+    bm = iosim.block_mask(per_head_window, n_q, n_k, block=block, B=2, H=4)
     assert bm.kinds.shape[:2] == (2, 4) and "each of 2×4 (batch, head)" in bm.label
     distinct = {bm.kinds[b, h].tobytes() for b in range(2) for h in range(4)}
     assert len(bm.groups(2, 4)) == len(distinct)  # heads of equal blocks run as one part
-    rng = np.random.default_rng(n_q)
-    q, k, v = rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal(
-        (2, 4, n_q, 6))
+    rng = np.random.default_rng(n_q + n_k)
+    q, k, v = rng.standard_normal((2, 4, n_q, 8)), rng.standard_normal((2, 4, n_k, 8)), rng.standard_normal(
+        (2, 4, n_k, 6))
     do = rng.standard_normal((2, 4, n_q, 6))
     r = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm)
     assert relative_error(r.out, iosim.attention_ref(q, k, v, mask=bm.element_mask()).out) < 1e-12
@@ -482,13 +483,13 @@ def test_a_per_head_mask_runs_each_head_over_its_own_blocks(n_q, block):
     for got, want in zip((g.dq, g.dk, g.dv), iosim.attention_backward_ref(q, k, v, do, mask=bm.element_mask())):
         assert relative_error(got, want) < 1e-12
     for pass_, result in (("fwd", r), ("bwd", g)):
-        sizes = dict(N=n_q, d=8, d_v=6, batch=2, heads=4, M=10**5, block_mask=bm, pass_=pass_)
+        sizes = dict(N=n_q, N_k=n_k, d=8, d_v=6, batch=2, heads=4, M=10**5, block_mask=bm, pass_=pass_)
         counted = iosim.count("flex", **sizes)
         assert result.traffic == counted.traffic == iosim.predict("flex", **sizes).exact
         assert result.flops == counted.flops == iosim.predict("flex", **sizes).flops
         # the sum of every head counted alone over its own mask
-        alone = [iosim.count("flex", N=n_q, d=8, d_v=6, M=10**5, pass_=pass_,
-                             block_mask=iosim.block_mask(one_head(b, h), n_q, block=block))
+        alone = [iosim.count("flex", N=n_q, N_k=n_k, d=8, d_v=6, M=10**5, pass_=pass_,
+                             block_mask=iosim.block_mask(one_head(b, h), n_q, n_k, block=block))
                  for b in range(2) for h in range(4)]
         assert counted.traffic.total == sum(a.traffic.total for a in alone)
         for t in counted.traffic.tensors:

@@ -173,12 +173,14 @@ def gather_heads(data: dict[str, np.ndarray], pb, part) -> dict[str, np.ndarray]
 
 
 def scatter_heads(pb, parts: list[tuple[object, np.ndarray]], cols: int) -> np.ndarray:
-    """Outputs of every group of heads, each (pairs, rows, cols) as a memory holds it, put back at their (batch
-    entry, head), (batch, heads, rows, cols)."""
-    out = np.empty((pb.shape.batch, pb.shape.heads, pb.shape.n_q, cols), dtype=parts[0][1].dtype)
+    """Outputs of every group of heads, each (pairs, rows, cols) as a memory holds it (rows N_q for O and dQ, N_k for dK
+    and dV), put back at their (batch entry, head), (batch, heads, rows, cols)."""
+    first, x0 = parts[0]
+    rows = x0.size // (len(first.flex.heads) * cols)
+    out = np.empty((pb.shape.batch, pb.shape.heads, rows, cols), dtype=x0.dtype)
     for part, x in parts:
         b, h = (np.array(y) for y in zip(*part.flex.heads))
-        out[b, h] = x.reshape(len(part.flex.heads), pb.shape.n_q, cols)
+        out[b, h] = x.reshape(len(part.flex.heads), rows, cols)
     return out
 
 
