@@ -582,3 +582,21 @@ def test_a_per_head_block_mask_against_torch_where_installed():
     q, k, v = (rng.standard_normal((2, 4, n, 16)) for _ in range(3))
     want = flex_attention.flex_attention(*(torch.from_numpy(x) for x in (q, k, v)), block_mask=theirs).numpy()
     assert relative_error(iosim.simulate("flex", q, k, v, M=30_000, block_mask=mine).out, want) < 1e-10
+
+
+@pytest.mark.parametrize("B, H", [(None, 3), (2, None), (1, 3), (2, 1)])
+def test_a_dimension_left_none_is_evaluated_at_zero_as_its_blocks_were_made(B, H):
+    # the function depends on both b and h; along a B or H left None (or 1) the mask is that of index 0, for the
+    # blocks, the partial tiles' elements and the reference mask alike
+    def mask_mod(b, h, q, kv):
+        return (kv <= q + 3 * h) | (kv % (2 + b) == 0)
+
+    bm = iosim.block_mask(mask_mod, 70, block=(16, 16), B=B, H=H)
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((2, 3, 70, 8)) for _ in range(3))
+    got = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm).out
+    b_at = (lambda b: b) if B == 2 else (lambda b: 0)
+    h_at = (lambda h: h) if H == 3 else (lambda h: 0)
+    keep = np.stack([np.stack([mask_mod(b_at(b), h_at(h), np.arange(70)[:, None], np.arange(70)[None, :])
+                               for h in range(3)]) for b in range(2)])
+    assert relative_error(got, iosim.attention_ref(q, k, v, mask=keep).out) < 1e-12

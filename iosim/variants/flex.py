@@ -62,6 +62,8 @@ class FlexBlockMask:
     # a partial block
     reads: tuple[str, ...] = ()
     heads: tuple[tuple[int, int], ...] | None = None
+    # the (batch entry, head) the mask function is evaluated at for each pair of ``heads``: 0 along a B or H made None
+    evaluated_at: tuple[tuple[int, int], ...] | None = None
 
     @property
     def T_r(self) -> int:
@@ -88,17 +90,19 @@ class FlexBlockMask:
         stands for every batch entry or head); ``(self,)`` for a mask of every head."""
         if not self.per_head:
             return (self,)
-        found: dict[bytes, list[tuple[int, int]]] = {}
+        found: dict[bytes, list[tuple[tuple[int, int], tuple[int, int]]]] = {}
         kinds: dict[bytes, np.ndarray] = {}
         B, H = self.kinds.shape[:2]
         for b in range(batch):
             for h in range(heads):
-                tile = self.kinds[b if B > 1 else 0, h if H > 1 else 0]
+                at = (b if B > 1 else 0, h if H > 1 else 0)
+                tile = self.kinds[at]
                 key = tile.tobytes()
-                found.setdefault(key, []).append((b, h))
+                found.setdefault(key, []).append(((b, h), at))
                 kinds.setdefault(key, tile)
         return tuple(FlexBlockMask(self.name, self.n_q, self.n_k, self.Br, self.Bc, kinds[key], self.mask_mod,
-                                   self.reads, tuple(pairs)) for key, pairs in found.items())
+                                   self.reads, tuple(p for p, _ in pairs), tuple(a for _, a in pairs))
+                     for key, pairs in found.items())
 
     def counts(self) -> dict[str, int]:
         """How many blocks are full, partial and empty."""
@@ -107,11 +111,11 @@ class FlexBlockMask:
 
     def keep(self, rows: slice, cols: slice) -> np.ndarray:
         """The mask function on one tile: (rows, cols) booleans, True = attend; for a group of a per-head mask,
-        (its pairs, rows, cols), each pair's own."""
+        (its pairs, rows, cols), each pair's own (at 0 along a B or H made None, as its blocks were made)."""
         q_idx, kv_idx = np.arange(rows.start, rows.stop), np.arange(cols.start, cols.stop)
         if self.heads is None:
             return evaluate(self.mask_mod, q_idx, kv_idx)
-        return np.stack([evaluate(self.mask_mod, q_idx, kv_idx, b, h) for b, h in self.heads])
+        return np.stack([evaluate(self.mask_mod, q_idx, kv_idx, b, h) for b, h in self.evaluated_at])
 
     def element_mask(self) -> np.ndarray:
         """The whole (N_q, N_k) mask, for a reference to compare with (small problems); of a per-head mask,
