@@ -84,6 +84,11 @@ def repeat_kv(x: np.ndarray, heads: int) -> np.ndarray:
     return np.repeat(x, heads // x.shape[1], axis=1)
 
 
+def _batch_heads(shape: AttentionShape) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch entry's and each head's index, (b, 1, 1, 1) and (1, h, 1, 1): a score_mod's b and h."""
+    return np.arange(shape.batch)[:, None, None, None], np.arange(shape.heads)[None, :, None, None]
+
+
 def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=False, window=None, sinks=None,
                    score_mod=None):
     q, k, v = (np.asarray(x) for x in (q, k, v))
@@ -95,7 +100,7 @@ def _probabilities(q, k, v, causal, mask, scale, rows=None, allow_nonfinite=Fals
     q64, k64 = np.asarray(q[:, :, rows], dtype=np.float64), np.asarray(k, dtype=np.float64)
     s = tau * (q64 @ np.swapaxes(k64, -1, -2))  # (b, h, rows, N_k)
     if score_mod is not None:  # FlexAttention's score_mod, on the scaled scores before the mask
-        s = score_mod.apply(s, rows, slice(0, shape.n_k))
+        s = score_mod.apply(s, rows, slice(0, shape.n_k), *_batch_heads(shape))
     keep = _keep_matrix(shape, causal, mask, rows, window)
     s = np.where(keep, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
@@ -174,7 +179,7 @@ def attention_backward_ref(q, k, v, dout, *, causal=False, mask=None, scale=None
     ds = p * (dp - big_d)
     if score_mod is not None:
         scores = tau * (np.asarray(q, dtype=np.float64) @ np.swapaxes(k64, -1, -2))
-        ds = ds * score_mod.derivative(scores, slice(0, shape.n_q), slice(0, shape.n_k))
+        ds = ds * score_mod.derivative(scores, slice(0, shape.n_q), slice(0, shape.n_k), *_batch_heads(shape))
     return tau * (ds @ k64), tau * (np.swapaxes(ds, -1, -2) @ q64), dv
 
 

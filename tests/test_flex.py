@@ -600,3 +600,32 @@ def test_a_dimension_left_none_is_evaluated_at_zero_as_its_blocks_were_made(B, H
     keep = np.stack([np.stack([mask_mod(b_at(b), h_at(h), np.arange(70)[:, None], np.arange(70)[None, :])
                                for h in range(3)]) for b in range(2)])
     assert relative_error(got, iosim.attention_ref(q, k, v, mask=keep).out) < 1e-12
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_a_score_mod_sees_each_head_s_batch_entry_and_head(per_head):
+    # an ALiBi-like score_mod whose slope and scale depend on b and h, forward and backward, against float64 computed
+    # head by head here; with a mask of each head too, whose groups hold their heads out of batch-major order
+    mod = S.score_mod(lambda s, b, h, q, kv: s * (b + 1) - 0.5 * (h + 1) * np.abs(q - kv), flops=5,
+                      grad=lambda s, b, h, q, kv: np.broadcast_to(b + 1.0, np.broadcast_shapes(
+                          np.shape(s), np.shape(b))), grad_flops=0, name="alibi by head")
+    n = 50
+
+    def mask_mod(b, h, q, kv):
+        return kv <= q + (h if per_head else 0)
+
+    bm = iosim.block_mask(mask_mod, n, block=(16, 16), **({"B": 2, "H": 2} if per_head else {}))
+    rng = np.random.default_rng(9)
+    q, k, v, do = (rng.standard_normal((2, 2, n, 4)) / 2 for _ in range(4))
+    out = iosim.simulate("flex", q, k, v, M=10**5, block_mask=bm, score_mod=mod).out
+    g = iosim.gradients("flex", q, k, v, do, M=10**5, block_mask=bm, score_mod=mod)
+    for b in range(2):
+        for h in range(2):
+            at = dict(mask=mask_mod(b, h, np.arange(n)[:, None], np.arange(n)[None, :]))
+            one = S.score_mod(lambda s, _b, _h, i, j, b=b, h=h: s * (b + 1) - 0.5 * (h + 1) * np.abs(i - j), flops=5,
+                              grad=lambda s, _b, _h, i, j, b=b: np.full(np.shape(s), b + 1.0), name="one head")
+            x = [y[b:b + 1, h:h + 1] for y in (q, k, v, do)]
+            assert relative_error(out[b, h], iosim.attention_ref(*x[:3], score_mod=one, **at).out[0, 0]) < 1e-12
+            want = iosim.attention_backward_ref(*x, score_mod=one, **at)
+            for got, w in zip((g.dq, g.dk, g.dv), want):
+                assert relative_error(got[b, h], w[0, 0]) < 1e-12

@@ -30,6 +30,7 @@ from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.variants.flex import EMPTY, FULL, PARTIAL, flex_visits
+from iosim.variants.score_mods import head_indices
 
 TENSORS = (OUTPUT, *STATISTICS)
 
@@ -61,7 +62,7 @@ def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
                 if mem.numeric:
                     S_ij.data = scores(pb, Q_i, K_j, rows, cols, None)  # (bh, Br, Bc)
                     if pb.score_mod is not None:
-                        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols)
+                        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols, *head_indices(pb))
                     if kind == PARTIAL:
                         S_ij.data = np.where(pb.flex.keep(rows, cols), S_ij.data, -np.inf)
                     absorb_block(pb, S_ij, V_j, m_i, l_i, O_i, m_new, l_tilde, rows, cols)

@@ -46,6 +46,7 @@ from iosim.core.memory import Memory, Tile
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.variants.flex import FULL, PARTIAL, flex_visits
+from iosim.variants.score_mods import head_indices
 
 TENSORS = (
     *saved(OUTPUT, *STATISTICS), DOUT,
@@ -139,8 +140,9 @@ def probabilities(pb: Problem, kind: int, Q_i: Tile, K_j: Tile, L_i: Tile, S_ij:
     ``slope``) and the mask function on a partial tile."""
     S_ij.data = scores(pb, Q_i, K_j, rows, cols, None)
     if pb.score_mod is not None:
-        slope.data = pb.score_mod.derivative(S_ij.data, rows, cols)
-        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols)
+        at = head_indices(pb)
+        slope.data = pb.score_mod.derivative(S_ij.data, rows, cols, *at)
+        S_ij.data = pb.score_mod.apply(S_ij.data, rows, cols, *at)
     if kind == PARTIAL:
         S_ij.data = np.where(pb.flex.keep(rows, cols), S_ij.data, -np.inf)
     S_ij.data = exp_diff(S_ij.data, L_i.data)

@@ -31,18 +31,19 @@ class ScoreMod:
     grad: Callable | None = field(default=None, repr=False)  # d fn / d score; None: no backward pass
     grad_flops: int = 0  # elementwise FLOPs per score of ``grad``
 
-    def apply(self, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
-        """The function on one tile's scores (bh, rows, cols), where a score is finite; −inf (a hidden key) stays."""
-        return np.where(np.isneginf(S), -np.inf, self._call(self.fn, S, rows, cols))
+    def apply(self, S: np.ndarray, rows: slice, cols: slice, b=0, h=0) -> np.ndarray:
+        """The function on one tile's scores (heads…, rows, cols) of batch entries ``b`` and heads ``h`` (arrays that
+        broadcast against them, ``head_indices``), where a score is finite; −inf (a hidden key) stays."""
+        return np.where(np.isneginf(S), -np.inf, self._call(self.fn, S, rows, cols, b, h))
 
-    def derivative(self, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
-        """``grad`` on one tile's scores (bh, rows, cols), where a score is finite; 0 where it is −inf."""
-        return np.where(np.isneginf(S), 0.0, self._call(self.grad, np.where(np.isneginf(S), 0.0, S), rows, cols))
+    def derivative(self, S: np.ndarray, rows: slice, cols: slice, b=0, h=0) -> np.ndarray:
+        """``grad`` on one tile's scores, as ``apply`` takes them, where a score is finite; 0 where it is −inf."""
+        return np.where(np.isneginf(S), 0.0, self._call(self.grad, np.where(np.isneginf(S), 0.0, S), rows, cols, b, h))
 
-    def _call(self, fn: Callable, S: np.ndarray, rows: slice, cols: slice) -> np.ndarray:
+    def _call(self, fn: Callable, S: np.ndarray, rows: slice, cols: slice, b, h) -> np.ndarray:
         q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)[None, :]
         try:
-            out = np.asarray(fn(S, np.int64(0), np.int64(0), q_idx, kv_idx), dtype=np.float64)
+            out = np.asarray(fn(S, b, h, q_idx, kv_idx), dtype=np.float64)
         except TypeError as err:
             raise InputTypeError(f"score_mod {self.name} must be a function of (score, b, h, q_idx, kv_idx) on numpy "
                                  f"arrays: {err}") from None
@@ -50,6 +51,17 @@ class ScoreMod:
         if out.shape != S.shape:
             raise InputError(f"score_mod {self.name} returned shape {out.shape} for scores of shape {S.shape}")
         return out
+
+
+def head_indices(pb) -> tuple[np.ndarray, np.ndarray]:
+    """The batch entry and the head of each of a run's heads, as (heads, 1, 1) arrays that broadcast against a tile's
+    scores: batch-major, or a group's (batch entry, head) pairs of a mask of each head (``FlexBlockMask.heads``)."""
+    pairs = getattr(pb.flex, "heads", None)
+    if pairs is not None:
+        b, h = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    else:
+        b, h = np.divmod(np.arange(pb.shape.bh, dtype=np.int64), pb.shape.heads)
+    return b[:, None, None], h[:, None, None]
 
 
 def score_mod(fn: Callable, *, flops: int, reads: Sequence[str] = (), name: str | None = None,
