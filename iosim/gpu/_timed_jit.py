@@ -1,19 +1,39 @@
 """The timed schedule's event loop in Numba (``iosim.gpu.timed_engine.run`` calls it): a binary heap of (issue time,
 slot) and an LRU of whole tiles as a doubly linked list over dense tile indices, making each step as
-``iosim.gpu.l2.LRU.step`` does."""
+``iosim.gpu.l2.LRU.step`` does.
+
+The functions are written in plain Python and compiled at the first timed count (``events``), so that importing iosim
+does not import Numba (0.2 s of every command's start-up).
+"""
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
-from numba import njit
 
 
-@njit(cache=True)
+def events(*args):
+    """The timed schedule's reads, writes and dirty bytes per tensor (``_events``' arguments), compiled once."""
+    return _compiled()(*args)
+
+
+@cache
+def _compiled():
+    """``_events`` compiled with Numba, the helpers it calls first: each module-level name is rebound to its compiled
+    function, so that the compiled callers find compiled callees."""
+    from numba import njit  # third-party, deferred: only a timed count needs it
+
+    module = globals()
+    for name in ("_less", "_push", "_pop", "_start"):
+        module[name] = njit(cache=True)(module[name])
+    return njit(cache=True)(_events)
+
+
 def _less(t1, s1, t2, s2):
     return t1 < t2 or (t1 == t2 and s1 < s2)
 
 
-@njit(cache=True)
 def _push(times, slots, n, t, s):
     i = n
     times[i], slots[i] = t, s
@@ -28,7 +48,6 @@ def _push(times, slots, n, t, s):
     return n + 1
 
 
-@njit(cache=True)
 def _pop(times, slots, n):
     t, s = times[0], slots[0]
     n -= 1
@@ -48,10 +67,18 @@ def _pop(times, slots, n):
     return t, s, n
 
 
-@njit(cache=True)
-def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post_offsets, post_ids, step_offsets,
-           keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, sm_speed, block_speed,
-           penalty, READ, WRITE):
+def _start(slot, at, b, n_steps, slot_block, slot_t, slot_speed, speed, times, heap_slots, n):
+    """Block ``b`` takes ``slot`` at time ``at`` at ``speed``, its first step on the heap; a block without steps
+    leaves the slot empty. The heap's new size."""
+    if n_steps[b] == 0:
+        return n
+    slot_block[slot], slot_t[slot], slot_speed[slot] = b, 0, speed
+    return _push(times, heap_slots, n, at, slot)
+
+
+def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body_ids, post_offsets, post_ids, n_steps,
+            step_offsets, keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, sm_speed, block_speed,
+            penalty, READ, WRITE):
     blocks = body.shape[0]
     n_keys = key_tensor.shape[0]
     sms = sm_speed.shape[0]
@@ -71,29 +98,20 @@ def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post
     times = np.zeros(concurrent, dtype=np.float64)
     heap_slots = np.zeros(concurrent, dtype=np.int64)
     n = 0
-    pending = 0
+    pending = min(concurrent, blocks)
     last, last_fits = -1, False
-    for slot in range(min(concurrent, blocks)):
-        b = pending
-        pending += 1
-        total = (pre_offsets[b + 1] - pre_offsets[b]) + (stop[b] - start[b] if body[b] >= 0 else 0) + (
-            post_offsets[b + 1] - post_offsets[b])
-        if total > 0:
-            slot_block[slot], slot_t[slot] = b, 0
-            slot_speed[slot] = sm_speed[slot % sms] * block_speed[b]
-            n = _push(times, heap_slots, n, 0.0, slot)
+    for slot in range(pending):  # the first blocks start at 0 in slot order
+        n = _start(slot, 0.0, slot, n_steps, slot_block, slot_t, slot_speed, sm_speed[slot % sms] * block_speed[slot],
+                   times, heap_slots, n)
     while n > 0:
         at, slot, n = _pop(times, heap_slots, n)
         b, t = slot_block[slot], slot_t[slot]
-        n_pre = pre_offsets[b + 1] - pre_offsets[b]
-        n_body = stop[b] - start[b] if body[b] >= 0 else 0
-        n_post = post_offsets[b + 1] - post_offsets[b]
-        if t < n_pre:
+        if t < n_pre[b]:
             step = pre_ids[pre_offsets[b] + t]
-        elif t < n_pre + n_body:
-            step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre]
+        elif t < n_pre[b] + n_body[b]:
+            step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre[b]]
         else:
-            step = post_ids[post_offsets[b] + t - n_pre - n_body]
+            step = post_ids[post_offsets[b] + t - n_pre[b] - n_body[b]]
         missed = 0
         if not (step == last and last_fits):
             for a in range(step_offsets[step], step_offsets[step + 1]):
@@ -130,19 +148,13 @@ def events(pre_offsets, pre_ids, body, start, stop, body_offsets, body_ids, post
                 last_fits = last_fits and resident[k] and (not (modes[a] & WRITE) or dirty[k])
         done = at + slot_speed[slot] + missed * penalty
         t += 1
-        if t < n_pre + n_body + n_post:
+        if t < n_steps[b]:
             slot_t[slot] = t
             n = _push(times, heap_slots, n, done, slot)
-            continue
-        if pending < blocks:  # the next block in grid order takes the slot; one without steps leaves it empty
-            b = pending
+        elif pending < blocks:  # the next block in grid order takes the slot at the end of this one
+            n = _start(slot, done, pending, n_steps, slot_block, slot_t, slot_speed,
+                       sm_speed[slot % sms] * block_speed[pending], times, heap_slots, n)
             pending += 1
-            total = (pre_offsets[b + 1] - pre_offsets[b]) + (stop[b] - start[b] if body[b] >= 0 else 0) + (
-                post_offsets[b + 1] - post_offsets[b])
-            if total > 0:
-                slot_block[slot], slot_t[slot] = b, 0
-                slot_speed[slot] = sm_speed[slot % sms] * block_speed[b]
-                n = _push(times, heap_slots, n, done, slot)
     left = np.zeros(n_tensors, dtype=np.int64)
     for k in range(n_keys):
         if resident[k] and dirty[k]:

@@ -98,7 +98,10 @@ def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
         block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
-    return _timed_jit.events(flat.pre_offsets, flat.pre_ids, flat.body, flat.start, flat.stop, flat.body_offsets,
-                             flat.body_ids, flat.post_offsets, flat.post_ids, flat.step_offsets, flat.keys,
-                             flat.nbytes, flat.modes, flat.key_tensor, n_tensors, capacity,
-                             concurrent, sm_speed, block_speed, penalty, READ, WRITE)
+    n_pre = np.diff(flat.pre_offsets)
+    n_body = np.where(flat.body >= 0, flat.stop - flat.start, 0)
+    n_steps = n_pre + n_body + np.diff(flat.post_offsets)
+    return _timed_jit.events(flat.pre_offsets, flat.pre_ids, n_pre, flat.body, flat.start, n_body, flat.body_offsets,
+                             flat.body_ids, flat.post_offsets, flat.post_ids, n_steps, flat.step_offsets, flat.keys,
+                             flat.nbytes, flat.modes, flat.key_tensor, n_tensors, capacity, concurrent, sm_speed,
+                             block_speed, penalty, READ, WRITE)
