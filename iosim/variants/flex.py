@@ -348,13 +348,18 @@ def named_mask(spec: Sequence[str], n_q: int, n_k: int, block=(128, 128), seqlen
     if ":" not in name or args:
         raise InputError(f"--flex-mask {' '.join(spec)}: allowed: one of {sorted(MASKS)} with its arguments, or "
                          f"module:function")
-    module, _, attr = name.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise InputError(f"--flex-mask {name}: {err}") from None
+    fn = import_named("--flex-mask", name)
     B, H = per_head if per_head is not None else (None, None)
     return block_mask(user_mask(fn, n_q, n_k), n_q, n_k, block=block, name=name, B=B, H=H)
+
+
+def import_named(flag: str, name: str):
+    """What ``module:attr`` names, for a command line's ``flag``; refused by name where it does not import."""
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise InputError(f"{flag} {name}: {err}") from None
 
 
 def user_mask(fn: Callable, n_q: int, n_k: int) -> Callable:

@@ -9,14 +9,13 @@ one entry per query row and key row of every block visited; a backward pass need
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
-from iosim.variants.flex import function_name
+from iosim.variants.flex import function_name, import_named
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,11 +117,7 @@ def named_score_mod(spec: Sequence[str]) -> ScoreMod:
     if ":" not in name or args:
         raise InputError(f"--score-mod {' '.join(spec)}: allowed: one of {sorted(SCORE_MODS)} with its number, or "
                          f"module:name of an iosim.variants.score_mods.score_mod(...)")
-    module, _, attr = name.partition(":")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise InputError(f"--score-mod {name}: {err}") from None
+    found = import_named("--score-mod", name)
     made = found if isinstance(found, ScoreMod) else found() if callable(found) else found
     if not isinstance(made, ScoreMod):
         raise InputTypeError(f"--score-mod {name}: {made!r} is not an iosim.variants.score_mods.score_mod(...), nor a "
