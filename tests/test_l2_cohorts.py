@@ -138,9 +138,8 @@ def test_the_swapped_backward_grid_counts_the_same_with_cohorts(bh, n_q, n_k, B,
     assert simulate(grid, config) == schedule_by_hand(grid, config)
 
 
-@pytest.mark.parametrize("concurrent", [7, 12, 64])
-def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
-    # full attention: the key blocks of a head that start in one round join one cohort (heads of 8 blocks)
+def count_joins(monkeypatch) -> list[bool]:
+    """Every cohort's attempt to take the blocks after it, whether it did, as the simulation makes them."""
     joined = []
     join = schedule._Cohort.join
 
@@ -149,6 +148,13 @@ def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
         return joined[-1]
 
     monkeypatch.setattr(schedule._Cohort, "join", spy)
+    return joined
+
+
+@pytest.mark.parametrize("concurrent", [7, 12, 64])
+def test_a_head_s_blocks_do_run_as_cohorts(concurrent, monkeypatch):
+    # full attention: the key blocks of a head that start in one round join one cohort (heads of 8 blocks)
+    joined = count_joins(monkeypatch)
     pb = Problem(AttentionShape(1, 5, 128, 128, 16), tau=1.0, dtype="float32")
     grid = swapped_backward(pb, Tiling(16, 16))
     config = L2Config(30_000, concurrent)
@@ -192,14 +198,7 @@ def test_fused_pairs_form_cohorts_and_refuse_blocks_of_unequal_steps(monkeypatch
     grid = flash_swapped.forward(pb, Tiling(16, 16), 1, sawtooth=True)  # 32 query blocks of 32 steps a head
     pairs = schedule.fused(grid)
     assert pairs.blocks == 32 and pairs.steps(0).runs_with(pairs.steps(5))  # a head's pairs share their run
-    joined = []
-    join = schedule._Cohort.join
-
-    def spy(self, other):
-        joined.append(join(self, other))
-        return joined[-1]
-
-    monkeypatch.setattr(schedule._Cohort, "join", spy)
+    joined = count_joins(monkeypatch)
     simulate(grid, L2Config(40_000, 16))
     assert sum(joined) >= 24, sum(joined)  # 8 pairs at once: at least 6 join the first of their round, 4 rounds
     causal = replace(flash_swapped.forward(replace(pb, causal=True), Tiling(16, 16), 1), fuse=2)
