@@ -92,6 +92,15 @@ def saved(*tensors: Tensor) -> tuple[Tensor, ...]:
     return tuple(replace(t, role="input") for t in tensors)
 
 
+# The HBM of a backward pass whose first pass saves D = rowsum(dO ∘ O) and the log-sum-exp L per query row
+# (FlashAttention-2's: flash-swapped's and flex's backward passes)
+STATISTICS_PASS_TENSORS = (
+    *saved(OUTPUT, *STATISTICS), DOUT,
+    Tensor("D", "N_q", "1", "intermediate", "stat"), Tensor("L", "N_q", "1", "intermediate", "stat"),
+    *GRADIENTS,
+)
+
+
 # Options of a run that only some algorithms take, by their API keyword; ``Needs`` says which an algorithm takes.
 OPTIONS = ("block_sparsity", "splits", "window", "page_size", "seqlens", "sinks", "latent", "fp8", "block_mask",
            "score_mod")

@@ -28,17 +28,7 @@ and written once (dsinks).
 
 from __future__ import annotations
 
-from iosim.algorithms.algorithm import (
-    DOUT,
-    GRADIENTS,
-    OUTPUT,
-    STATISTICS,
-    Algorithm,
-    Needs,
-    Tensor,
-    exact_counts,
-    saved,
-)
+from iosim.algorithms.algorithm import STATISTICS_PASS_TENSORS, Algorithm, Needs, exact_counts
 from iosim.algorithms.tile_ops import (
     absorb_gradients,
     absorb_sink_gradient,
@@ -54,11 +44,7 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 
-TENSORS = (
-    *saved(OUTPUT, *STATISTICS), DOUT,
-    Tensor("D", "N_q", "1", "intermediate", "stat"), Tensor("L", "N_q", "1", "intermediate", "stat"),
-    *GRADIENTS,
-)
+TENSORS = STATISTICS_PASS_TENSORS
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:

@@ -28,17 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from iosim.algorithms.algorithm import (
-    DOUT,
-    GRADIENTS,
-    OUTPUT,
-    STATISTICS,
-    Algorithm,
-    Needs,
-    Tensor,
-    exact_counts,
-    saved,
-)
+from iosim.algorithms.algorithm import STATISTICS_PASS_TENSORS, Algorithm, Needs, exact_counts
 from iosim.algorithms.tile_ops import exp_diff, gradient_statistics, score_gradient, scores, transpose
 from iosim.core.counts import Counts
 from iosim.core.flops import Flops, matmul
@@ -48,11 +38,7 @@ from iosim.core.tiling import Tiling
 from iosim.variants.flex import FULL, PARTIAL, flex_visits
 from iosim.variants.score_mods import head_indices
 
-TENSORS = (
-    *saved(OUTPUT, *STATISTICS), DOUT,
-    Tensor("D", "N_q", "1", "intermediate", "stat"), Tensor("L", "N_q", "1", "intermediate", "stat"),
-    *GRADIENTS,
-)
+TENSORS = STATISTICS_PASS_TENSORS
 
 
 def run(mem: Memory, pb: Problem, tiling: Tiling) -> None:
