@@ -18,12 +18,10 @@ dirty bytes left at the end, their ratio to ncu's ``dram__bytes_read.sum`` and
 and 1.0 × the nominal 50 MiB (the sensitivity to the capacity), flash-swapped's closed form
 where it applies, and the time each simulation took.
 
-    python -m experiments.l2_call1 --schedule staggered     # -> experiments/results/gpu/l2_call1-staggered
-
-runs the same grids with their first blocks started staggered (``iosim.gpu.l2.SCHEDULES``), at the
-effective L2 only. That schedule was added after call 1 was measured, to explain its largest
-forward miss, so these rows are not its validation: call 3's predictions under both schedules,
-committed before that run, are.
+The lockstep schedule is the one run here. ``l2_call1-staggered`` holds the same grids under the staggered
+schedule, added after call 1 to explain its largest forward miss and retired after calls 3 and 4 measured waves that
+start together (``iosim.gpu.hardware.RETIRED_SCHEDULES``): written at 68a1764, reproduced through 6e0683d, kept as
+committed, not rerun.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +42,7 @@ from iosim.core.gpus import GPUS  # noqa: E402
 from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
 from iosim.gpu import call1  # noqa: E402
-from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
+from iosim.gpu.hardware import Hardware, hardware  # noqa: E402
 from iosim.gpu.kernel import Kernel, Launch  # noqa: E402
 from iosim.gpu.schedule import simulate  # noqa: E402
 
@@ -62,7 +59,7 @@ def simulate_pass(kernel: Kernel, launch: Launch, hw: Hardware) -> list:
     return [simulate(g, hw.config(g)) for g in kernel.grids(launch)]
 
 
-def predict(row: dict, schedule: str = "lockstep") -> dict:
+def predict(row: dict) -> dict:
     """The L2 model's DRAM bytes for one configuration, at the effective and the swept capacities, on the run's
     kernels (``iosim.gpu.call1``)."""
     kernel = KERNELS[row["impl"]]
@@ -71,9 +68,9 @@ def predict(row: dict, schedule: str = "lockstep") -> dict:
     tiling = Tiling(row["tiling"]["Br"], row["tiling"]["Bc"])
     launch = Launch(pb, tiling, row["direction"] == "backward")
     nominal = int(GPUS[GPU].l2.value)
-    hw = hardware(GPU, schedule=schedule)
+    hw = hardware(GPU)
     out = {}
-    sweep = [(f"{f:g}x", hw.with_l2_bytes(int(f * nominal))) for f in FRACTIONS] if schedule == "lockstep" else []
+    sweep = [(f"{f:g}x", hw.with_l2_bytes(int(f * nominal))) for f in FRACTIONS]
     for label, at in [("effective", hw)] + sweep:
         start = time.perf_counter()
         kernels = simulate_pass(kernel, launch, at)
@@ -91,7 +88,7 @@ def predict(row: dict, schedule: str = "lockstep") -> dict:
                                       "concurrent": k.concurrent} for k in kernels],
                       "by_tensor": list(by_tensor.values())}
     form = kernel.closed_form(launch)
-    if form is not None and schedule == "lockstep":
+    if form is not None:
         config = hw.config(kernel.grids(launch)[0])
         form = form(pb, tiling, config.capacity, config.concurrent)
         out["closed_form"] = None if form is None else {"reads": sum(form.reads.values()),
@@ -99,7 +96,7 @@ def predict(row: dict, schedule: str = "lockstep") -> dict:
     return out
 
 
-def compare(folder: Path, jobs: int, schedule: str = "lockstep") -> list[dict]:
+def compare(folder: Path, jobs: int) -> list[dict]:
     configs = json.loads((folder / "configs.json").read_text())
     rows = []
     for measured in parse_ncu_csv(folder / "ncu.csv"):
@@ -107,7 +104,7 @@ def compare(folder: Path, jobs: int, schedule: str = "lockstep") -> list[dict]:
         rows.append({**cfg, "measured": {"read_bytes": measured["read_bytes"], "write_bytes": measured["write_bytes"],
                                          "kernels": measured["kernels"], "per_kernel": measured.get("per_kernel", [])}})
     with ProcessPoolExecutor(jobs) as pool:
-        for row, pred in zip(rows, pool.map(partial(predict, schedule=schedule), rows)):
+        for row, pred in zip(rows, pool.map(predict, rows)):
             row["predicted"] = pred
             eff = pred["effective"]
             row["dram_read_pred_bytes"], row["dram_write_pred_bytes"] = eff["reads"], eff["writes"]
@@ -176,32 +173,26 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=REPO / "experiments/results/gpu/call1/ncu")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="default experiments/results/gpu/l2_call1, with -staggered for that schedule")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments/results/gpu/l2_call1",
+                        help="write OUT.json and OUT.md (default experiments/results/gpu/l2_call1)")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--schedule", default="lockstep", choices=SCHEDULES)
     args = parser.parse_args()
-    if args.out is None:
-        suffix = "" if args.schedule == "lockstep" else f"-{args.schedule}"
-        args.out = REPO / f"experiments/results/gpu/l2_call1{suffix}"
     start = time.perf_counter()
-    rows = compare(args.folder, args.jobs, args.schedule)
+    rows = compare(args.folder, args.jobs)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
     record = {
         "command": "python -m experiments.l2_call1 " + " ".join(sys.argv[1:]),
         "commit": commit,
         "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "jobs": args.jobs},
-        "schedule": args.schedule, "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value),
+        "schedule": "lockstep", "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value),
         "l2_effective": int(GPUS[GPU].l2_effective.value),
         "l2_effective_source": GPUS[GPU].l2_effective.source,
         "summary": summary(rows), "seconds": time.perf_counter() - start, "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_name(args.out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
-    title = "" if args.schedule == "lockstep" else (f", {args.schedule} schedule (added after call 1 was measured: "
-                                                     f"an explanation of its rows, not their test)")
-    text = (f"# Call 1's rows against the L2 model{title}\n\n- command: `{record['command']}`\n"
+    text = (f"# Call 1's rows against the L2 model\n\n- command: `{record['command']}`\n"
             f"- git commit: `{commit}`\n- machine: {record['machine']}\n"
             f"- L2: {GPU} preset, effective {record['l2_effective'] / 1e6:.1f} MB ({record['l2_effective_source']}); "
             f"nominal {record['l2_nominal'] / 2**20:.0f} MiB; sensitivity at {', '.join(f'{f:g}' for f in FRACTIONS)}× "

@@ -55,7 +55,6 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +67,7 @@ from iosim.core.problem import AttentionShape, Problem  # noqa: E402
 from iosim.core.tiling import Tiling  # noqa: E402
 from iosim.gpu.dram import kernel_counts, pass_counts  # noqa: E402
 from iosim.gpu.grids import sdpa_flash  # noqa: E402
-from iosim.gpu.hardware import SCHEDULES, Hardware, hardware  # noqa: E402
+from iosim.gpu.hardware import Hardware, hardware  # noqa: E402
 from iosim.gpu.kernel import Launch  # noqa: E402
 from iosim.gpu.kernels import KERNELS  # noqa: E402
 from iosim.gpu.l2 import in_sequence  # noqa: E402
@@ -131,20 +130,18 @@ def _counts(dram) -> dict:
             "by_tensor": [asdict(t) for t in dram.tensors]}
 
 
-def capacities(schedule: str = "lockstep") -> list[tuple[str, Hardware]]:
-    """The L2 each prediction is made at: the preset's effective, then fractions of the nominal; the effective
-    alone for the staggered schedule, which is always simulated."""
-    hw = hardware(GPU, schedule=schedule)
-    if schedule != "lockstep":
-        return [("effective", hw)]
+def capacities() -> list[tuple[str, Hardware]]:
+    """The L2 each prediction is made at: the preset's effective, then fractions of the nominal (lockstep: the timed
+    schedule's predictions are experiments/timed_call3.py's)."""
+    hw = hardware(GPU)
     nominal = int(GPUS[GPU].l2.value)
     return [("effective", hw)] + [(f"{f:g}x", hw.with_l2_bytes(int(f * nominal))) for f in FRACTIONS]
 
 
-def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str, schedule: str) -> dict:
+def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str) -> dict:
     """The DRAM bytes of a pass of several kernels, each from a cold L2: their sum, and each of them."""
     out: dict = {"grid": grid, "method": "simulation, kernel by kernel"}
-    for label, hw in capacities(schedule):
+    for label, hw in capacities():
         start = time.perf_counter()
         parts = kernel_counts(KERNELS[cfg.impl], launch(cfg), hw, budget_s=None)
         out[label] = {**_counts(in_sequence(parts)), "seconds": time.perf_counter() - start,
@@ -153,35 +150,34 @@ def by_kernel(cfg: LaunchConfig, names: tuple[str, ...], grid: str, schedule: st
     return out
 
 
-def predict(cfg: LaunchConfig, schedule: str = "lockstep") -> dict:
+def predict(cfg: LaunchConfig) -> dict:
     """The L2 model's DRAM bytes of one configuration, at the effective and the swept capacities."""
     tc = cfg.impl == "flash-swapped-tc" and cfg.dtype != "float32"
     if cfg.impl == ncu_traffic.SDPA and cfg.direction == "backward":
         return by_kernel(cfg, SDPA_BACKWARD_KERNELS, "iosim.gpu.grids.sdpa_flash's dot_do_o, backward_main, "
-                         "convert_dq, each from a cold L2", schedule)
+                         "convert_dq, each from a cold L2")
     if cfg.impl == ncu_traffic.SDPA and sdpa_flash.forward_splits(problem(cfg).shape, launch(cfg).sms) > 1:
         return by_kernel(cfg, ("split", "combine"), "iosim.gpu.grids.sdpa_flash's split_forward and combine, each from "
-                         "a cold L2", schedule)
+                         "a cold L2")
     if cfg.impl == ncu_traffic.SDPA:
         grid = "iosim.gpu.grids.sdpa_flash.forward"
         whole = cfg.n_k % cfg.tile()["Bc"] == 0 or cfg.n_k <= cfg.tile()["Bc"]
         method = "closed form (sdpa_flash.forward_dram)" if not cfg.causal and whole and not cfg.kv_heads \
-            and schedule == "lockstep" else "simulation"
+            else "simulation"
     elif cfg.direction == "backward":
         main = "predict_next_call.tc_backward_grid" if tc else "main"
         return by_kernel(cfg, BACKWARD_KERNELS, f"iosim.algorithms.flash_swapped_backward's row_dot, fill, {main}"
-                         f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2", schedule)
+                         f"{', cast' if cfg.dtype != 'float32' else ''}, each from a cold L2")
     elif cfg.impl == "split-kv":
         return by_kernel(cfg, SPLIT_KV_KERNELS, "iosim.algorithms.split_kv.launches (split, then combine where S > 1), "
-                         "each from a cold L2", schedule)
+                         "each from a cold L2")
     elif cfg.sawtooth:
         grid, method = "iosim.algorithms.flash_swapped.sawtooth_grid", "simulation"
     else:
         grid = "tc_forward_grid (K/V fetched one step early)" if tc else "iosim.algorithms.flash_swapped.grid"
-        method = "simulation" if tc or cfg.causal or cfg.kv_heads or schedule != "lockstep" \
-            else "closed form (flash_swapped.dram)"
+        method = "simulation" if tc or cfg.causal or cfg.kv_heads else "closed form (flash_swapped.dram)"
     out: dict = {"grid": grid, "method": method}
-    for label, hw in capacities(schedule):
+    for label, hw in capacities():
         start = time.perf_counter()
         dram = pass_counts(KERNELS[cfg.impl], launch(cfg), hw, budget_s=None)
         out[label] = {**_counts(dram), "seconds": time.perf_counter() - start}
@@ -284,9 +280,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grid", default="call3", choices=sorted(g for g in GRIDS if g.startswith("call")))
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--schedule", default="lockstep", choices=SCHEDULES,
-                        help="how the first blocks start (iosim.gpu.l2.SCHEDULES); staggered writes OUT-staggered, "
-                             "at the effective L2 only")
     parser.add_argument("--out", type=Path, default=None,
                         help="write OUT.json and OUT.md (default experiments/results/gpu/predictions-<short commit>)")
     args = parser.parse_args()
@@ -295,7 +288,7 @@ def main() -> None:
     unique = list({_key(c): c for c in configs}.values())
     unique.sort(key=lambda c: -c.batch * c.heads * c.n_q * c.n_k)  # the longest first, for the pool
     with ProcessPoolExecutor(args.jobs) as pool:
-        predicted = dict(zip((_key(c) for c in unique), pool.map(partial(predict, schedule=args.schedule), unique)))
+        predicted = dict(zip((_key(c) for c in unique), pool.map(predict, unique)))
     rows = [{"index": index, **asdict(cfg), "tiling": cfg.tile(), "blocks_per_sm": blocks_per_sm(cfg),
              "blocks_per_sm_source": blocks_per_sm_source(cfg),
              "predicted": predicted[_key(cfg)], "two_level": two_level(cfg)} for index, cfg in enumerate(configs)]
@@ -305,15 +298,14 @@ def main() -> None:
         "commit": commit, "kernels_commit": _git("log", "-1", "--format=%H", "--", "kernels/"),
         "machine": {"node": platform.node(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "jobs": args.jobs},
-        "grid": args.grid, "schedule": args.schedule,
+        "grid": args.grid, "schedule": "lockstep",
         "measure_with": f"NCU=ncu python -m experiments.ncu_traffic profile --grid {args.grid} --out DIR "
                         f"(experiments/results/gpu/call3.sh)",
         "gpu": GPU, "l2_nominal": int(GPUS[GPU].l2.value), "l2_effective": int(GPUS[GPU].l2_effective.value),
         "l2_effective_source": GPUS[GPU].l2_effective.source, "fractions_of_nominal": list(FRACTIONS),
         "seconds": time.perf_counter() - start, "rows": rows,
     }
-    suffix = "" if args.schedule == "lockstep" else f"-{args.schedule}"
-    out = args.out or REPO / f"experiments/results/gpu/predictions-{commit[:7]}{suffix}"
+    out = args.out or REPO / f"experiments/results/gpu/predictions-{commit[:7]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_name(out.name + ".json").write_text(json.dumps(record, indent=2) + "\n")
     out.with_name(out.name + ".md").write_text(markdown(record))

@@ -24,7 +24,10 @@ Kinds of output:
   names it, never checked;
 - ``gpu``: measured on a GPU by a device call: neither rerun nor checked here;
 - ``binary``: read from a binary the project does not depend on (torch's CUDA library, with cuobjdump): rewritten
-  only when ``--only`` names it, on a machine with both (the command names them), never checked.
+  only when ``--only`` names it, on a machine with both (the command names them), never checked;
+- ``retired``: made under a schedule since retired (``iosim.gpu.hardware.RETIRED_SCHEDULES``: staggered, whose last
+  commit is ``RETIRED_AT``), kept as committed beside the GPU measurements that judged it: neither rerun nor checked
+  (its command runs at that commit).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FAST, SLOW, RECORD, TIMING, GPU, BINARY = "fast", "slow", "record", "timing", "gpu", "binary"
+FAST, SLOW, RECORD, TIMING, GPU, BINARY, RETIRED = "fast", "slow", "record", "timing", "gpu", "binary", "retired"
+RETIRED_AT = "6e0683d"  # the last commit with the staggered schedule, where the retired outputs' commands run
 CHECKED = (FAST, SLOW, RECORD)
 # JSON fields that differ from run to run or machine to machine, left out of the comparison
 VOLATILE = frozenset({
@@ -66,7 +70,7 @@ class Output:
     command: str  # as run from the repository root
     files: tuple[str, ...]  # the committed files it writes, relative to the repository root
     redirect: tuple[str, ...]  # the options that write those files under another root ("{root}") instead
-    kind: str  # FAST, SLOW, RECORD, TIMING, GPU or BINARY
+    kind: str  # FAST, SLOW, RECORD, TIMING, GPU, BINARY or RETIRED
     seconds: float | None  # its command's wall time on this project's 2-core container (README, "Regenerating the
     # results"); None where it runs on a GPU
 
@@ -92,10 +96,11 @@ def report(name: str, command: str, prefix: str, seconds: float, kind: str) -> O
 
 
 def prediction(commit: str, options: str, seconds: float, schedule: str = "") -> Output:
-    """predictions-<commit>[-staggered]: the L2 model's DRAM bytes for a GPU call, committed before it ran."""
+    """predictions-<commit>[-staggered]: the L2 model's DRAM bytes for a GPU call, committed before it ran; under
+    the retired staggered schedule, kept as committed."""
     name = f"predictions-{commit}{schedule}"
     return report(name, f"python -m experiments.predict_next_call {options}".strip(),
-                  f"experiments/results/gpu/{name}", seconds, RECORD)
+                  f"experiments/results/gpu/{name}", seconds, RETIRED if schedule else RECORD)
 
 
 GPU_DIR = "experiments/results/gpu"
@@ -122,7 +127,7 @@ OUTPUTS = (
     Output("l2_analysis", "python -m experiments.l2_analysis", ("experiments/results/l2_analysis.json",),
            ("--out", "{root}/experiments/results/l2_analysis.json"), FAST, 0.6),
     Output("sawtooth", "python -m experiments.sawtooth", ("experiments/results/sawtooth.json",),
-           ("--out", "{root}/experiments/results/sawtooth.json"), SLOW, 110),
+           ("--out", "{root}/experiments/results/sawtooth.json"), FAST, 1.9),
     Output("sawtooth_orders", "python -m experiments.sawtooth_orders",
            ("experiments/results/sawtooth_orders.json", "docs/figures/sawtooth_orders.png"),
            ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/sawtooth_orders.json"), FAST,
@@ -130,7 +135,7 @@ OUTPUTS = (
     # call 1's rows against the L2 model; the two below read l2_call1.json, so they come after it
     report("l2_call1", "python -m experiments.l2_call1 --jobs 2", f"{GPU_DIR}/l2_call1", 448, SLOW),
     report("l2_call1-staggered", "python -m experiments.l2_call1 --schedule staggered",
-           f"{GPU_DIR}/l2_call1-staggered", 184, SLOW),
+           f"{GPU_DIR}/l2_call1-staggered", 184, RETIRED),
     report("ncu_traffic_call1", f"python -m experiments.ncu_traffic compare {GPU_DIR}/call1/ncu "
            f"--predictions {GPU_DIR}/l2_call1.json", f"{GPU_DIR}/ncu_traffic_call1", 1.1, FAST),
     figure("plot_l2_call1", "l2_call1", ("l2_call1",), 1.1),
@@ -321,7 +326,8 @@ def check_one(output: Output, tmp: Path) -> Verdict:
     the same, fields added or gone), "FAILED" (the command), or "not checked"."""
     if output.kind not in CHECKED:
         why = {TIMING: "a timing of the machine that ran it", GPU: "measured on a GPU",
-               BINARY: "read from a binary the project does not install"}[output.kind]
+               BINARY: "read from a binary the project does not install",
+               RETIRED: f"made under a retired schedule; its command runs at {RETIRED_AT}"}[output.kind]
         return Verdict(output, "not checked", (why,))
     root = tmp / output.name
     for name in output.files:
@@ -353,6 +359,8 @@ def not_rerun(output: Output, named: bool) -> str | None:
     """Why ``regenerate`` leaves ``output`` as committed, or None."""
     if output.kind == GPU:
         return f"measured on a GPU ({output.command})"
+    if output.kind == RETIRED:
+        return f"made under a retired schedule (its command runs at {RETIRED_AT})"
     if output.kind in (RECORD, TIMING, BINARY) and not named:
         return f"a {output.kind}: rewritten only when --only names it"
     return None
@@ -374,7 +382,8 @@ def listing(outputs: Sequence[Output]) -> str:
     lines = []
     for o in outputs:
         took = "on a GPU" if o.seconds is None else f"{o.seconds:g} s"
-        lines.append(f"{o.name} [{o.kind}, {took}]: {o.command}")
+        at = f" (at {RETIRED_AT})" if o.kind == RETIRED else ""
+        lines.append(f"{o.name} [{o.kind}, {took}]: {o.command}{at}")
         lines += [f"    {f}" for f in o.files]
     return "\n".join(lines)
 

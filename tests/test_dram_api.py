@@ -183,13 +183,13 @@ def test_a_sweep_s_kernel_goes_to_the_algorithm_it_implements_and_resume_keys_on
         ("flash-swapped", "flash-swapped@d4169c1")]
 
 
-L2_FLAGS = ["--gpu", "h100", "--l2-bytes", "2MB", "--blocks-per-sm", "1", "--schedule", "staggered"]
+L2_FLAGS = ["--gpu", "h100", "--l2-bytes", "2MB", "--blocks-per-sm", "1"]
 
 
 def test_the_l2_overrides_reach_sweep_run_and_optimize_as_iosim_dram_takes_them(tmp_path):
     # 64 heads of N = 2048, d = 64 in float16: K and V of the heads running at once exceed a 2 MB L2
     problem = dict(N=2048, d=64, heads=64, causal=True)
-    want = iosim.dram("flash-swapped", M="100k", **problem, l2_bytes="2M", blocks_per_sm=1, schedule="staggered")
+    want = iosim.dram("flash-swapped", M="100k", **problem, l2_bytes="2M", blocks_per_sm=1)
     plain = iosim.dram("flash-swapped", M="100k", **problem)
     assert want.dram != plain.dram  # the overrides change the answer
     shape = ["--N", "2048", "--d", "64", "--heads", "64", "--causal", "--M", "100k"]
@@ -198,11 +198,11 @@ def test_the_l2_overrides_reach_sweep_run_and_optimize_as_iosim_dram_takes_them(
                ).rows
     assert rows[0].dram == want.dram
     record = json.loads(path.read_text())[0]
-    assert (record["l2_bytes"], record["blocks_per_sm"], record["schedule"]) == (2_000_000, 1, "staggered")
+    assert (record["l2_bytes"], record["blocks_per_sm"], record["schedule"]) == (2_000_000, 1, None)
     found = run(build_parser().parse_args(["optimize", "--algo", "flash-swapped", *shape, *L2_FLAGS, "--objective",
                                            "dram", "--top", "1"])).results[0]
     assert found.dram[0] == iosim.dram("flash-swapped", M="100k", **problem, tiling=found.best[0].tiling,
-                                       l2_bytes="2M", blocks_per_sm=1, schedule="staggered").dram
+                                       l2_bytes="2M", blocks_per_sm=1).dram
 
 
 @pytest.mark.parametrize("command", ["sweep", "run", "optimize"])
@@ -215,7 +215,8 @@ def test_an_l2_override_without_a_gpu_is_refused_in_one_line(command, capsys):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(schedule="waves"), r"schedule='waves' is not one of \['lockstep', 'staggered', 'timed'\]"),
+    (dict(schedule="waves"), r"schedule='waves' is not one of \['lockstep', 'timed'\]"),
+    (dict(schedule="staggered"), r"schedule='staggered' is retired after calls 3 and 4"),
     (dict(blocks_per_sm=0), r"blocks_per_sm=0 is outside the allowed range"),
 ])
 def test_bad_l2_overrides_are_refused_by_name(kwargs, message):

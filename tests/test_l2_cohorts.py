@@ -32,11 +32,10 @@ def block_by_block(grid: Grid) -> Grid:
 
 
 def schedule_by_hand(grid: Grid, config: L2Config):
-    """The schedule written out plainly, as an independent check: W slots in slot order, one step per running block
-    a round; a block that finishes gives its slot to the next block in grid order, whose first step comes next
-    round; a block without steps leaves its slot empty; a step that is the very object just run is all hits if it
-    fits (it changes nothing in an LRU that holds it). Staggered (``config.schedule``), slot s of the first W waits
-    ⌊s·L/W⌋ rounds (L the mean steps of the first W blocks), then takes the next block in grid order."""
+    """The schedule written out plainly, as an independent check: W slots in slot order, the first W blocks started
+    together, one step per running block a round; a block that finishes gives its slot to the next block in grid
+    order, whose first step comes next round; a block without steps leaves its slot empty; a step that is the very
+    object just run is all hits if it fits (it changes nothing in an LRU that holds it)."""
     l2 = LRU(config.capacity, len(grid.tiles.tensors))
     pending = iter(range(grid.blocks))
 
@@ -44,21 +43,10 @@ def schedule_by_hand(grid: Grid, config: L2Config):
         steps = iter(grid.steps(b))
         return [steps, next(steps, None)]
 
-    first = min(config.concurrent, grid.blocks)
-    waits = [0] * first
-    if config.schedule == "staggered":
-        mean = sum(len(list(grid.steps(b))) for b in range(first)) / max(first, 1)
-        waits = [int(s * mean / config.concurrent) for s in range(first)]
-    slots = [start(next(pending)) if wait == 0 else ["wait", wait] for wait in waits]
+    slots = [start(next(pending)) for _ in range(min(config.concurrent, grid.blocks))]
     last = None
     while slots:
         for slot in slots:
-            if slot[0] == "wait":
-                slot[1] -= 1
-                if slot[1] == 0:
-                    b = next(pending, None)
-                    slot[:] = [None, None] if b is None else start(b)
-                continue
             if slot[1] is None:
                 continue
             if slot[1] is not last or not l2.fits(slot[1]):
@@ -69,7 +57,7 @@ def schedule_by_hand(grid: Grid, config: L2Config):
                 b = next(pending, None)
                 if b is not None:
                     slot[:] = start(b)
-        slots = [slot for slot in slots if slot[0] == "wait" or slot[1] is not None]
+        slots = [slot for slot in slots if slot[1] is not None]
     return l2.counts(grid.tiles, config)
 
 

@@ -219,35 +219,6 @@ def test_a_split_kv_prediction_is_the_simulation_of_its_two_kernels(kv_heads, sp
     assert kv["K"] == kv["V"] == 2 * kv_heads * 999 * 128 * 2
 
 
-@pytest.mark.parametrize("impl, direction", [("flash-swapped", "forward"), ("flash-swapped-tc", "forward"),
-                                             ("flash-swapped", "backward"), ("split-kv", "forward")])
-def test_a_staggered_prediction_simulates_the_same_kernels_started_staggered(impl, direction):
-    kv, splits = (2, 3) if impl == "split-kv" else (None, None)
-    n_q = 1 if impl == "split-kv" else 300
-    cfg = ncu.LaunchConfig(impl, direction, 2, 4, n_q, 300, 64, "float16", causal=impl != "split-kv",
-                           kv_heads=kv, splits=splits)
-    row = predict.predict(cfg, "staggered")
-    assert set(row) >= {"effective"} and not {"0.5x", "0.75x", "1x"} & set(row)  # the effective L2 only
-    assert row["method"].startswith("simulation")
-    staggered = hardware("h100", schedule="staggered")
-    if impl == "split-kv":
-        launch = predict.launch(cfg)
-        pb, tiling = launch.problem, launch.tiling
-        grids = split_kv_launches(pb, tiling, predict.blocks_per_sm(cfg))
-    elif direction == "backward":
-        pb, tiling = _problem(cfg)
-        grids = backward_grids(pb, tiling, predict.blocks_per_sm(cfg), tc=False)
-    else:
-        pb, tiling = _problem(cfg)
-        grid = (flash_swapped_tc.forward(pb, tiling, predict.blocks_per_sm(cfg)) if impl == "flash-swapped-tc"
-                else flash_swapped.forward(pb, tiling, predict.blocks_per_sm(cfg)))
-        want = simulate(grid, staggered.config(grid))
-        assert row["effective"]["reads"] == want.reads and row["effective"]["writes"] == want.writes
-        return
-    want = simulated(grids, staggered)
-    assert (row["effective"]["reads"], row["effective"]["writes"]) == (want.reads, want.writes)
-
-
 @pytest.mark.parametrize("path, index", [("predictions-80f2354.json", 176), ("predictions-80f2354.json", 235),
                                          ("predictions-6d16ff6.json", 0)])
 def test_committed_backward_predictions_stand_for_the_coalesced_row_dot(path, index):
@@ -265,8 +236,7 @@ def test_committed_backward_predictions_stand_for_the_coalesced_row_dot(path, in
             want["reads"], want["writes"], want["dirty_at_end"]), (label, cfg)
 
 
-@pytest.mark.parametrize("schedule", ["lockstep", "staggered"])
-def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_plain_one(schedule):
+def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_plain_one():
     rows = ncu.GRIDS["call3-sawtooth"]()
     assert len(rows) == 24 and [c.sawtooth for c in rows[:2]] == [False, True]
     assert all(replace(a, sawtooth=True) == b for a, b in zip(rows[::2], rows[1::2]))  # each shape in both orders
@@ -274,7 +244,7 @@ def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_p
     pb, tiling = _problem(cfg)
     assert predict.blocks_per_sm(cfg) == 2  # the report's sawtooth build, float16, d = 64, 64 x 32
     grid = flash_swapped.forward(pb, tiling, predict.blocks_per_sm(cfg), sawtooth=True)
-    want = simulate(grid, hardware("h100", schedule=schedule).config(grid))
-    got = predict.predict(cfg, schedule)
+    want = simulate(grid, hardware("h100").config(grid))
+    got = predict.predict(cfg)
     assert got["grid"] == "iosim.algorithms.flash_swapped.sawtooth_grid"
     assert (got["effective"]["reads"], got["effective"]["writes"]) == (want.reads, want.writes)

@@ -51,7 +51,7 @@ def test_the_sawtooth_grid_counts_the_same_with_cohorts(causal):
 
     pb = Problem(AttentionShape(2, 3, 300, 300, 16), tau=1.0, dtype="float16", causal=causal)
     grid = forward(pb, Tiling(16, 16), sawtooth=True)
-    for config in (L2Config(20_000, 7), L2Config(60_000, 30, "staggered")):
+    for config in (L2Config(20_000, 7), L2Config(60_000, 30)):
         assert simulate(grid, config) == simulate(block_by_block(grid), config)
     assert simulate(grid, L2Config(20_000, 7)) == schedule_by_hand(grid, L2Config(20_000, 7))
 

@@ -102,7 +102,7 @@ def test_the_grids_count_the_same_as_cohorts_and_block_by_block(causal):
     pb = problem(batch=2, heads=3, n=600, n_k=600 if causal else 500, d=64, causal=causal)
     for backward in (False, True):
         for g in SDPA.grids(Launch(pb, Tiling(1, 1), backward=backward, sms=1)):
-            for config in (L2Config(300_000, 5), L2Config(900_000, 12, "staggered")):
+            for config in (L2Config(300_000, 5), L2Config(900_000, 12)):
                 assert simulate(g, config) == simulate(block_by_block(g), config)
             if g.uniform:
                 assert lockstep(g, L2Config(300_000, 5)) == simulate(g, L2Config(300_000, 5))

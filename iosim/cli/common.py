@@ -13,7 +13,7 @@ from iosim.core.inputs import check_tokens
 from iosim.core.problem import Problem
 from iosim.core.rng import check_seed
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, parse_count
-from iosim.gpu.hardware import SCHEDULES, Hardware, hardware
+from iosim.gpu.hardware import SCHEDULES, Hardware, check_schedule, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
 from iosim.tilings.policies import POLICIES
@@ -155,6 +155,14 @@ def bytes_arg(text: str) -> int:
     return count_arg(text[:-1] if text[-1:] in ("b", "B") and text[:-1] else text)
 
 
+def schedule_arg(text: str) -> str:
+    """A schedule of the L2 model (iosim.gpu.hardware.SCHEDULES), for argparse; a retired one is refused with why."""
+    try:
+        return check_schedule(text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(f"schedule={text!r}", text, 1)) from None
+
+
 def add_l2_options(p: argparse.ArgumentParser) -> None:
     """The L2 model's overrides, for --gpu (docs/gpu.md)."""
     p.add_argument("--l2-bytes", type=bytes_arg, default=None, metavar="BYTES",
@@ -163,10 +171,10 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks-per-sm", type=count_arg, default=None, metavar="N",
                    help="with --gpu: thread blocks one SM holds, for every kernel (default: each kernel's, from "
                         "its registers and shared memory)")
-    p.add_argument("--schedule", choices=SCHEDULES, default="lockstep",
-                   help="with --gpu: how the thread blocks run: lockstep (start together, default), staggered (slot s "
-                        "s/W of a block late) or timed (each at its speed, stalling on its L2 misses; the forward of "
-                        "kernels with a measured rate); the last two always simulated")
+    p.add_argument("--schedule", type=schedule_arg, default="lockstep", metavar="{" + ",".join(SCHEDULES) + "}",
+                   help="with --gpu: how the thread blocks run: lockstep (start together, default) or timed (each at "
+                        "its speed, stalling on its L2 misses; the forward of kernels with a measured rate, always "
+                        "simulated)")
     p.add_argument("--kernel", choices=sorted(KERNELS), default=None, metavar="NAME",
                    help="with --gpu: the kernel description whose grids the DRAM level runs, for the algorithm it "
                         "implements (default: the kernel of kernels/ named as the algorithm; `iosim kernels` lists "

@@ -8,8 +8,8 @@ kernel of a pass runs from a cold L2, as ncu measures it, and the passes one aft
 ``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds), the
 lockstep count where its blocks are equal (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``; under
 a causal mask, whose blocks run no cohorts, the compiled timed loop at zero spread, which is the same schedule); all
-are equal where they apply (tests/test_l2.py, tests/test_timed.py). The closed forms and the lockstep count assume
-the lockstep schedule: a staggered one is always simulated. The model, its sources and its limits: docs/gpu.md.
+are equal where they apply (tests/test_l2.py, tests/test_timed.py). The closed forms and the lockstep count are the
+lockstep schedule's; the timed one is always simulated. The model, its sources and its limits: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -105,18 +105,17 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
             parts.append(simulate_timed(g, config, timing, hw.sms))
             continue
         counts = None
-        if config.schedule == "lockstep":
-            found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
-            if found is not None:
-                counts = found.counts(g.tiles, config)
-            elif g.uniform:
-                check_budget(kernel, launch, True, budget_s)
-                counts = lockstep(g, config)
+        found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
+        if found is not None:
+            counts = found.counts(g.tiles, config)
+        elif g.uniform:
+            check_budget(kernel, launch, True, budget_s)
+            counts = lockstep(g, config)
         if counts is None:
             check_budget(kernel, launch, False, budget_s)
             # under a causal mask blocks of one head start in different rounds and never run as cohorts: the compiled
             # timed loop at zero spread and no penalty is the lockstep schedule, count for count, and faster
-            steady = launch.problem.causal and config.schedule == "lockstep"
+            steady = launch.problem.causal
             counts = simulate_timed(g, config, Timing(), hw.sms) if steady else simulate(g, config)
         parts.append(counts)
     return parts

@@ -1,10 +1,10 @@
 """Running a grid of thread blocks against the L2 (``iosim.gpu.l2``): the schedule, step by step.
 
-W = SMs × blocks per SM blocks run at once. They start in grid order, and a new one starts
-in the slot of one that finishes, in the next round (dynamic dispatch). Each round, every
-running block makes one tile step, in slot order (round robin), against the LRU L2. The first
-W start together (``L2Config.schedule`` "lockstep"), or slot s's s/W of a mean block late
-("staggered"), after which the same dispatch keeps them apart.
+W = SMs × blocks per SM blocks run at once. They start in grid order, the first W together
+(the "lockstep" schedule), and a new one starts in the slot of one that finishes, in the next
+round (dynamic dispatch). Each round, every running block makes one tile step, in slot order
+(round robin), against the LRU L2. (The "timed" schedule, in which blocks drift, is
+``iosim.gpu.timed``.)
 
 Speed: a step that is the very same ``Step`` object as the one just run (the blocks of one
 head reading the same K_j, V_j in one round) changes nothing in an LRU that holds it, so it
@@ -43,10 +43,7 @@ def simulate(grid: Grid, config: L2Config) -> DramCounts:
     pending = iter(range(grid.blocks))
     state = _Run(l2)
     entries: list = []
-    if config.schedule == "staggered":
-        _staggered_start(grid, pending, config.concurrent, entries)
-    else:
-        _entries(grid, pending, config.concurrent, entries, [], 0)
+    _entries(grid, pending, config.concurrent, entries, [], 0)
     entries = _settled(entries, range(len(entries)))
     round_ = 0
     l2_step, fits = l2.step, l2.fits
@@ -176,37 +173,6 @@ class _Cohort:
                 state.run(m.tail[t - self.mid])
         self.t = t + 1
         return self.t == self.total
-
-
-class _Idle:
-    """A slot whose first block starts ``wait`` rounds late (the staggered schedule)."""
-
-    __slots__ = ("wait",)
-    slots = 1
-    empty = False
-
-    def __init__(self, wait: int):
-        self.wait = wait
-
-    def advance(self, state: _Run) -> bool:
-        self.wait -= 1
-        return self.wait == 0
-
-
-def _steps_of(grid: Grid, b: int) -> int:
-    steps = grid.steps(b)
-    return steps.total if isinstance(steps, SharedSteps) else sum(1 for _ in steps)
-
-
-def _staggered_start(grid: Grid, pending: Iterator[int], slots: int, out: list) -> None:
-    """The first round of the staggered schedule: slot s waits ⌊s·L/W⌋ rounds before its first block, L the mean
-    steps of the first W blocks; the slots that wait none start theirs now, in grid order, as ``_entries`` does.
-    A waiting slot takes the next block in grid order when its wait ends, so blocks still start in grid order."""
-    first = min(slots, grid.blocks)
-    mean = sum(_steps_of(grid, b) for b in range(first)) / max(first, 1)
-    waits = [int(s * mean / slots) for s in range(first)]
-    _entries(grid, pending, waits.count(0), out, [], 0)
-    out.extend(_Idle(w) for w in waits if w)
 
 
 def _entries(grid: Grid, pending: Iterator[int], slots: int, out: list, fresh: list[int], born: int) -> None:

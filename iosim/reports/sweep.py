@@ -77,7 +77,7 @@ class SweepRow:
     padded: int | None = None  # packed documents: the traffic of padding each to the longest (elements); else None
     l2_bytes: int | None = None  # with a preset, the L2 capacity given for its DRAM level; None: the preset's
     blocks_per_sm: int | None = None  # with a preset, the blocks per SM given for every kernel; None: the kernels'
-    schedule: str | None = None  # with a preset, "staggered" where given (iosim.gpu.hardware.SCHEDULES); None: lockstep
+    schedule: str | None = None  # with a preset, "timed" where given (iosim.gpu.hardware.SCHEDULES); None: lockstep
     d_v: int | None = None  # V's and O's head size where it differs from d (Q's and K's); None when equal
     latent: bool = False  # MLA's latent cache: V read as the first d_v columns of K (Problem.latent)
     flex_mask: str | None = None  # the FlexAttention block mask's name (Problem.flex); None without one
