@@ -253,6 +253,28 @@ def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):
     assert "DRAM B —: the DRAM level of flash" in capsys.readouterr().out
 
 
+def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_one_stays_silent(tmp_path, capsys):
+    # FlashAttention-3 has no float8_e5m2 kernel; flash has no kernel for a sliding window
+    path = tmp_path / "rows.json"
+    assert main(["sweep", "--gpu", "h100", "--N", "1024", "--d", "64", "--algo", "flash-swapped", "--kernel", "fa3",
+                 "--dtype", "float8_e5m2", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())
+    assert row["dram_read_bytes"] is None and row["dram_note"].startswith(
+        "kernel fa3 refuses flash-swapped here: dtype='float8_e5m2': FlashAttention-3 takes")
+    assert "DRAM B —: kernel fa3 refuses flash-swapped here" in capsys.readouterr().out
+    run_path = tmp_path / "run.json"
+    assert main(["run", "--gpu", "h100", "--N", "100", "--d", "64", "--algo", "flash-swapped", "--kernel", "fa3",
+                 "--dtype", "float32", "--json", str(run_path)]) == 0
+    record = json.loads(run_path.read_text())
+    assert record["dram_read_bytes"] is None and "dtype='float32': FlashAttention-3 takes" in record["dram_note"]
+    assert "no DRAM bytes: kernel fa3 refuses flash-swapped here" in capsys.readouterr().out
+    window = tmp_path / "window.json"
+    assert main(["sweep", "--gpu", "h100", "--N", "1024", "--d", "64", "--algo", "flash", "--window", "128", "0",
+                 "--json", str(window)]) == 0
+    (row,) = json.loads(window.read_text())
+    assert row["dram_read_bytes"] is None and row["dram_note"] is None
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--l2-bytes", "1"], "l2_bytes=1 is outside the allowed range [32, 52,428,800]"),
     (["--l2-bytes", "1GB"], "l2_bytes=1,000,000,000 is outside the allowed range [32, 52,428,800]"),

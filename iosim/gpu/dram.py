@@ -213,22 +213,30 @@ def own_tiles(request: Request, kernel: Kernel, tiling: Tiling | None, block_pol
 def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
                  sawtooth: bool = False) -> DramCounts | None:
     """``request_dram`` of the kernel a request of ``algorithm`` runs (``kernel`` where it implements the algorithm,
-    else the algorithm's own), or None where the L2 model does not cover the request: an algorithm with no kernel,
-    an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name below. A count that
-    would take too long raises ``DramTooLong``."""
+    else the algorithm's own), or None where the algorithm's own kernel does not cover the request: an algorithm
+    with no kernel, an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name
+    below. A kernel the caller named that refuses the request raises its refusal, as does a count that would take too
+    long (``DramTooLong``)."""
+    named = named_for(algorithm, kernel)
     try:
-        return request_dram(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), sawtooth)
+        return request_dram(plans, hw, kernel_for(algorithm, named), sawtooth)
     except (DramTooLong, OverrideError):  # too slow to say, or the user's override does not fit: the caller says so
         raise
-    except InputError:  # the L2 model refuses the run by name: it has nothing to say
+    except InputError:  # the L2 model refuses the run by name: nothing to say, unless the caller asked for the kernel
+        if named is not None:
+            raise
         return None
 
 
 def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
                         sawtooth: bool = False) -> tuple[DramCounts | None, str | None]:
-    """``covered_dram``, and why it is None where its count would take too long (``DramTooLong``'s message), for a
-    report that carries on without it."""
+    """``covered_dram``, and why it is None where that is worth saying, for a report that carries on without it: its
+    count would take too long (``DramTooLong``'s message), or the kernel the caller named refuses the request."""
     try:
         return covered_dram(plans, hw, algorithm, kernel, sawtooth), None
     except DramTooLong as err:
         return None, str(err)
+    except OverrideError:
+        raise
+    except InputError as err:  # only the named kernel's refusal reaches here (covered_dram)
+        return None, f"kernel {kernel} refuses {algorithm} here: {err}"
