@@ -5,10 +5,11 @@ policy on the GPU's SMs), counts it on the two-level ``Memory``, and runs its ke
 the kernel in ``kernels/`` named as the algorithm unless ``kernel=`` names another) against the GPU's L2. Every
 kernel of a pass runs from a cold L2, as ncu measures it, and the passes one after another.
 
-``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds), the
-lockstep count where its blocks are equal (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``; under
-a causal mask, whose blocks run no cohorts, the compiled timed loop at zero spread, which is the same schedule); all
-are equal where they apply (tests/test_l2.py, tests/test_timed.py). The closed forms and the lockstep count are the
+``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds: the
+kernel's forward form, or the grid's own, ``Grid.form``), the lockstep count where its blocks are equal
+(``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``; under a causal mask, whose blocks run no
+cohorts, the compiled timed loop at zero spread, which is the same schedule); all are equal where they apply
+(tests/test_l2.py, tests/test_head_waves.py, tests/test_timed.py). The closed forms and the lockstep count are the
 lockstep schedule's; the timed one is always simulated. The model, its sources and its limits: docs/gpu.md.
 """
 
@@ -105,7 +106,10 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
             parts.append(simulate_timed(g, config, timing, hw.sms))
             continue
         counts = None
-        found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
+        if g.form is not None:  # the grid's own closed form (the backward's main kernels)
+            found = g.form(config.capacity, config.concurrent)
+        else:
+            found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
         if found is not None:
             counts = found.counts(g.tiles, config)
         elif g.uniform:

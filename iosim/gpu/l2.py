@@ -111,6 +111,10 @@ class Tiles:
             mode = READ_WRITE
         return index * len(self.tensors) + self._id[tensor], sectors(nbytes), mode
 
+    def tensor(self, key: int) -> str:
+        """The tensor of an access's tile key."""
+        return self.tensors[key % len(self.tensors)]
+
 
 @dataclass(frozen=True)
 class SharedSteps:
@@ -161,6 +165,9 @@ class Grid:
     # steps with other groups (the sawtooth's even and odd query blocks): the lockstep simulation runs each group as
     # one block (``iosim.gpu.schedule.fused``)
     fuse: int = 1
+    # the grid's closed form under the lockstep schedule, (capacity, concurrent) -> its counts or None outside its
+    # domain (``iosim.gpu.head_waves``); None where it has none of its own
+    form: Callable[[int, int], DramForm | None] | None = None
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""

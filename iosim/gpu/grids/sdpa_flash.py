@@ -53,6 +53,7 @@ from iosim.core.errors import InputError
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
+from iosim.gpu import head_waves
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.grids._device import TILES
 from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step, Tiles
@@ -261,12 +262,15 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
                           for t, r in reversed(list(enumerate(rows, bh * Tr)))]  # [k] is query block T_r − 1 − k
         return shared[bh]
 
+    def own(bh: int, j: int) -> tuple[Step, Step]:  # K_j, V_j read first, dK_j, dV_j written last
+        cols = min(Bc, s.n_k - j * Bc)
+        return (tuple(TILES.access(x, s.kv_head(bh) * Tc + j, cols * s.d * data, READ) for x in ("K", "V")),
+                tuple(TILES.access(x, bh * Tc + j, cols * s.d * data, WRITE) for x in ("dK", "dV")))
+
     def steps(b: int):
         n, j = divmod(b, Tc)
         bh = pair(n)
-        cols = min(Bc, s.n_k - j * Bc)
-        kv = tuple(TILES.access(x, s.kv_head(bh) * Tc + j, cols * s.d * data, READ) for x in ("K", "V"))
-        out = tuple(TILES.access(x, bh * Tc + j, cols * s.d * data, WRITE) for x in ("dK", "dV"))
+        kv, out = own(bh, j)
         run = met.query_run(j)
         if not run:
             return iter((kv + out,))
@@ -276,7 +280,15 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
             return iter((kv + seen[first] + out,))
         return SharedSteps((kv + seen[first],), seen, first + 1, first + count - 1, (seen[first + count - 1] + out,))
 
-    return Grid(s.bh * Tc, steps, TILES, per_sm)
+    def form(capacity: int, concurrent: int) -> DramForm | None:
+        """The closed form where every key block sees every query block (``iosim.gpu.head_waves``)."""
+        if s.kv_heads != s.heads or any(len(met.query_run(j)) != Tr for j in range(Tc)):
+            return None
+        mine = [own(0, j) for j in range(Tc)]
+        return head_waves.dram(head_waves.of_accesses(TILES, s.bh, [m[0] for m in mine], downwards(0),
+                                                      [m[1] for m in mine]), capacity, concurrent)
+
+    return Grid(s.bh * Tc, steps, TILES, per_sm, form=form)
 
 
 def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
