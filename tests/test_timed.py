@@ -19,7 +19,7 @@ from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, Tiles
 from iosim.gpu.schedule import simulate
-from iosim.gpu.timed import Timing, factors, simulate_timed
+from iosim.gpu.timed import Timing, factors, simulate_rounds, simulate_timed
 
 
 def problem(heads=3, n=300, n_k=None, d=16, causal=False, dtype="float16") -> Problem:
@@ -44,7 +44,17 @@ def test_without_penalty_or_spread_it_is_the_lockstep_schedule(kernel, pb, tilin
                                                                concurrent):
     for g in KERNELS[kernel].grids(Launch(pb, tiling, backward, sawtooth, sms=1)):
         config = L2Config(capacity, concurrent)
-        assert simulate_timed(g, config, Timing(), sms=2) == simulate(g, config)
+        want = simulate(g, config)
+        assert simulate_timed(g, config, Timing(), sms=2) == want
+        assert simulate_rounds(g, config) == want  # the lockstep schedule's own compiled loop
+
+
+@settings(max_examples=200, deadline=None)
+@given(grids())
+def test_the_compiled_lockstep_loop_counts_what_the_schedule_counts(case):
+    # random blocks, some without steps, some sharing runs (tests/test_l2_cohorts.py)
+    grid, config = case
+    assert simulate_rounds(grid, config) == simulate(grid, config)
 
 
 @pytest.mark.parametrize("kernel, pb, tiling, backward, sawtooth", CASES[:3] + CASES[6:7])
@@ -190,4 +200,4 @@ def test_a_repeated_step_that_wrote_past_the_l2_is_run_again():
     config = L2Config(64, 2)
     expected = timed_by_hand(g, config, Timing(), 1)
     assert expected.dirty_at_end == 32
-    assert simulate_timed(g, config, Timing(), 1) == simulate(g, config) == expected
+    assert simulate_timed(g, config, Timing(), 1) == simulate(g, config) == simulate_rounds(g, config) == expected

@@ -15,19 +15,28 @@ import numpy as np
 
 def events(*args):
     """The timed schedule's reads, writes and dirty bytes per tensor (``_events``' arguments), compiled once."""
-    return _compiled()(*args)
+    return _compiled()["_events"](*args)
+
+
+def rounds(*args):
+    """The lockstep schedule's reads, writes and dirty bytes per tensor (``_rounds``' arguments), compiled once."""
+    return _compiled()["_rounds"](*args)
 
 
 @cache
-def _compiled():
-    """``_events`` compiled with Numba, the helpers it calls first: each module-level name is rebound to its compiled
-    function, so that the compiled callers find compiled callees."""
+def _compiled() -> dict:
+    """``_events`` and ``_rounds`` compiled with Numba, the helpers they call first: each module-level name is rebound
+    to its compiled function, so that the compiled callers find compiled callees."""
     from numba import njit  # third-party, deferred: only a timed count needs it
 
     module = globals()
-    for name in ("_less", "_push", "_pop", "_start"):
+    for name in ("_less", "_push", "_pop", "_start", "_lru", "_left"):
         module[name] = njit(cache=True)(module[name])
-    return njit(cache=True)(_events)
+    for name in ("_access", "_holds"):  # at every step that is not skipped: inlined into the loops, not called
+        module[name] = njit(cache=True, inline="always")(module[name])
+    for name in ("_events", "_rounds"):
+        module[name] = njit(cache=True)(module[name])
+    return module
 
 
 def _less(t1, s1, t2, s2):
@@ -76,20 +85,74 @@ def _start(slot, at, b, n_steps, slot_block, slot_t, slot_speed, speed, times, h
     return _push(times, heap_slots, n, at, slot)
 
 
+def _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident, dirty, size, reads,
+            writes, used, READ, WRITE):
+    """Make ``step`` against the LRU holding ``used`` bytes: each tile to the most recent end, a miss read where it
+    reads and the least recent evicted (written back if dirty) until it fits. The bytes it missed, and those held."""
+    n_keys = key_tensor.shape[0]
+    missed = 0
+    for a in range(step_offsets[step], step_offsets[step + 1]):
+        k, x, mode = keys[a], nbytes[a], modes[a]
+        if resident[k]:  # to the most recent end
+            nxt[prev[k]], prev[nxt[k]] = nxt[k], prev[k]
+        else:
+            if mode & READ:
+                reads[key_tensor[k]] += x
+                missed += x
+            if x > capacity:  # never fits: straight through
+                if mode & WRITE:
+                    writes[key_tensor[k]] += x
+                continue
+            used += x
+            while used > capacity:  # evict the least recent
+                old = nxt[n_keys]
+                nxt[n_keys], prev[nxt[old]] = nxt[old], n_keys
+                resident[old] = False
+                used -= size[old]
+                if dirty[old]:
+                    dirty[old] = False
+                    writes[key_tensor[old]] += size[old]
+            resident[k], size[k] = True, x
+        tail = prev[n_keys]
+        prev[k], nxt[k] = tail, n_keys
+        nxt[tail], prev[n_keys] = k, k
+        if mode & WRITE:
+            dirty[k] = True
+    return missed, used
+
+
+def _holds(step, step_offsets, keys, modes, resident, dirty, WRITE):
+    """Whether ``step`` again at once changes nothing: its tiles all resident, and dirty where it writes them."""
+    for a in range(step_offsets[step], step_offsets[step + 1]):
+        k = keys[a]
+        if not resident[k] or (modes[a] & WRITE and not dirty[k]):
+            return False
+    return True
+
+
+def _lru(n_keys, n_tensors):
+    """An empty LRU: a list from least to most recent through prev and next (n_keys is its head and tail), residency,
+    dirtiness and size per tile, and reads and writes per tensor."""
+    return (np.full(n_keys + 1, n_keys, dtype=np.int64), np.full(n_keys + 1, n_keys, dtype=np.int64),
+            np.zeros(n_keys, dtype=np.bool_), np.zeros(n_keys, dtype=np.bool_), np.zeros(n_keys, dtype=np.int64),
+            np.zeros(n_tensors, dtype=np.int64), np.zeros(n_tensors, dtype=np.int64))
+
+
+def _left(key_tensor, n_tensors, resident, dirty, size):
+    """The dirty bytes still held at the end, per tensor."""
+    left = np.zeros(n_tensors, dtype=np.int64)
+    for k in range(key_tensor.shape[0]):
+        if resident[k] and dirty[k]:
+            left[key_tensor[k]] += size[k]
+    return left
+
+
 def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body_ids, post_offsets, post_ids, n_steps,
             step_offsets, keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, sm_speed, block_speed,
             penalty, READ, WRITE):
     blocks = body.shape[0]
-    n_keys = key_tensor.shape[0]
     sms = sm_speed.shape[0]
-    # the LRU: a list from least to most recent, through prev and next; n_keys is its head and tail
-    prev = np.full(n_keys + 1, n_keys, dtype=np.int64)
-    nxt = np.full(n_keys + 1, n_keys, dtype=np.int64)
-    resident = np.zeros(n_keys, dtype=np.bool_)
-    dirty = np.zeros(n_keys, dtype=np.bool_)
-    size = np.zeros(n_keys, dtype=np.int64)
-    reads = np.zeros(n_tensors, dtype=np.int64)
-    writes = np.zeros(n_tensors, dtype=np.int64)
+    prev, nxt, resident, dirty, size, reads, writes = _lru(key_tensor.shape[0], n_tensors)
     used = 0
     # the running blocks: a slot's block, its next step and its speed
     slot_block = np.zeros(concurrent, dtype=np.int64)
@@ -106,7 +169,7 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
     while n > 0:
         at, slot, n = _pop(times, heap_slots, n)
         b, t = slot_block[slot], slot_t[slot]
-        if t < n_pre[b]:
+        if t < n_pre[b]:  # its own first steps, its shared run, its own last (written out: a call here costs 20 %)
             step = pre_ids[pre_offsets[b] + t]
         elif t < n_pre[b] + n_body[b]:
             step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre[b]]
@@ -114,38 +177,9 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
             step = post_ids[post_offsets[b] + t - n_pre[b] - n_body[b]]
         missed = 0
         if not (step == last and last_fits):
-            for a in range(step_offsets[step], step_offsets[step + 1]):
-                k, x, mode = keys[a], nbytes[a], modes[a]
-                if resident[k]:  # to the most recent end
-                    nxt[prev[k]], prev[nxt[k]] = nxt[k], prev[k]
-                else:
-                    if mode & READ:
-                        reads[key_tensor[k]] += x
-                        missed += x
-                    if x > capacity:  # never fits: straight through
-                        if mode & WRITE:
-                            writes[key_tensor[k]] += x
-                        continue
-                    used += x
-                    while used > capacity:  # evict the least recent
-                        old = nxt[n_keys]
-                        nxt[n_keys], prev[nxt[old]] = nxt[old], n_keys
-                        resident[old] = False
-                        used -= size[old]
-                        if dirty[old]:
-                            dirty[old] = False
-                            writes[key_tensor[old]] += size[old]
-                    resident[k], size[k] = True, x
-                tail = prev[n_keys]
-                prev[k], nxt[k] = tail, n_keys
-                nxt[tail], prev[n_keys] = k, k
-                if mode & WRITE:
-                    dirty[k] = True
-            # again at once, it changes nothing if its tiles all stayed resident, and dirty where it writes them
-            last, last_fits = step, True
-            for a in range(step_offsets[step], step_offsets[step + 1]):
-                k = keys[a]
-                last_fits = last_fits and resident[k] and (not (modes[a] & WRITE) or dirty[k])
+            missed, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident,
+                                   dirty, size, reads, writes, used, READ, WRITE)
+            last, last_fits = step, _holds(step, step_offsets, keys, modes, resident, dirty, WRITE)
         done = at + slot_speed[slot] + missed * penalty
         t += 1
         if t < n_steps[b]:
@@ -155,8 +189,48 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
             n = _start(slot, done, pending, n_steps, slot_block, slot_t, slot_speed,
                        sm_speed[slot % sms] * block_speed[pending], times, heap_slots, n)
             pending += 1
-    left = np.zeros(n_tensors, dtype=np.int64)
-    for k in range(n_keys):
-        if resident[k] and dirty[k]:
-            left[key_tensor[k]] += size[k]
-    return reads, writes, left
+    return reads, writes, _left(key_tensor, n_tensors, resident, dirty, size)
+
+
+def _rounds(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body_ids, post_offsets, post_ids, n_steps,
+            step_offsets, keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, READ, WRITE):
+    """The lockstep schedule (``_events`` with every step one unit long and no miss penalty), round by round: the
+    running blocks in slot order, one step each a round; a block that ends gives its slot to the next block in grid
+    order, which starts in the next round; one without steps leaves the slot empty."""
+    blocks = body.shape[0]
+    prev, nxt, resident, dirty, size, reads, writes = _lru(key_tensor.shape[0], n_tensors)
+    used = 0
+    running = np.zeros(concurrent, dtype=np.int64)  # the running slots' blocks and next steps, in slot order
+    running_t = np.zeros(concurrent, dtype=np.int64)
+    n, pending = 0, 0
+    while pending < min(concurrent, blocks):
+        if n_steps[pending] > 0:
+            running[n], running_t[n] = pending, 0
+            n += 1
+        pending += 1
+    last, last_fits = -1, False
+    while n > 0:
+        kept = 0
+        for i in range(n):
+            b, t = running[i], running_t[i]
+            if t < n_pre[b]:  # as in _events
+                step = pre_ids[pre_offsets[b] + t]
+            elif t < n_pre[b] + n_body[b]:
+                step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre[b]]
+            else:
+                step = post_ids[post_offsets[b] + t - n_pre[b] - n_body[b]]
+            if not (step == last and last_fits):
+                _, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident,
+                                  dirty, size, reads, writes, used, READ, WRITE)
+                last, last_fits = step, _holds(step, step_offsets, keys, modes, resident, dirty, WRITE)
+            t += 1
+            if t == n_steps[b]:  # its slot to the next block in grid order, or empty
+                if pending >= blocks or n_steps[pending] == 0:
+                    pending += pending < blocks
+                    continue
+                b, t = pending, 0
+                pending += 1
+            running[kept], running_t[kept] = b, t
+            kept += 1
+        n = kept
+    return reads, writes, _left(key_tensor, n_tensors, resident, dirty, size)

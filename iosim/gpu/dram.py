@@ -8,7 +8,7 @@ kernel of a pass runs from a cold L2, as ncu measures it, and the passes one aft
 ``kernel_counts`` picks the fastest path to a kernel's counts: its closed form where it has one (milliseconds: the
 kernel's forward form, or the grid's own, ``Grid.form``), the lockstep count where its blocks are equal
 (``iosim.gpu.lockstep``), else the simulation (``iosim.gpu.schedule``; under a causal mask, whose blocks run no
-cohorts, the compiled timed loop at zero spread, which is the same schedule); all are equal where they apply
+cohorts, the same schedule in a compiled loop, ``iosim.gpu.timed.simulate_rounds``); all are equal where they apply
 (tests/test_l2.py, tests/test_head_waves.py, tests/test_timed.py). The closed forms and the lockstep count are the
 lockstep schedule's; the timed one is always simulated. The model, its sources and its limits: docs/gpu.md.
 """
@@ -31,7 +31,7 @@ from iosim.gpu.kernels import KERNELS, kernel_for, named_for
 from iosim.gpu.l2 import DramCounts, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
-from iosim.gpu.timed import Timing, simulate_timed
+from iosim.gpu.timed import Timing, simulate_rounds, simulate_timed
 from iosim.plans import Plan, Request
 
 
@@ -118,9 +118,8 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
         if counts is None:
             check_budget(kernel, launch, False, budget_s)
             # under a causal mask blocks of one head start in different rounds and never run as cohorts: the compiled
-            # timed loop at zero spread and no penalty is the lockstep schedule, count for count, and faster
-            steady = launch.problem.causal
-            counts = simulate_timed(g, config, Timing(), hw.sms) if steady else simulate(g, config)
+            # loop of the lockstep schedule is the same count, and faster
+            counts = simulate_rounds(g, config) if launch.problem.causal else simulate(g, config)
         parts.append(counts)
     return parts
 

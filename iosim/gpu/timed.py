@@ -67,8 +67,18 @@ def simulate_timed(grid: Grid, config: L2Config, timing: Timing, sms: int) -> Dr
     sm_speed = factors(sms, timing.sm_spread, rng)
     block_speed = factors(grid.blocks, timing.block_spread, rng)
     penalty = 0.0 if math.isinf(timing.miss_bytes_per_step) else 1.0 / timing.miss_bytes_per_step
-    names = grid.tiles.tensors
-    reads, writes, left = timed_engine.run(timed_engine.flatten(grid), len(names), config.capacity, config.concurrent,
-                                           sm_speed, block_speed, penalty)
+    return _counts(grid, config, timed_engine.run(timed_engine.flatten(grid), len(grid.tiles.tensors), config.capacity,
+                                                  config.concurrent, sm_speed, block_speed, penalty))
+
+
+def simulate_rounds(grid: Grid, config: L2Config) -> DramCounts:
+    """``iosim.gpu.schedule.simulate``'s counts (the lockstep schedule), by the compiled loop round by round: faster
+    where blocks run no cohorts (a causal mask), and equal (tests/test_timed.py)."""
+    return _counts(grid, config, timed_engine.run_rounds(timed_engine.flatten(grid), len(grid.tiles.tensors),
+                                                         config.capacity, config.concurrent))
+
+
+def _counts(grid: Grid, config: L2Config, found: tuple[np.ndarray, np.ndarray, np.ndarray]) -> DramCounts:
+    reads, writes, left = found
     return DramCounts(tuple(DramTensor(name, int(reads[k]), int(writes[k]), int(left[k]))
-                            for k, name in enumerate(names)), config.capacity, config.concurrent)
+                            for k, name in enumerate(grid.tiles.tensors)), config.capacity, config.concurrent)

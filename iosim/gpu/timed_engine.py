@@ -95,13 +95,24 @@ def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return offsets, flat
 
 
-def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
-        block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
+def _arrays(flat: FlatGrid) -> tuple:
+    """The compiled loops' first arguments: the blocks' steps and the steps' accesses."""
     n_pre = np.diff(flat.pre_offsets)
     n_body = np.where(flat.body >= 0, flat.stop - flat.start, 0)
     n_steps = n_pre + n_body + np.diff(flat.post_offsets)
-    return _timed_jit.events(flat.pre_offsets, flat.pre_ids, n_pre, flat.body, flat.start, n_body, flat.body_offsets,
-                             flat.body_ids, flat.post_offsets, flat.post_ids, n_steps, flat.step_offsets, flat.keys,
-                             flat.nbytes, flat.modes, flat.key_tensor, n_tensors, capacity, concurrent, sm_speed,
-                             block_speed, penalty, READ, WRITE)
+    return (flat.pre_offsets, flat.pre_ids, n_pre, flat.body, flat.start, n_body, flat.body_offsets, flat.body_ids,
+            flat.post_offsets, flat.post_ids, n_steps, flat.step_offsets, flat.keys, flat.nbytes, flat.modes,
+            flat.key_tensor)
+
+
+def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
+        block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
+    return _timed_jit.events(*_arrays(flat), n_tensors, capacity, concurrent, sm_speed, block_speed, penalty, READ,
+                             WRITE)
+
+
+def run_rounds(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same of the lockstep schedule (``run`` without spread or penalty), round by round, without a heap."""
+    return _timed_jit.rounds(*_arrays(flat), n_tensors, capacity, concurrent, READ, WRITE)
