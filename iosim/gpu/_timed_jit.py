@@ -9,6 +9,7 @@ does not import Numba (0.2 s of every command's start-up).
 from __future__ import annotations
 
 from functools import cache
+from threading import Lock
 
 import numpy as np
 
@@ -23,8 +24,16 @@ def rounds(*args):
     return _compiled()["_rounds"](*args)
 
 
-@cache
+_COMPILING = Lock()  # the band's threads (iosim.gpu.dram.dram) may ask for the loops at once: one compiles them
+
+
 def _compiled() -> dict:
+    with _COMPILING:
+        return _compile()
+
+
+@cache
+def _compile() -> dict:
     """``_events`` and ``_rounds`` compiled with Numba, the helpers they call first: each module-level name is rebound
     to its compiled function, so that the compiled callers find compiled callees."""
     from numba import njit  # third-party, deferred: only a timed count needs it
@@ -34,8 +43,8 @@ def _compiled() -> dict:
         module[name] = njit(cache=True)(module[name])
     for name in ("_access", "_holds"):  # at every step that is not skipped: inlined into the loops, not called
         module[name] = njit(cache=True, inline="always")(module[name])
-    for name in ("_events", "_rounds"):
-        module[name] = njit(cache=True)(module[name])
+    for name in ("_events", "_rounds"):  # without the GIL: the timed schedule's band runs its ends beside its middle
+        module[name] = njit(cache=True, nogil=True)(module[name])
     return module
 
 
