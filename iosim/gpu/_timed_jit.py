@@ -1,6 +1,6 @@
-"""The timed schedule's event loop in Numba (``iosim.gpu.timed_engine.run`` calls it): a binary heap of (issue time,
-slot) and an LRU of whole tiles as a doubly linked list over dense tile indices, making each step as
-``iosim.gpu.l2.LRU.step`` does.
+"""The timed schedule's event loop in Numba (``iosim.gpu.timed_engine.run`` calls it): a queue of (issue time, slot)
+kept sorted and an LRU of whole tiles as a doubly linked list over dense tile indices, making each step as
+``iosim.gpu.l2.LRU.step`` does; and the lockstep schedule's loop, round by round (``run_rounds``).
 
 The functions are written in plain Python and compiled at the first timed count (``events``), so that importing iosim
 does not import Numba (0.2 s of every command's start-up).
@@ -39,59 +39,30 @@ def _compile() -> dict:
     from numba import njit  # third-party, deferred: only a timed count needs it
 
     module = globals()
-    for name in ("_less", "_push", "_pop", "_start", "_lru", "_left"):
+    for name in ("_lru", "_left"):
         module[name] = njit(cache=True)(module[name])
-    for name in ("_access", "_holds"):  # at every step that is not skipped: inlined into the loops, not called
+    for name in ("_queue", "_access", "_holds"):  # at every step: inlined into the loops, not called
         module[name] = njit(cache=True, inline="always")(module[name])
     for name in ("_events", "_rounds"):  # without the GIL: the timed schedule's band runs its ends beside its middle
         module[name] = njit(cache=True, nogil=True)(module[name])
     return module
 
 
-def _less(t1, s1, t2, s2):
-    return t1 < t2 or (t1 == t2 and s1 < s2)
-
-
-def _push(times, slots, n, t, s):
-    i = n
-    times[i], slots[i] = t, s
-    while i > 0:
-        parent = (i - 1) // 2
-        if _less(times[i], slots[i], times[parent], slots[parent]):
-            times[i], times[parent] = times[parent], times[i]
-            slots[i], slots[parent] = slots[parent], slots[i]
-            i = parent
-        else:
-            break
-    return n + 1
-
-
-def _pop(times, slots, n):
-    t, s = times[0], slots[0]
-    n -= 1
-    times[0], slots[0] = times[n], slots[n]
-    i = 0
-    while True:
-        left, right, low = 2 * i + 1, 2 * i + 2, i
-        if left < n and _less(times[left], slots[left], times[low], slots[low]):
-            low = left
-        if right < n and _less(times[right], slots[right], times[low], slots[low]):
-            low = right
-        if low == i:
-            break
-        times[i], times[low] = times[low], times[i]
-        slots[i], slots[low] = slots[low], slots[i]
-        i = low
-    return t, s, n
-
-
-def _start(slot, at, b, n_steps, slot_block, slot_t, slot_speed, speed, times, heap_slots, n):
-    """Block ``b`` takes ``slot`` at time ``at`` at ``speed``, its first step on the heap; a block without steps
-    leaves the slot empty. The heap's new size."""
-    if n_steps[b] == 0:
-        return n
-    slot_block[slot], slot_t[slot], slot_speed[slot] = b, 0, speed
-    return _push(times, heap_slots, n, at, slot)
+def _queue(times, slots, head, n, t, s):
+    """Insert (t, s) into the queue ``times[head:head + n]`` (with ``slots``), kept sorted by (time, slot), from its
+    end: a step's next event is almost always among the latest, so this moves a few entries where a binary heap
+    compared a dozen. The buffer holds twice the slots; the queue moves to its start when it reaches the end. The new
+    head and size."""
+    if head + n == times.shape[0]:
+        for i in range(n):
+            times[i], slots[i] = times[head + i], slots[head + i]
+        head = 0
+    at = head + n
+    while at > head and (t < times[at - 1] or (t == times[at - 1] and s < slots[at - 1])):
+        times[at], slots[at] = times[at - 1], slots[at - 1]
+        at -= 1
+    times[at], slots[at] = t, s
+    return head, n + 1
 
 
 def _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident, dirty, size, reads,
@@ -163,20 +134,22 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
     sms = sm_speed.shape[0]
     prev, nxt, resident, dirty, size, reads, writes = _lru(key_tensor.shape[0], n_tensors)
     used = 0
-    # the running blocks: a slot's block, its next step and its speed
+    # the running blocks: a slot's block, its next step and its speed; the queue of their next steps' times
     slot_block = np.zeros(concurrent, dtype=np.int64)
     slot_t = np.zeros(concurrent, dtype=np.int64)
     slot_speed = np.zeros(concurrent, dtype=np.float64)
-    times = np.zeros(concurrent, dtype=np.float64)
-    heap_slots = np.zeros(concurrent, dtype=np.int64)
-    n = 0
+    times = np.zeros(2 * concurrent, dtype=np.float64)
+    queued = np.zeros(2 * concurrent, dtype=np.int64)
+    head, n = 0, 0
     pending = min(concurrent, blocks)
     last, last_fits = -1, False
-    for slot in range(pending):  # the first blocks start at 0 in slot order
-        n = _start(slot, 0.0, slot, n_steps, slot_block, slot_t, slot_speed, sm_speed[slot % sms] * block_speed[slot],
-                   times, heap_slots, n)
+    for slot in range(pending):  # the first blocks start at 0 in slot order; one without steps leaves its slot empty
+        if n_steps[slot] > 0:
+            slot_block[slot], slot_t[slot], slot_speed[slot] = slot, 0, sm_speed[slot % sms] * block_speed[slot]
+            head, n = _queue(times, queued, head, n, 0.0, slot)
     while n > 0:
-        at, slot, n = _pop(times, heap_slots, n)
+        at, slot = times[head], queued[head]
+        head, n = head + 1, n - 1
         b, t = slot_block[slot], slot_t[slot]
         if t < n_pre[b]:  # its own first steps, its shared run, its own last (written out: a call here costs 20 %)
             step = pre_ids[pre_offsets[b] + t]
@@ -193,10 +166,12 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
         t += 1
         if t < n_steps[b]:
             slot_t[slot] = t
-            n = _push(times, heap_slots, n, done, slot)
-        elif pending < blocks:  # the next block in grid order takes the slot at the end of this one
-            n = _start(slot, done, pending, n_steps, slot_block, slot_t, slot_speed,
-                       sm_speed[slot % sms] * block_speed[pending], times, heap_slots, n)
+            head, n = _queue(times, queued, head, n, done, slot)
+        elif pending < blocks:  # the next block in grid order takes the slot at the end of this one, or leaves it
+            if n_steps[pending] > 0:  # empty if it has no steps
+                slot_block[slot], slot_t[slot] = pending, 0
+                slot_speed[slot] = sm_speed[slot % sms] * block_speed[pending]
+                head, n = _queue(times, queued, head, n, done, slot)
             pending += 1
     return reads, writes, _left(key_tensor, n_tensors, resident, dirty, size)
 
