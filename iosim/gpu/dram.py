@@ -46,9 +46,9 @@ BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 # (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million)
 LOCKSTEP_VISITS_PER_S = 5e4
 SIMULATION_VISITS_PER_S = 5e5
-# the timed schedule: a heap operation and the step's accesses per step, compiled (iosim.gpu.timed_engine); measured
-# about 10⁷ a second on this project's 2-core container (2026-11-28), taken at half
-TIMED_VISITS_PER_S = 5e6
+# the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
+# (iosim.gpu.timed_engine); measured about 2·10⁷ a second on this project's 2-core container (2026-11-28), taken at half
+TIMED_VISITS_PER_S = 1e7
 
 
 def tile_visits(launch: Launch) -> int:

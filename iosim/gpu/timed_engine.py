@@ -1,4 +1,5 @@
-"""The timed schedule's event loop (``iosim.gpu.timed``), compiled: a grid as arrays, and the LRU and the heap in Numba.
+"""The timed schedule's event loop (``iosim.gpu.timed``), compiled: a grid as arrays, and the LRU and the queue of
+events in Numba; and the lockstep schedule's loop, round by round (``run_rounds``).
 
 ``flatten`` turns a ``Grid`` into arrays once: every distinct step (by identity: a step object shared by the blocks of
 a head is one step) as its accesses, with the tiles' keys made dense; every block as its own head steps, a run of a
@@ -114,5 +115,5 @@ def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed
 
 def run_rounds(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The same of the lockstep schedule (``run`` without spread or penalty), round by round, without a heap."""
+    """The same of the lockstep schedule (``run`` without spread or penalty), round by round, without a queue."""
     return _timed_jit.rounds(*_arrays(flat), n_tensors, capacity, concurrent, READ, WRITE)
