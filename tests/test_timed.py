@@ -134,6 +134,37 @@ def test_the_sweep_runs_the_timed_schedule_and_says_so(capsys):
     assert "the timed schedule (blocks at their own speed" in out and "1.05MB" in out
 
 
+def test_a_row_the_spread_moves_by_more_than_10_percent_is_bracketed_and_its_range_recorded(tmp_path, capsys):
+    import json
+
+    import iosim
+    from iosim.cli import main
+
+    # call 3's causal row at the tiles the sweep picks: the two ends and the middle read 0.97 to 1.27 GB
+    shape = dict(N=65536, d=128, dtype="float32", causal=True)
+    r = iosim.dram("flash-swapped", M="58368", schedule="timed", **shape)
+    reads = sorted([r.dram.reads, *(b.reads for b in r.band)])
+    assert r.bracketed is (any(abs(b.reads - r.dram.reads) > 0.1 * r.dram.reads for b in r.band)) is True
+    path = tmp_path / "rows.json"
+    assert main(["sweep", "--gpu", "h100", "--schedule", "timed", "--algo", "flash-swapped", "--N", "64Ki", "--d",
+                 "128", "--dtype", "float32", "--causal", "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())
+    assert (row["dram_read_bytes"], row["dram_read_low"], row["dram_read_high"], row["dram_bracketed"]) == (
+        r.dram.reads, reads[0], reads[-1], True)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DRAM B *: bracketed, not predicted" in out
+    run_path = tmp_path / "run.json"
+    assert main(["run", "--gpu", "h100", "--schedule", "timed", "--algo", "flash-swapped", "--N", "256", "--d", "64",
+                 "--json", str(run_path)]) == 0
+    record = json.loads(run_path.read_text())
+    assert record["dram_read_low"] == record["dram_read_high"] == record["dram_read_bytes"]  # Q, K, V once at any speed
+    assert record["dram_bracketed"] is False
+    assert main(["run", "--gpu", "h100", "--algo", "flash-swapped", "--N", "256", "--d", "64", "--json",
+                 str(run_path)]) == 0
+    record = json.loads(run_path.read_text())
+    assert (record["dram_read_low"], record["dram_read_high"], record["dram_bracketed"]) == (None, None, None)
+
+
 def timed_by_hand(grid: Grid, config: L2Config, timing: Timing, sms: int) -> DramCounts:
     """The timed schedule written out in Python, event by event, as an independent check of the compiled loop: the
     first W blocks start at 0 in slot order; the step whose issue time is earliest (ties in slot order) runs against

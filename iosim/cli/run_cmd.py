@@ -30,8 +30,8 @@ from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.core.tiling import Tiling, tiling_record
-from iosim.gpu.dram import covered_dram_or_why
-from iosim.gpu.l2 import DramCounts, dram_record
+from iosim.gpu.dram import bracketed, covered_dram_or_why, spread_band
+from iosim.gpu.l2 import DramCounts, dram_record, read_range
 from iosim.gradients import GradResult, gradients
 from iosim.reference import attention_backward_ref, attention_ref, sinks_gradient_ref
 from iosim.registry import ALGORITHMS, DEFAULT
@@ -52,6 +52,8 @@ class RunOutcome:
     gpu: str | None = None  # the preset of --gpu
     padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
     dram_note: str | None = None  # why a covered forward pass has no DRAM bytes (too slow, or --kernel refuses it)
+    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
+    dram_band: tuple[DramCounts, DramCounts] | None = None
 
     @property
     def traffic(self) -> Counts:
@@ -174,13 +176,14 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
     dram, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel)
                        if hw is not None and args.pass_ == "fwd" else (None, None))
+    band = None if dram is None else spread_band(result.plans, hw, args.algo, args.kernel)
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
         kv_heads=args.kv_heads,
         causal=args.causal,
         window=window_of(args), dropout_p=args.dropout, dtype=args.dtype, block_policy=args.block_policy,
         pass_=args.pass_, splits=args.splits).padded
-    outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu, padded, dram_note)
+    outcome = RunOutcome(result, err, rel, args.pass_, dram, args.gpu, padded, dram_note, band)
     write_document(args.json, args.csv, record(args, outcome),
                    [dict(tensor=t.name, reads=t.reads, writes=t.writes, read_bytes=t.read_bytes,
                          write_bytes=t.write_bytes) for t in outcome.traffic.tensors])
@@ -217,7 +220,8 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
         "l2_bytes": args.l2_bytes, "blocks_per_sm": args.blocks_per_sm,
         "schedule": None if args.schedule == "lockstep" else args.schedule, "kernel": args.kernel,
-        **dram_record(outcome.dram), "dram_note": outcome.dram_note,
+        **dram_record(outcome.dram, outcome.dram_band, None if outcome.dram is None else bracketed(
+            outcome.dram, outcome.dram_band)), "dram_note": outcome.dram_note,
         "padded_total": getattr(outcome.padded, "total", None),
         "packing_ratio": None if outcome.padded is None else outcome.traffic.total / outcome.padded.total,
     }
@@ -284,6 +288,12 @@ def render_check(console, outcome: RunOutcome) -> None:
         d = outcome.dram
         console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.gpu.l2): {nbytes(d.reads)} read, "
                       f"{nbytes(d.writes)} written during the kernel, {nbytes(d.dirty_at_end)} dirty at its end")
+        if outcome.dram_band is not None:
+            low, high = read_range(d, outcome.dram_band)
+            verdict = ("bracketed, not predicted: the spread moves them by more than 10 %"
+                       if bracketed(d, outcome.dram_band) else "within 10 % of the middle")
+            console.print(f"DRAM reads over the blocks' spread of speeds (0 to 1 %, the timed schedule): "
+                          f"{nbytes(low)} to {nbytes(high)}, {verdict}")
     if outcome.dram_note is not None:
         console.print(f"[yellow]no DRAM bytes: {outcome.dram_note}[/]")
     if outcome.padded is not None:

@@ -181,7 +181,8 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
                        f"bytes)")
         if first.schedule == "timed":
             options.append("the timed schedule (blocks at their own speed, stalling on their L2 misses; their speeds "
-                           "spread 0.5 %, the middle of the 0 to 1 % call 3 measured: iosim.dram gives both ends)")
+                           "spread 0.5 %, the middle of the 0 to 1 % call 3 measured; the reads at both ends are in "
+                           "the records, dram_read_low and dram_read_high)")
         elif first.schedule is not None:
             options.append(f"the {first.schedule} schedule (--schedule)")
         own = sorted({r.kernel for r in rows if r.kernel is not None and get_kernel(r.kernel).tile is not None})
@@ -234,7 +235,7 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         kept = columns if wide else [c for c in columns if c[0] in ("algorithm", "N", "d")]
         columns = kept + [
             ("HBM B", lambda r: nbytes(r.total_bytes)),
-            ("DRAM B", lambda r: "—" if r.dram is None else nbytes(r.dram_bytes)),
+            ("DRAM B", lambda r: "—" if r.dram is None else nbytes(r.dram_bytes) + ("*" if r.bracketed else "")),
             ("FLOPs", lambda r: "—" if r.flops is None else eng(r.flops.matmul)),
             ("FLOP/B", lambda r: "—" if r.roofline is None else eng(r.roofline.intensity)),
             ("time", lambda r: "—" if r.roofline is None else seconds(r.roofline.seconds)),
@@ -257,6 +258,13 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
             break
     for note in dict.fromkeys(r.dram_note for r in rows if r.dram_note):  # each once: "—" under DRAM B says why
         console.print(f"[yellow]DRAM B —: {note}[/]")
+    bracketed = [r for r in rows if r.bracketed]
+    if bracketed:
+        console.print("[yellow]DRAM B *: bracketed, not predicted: the blocks' spread of speeds (0 to 1 %) moves the "
+                      "DRAM reads by more than 10 %: " + "; ".join(
+                          f"{r.algorithm} N={r.N} d={r.d} reads {nbytes(r.dram_band_reads[0])} to "
+                          f"{nbytes(r.dram_band_reads[1])} (spread 0.5 %: {nbytes(r.dram.reads)})" for r in bracketed)
+                      + "[/]")
     labels = {r.algorithm: r.paper_label for r in rows}
     console.print("Paper's forms: " + "; ".join(f"{a}: {label}" for a, label in labels.items()))
     _render_ranking(console, [dict(algorithm=r.algorithm, N=r.N, d=r.d, total=r.total) for r in rows] + outcome.kept)

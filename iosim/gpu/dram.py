@@ -49,6 +49,8 @@ SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
 # (iosim.gpu.timed_engine); measured about 2·10⁷ a second on this project's 2-core container (2026-11-28), taken at half
 TIMED_VISITS_PER_S = 1e7
+# the timed schedule's reads are a band, not a prediction, where the blocks' spread moves them by more than this
+BRACKET = 0.10
 
 
 def tile_visits(launch: Launch) -> int:
@@ -137,6 +139,34 @@ def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth
                                     hw, budget_s) for p in plans])
 
 
+def at_spreads(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, spreads: tuple[float, ...],
+               sawtooth: bool = False, budget_s: float | None = BUDGET_S) -> list[DramCounts]:
+    """``request_dram`` under the timed schedule at each of the blocks' ``spreads``, side by side in threads: the
+    compiled loop runs without the GIL."""
+    with ThreadPoolExecutor(len(spreads)) as pool:
+        return list(pool.map(lambda s: request_dram(plans, replace(hw, block_spread=s), kernel, sawtooth, budget_s),
+                             spreads))
+
+
+def spread_band(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
+                sawtooth: bool = False) -> tuple[DramCounts, DramCounts] | None:
+    """Under the timed schedule, the counts of the request ``covered_dram`` counted at the two ends of the blocks'
+    spread (``BLOCK_SPREADS``); None under lockstep."""
+    if hw.schedule != "timed":
+        return None
+    low, high = at_spreads(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), BLOCK_SPREADS, sawtooth,
+                           None)
+    return low, high
+
+
+def bracketed(counts: DramCounts, band: tuple[DramCounts, DramCounts] | None) -> bool | None:
+    """Whether the blocks' spread moves the DRAM reads by more than ``BRACKET`` of the middle's: then the reads are
+    a band, not a prediction (docs/gpu.md). None without a band."""
+    if band is None:
+        return None
+    return any(abs(b.reads - counts.reads) > BRACKET * counts.reads for b in band)
+
+
 @dataclass(frozen=True)
 class DramResult:
     """A request on a GPU: the two-level HBM count (elements) and the DRAM bytes of its kernel behind the L2."""
@@ -158,6 +188,12 @@ class DramResult:
     def tiling(self) -> Tiling | None:
         """The tiling of a one-pass request; None when both passes ran."""
         return one_pass(self.forward_tiling, self.backward_tiling)
+
+    @property
+    def bracketed(self) -> bool | None:
+        """Under the timed schedule, whether the blocks' spread moves the DRAM reads by more than 10 % (a band, not a
+        prediction); None under lockstep."""
+        return bracketed(self.dram, self.band)
 
 
 def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=False, dtype="float16", block_policy="fit",
@@ -189,11 +225,9 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
     r = measure(request, gpu)
     if schedule != "timed":
         counts, band = request_dram(r.plans, hw, found, sawtooth, budget_s), None
-    else:  # the middle of the blocks' spread and its two ends, side by side: the compiled loop runs without the GIL
-        with ThreadPoolExecutor(1 + len(BLOCK_SPREADS)) as pool:
-            counts, *band = pool.map(lambda s: request_dram(r.plans, replace(hw, block_spread=s), found, sawtooth,
-                                                            budget_s), (hw.block_spread, *BLOCK_SPREADS))
-        band = tuple(band)
+    else:  # the middle of the blocks' spread and its two ends, side by side
+        counts, *ends = at_spreads(r.plans, hw, found, (hw.block_spread, *BLOCK_SPREADS), sawtooth, budget_s)
+        band = tuple(ends)
     return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
                       counts, band)
 

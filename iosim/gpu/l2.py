@@ -202,10 +202,21 @@ class DramCounts(PerTensor):
         return self.reads + self.writes + self.dirty_at_end
 
 
-def dram_record(dram: DramCounts | None) -> dict:
-    """A record's DRAM keys: read, written during the kernel and dirty bytes; null where the model does not apply."""
+def read_range(dram: DramCounts, band: tuple[DramCounts, DramCounts]) -> tuple[int, int]:
+    """The fewest and the most DRAM reads of a timed count and its band (the middle need not lie between the ends)."""
+    reads = [dram.reads, *(b.reads for b in band)]
+    return min(reads), max(reads)
+
+
+def dram_record(dram: DramCounts | None, band: tuple[DramCounts, DramCounts] | None = None,
+                bracketed: bool | None = None) -> dict:
+    """A record's DRAM keys: read, written during the kernel and dirty bytes; under the timed schedule the fewest and
+    the most reads over the blocks' spread (its two ends and the middle), and whether the ends move them by more than
+    10 %; null where the model or the schedule does not apply."""
+    low, high = (None, None) if band is None else read_range(dram, band)
     return {"dram_read_bytes": getattr(dram, "reads", None), "dram_write_bytes": getattr(dram, "writes", None),
-            "dram_dirty_bytes": getattr(dram, "dirty_at_end", None)}
+            "dram_dirty_bytes": getattr(dram, "dirty_at_end", None), "dram_read_low": low, "dram_read_high": high,
+            "dram_bracketed": bracketed}
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from iosim.core.inputs import check_scale
 from iosim.core.problem import check_window
 from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
-from iosim.gpu.dram import covered_dram_or_why
+from iosim.gpu.dram import bracketed, covered_dram_or_why, spread_band
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import named_for
-from iosim.gpu.l2 import DramCounts, dram_record
+from iosim.gpu.l2 import DramCounts, dram_record, read_range
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.variants.sparsity import BlockSparsity
 
@@ -85,6 +85,19 @@ class SweepRow:
     sinks: bool = False  # learned attention sinks read (Problem.sinks)
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
     dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (a count that would take too long)
+    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
+    dram_band: tuple[DramCounts, DramCounts] | None = None
+
+    @property
+    def dram_band_reads(self) -> tuple[int, int] | None:
+        """Under the timed schedule, the fewest and the most DRAM reads over the blocks' spread."""
+        return None if self.dram_band is None else read_range(self.dram, self.dram_band)
+
+    @property
+    def bracketed(self) -> bool | None:
+        """Under the timed schedule, whether the blocks' spread moves the DRAM reads by more than 10 %: a band, not a
+        prediction (iosim.gpu.dram.bracketed); None otherwise."""
+        return None if self.dram is None else bracketed(self.dram, self.dram_band)
 
     @property
     def tiling(self) -> Tiling | None:
@@ -145,7 +158,8 @@ class SweepRow:
                       "score_flops": getattr(self.flops, "score", None),
                       "roofline_s": getattr(self.roofline, "seconds", None),
                       "bound": getattr(self.roofline, "bound", None),
-                      "intensity": getattr(self.roofline, "intensity", None), **dram_record(self.dram)}
+                      "intensity": getattr(self.roofline, "intensity", None),
+                      **dram_record(self.dram, self.dram_band, self.bracketed)}
         return {**config, "scale": check_scale(None, self.d), **tiling, **backward, **counts, **arithmetic,
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
@@ -224,12 +238,13 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     # a backward pass is simulated: too slow for a sweep
     covered = hw is not None and pass_ == "fwd"  # the L2 model's forward rows on a preset
     dram, dram_note = covered_dram_or_why(measured.plans, hw, algorithm, kernel) if covered else (None, None)
+    band = None if dram is None else spread_band(measured.plans, hw, algorithm, kernel)
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
                     status="ok", backward_tiling=measured.backward_tiling, flops=flops,
                     roofline=None if preset is None else roofline(preset, dtype, moved, flops), dram=dram,
-                    dram_note=dram_note,
+                    dram_note=dram_note, dram_band=band,
                     padded=None if measured.padded is None else measured.padded.total)
 
 
