@@ -1,7 +1,7 @@
-"""The description of FlashAttention-3's forward (``kernel="fa3"``, iosim/gpu/grids/fa3.py): its tiles and its
-schedulers' orders against FlashAttention-3's source worked by hand, its static order held equal to the persistent CTAs
-it stands for, its closed form to the simulation, its compulsory bytes (FP8, two head sizes) to sizes worked by hand,
-and its refusals."""
+"""The description of FlashAttention-3 (``kernel="fa3"``, iosim/gpu/grids/fa3.py and fa3_backward.py): its tiles and
+its schedulers' orders against FlashAttention-3's source worked by hand, its static order held equal to the persistent
+CTAs it stands for, its closed forms to the simulation, its compulsory bytes (FP8, two head sizes, the backward's
+padded buffers) to sizes worked by hand, and its refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from iosim.cli import main
 from iosim.core.errors import InputError
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
-from iosim.gpu.grids import fa3
+from iosim.gpu.grids import fa3, fa3_backward
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import Grid, L2Config, sectors
@@ -138,8 +138,14 @@ def test_splits_follow_num_splits_heuristic():
 
 def test_what_it_does_not_describe_is_refused_by_name():
     kw = dict(N=4096, d=128, M="100k", heads=32, kernel="fa3")
-    with pytest.raises(InputError, match="forward only"):
-        iosim.dram("flash-swapped", pass_="fwd+bwd", **kw)
+    with pytest.raises(InputError, match=r"dtype='float32': FlashAttention-3's backward takes"):
+        iosim.dram("flash-swapped", pass_="bwd", dtype="float32", **kw)
+    with pytest.raises(InputError, match=r"kv_heads=8 < heads=32 in the backward: FlashAttention-3 then adds dK"):
+        fa3_backward.check(problem(heads=32, kv_heads=8))  # the algorithms' backward refuses it first
+    with pytest.raises(InputError, match=r"d_v=260: FlashAttention-3's backward takes head sizes that are multiples"):
+        iosim.dram("flash-swapped", pass_="bwd", d_v=260, **kw)
+    with pytest.raises(InputError, match=r"dropout_p=0.1: FlashAttention-3 has no dropout"):
+        fa3_backward.check(Problem(AttentionShape(1, 1, 64, 64, 64), tau=1.0, dtype="float16", dropout_p=0.1))
     with pytest.raises(InputError, match=r"dtype='float8_e5m2': FlashAttention-3 takes"):
         iosim.dram("flash-swapped", dtype="float8_e5m2", **kw)
     with pytest.raises(InputError, match=r"dtype='float32'"):
@@ -194,3 +200,55 @@ def test_the_kernel_s_tile_is_its_instantiation_s_and_the_host_s_rules_compare_a
                       (dict(d=64, d_v=128, dtype="float8_e4m3"), "FP8 build has a kernel with a V head size apart")):
         with pytest.raises(InputError, match=words):
             iosim.dram("flash-swapped", N=1024, heads=128, M="100k", kernel="fa3", **{"dtype": "bfloat16", **kw})
+
+
+@pytest.mark.parametrize("d, d_v, causal, tile", [
+    (64, None, False, (128, 128)), (64, None, True, (128, 128)), (96, None, True, (64, 128)),
+    (128, None, False, (80, 128)), (128, None, True, (64, 128)), (192, None, False, (64, 96)),
+    (256, None, True, (64, 80)), (64, 128, False, (80, 128)),  # max(d, d_v) rounds to 128
+])
+def test_the_backward_s_tile_is_run_mha_bwd_s_at_the_rounded_head_size(d, d_v, causal, tile):
+    t = fa3.tile(problem(d=d, d_v=d_v, causal=causal), backward=True)
+    assert (t.Br, t.Bc) == tile
+
+
+def test_the_backward_s_causal_order_takes_sections_of_swizzle_heads_head_fastest_and_key_blocks_ascending():
+    # Q, dO and dQ's accumulator of a head: 8,192 × 128 × (2 + 2 + 4) B = 8.4 MB: 4 heads to a section of 40 MB;
+    # 2 batches of 3 heads: a section of 4, then one of the other 2; 3 key blocks of 128
+    pb = problem(batch=2, heads=3, n=8192, n_k=384, d=128, causal=True)
+    assert fa3_backward.swizzle(pb) == 4
+    order = fa3_backward.lpt_order(pb, Tiling(64, 128))
+    want = [(bh, j) for j in range(3) for bh in range(4)] + [(bh, j) for j in range(3) for bh in (4, 5)]
+    assert [order(b) for b in range(18)] == want
+    assert fa3_backward.swizzle(problem(n=131072, d=256, causal=True)) == 1  # one head over 40 MB
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_where_the_l2_holds_everything_the_backward_moves_each_buffer_once_per_kernel(causal):
+    # 2 heads of N = 1000 at d = 128: tiles of 80 (64 causal) rows by 128 keys; buffers padded to whole query blocks
+    s = iosim.dram("flash-swapped", N=1000, d=128, heads=2, M="228KiB", kernel="fa3", pass_="bwd", causal=causal,
+                   l2_bytes=10**9)
+    Br = 64 if causal else 80
+    rows = -(-1000 // Br) * Br
+    data = 2 * 1000 * 128 * 2  # Q (or K, V, O, dO, dK, dV, dQ) of the two heads in float16
+    got = {t.name: (t.reads, t.writes + t.dirty_at_end) for t in s.dram.tensors}
+    # preprocess: O, dO, lse read; D, lse_log2, dQ's accumulator written over whole blocks; the main kernel reads Q,
+    # K, V, dO, D, lse_log2 and adds into the accumulator; the postprocess reads it and writes dQ
+    assert got["O"] == (data, 0) and got["K"] == got["V"] == (data, 0) and got["Q"] == (data, 0)
+    assert got["dO"] == (2 * data, 0) and got["lse"] == (sectors(1000 * 4) * 2, 0)
+    acc = 2 * rows * 128 * 4
+    assert got["dQ"] == (2 * acc, 2 * acc)  # main kernel and postprocess read it; preprocess and main write it
+    assert got["D"] == got["lse_log2"] == (2 * rows * 4, 2 * rows * 4)
+    assert got["dK"] == got["dV"] == got["dQ_cast"] == (0, data)
+
+
+def test_the_backward_main_kernel_s_grid_reads_k_v_once_then_each_query_block_it_sees():
+    pb = problem(heads=1, n=300, n_k=256, d=64, causal=True)
+    tiling = fa3.tile(pb, backward=True)
+    pre, main_kernel, post = FA3.grids(Launch(pb, tiling, backward=True, sms=132))
+    assert (pre.blocks, main_kernel.blocks, post.blocks) == (3, 2, 3) and main_kernel.per_sm(None) == 1
+    # bottom-right causal: key block 0 (keys 0-127) is seen from query 44 (block 0) on, key block 1 from 172 (block 1)
+    first = [list(main_kernel.steps(b)) for b in range(2)]
+    assert [len(steps) for steps in first] == [3, 2]
+    tensors = [[main_kernel.tiles.tensor(k) for k, _, _ in step] for step in first[1]]
+    assert tensors == [["K", "V", "Q", "lse_log2", "dO", "D", "dQ"], ["Q", "lse_log2", "dO", "D", "dQ", "dV", "dK"]]

@@ -10,7 +10,7 @@ from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu import head_waves, schedule
 from iosim.gpu.dram import pass_counts
-from iosim.gpu.grids import flash_swapped, flash_swapped_tc, sdpa_flash
+from iosim.gpu.grids import fa3_backward, flash_swapped, flash_swapped_tc, sdpa_flash
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
@@ -94,11 +94,13 @@ def main_kernel(kind: str, pb: Problem) -> Grid:
         return flash_swapped.backward(pb, Tiling(32, 32), 1)
     if kind == "flash-swapped-tc":
         return flash_swapped_tc.backward(pb, Tiling(32, 64), 1)
+    if kind == "fa3":
+        return fa3_backward.main(pb, Tiling(80, 128))
     return sdpa_flash.backward_main(pb, Tiling(64, 128), 1)
 
 
 @settings(max_examples=60)
-@given(st.sampled_from(["flash-swapped", "flash-swapped-tc", "sdpa-flash"]), SHAPES,
+@given(st.sampled_from(["flash-swapped", "flash-swapped-tc", "sdpa-flash", "fa3"]), SHAPES,
        st.sampled_from(["float16", "bfloat16"]), st.integers(1, 40), st.integers(200, 20_000))
 def test_the_backward_main_kernels_closed_form_equals_their_simulation(kind, shape, dtype, concurrent, sectors):
     bh, n_q, n_k, d = shape
@@ -109,7 +111,7 @@ def test_the_backward_main_kernels_closed_form_equals_their_simulation(kind, sha
         assert form.counts(g.tiles, config) == simulate(g, config)
 
 
-@pytest.mark.parametrize("kind", ["flash-swapped", "flash-swapped-tc", "sdpa-flash"])
+@pytest.mark.parametrize("kind", ["flash-swapped", "flash-swapped-tc", "sdpa-flash", "fa3"])
 def test_a_causal_or_grouped_backward_has_no_closed_form(kind):
     causal = Problem(AttentionShape(1, 2, 200, 200, 64), tau=1.0, dtype="float16", causal=True)
     grouped = Problem(AttentionShape(1, 4, 200, 200, 64, kv_heads=2), tau=1.0, dtype="float16")
@@ -129,7 +131,7 @@ def test_flash_swapped_s_forward_closed_form_equals_its_simulation(shape, Br, Bc
         assert form.counts(g.tiles, config) == simulate(g, config)
 
 
-@pytest.mark.parametrize("kernel", ["flash-swapped", "sdpa-flash"])
+@pytest.mark.parametrize("kernel", ["flash-swapped", "sdpa-flash", "fa3"])
 def test_the_dram_level_counts_a_full_backward_by_its_main_kernel_s_closed_form(kernel, monkeypatch):
     # 16 heads of N = 2048 at d = 64: the main kernel is counted by its form, the others by lockstep; none simulated
     pb = Problem(AttentionShape(1, 16, 2048, 2048, 64), tau=1.0, dtype="float16")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from iosim.core.errors import InputError
 from iosim.gpu import call1
-from iosim.gpu.grids import _device, fa3, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
+from iosim.gpu.grids import _device, fa3, fa3_backward, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
 from iosim.gpu.kernel import Kernel, Launch, measured
 from iosim.gpu.l2 import Grid
 
@@ -83,14 +83,18 @@ def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
 
 
 def _fa3(launch: Launch) -> tuple[Grid, ...]:
-    """FlashAttention-3's forward: one persistent kernel where it runs unsplit and unpacked."""
+    """FlashAttention-3's forward: one persistent kernel where it runs unsplit and unpacked; its backward's three."""
+    if launch.backward:
+        return fa3_backward.grids(launch.problem, launch.tiling)
     fa3.check_launch(launch.problem, launch.sms)
     return (fa3.forward(launch.problem, launch.tiling),)
 
 
-FA3 = "FlashAttention-3's forward on sm_90 (github.com/Dao-AILab/flash-attention hopper/ at 0251105, read from its " \
-      "source: iosim/gpu/grids/fa3.py); float16, bfloat16 or float8_e4m3, d up to 256 and its d_v pairs, its own " \
-      "tiles; one persistent CTA per SM (MinBlocksPerMultiprocessor = 1), its static or L2-aware causal order"
+FA3 = "FlashAttention-3 on sm_90 (github.com/Dao-AILab/flash-attention hopper/ at 0251105, read from its source: " \
+      "iosim/gpu/grids/fa3.py, fa3_backward.py); forward: float16, bfloat16 or float8_e4m3, d up to 256 and its d_v " \
+      "pairs, its own tiles, one persistent CTA per SM (MinBlocksPerMultiprocessor = 1), its static or L2-aware " \
+      "causal order; backward: float16 or bfloat16, preprocess, main (one CTA per key block and SM, its LPT order " \
+      "under a causal mask) and dQ's postprocess"
 
 SDPA = "torch's scaled_dot_product_attention, flash backend: FlashAttention-2's kernels as read from their source " \
        "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from the registers of " \
@@ -119,7 +123,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
     Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False),
     Kernel("sdpa-flash", "flash-swapped", SDPA, _sdpa_flash, backward=True, forward_dram=sdpa_flash.forward_dram,
            tile=sdpa_flash.tile, rate=lambda pb: SDPA_RATE),
-    Kernel("fa3", "flash-swapped", FA3, _fa3, backward=False, forward_dram=fa3.forward_dram, tile=fa3.tile,
+    Kernel("fa3", "flash-swapped", FA3, _fa3, backward=True, forward_dram=fa3.forward_dram, tile=fa3.tile,
            takes=("fp8", "d_v"), runs_on=("H100", "H200")),
     call1.FLASH, call1.FLASH_SWAPPED,
 )}

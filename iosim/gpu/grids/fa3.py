@@ -1,5 +1,6 @@
-"""FlashAttention-3's forward on Hopper (``kernel="fa3"``): the kernel of github.com/Dao-AILab/flash-attention's
-``hopper/`` directory, read from its source at commit 0251105 (2026-08-15), not run here.
+"""FlashAttention-3's forward on Hopper (``kernel="fa3"``; its backward: ``iosim.gpu.grids.fa3_backward``): the
+kernel of github.com/Dao-AILab/flash-attention's ``hopper/`` directory, read from its source at commit 0251105
+(2026-08-15), not run here.
 
 What this description takes from the source:
 
@@ -30,8 +31,9 @@ What this description takes from the source:
   K/V head) float32 ``q_descale``, ``k_descale`` and ``v_descale`` (held here as one 12-byte tile) and writes O in
   bfloat16. Two CTAs of a cluster (``ClusterM = 2`` for 16-bit data at d ≥ 128 without a mask) share K/V loads by
   TMA multicast: one L2 read for two, which moves no DRAM byte that the LRU's hit on the second read does not.
-- **Not described**, refused by name: the backward pass, split K/V, PackGQA, dropout (FA3 has none), and what
-  ``iosim.gpu.kernel.check_launchable`` refuses for every kernel (windows, paged K/V, packed documents, sinks).
+- **Not described**, refused by name: split K/V, PackGQA, dropout (FA3 has none), and what
+  ``iosim.gpu.kernel.check_launchable`` refuses for every kernel (windows, paged K/V, packed documents, sinks). The
+  backward is ``iosim.gpu.grids.fa3_backward``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
-from iosim.gpu.grids import flash_swapped, sdpa_flash
+from iosim.gpu.grids import fa3_backward, flash_swapped, sdpa_flash
 from iosim.gpu.l2 import DramForm, Grid
 
 DTYPES = ("float16", "bfloat16", "float8_e4m3")  # mha_fwd: "fp16, bf16, and fp8_e4m3"
@@ -117,10 +119,10 @@ def check(pb: Problem) -> None:
 
 
 def tile(pb: Problem, backward: bool, sms: int | None = None) -> Tiling:
-    """The kernel's own tile for the forward (kBlockM × kBlockN), on any number of SMs; the backward is not
-    described."""
+    """The kernel's own tile (kBlockM × kBlockN), on any number of SMs: the backward's is
+    ``iosim.gpu.grids.fa3_backward``'s."""
     if backward:
-        raise InputError("kernel='fa3' describes FlashAttention-3's forward only; allowed with it: pass 'fwd'")
+        return fa3_backward.tile(pb)
     check(pb)
     s = pb.shape
     d = rounded(s.d)

@@ -219,26 +219,27 @@ def _rows(pb: Problem, Br: int) -> tuple[int, list[int], int]:
     return Tr, [min(Br, pb.shape.n_q - i * Br) for i in range(Tr)], Br
 
 
-def _per_query_block(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound,
-                     step: Callable[[int, int, int], Step]) -> Grid:
+def per_query_block(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound, step: Callable[[int, int, int], Step],
+                    tiles: Tiles = TILES, pair: Callable[[int], int] | None = None) -> Grid:
     """A grid of one step per (query block, batch, head) in launch order: ``step(tile, rows, full)`` for query block
-    tile ``tile`` of ``rows`` rows, in buffers of ``full`` (kBlockM) rows a block."""
+    tile ``tile`` of ``rows`` rows, in buffers of ``full`` (kBlockM) rows a block; ``pair`` gives the batch·head of
+    the n-th pair the grid launches (default this kernel's ``launch_order``)."""
     s = pb.shape
     Tr, rows, full = _rows(pb, tiling.Br)
-    pair = launch_order(s)
+    pair = pair or launch_order(s)
 
     def steps(b: int):
         n, i = divmod(b, Tr)
         return iter((step(pair(n) * Tr + i, rows[i], full),))
 
-    return Grid(s.bh * Tr, steps, TILES, per_sm, uniform=s.n_q % tiling.Br == 0)
+    return Grid(s.bh * Tr, steps, tiles, per_sm, uniform=s.n_q % tiling.Br == 0)
 
 
 def dot_do_o(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
     """``flash_bwd_dot_do_o_kernel``: one step per (query block, batch, head) in launch order, reading dO_i and O_i
     and writing D_i and the zeroed accumulator of dQ_i over all kBlockM rows."""
     d, data = pb.shape.d, pb.itemsize("data")
-    return _per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
+    return per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
         TILES.access("dO", t, rows * d * data, READ), TILES.access("O", t, rows * d * data, READ),
         TILES.access("D", t, full * 4, WRITE), TILES.access("dQ", t, full * d * 4, WRITE)))
 
@@ -295,7 +296,7 @@ def convert_dq(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid
     """``flash_bwd_convert_dq_kernel``: one step per (query block, batch, head), reading dQ_i's accumulator over all
     kBlockM rows (its copy is not predicated on the rows) and writing dQ_i in the dtype over the block's rows."""
     d, data = pb.shape.d, pb.itemsize("data")
-    return _per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
+    return per_query_block(pb, tiling, per_sm, lambda t, rows, full: (
         TILES.access("dQ", t, full * d * 4, READ), TILES.access("dQ_cast", t, rows * d * data, WRITE)))
 
 
