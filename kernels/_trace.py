@@ -2,7 +2,7 @@
 
 A traced kernel (``flash_swapped.forward_kernel(..., trace=True)``) stamps, from thread 0 of each block, the SM it
 ran on, the timer when the block started and the timer after its last store, into a uint64 array of 3 words per
-block. The stamps are the block schedule the GPU really ran, XX
+block. The stamps are the block schedule the GPU really ran, which iosim.gpu's schedules (lockstep, timed) model:
 experiments/block_trace.py reads them.
 
 %globaltimer is a 64-bit nanosecond counter shared by the SMs (PTX ISA, "Special Registers": %globaltimer); its

@@ -1,6 +1,7 @@
 """The closed form of heads in lockstep waves (iosim.gpu.head_waves) equals the simulation (iosim.gpu.schedule): on
 random grids of heads, blocks, steps, sizes, modes, capacities and waves, on the backward's main kernels (flash-swapped,
-flash-swapped-tc, SDPA's), and on flash-swapped's forward, whose closed form it is; and the DRAM level takes it."""
+flash-swapped-tc, SDPA's, FlashAttention-3's), and on flash-swapped's forward, where it equals that kernel's own closed
+form too; and the DRAM level takes it."""
 
 import pytest
 from hypothesis import given, settings
@@ -126,9 +127,15 @@ def test_flash_swapped_s_forward_closed_form_equals_its_simulation(shape, Br, Bc
     bh, n_q, n_k, d = shape
     pb, tiling = Problem(AttentionShape(1, bh, n_q, n_k, d), tau=1.0, dtype="float16"), Tiling(Br, Bc)
     form = flash_swapped.forward_dram(pb, tiling, 32 * sectors, concurrent)
+    # the forward's own closed form, worked per wave, and heads in waves over its blocks' accesses: two derivations
+    tiles = Tiles(flash_swapped.FORWARD_TENSORS)
+    blocks = [flash_swapped.block_accesses(tiles, pb, tiling)(i) for i in range(-(-n_q // Br))]
+    grid = head_waves.of_accesses(tiles, bh, [q for q, *_ in blocks], blocks[0][1], [out for *_, out in blocks])
+    waves = head_waves.dram(grid, 32 * sectors, concurrent)
+    assert (form is None) == (waves is None)
     if form is not None:
         g, config = flash_swapped.forward(pb, tiling, 1), L2Config(32 * sectors, concurrent)
-        assert form.counts(g.tiles, config) == simulate(g, config)
+        assert form.counts(g.tiles, config) == waves.counts(g.tiles, config) == simulate(g, config)
 
 
 @pytest.mark.parametrize("kernel", ["flash-swapped", "sdpa-flash", "fa3"])
@@ -145,3 +152,20 @@ def test_the_dram_level_counts_a_full_backward_by_its_main_kernel_s_closed_form(
     monkeypatch.setattr("iosim.gpu.dram.simulate", refused)
     assert pass_counts(KERNELS[kernel], launch, hw) == want
     assert want.reads > 0
+
+
+@pytest.mark.parametrize("kernel", ["flash-swapped", "sdpa-flash", "fa3"])
+def test_a_long_backward_is_counted_at_once_and_not_refused_as_too_long(kernel):
+    # 16 heads of N = 131,072: the main kernel by its form, the one-step and grid-stride kernels by lockstep, none
+    # refused by an estimate made of the pass's tile visits (the budget, 20 s, applies)
+    import iosim
+
+    r = iosim.dram("flash-swapped", N=131072, d=128, heads=16, M="228KiB", kernel=kernel, pass_="bwd")
+    assert r.dram.reads > 0
+
+
+def test_past_the_blocks_it_lists_a_grid_gives_no_form(monkeypatch):
+    pb = Problem(AttentionShape(1, 2, 300, 300, 64), tau=1.0, dtype="float16")
+    assert all(main_kernel(kind, pb).form(10**7, 8) is not None for kind in ("flash-swapped", "sdpa-flash", "fa3"))
+    monkeypatch.setattr(head_waves, "MOST_LISTED", 5)
+    assert all(main_kernel(kind, pb).form(10**7, 8) is None for kind in ("flash-swapped", "sdpa-flash", "fa3"))

@@ -44,3 +44,16 @@ def test_the_comparison_leaves_out_timings_and_commits_and_nothing_else():
         ".rows[0].N: committed 4096, now 4097"]
     # a float off by more than the tolerance, and an int that became a float, are differences
     assert regenerate.differences({"x": 1.0}, {"x": 1.0 + 1e-6}) and regenerate.differences({"x": 1}, {"x": True})
+
+
+def test_an_output_of_a_retired_schedule_is_kept_neither_rerun_nor_checked(tmp_path):
+    retired = [o for o in regenerate.OUTPUTS if o.kind == regenerate.RETIRED]
+    assert {o.name for o in retired} >= {"l2_call1-staggered", "predictions-92a2cc8-staggered"}
+    assert all("--schedule staggered" in o.command for o in retired)
+    for output in retired:
+        assert regenerate.not_rerun(output, named=True) == (
+            f"made under a retired schedule (its command runs at {regenerate.RETIRED_AT})")
+        verdict = regenerate.check_one(output, tmp_path)
+        assert verdict.status == "not checked" and not list(tmp_path.iterdir())  # nothing ran
+    listed = regenerate.listing(retired)
+    assert listed.count(f"(at {regenerate.RETIRED_AT})") == len(retired)

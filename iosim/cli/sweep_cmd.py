@@ -181,8 +181,8 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
                        f"bytes)")
         if first.schedule == "timed":
             options.append("the timed schedule (blocks at their own speed, stalling on their L2 misses; their speeds "
-                           "spread 0.5 %, the middle of the 0 to 1 % call 3 measured; the reads at both ends are in "
-                           "the records, dram_read_low and dram_read_high)")
+                           "spread 0.5 %, the middle of the 0 to 1 % call 3 measured; the fewest and most reads over "
+                           "that range are in the records, dram_read_low and dram_read_high)")
         elif first.schedule is not None:
             options.append(f"the {first.schedule} schedule (--schedule)")
         own = sorted({r.kernel for r in rows if r.kernel is not None and get_kernel(r.kernel).tile is not None})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import islice
 
 from iosim.api import count_problem, measure, plan
 from iosim.core.counts import Counts
@@ -25,11 +26,12 @@ from iosim.core.gpus import get_gpu
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, one_pass
 from iosim.core.visits import visits
+from iosim.gpu import head_waves
 from iosim.gpu.grids.flash import FORM_MAX_QUERY_BLOCKS
 from iosim.gpu.hardware import BLOCK_SPREADS, Hardware, OverrideError, hardware
 from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import KERNELS, kernel_for, named_for
-from iosim.gpu.l2 import DramCounts, in_sequence
+from iosim.gpu.l2 import DramCounts, Grid, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
 from iosim.gpu.timed import Timing, simulate_rounds, simulate_timed
@@ -47,8 +49,9 @@ BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 LOCKSTEP_VISITS_PER_S = 5e4
 SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
-# (iosim.gpu.timed_engine); measured about 2·10⁷ a second on this project's 2-core container (2026-11-28), taken at half
-TIMED_VISITS_PER_S = 1e7
+# (iosim.gpu.timed_engine); measured 1.4·10⁷ to 2·10⁷ a second on this project's 2-core container (2026-11-28), taken
+# at half the fewer
+TIMED_VISITS_PER_S = 7e6
 # the timed schedule's reads are a band, not a prediction, where the blocks' spread moves them by more than this
 BRACKET = 0.10
 
@@ -58,14 +61,23 @@ def tile_visits(launch: Launch) -> int:
     return sum(n for _, _, n in visits(launch.problem, launch.tiling, skips_hidden=True).pairs())
 
 
-def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: float | None,
+def check_budget(kernel: Kernel, launch: Launch, grid: Grid, lockstep_path: bool, budget_s: float | None,
                  per_s: float = SIMULATION_VISITS_PER_S) -> None:
-    """Refuse, with the estimate, a lockstep count or a simulation (at ``per_s`` tile visits a second) that would take
-    longer than ``budget_s`` (None: no limit)."""
+    """Refuse, with the estimate, a lockstep count or a simulation (at ``per_s`` tile visits a second) of ``grid``, one
+    of ``launch``'s kernels, that would take longer than ``budget_s`` (None: no limit). The lockstep count works from
+    one block's steps, so it costs those (counted up to what the budget allows; past it, flash's block of a head, the
+    pass's tile visits a head); a simulation of a kernel of one step a block (a backward's row_dot, fill, cast,
+    preprocess or postprocess) costs its blocks, else the pass's tile visits."""
     if budget_s is None:
         return
-    per_head = tile_visits(launch)
-    work, rate = (per_head, LOCKSTEP_VISITS_PER_S) if lockstep_path else (per_head * launch.problem.shape.bh, per_s)
+    if lockstep_path:
+        rate, most = LOCKSTEP_VISITS_PER_S, int(budget_s * LOCKSTEP_VISITS_PER_S)
+        work = sum(1 for _ in islice(iter(grid.steps(0)), most + 1))
+        work = work if work <= most else max(work, tile_visits(launch))
+    elif next(islice(iter(grid.steps(0)), 1, None), None) is None:  # one step a block
+        work, rate = grid.blocks, per_s
+    else:
+        work, rate = tile_visits(launch) * launch.problem.shape.bh, per_s
     seconds = work / rate
     if seconds > budget_s:
         s = launch.problem.shape
@@ -74,7 +86,8 @@ def check_budget(kernel: Kernel, launch: Launch, lockstep_path: bool, budget_s: 
             f"the DRAM level of {kernel.name} at N={s.n_q:,}, N_k={s.n_k:,}, batch·heads={s.bh:,}: {how} of its "
             f"{work:,} tile visits would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
             f"at once for the forward without a mask or grouped heads of flash-swapped (any N) and of flash (up to "
-            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks)")
+            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks), and for the backward's main kernels without them (up to "
+            f"{head_waves.MOST_LISTED:,} query and key blocks a head)")
 
 
 def timing_of(kernel: Kernel, launch: Launch, hw: Hardware, kernels: int) -> Timing:
@@ -105,7 +118,7 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
         config = hw.config(g)
         if config.schedule == "timed":
             timing = timing_of(kernel, launch, hw, len(grids))
-            check_budget(kernel, launch, False, budget_s, TIMED_VISITS_PER_S)
+            check_budget(kernel, launch, g, False, budget_s, TIMED_VISITS_PER_S)
             parts.append(simulate_timed(g, config, timing, hw.sms))
             continue
         counts = None
@@ -116,10 +129,10 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
         if found is not None:
             counts = found.counts(g.tiles, config)
         elif g.uniform:
-            check_budget(kernel, launch, True, budget_s)
+            check_budget(kernel, launch, g, True, budget_s)
             counts = lockstep(g, config)
         if counts is None:
-            check_budget(kernel, launch, False, budget_s)
+            check_budget(kernel, launch, g, False, budget_s)
             # under a causal mask blocks of one head start in different rounds and never run as cohorts: the compiled
             # loop of the lockstep schedule is the same count, and faster
             counts = simulate_rounds(g, config) if launch.problem.causal else simulate(g, config)
@@ -207,9 +220,9 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
     order. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
     ``schedule`` how their blocks run (``iosim.gpu.hardware.SCHEDULES``; "timed", the one-kernel forward passes of
     kernels with a measured rate, also gives ``band``, the counts at both ends of the blocks' spread). The forward
-    passes of flash and
-    flash-swapped have closed forms (milliseconds); other passes are simulated, which takes seconds to minutes at
-    batch·heads in the hundreds and N in the thousands. ``window`` is taken as ``count`` takes it, and a sliding
+    passes of flash and flash-swapped without a mask, and the backward's main kernels without one, have closed forms
+    (milliseconds); the rest is counted in lockstep or simulated, which takes seconds at batch·heads in the hundreds
+    and N in the tens of thousands. ``window`` is taken as ``count`` takes it, and a sliding
     window (other than causal's (−1, 0)) is refused: no kernel of iosim takes one. A lockstep count or a simulation
     estimated (from its tile visits) to take longer than ``budget_s`` seconds raises ``DramTooLong`` before it runs;
     None lifts the limit.

@@ -34,6 +34,9 @@ import numpy as np
 from iosim.gpu.l2 import READ, WRITE, DramForm, Step, Tiles
 
 Tile = tuple[str, int, int]  # (tensor, bytes rounded to sectors, READ, WRITE or READ_WRITE)
+# a grid lists each block of a head and each step; past this many together, its kernels give no form (the count is
+# then the simulation's, under its time budget): a list of millions takes seconds to build
+MOST_LISTED = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -238,8 +238,8 @@ class DramForm:
 
 @dataclass(frozen=True)
 class L2Config:
-    """What the L2 model needs of a GPU: the L2 bytes DRAM sees, the blocks that run at once, and how the first of
-    them start (``SCHEDULES``)."""
+    """What the L2 model needs of a GPU: the L2 bytes DRAM sees, the blocks that run at once, and how they run
+    (``iosim.gpu.hardware.SCHEDULES``)."""
 
     capacity: int
     concurrent: int

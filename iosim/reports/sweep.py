@@ -235,7 +235,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     measured, pred = measure(request, gpu), closed_form(request)
     counts, flops = measured.traffic, measured.flops
-    # a backward pass is simulated: too slow for a sweep
+    # the forward only: a sweep's rows are forward passes (--pass bwd counts HBM alone)
     covered = hw is not None and pass_ == "fwd"  # the L2 model's forward rows on a preset
     dram, dram_note = covered_dram_or_why(measured.plans, hw, algorithm, kernel) if covered else (None, None)
     band = None if dram is None else spread_band(measured.plans, hw, algorithm, kernel)

@@ -155,7 +155,7 @@ def main(pb: Problem, tiling: Tiling) -> Grid:
 
     def form(capacity: int, concurrent: int) -> DramForm | None:
         """The closed form without a causal mask, where no two heads share K and V (``iosim.gpu.head_waves``)."""
-        if pb.causal or s.kv_heads != s.heads:
+        if pb.causal or s.kv_heads != s.heads or Tr + Tc > head_waves.MOST_LISTED:
             return None
         mine = [own(0, j) for j in range(Tc)]
         return head_waves.dram(head_waves.of_accesses(TILES, s.bh, [m[0] for m in mine], upwards(0),

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
@@ -21,6 +23,7 @@ from iosim.gpu.grids._device import TILES
 from iosim.gpu.l2 import (
     READ,
     READ_WRITE,
+    SECTOR,
     WRITE,
     DramForm,
     Grid,
@@ -28,7 +31,9 @@ from iosim.gpu.l2 import (
     SharedSteps,
     Step,
     Tiles,
+    sectors,
 )
+from iosim.gpu.lockstep import lockstep_hits
 
 FORWARD_TENSORS = ("Q", "K", "V", "O", "lse")  # the kernel writes lse = m + log l instead of l and m
 
@@ -147,18 +152,105 @@ def downward_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBoun
 
 def forward_dram(pb: Problem, tiling: Tiling, capacity: int, concurrent: int) -> DramForm | None:
     """Closed form of ``iosim.gpu.schedule.simulate(forward(pb, tiling, per_sm), ...)`` for full attention (no mask, no
-    GQA): every query block of a head reads Q_i, then K_j, V_j of its head at each of the T_c steps, and writes O_i and
-    lse_i, so the grid is heads in lockstep waves (``iosim.gpu.head_waves``: K_j, V_j of a head are read at its first
-    wave and again at the next only by a head whose blocks cross the boundary, where evicted in between). None
-    outside that domain, or where a block's step and its own tiles do not fit together."""
-    s = pb.shape
+    GQA): reads per tensor, and bytes written (during the kernel and left dirty together). None outside that domain.
+    O_i and lse_i tiles that are not whole sectors are read before they are written, as ``iosim.gpu.l2`` has it.
+
+    Blocks run in waves of W = ``concurrent``, in lockstep. Q_i is read once, O_i and lse_i written once.
+    K_j, V_j of a head are read at the first wave that holds one of its query blocks; a head whose blocks
+    cross from wave w into w+1 (the last head of w, the first of w+1) re-reads them at w+1 exactly when they
+    were evicted, i.e. when the distinct bytes touched between its two uses of K_j exceed the capacity:
+    D_j = K_j + V_j + the K/V of steps after j of every head of w + O, lse of w's blocks (j < T_c − 1; only the
+    last block's when j = T_c − 1) + the K/V of steps before j of every head of w+1 + Q of w+1's blocks (j ≥ 1;
+    only the first block's when j = 0).
+
+    Dirty at the end: O_i and lse_i are written once, at their block's last step, and never touched again; they
+    stay when the bytes touched after them fit with them: the rest of that round (O, lse and K_(T_c−1), V_(T_c−1)
+    of the blocks after it in its wave, and their Q when T_c = 1) and every tile of the later waves.
+    """
+    s, (Br, Bc) = pb.shape, (tiling.Br, tiling.Bc)
     if not pb.band.full or pb.has_mask or s.kv_heads != s.heads:
         return None
-    tiles = Tiles(FORWARD_TENSORS)
-    accesses = block_accesses(tiles, pb, tiling)
-    blocks = [accesses(i) for i in range(-(-s.n_q // tiling.Br))]  # head 0's
-    return head_waves.dram(head_waves.of_accesses(tiles, s.bh, [q for q, *_ in blocks], blocks[0][1],
-                                                  [out for *_, out in blocks]), capacity, concurrent)
+    Tr, Tc = -(-s.n_q // Br), -(-s.n_k // Bc)
+    data, stat = pb.itemsize("data"), pb.itemsize("stat")
+    # every block but the last of a head is full: a size is (full, last), and the work O(waves), not O(T_r·T_c)
+    r_last, k_last = s.n_q - (Tr - 1) * Br, s.n_k - (Tc - 1) * Bc
+    K, Kl = sectors(Bc * s.d * data), sectors(k_last * s.d * data)  # K_j (= V_j): j < T_c − 1, and the last
+    Q, Ql = sectors(Br * s.d * data), sectors(r_last * s.d * data)  # Q_i (= O_i)
+    L, Ll = sectors(Br * stat), sectors(r_last * stat)  # lse_i
+    if Tr == 1:
+        Q, L = Ql, Ll
+    if Tc == 1:
+        K = Kl
+    kv_sum = (Tc - 1) * K + Kl
+    blocks, W = s.bh * Tr, concurrent
+    if 2 * max(K, Kl) + 2 * Q + L > capacity:
+        return None  # outside the domain: two blocks of a head in one round may not share K_j, V_j
+    kv_reads = s.bh * kv_sum  # once per head at its first wave
+    w = np.arange(W, blocks, W, dtype=np.int64)  # wave boundaries: block w is the first of the next wave
+    w = w[w // Tr == (w - 1) // Tr]  # only where a head crosses the boundary
+    if len(w):
+        end = np.minimum(w + W, blocks)
+        heads_w = (w - 1) // Tr - (w - W) // Tr + 1
+        heads_next = (end - 1) // Tr - w // Tr + 1
+        ends = lambda a, b: b // Tr - a // Tr  # noqa: E731  (blocks in [a, b) that end a head)
+        out_w = W * (Q + L) - ends(w - W, w) * (Q - Ql + L - Ll)
+        q_next = (end - w) * Q - ends(w, end) * (Q - Ql)
+        ends_head = (w - 1) % Tr == Tr - 1
+        last_of_w = np.where(ends_head, Ql + Ll, Q + L)  # O, lse of the last block of wave w
+        first_next = np.where(w % Tr == Tr - 1, Ql, Q)  # Q of the first block of w + 1
+
+        def misses(D):  # K_j, V_j evicted between the head's two uses
+            return D > capacity
+
+        if Tc == 1:
+            kv_reads += int(Kl * misses(2 * Kl + last_of_w + first_next).sum())
+        else:
+            after0 = kv_sum - K
+            kv_reads += int(K * misses(2 * K + 2 * heads_w * after0 + out_w + first_next).sum())  # j = 0
+            kv_reads += int(Kl * misses(2 * Kl + 2 * heads_next * (Tc - 1) * K + last_of_w + q_next).sum())  # last
+            if Tc > 2:  # 1 <= j <= T_c − 2: D_j = c0 + β·j
+                c0 = 2 * K + 2 * heads_w * ((Tc - 2) * K + Kl) + out_w + q_next
+                beta = 2 * K * (heads_next - heads_w)
+                # j = 1 + p for p in 0..T_c − 3: the misses are the j whose D_j does not fit
+                kv_reads += int(K * ((Tc - 2) - lockstep_hits(c0 + beta, beta, Tc - 2, capacity)).sum())
+    q, lse = s.bh * ((Tr - 1) * Q + Ql), s.bh * ((Tr - 1) * L + Ll)
+    # a write of part of a sector reads it first (iosim.gpu.l2)
+    partial = lambda rows, size: size * (rows % SECTOR != 0)  # noqa: E731
+    fetched = {"O": s.bh * ((Tr - 1) * partial(Br * s.d * data, Q) + partial(r_last * s.d * data, Ql)),
+               "lse": s.bh * ((Tr - 1) * partial(Br * stat, L) + partial(r_last * stat, Ll))}
+    dirty = _dirty_at_end((Q, Ql), (L, Ll), (K, Kl, Tc), Tr, blocks, W, capacity)
+    return DramForm(reads={"Q": q, "K": kv_reads, "V": kv_reads, **fetched}, written={"O": q, "lse": lse},
+                    dirty_at_end=dirty)
+
+
+def _dirty_at_end(q: tuple[int, int], lse: tuple[int, int], kv: tuple[int, int, int], Tr: int, blocks: int, W: int,
+                  capacity: int) -> dict[str, int]:
+    """O_b, lse_b of each block b still in the L2 at the end: those whose stack distance at the end fits. Only the
+    blocks of the last waves can: a block with more than ``capacity`` of Q, O and lse of later blocks after it is
+    evicted, so the work is over those last blocks alone. ``q``, ``lse``: (a head's full block's, its last's);
+    ``kv``: (K_j, the last K_j, T_c)."""
+    (Q, Ql), (L, Ll), (K, Kl, Tc) = q, lse, kv
+    kv_sum = (Tc - 1) * K + Kl
+    smallest = min(2 * Q + L, 2 * Ql + Ll)
+    b0 = max(0, blocks - W - capacity // smallest - 1)  # blocks before b0 have more than the capacity after them
+    c = np.arange(b0, blocks + 1)  # block indices and one past the last
+    is_last = (c % Tr == Tr - 1)[:-1]
+    q_b, lse_b = np.where(is_last, Ql, Q), np.where(is_last, Ll, L)  # Q_b (= O_b), lse_b, b >= b0
+
+    def suffix(x):  # Σ over blocks >= c, for c in b0..blocks
+        return np.concatenate((np.cumsum(x[::-1])[::-1], [0]))
+
+    at = lambda table, index: table[index - b0]  # noqa: E731
+    last_round = suffix(q_b + lse_b + (Tc == 1) * q_b)  # what a block touches after its K, V in its last round
+    whole = suffix(2 * q_b + lse_b)  # Q, O, lse of a block
+    b = c[:-1]
+    start = np.minimum((b // W + 1) * W, blocks)  # the first block of the next wave
+    heads_total = blocks // Tr
+    later = at(whole, start) + 2 * kv_sum * (heads_total - start // Tr)  # every tile of the later waves
+    # the heads of the blocks after b in its wave, less one that goes on into the next wave (counted there)
+    heads = np.maximum(0, (start - 1) // Tr - (start // Tr == (start - 1) // Tr) - (b + 1) // Tr + 1) * (b + 1 < start)
+    rest = at(last_round, b + 1) - at(last_round, start) + 2 * Kl * heads + later
+    return {"O": int(q_b @ (q_b + lse_b + rest <= capacity)), "lse": int(lse_b @ (lse_b + rest <= capacity))}
 
 
 def forward_smem(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
@@ -223,7 +315,8 @@ def key_block_grid(pb: Problem, tiling: Tiling, order: Callable[[int], Sequence[
         """The closed form where every block of a head visits every query block in one order and no two heads
         share K and V (``iosim.gpu.head_waves``)."""
         run = order(0)
-        if s.kv_heads != s.heads or run != range(Tr) or any(order(j) != run for j in range(1, Tc)):
+        if (s.kv_heads != s.heads or Tr + Tc > head_waves.MOST_LISTED or run != range(Tr)
+                or any(order(j) != run for j in range(1, Tc))):
             return None
         mine = [own(j) for j in range(Tc)]
         return head_waves.dram(head_waves.of_accesses(TILES, s.bh, [m[0] for m in mine], [inner(0)[i] for i in run],

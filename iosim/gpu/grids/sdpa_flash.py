@@ -283,7 +283,8 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
 
     def form(capacity: int, concurrent: int) -> DramForm | None:
         """The closed form where every key block sees every query block (``iosim.gpu.head_waves``)."""
-        if s.kv_heads != s.heads or any(len(met.query_run(j)) != Tr for j in range(Tc)):
+        if (s.kv_heads != s.heads or Tr + Tc > head_waves.MOST_LISTED
+                or any(len(met.query_run(j)) != Tr for j in range(Tc))):
             return None
         mine = [own(0, j) for j in range(Tc)]
         return head_waves.dram(head_waves.of_accesses(TILES, s.bh, [m[0] for m in mine], downwards(0),
