@@ -68,7 +68,7 @@ class SweepRow:
     sparsity_seed: int | None = None  # a block-sparse row's mask seed; None when dense
     requested_splits: int | None = None  # split-kv's --splits as given; None: its default policy, or no splits
     gpu: str | None = None  # the preset's name: its roofline, and the SMs split-kv's default splits fill
-    dram: DramCounts | None = None  # with a preset, a forward pass whose kernel grid is declared: bytes behind L2
+    dram: DramCounts | None = None  # with a preset, the passes' kernels where their grids are declared: behind L2
     window_left: int | None = None  # the sliding window (left, right) as given; None without one
     window_right: int | None = None
     page_size: int | None = None  # tokens per page of a paged K/V cache, for an algorithm that reads one; else None
@@ -235,8 +235,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
                         paper_label=fit.paper_label, status=f"does not fit: {err}")
     measured, pred = measure(request, gpu), closed_form(request)
     counts, flops = measured.traffic, measured.flops
-    # the forward only: a sweep's rows are forward passes (--pass bwd counts HBM alone)
-    covered = hw is not None and pass_ == "fwd"  # the L2 model's forward rows on a preset
+    # on a preset, the DRAM bytes of the pass's kernels (each pass's, one after another, for fwd+bwd)
+    covered = hw is not None
     dram, dram_note = covered_dram_or_why(measured.plans, hw, algorithm, kernel) if covered else (None, None)
     band = None if dram is None else spread_band(measured.plans, hw, algorithm, kernel)
     moved = counts.total_bytes if dram is None else dram.moved
