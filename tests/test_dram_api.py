@@ -285,3 +285,17 @@ def test_an_l2_override_out_of_range_is_refused_in_one_line(flags, message, caps
     assert main(["sweep", "--gpu", "h100", "--algo", "flash-swapped", "--N", "1024", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_sweep_counts_the_backward_s_dram_bytes_and_run_the_forward_s(tmp_path):
+    # d = 128 at the H100's M: the backward's tiling is square (105 × 105), which flash-swapped's kernels launch
+    path = tmp_path / "rows.json"
+    assert main(["sweep", "--gpu", "h100", "--algo", "flash-swapped", "--N", "1000", "--d", "128", "--pass", "bwd",
+                 "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())
+    want = iosim.dram("flash-swapped", N=1000, d=128, M=row["M"], pass_="bwd").dram
+    assert (row["dram_read_bytes"], row["dram_write_bytes"]) == (want.reads, want.writes) and want.reads > 0
+    run_path = tmp_path / "run.json"
+    assert main(["run", "--gpu", "h100", "--algo", "flash-swapped", "--N", "100", "--d", "64", "--pass", "bwd",
+                 "--json", str(run_path)]) == 0
+    assert json.loads(run_path.read_text())["dram_read_bytes"] is None

@@ -48,7 +48,7 @@ class RunOutcome:
     max_abs_error: float | None  # against the float64 reference; None with --no-check
     max_rel_error: float | None  # max |err| / max |reference|
     pass_: str = "fwd"
-    dram: DramCounts | None = None  # with --gpu, the passes' kernels where their grids are declared: bytes behind L2
+    dram: DramCounts | None = None  # with --gpu, a forward pass whose kernel grid is declared: bytes behind L2
     gpu: str | None = None  # the preset of --gpu
     padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
     dram_note: str | None = None  # why a covered forward pass has no DRAM bytes (too slow, or --kernel refuses it)
@@ -174,7 +174,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
             tops.append(float(np.max(np.abs(want))))
         err = max(errs)
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
-    dram, dram_note = covered_dram_or_why(result.plans, hw, args.algo, args.kernel) if hw is not None else (None, None)
+    dram, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel)
+                       if hw is not None and args.pass_ == "fwd" else (None, None))
     band = None if dram is None else spread_band(result.plans, hw, args.algo, args.kernel)
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
