@@ -97,11 +97,7 @@ def causal_mask(pb: Problem) -> bool:
 def check(pb: Problem) -> None:
     """Refuse, by name, what FA3's forward does not take."""
     s = pb.shape
-    if pb.dtype not in DTYPES:
-        raise InputError(f"dtype={pb.dtype!r}: FlashAttention-3 takes {list(DTYPES)} (mha_fwd's dtype check); "
-                         f"allowed: one of those")
-    if pb.dropout_p > 0:
-        raise InputError(f"dropout_p={pb.dropout_p}: FlashAttention-3's forward has no dropout; allowed: 0")
+    fa3_backward.check_data(pb, DTYPES, "mha_fwd")
     if s.d > HEAD_SIZES[-1]:
         raise InputError(f"d={s.d}: FlashAttention-3 takes head sizes up to {HEAD_SIZES[-1]}; allowed: d <= 256")
     if s.d_v != s.d and not (128 < s.d <= 192 and 96 < s.d_v <= 128 or s.d <= 64 and s.d_v <= 512):
@@ -208,15 +204,12 @@ def swizzle(pb: Problem) -> int:
 def causal_order(pb: Problem, tiling: Tiling) -> Callable[[int], tuple[int, int]]:
     """``DynamicPersistentTileScheduler::get_block_coord``: tile t -> (batch·head, query block), numbering batch·head
     batch-major as ``head_divmod`` splits it."""
-    s = pb.shape
-    Tm = -(-s.n_q // tiling.Br)
-    sw = swizzle(pb)
-    quotient, remainder = divmod(s.bh, sw)
+    Tm = -(-pb.shape.n_q // tiling.Br)
+    order = fa3_backward.section_order(pb.shape.bh, Tm, swizzle(pb))
 
-    def tile_at(t: int) -> tuple[int, int]:
-        section, offset = divmod(t, sw * Tm)
-        block, head = divmod(offset, sw if section < quotient else remainder)
-        return section * sw + head, Tm - 1 - block
+    def tile_at(t: int) -> tuple[int, int]:  # query blocks last first (longest processing time first)
+        bh, block = order(t)
+        return bh, Tm - 1 - block
 
     return tile_at
 

@@ -33,6 +33,8 @@ What this description takes from the source (``flash_api.cpp`` ``mha_bwd``, ``fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
@@ -69,14 +71,20 @@ def tile_size(D: int, causal: bool) -> tuple[int, int]:
     return 64, 80
 
 
+def check_data(pb: Problem, dtypes: tuple[str, ...], passes: str) -> None:
+    """Refuse, by name, data FA3's ``passes`` ("mha_fwd" or "mha_bwd", whose dtype check it is) do not take, and
+    dropout, which FA3 has none of."""
+    if pb.dtype not in dtypes:
+        raise InputError(f"dtype={pb.dtype!r}: FlashAttention-3 takes {list(dtypes)} ({passes}'s dtype check); "
+                         f"allowed: one of those")
+    if pb.dropout_p > 0:
+        raise InputError(f"dropout_p={pb.dropout_p}: FlashAttention-3 has no dropout; allowed: 0")
+
+
 def check(pb: Problem) -> None:
     """Refuse, by name, what FA3's backward does not take or this description does not hold."""
     s = pb.shape
-    if pb.dtype not in DTYPES:
-        raise InputError(f"dtype={pb.dtype!r}: FlashAttention-3's backward takes {list(DTYPES)} (mha_bwd's dtype "
-                         f"check); allowed: one of those")
-    if pb.dropout_p > 0:
-        raise InputError(f"dropout_p={pb.dropout_p}: FlashAttention-3 has no dropout; allowed: 0")
+    check_data(pb, DTYPES, "mha_bwd")
     for name, size in (("d", s.d), ("d_v", s.d_v)):
         if size % 8 or size > HEAD_SIZES[-1]:
             raise InputError(f"{name}={size}: FlashAttention-3's backward takes head sizes that are multiples of 8 "
@@ -172,16 +180,20 @@ def swizzle(pb: Problem) -> int:
     return 1 if SCHEDULER_L2 < head else 1 << (SCHEDULER_L2 // head).bit_length() - 1
 
 
-def lpt_order(pb: Problem, tiling: Tiling):
+def lpt_order(pb: Problem, tiling: Tiling) -> Callable[[int], tuple[int, int]]:
     """``SingleTileBwdLPTScheduler::get_initial_work``: CTA b -> (batch·head, key block), in sections of ``swizzle``
-    batch·heads (the last of the remainder), the batch·head fastest within one."""
-    s = pb.shape
-    Tc = -(-s.n_k // tiling.Bc)
-    sw = swizzle(pb)
-    quotient, remainder = divmod(s.bh, sw)
+    batch·heads, the batch·head fastest within one, key blocks ascending."""
+    return section_order(pb.shape.bh, -(-pb.shape.n_k // tiling.Bc), swizzle(pb))
 
-    def tile_at(b: int) -> tuple[int, int]:
-        section, offset = divmod(b, sw * Tc)
+
+def section_order(bh: int, blocks: int, sw: int) -> Callable[[int], tuple[int, int]]:
+    """FlashAttention-3's L2-aware order of (batch·head, block) tiles, forward and backward: tile t -> (batch·head,
+    block), the batch·heads in sections of ``sw`` (the last of the remainder), the batch·head fastest within one,
+    then the block (numbered as ``head_divmod`` splits the batch·head: batch-major)."""
+    quotient, remainder = divmod(bh, sw)
+
+    def tile_at(t: int) -> tuple[int, int]:
+        section, offset = divmod(t, sw * blocks)
         block, head = divmod(offset, sw if section < quotient else remainder)
         return section * sw + head, block
 
