@@ -235,7 +235,7 @@ def test_flash_swapped_forward_dram_is_independent_of_the_number_of_blocks():
 def test_a_count_that_would_take_too_long_is_refused_with_its_estimate():
     from iosim.gpu.dram import DramTooLong
 
-    with pytest.raises(DramTooLong, match=r"lockstep count of its [\d,]+ tile visits would take about [\d,]+ s"):
+    with pytest.raises(DramTooLong, match=r"lockstep count of its [\d,]+ steps of one block would take about [\d,]+ s"):
         iosim.dram("flash", N=16 * 2**20, d=128, M="100k", causal=True)
     with pytest.raises(DramTooLong, match="the simulation"):
         iosim.dram("flash-swapped", N=2**22, d=128, M="100k", causal=True)

@@ -91,10 +91,12 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         except InputError as err:
             out.append(f"--gpu {args.gpu}: the rows counted with this option have no DRAM bytes, their time is from "
                        f"HBM bytes ({err})")
-    if args.gpu is not None and args.pass_ != "fwd":
-        out.append(f"--gpu {args.gpu} --pass {args.pass_}: the backward kernels of flash and flash-swapped launch "
-                   f"square tiles (B_r = B_c), so a row whose backward tiling is not square has no DRAM bytes; "
-                   f"--kernel sdpa-flash or fa3 launch their own")
+    square = {"flash", "flash-swapped"} & set(args.algo or ALGORITHMS)  # their default kernels' tiles are square
+    if args.gpu is not None and args.pass_ != "fwd" and args.kernel is None and square:
+        out.append(f"--gpu {args.gpu} --pass {args.pass_}: the backward kernels of {' and '.join(sorted(square))} "
+                   f"launch square tiles (B_r = B_c), so a row whose backward tiling is not square has no DRAM bytes"
+                   + ("; for flash-swapped, --kernel sdpa-flash or fa3 launch their own" if "flash-swapped" in square
+                      else ""))
     if args.algo is None and args.pass_ != "fwd":
         left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
             ("block_sparsity",) if args.sparsity is not None else ())]

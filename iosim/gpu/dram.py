@@ -52,6 +52,9 @@ SIMULATION_VISITS_PER_S = 5e5
 # (iosim.gpu.timed_engine); measured 1.4·10⁷ to 2·10⁷ a second on this project's 2-core container (2026-11-28), taken
 # at half the fewer
 TIMED_VISITS_PER_S = 7e6
+# the lockstep schedule's compiled loop (simulate_rounds), its grid flattened first: about 1.5·10⁷ tile visits a second
+# on 16 causal heads of N = 65,536 (2026-11-28), taken at a third
+ROUNDS_VISITS_PER_S = 5e6
 # the timed schedule's reads are a band, not a prediction, where the blocks' spread moves them by more than this
 BRACKET = 0.10
 
@@ -65,29 +68,27 @@ def check_budget(kernel: Kernel, launch: Launch, grid: Grid, lockstep_path: bool
                  per_s: float = SIMULATION_VISITS_PER_S) -> None:
     """Refuse, with the estimate, a lockstep count or a simulation (at ``per_s`` tile visits a second) of ``grid``, one
     of ``launch``'s kernels, that would take longer than ``budget_s`` (None: no limit). The lockstep count works from
-    one block's steps, so it costs those (counted up to what the budget allows; past it, flash's block of a head, the
-    pass's tile visits a head); a simulation of a kernel of one step a block (a backward's row_dot, fill, cast,
-    preprocess or postprocess) costs its blocks, else the pass's tile visits."""
+    one block's steps, so it costs those (counted up to what the budget allows; past it, the pass's tile visits a
+    head, which flash's block of a head makes); a simulation costs the pass's tile visits."""
     if budget_s is None:
         return
     if lockstep_path:
-        rate, most = LOCKSTEP_VISITS_PER_S, int(budget_s * LOCKSTEP_VISITS_PER_S)
+        rate, most, unit = LOCKSTEP_VISITS_PER_S, int(budget_s * LOCKSTEP_VISITS_PER_S), "steps of one block"
         work = sum(1 for _ in islice(iter(grid.steps(0)), most + 1))
         work = work if work <= most else max(work, tile_visits(launch))
-    elif next(islice(iter(grid.steps(0)), 1, None), None) is None:  # one step a block
-        work, rate = grid.blocks, per_s
     else:
-        work, rate = tile_visits(launch) * launch.problem.shape.bh, per_s
+        work, rate, unit = tile_visits(launch) * launch.problem.shape.bh, per_s, "tile visits"
     seconds = work / rate
     if seconds > budget_s:
         s = launch.problem.shape
         how = "the lockstep count" if lockstep_path else "the simulation"
         raise DramTooLong(
             f"the DRAM level of {kernel.name} at N={s.n_q:,}, N_k={s.n_k:,}, batch·heads={s.bh:,}: {how} of its "
-            f"{work:,} tile visits would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
+            f"{work:,} {unit} would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
             f"at once for the forward without a mask or grouped heads of flash-swapped (any N) and of flash (up to "
-            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks), and for the backward's main kernels without them (up to "
-            f"{head_waves.MOST_LISTED:,} query and key blocks a head)")
+            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks), and for the backward's main kernels of flash-swapped, "
+            f"flash-swapped-tc, sdpa-flash and fa3 without them (up to {head_waves.MOST_LISTED:,} query and key blocks "
+            f"a head)")
 
 
 def timing_of(kernel: Kernel, launch: Launch, hw: Hardware, kernels: int) -> Timing:
@@ -122,7 +123,7 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
             parts.append(simulate_timed(g, config, timing, hw.sms))
             continue
         counts = None
-        if g.form is not None:  # the grid's own closed form (the backward's main kernels)
+        if g.form is not None:  # the grid's own closed form (the backward's main kernels, the one-step kernels)
             found = g.form(config.capacity, config.concurrent)
         else:
             found = form(launch.problem, launch.tiling, config.capacity, config.concurrent) if form else None
@@ -132,10 +133,11 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
             check_budget(kernel, launch, g, True, budget_s)
             counts = lockstep(g, config)
         if counts is None:
-            check_budget(kernel, launch, g, False, budget_s)
             # under a causal mask blocks of one head start in different rounds and never run as cohorts: the compiled
             # loop of the lockstep schedule is the same count, and faster
-            counts = simulate_rounds(g, config) if launch.problem.causal else simulate(g, config)
+            rounds = launch.problem.causal
+            check_budget(kernel, launch, g, False, budget_s, ROUNDS_VISITS_PER_S if rounds else SIMULATION_VISITS_PER_S)
+            counts = simulate_rounds(g, config) if rounds else simulate(g, config)
         parts.append(counts)
     return parts
 

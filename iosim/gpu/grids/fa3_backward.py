@@ -12,10 +12,11 @@ What this description takes from the source (``flash_api.cpp`` ``mha_bwd``, ``fl
      a 4-byte semaphore per block, which this description leaves out (under 0.1 % of the bytes).
   2. ``FlashAttnBwdSm90``: one CTA per (key block j, head, batch). It reads K_j and V_j, then for each query block i
      that sees them, in ascending order (``block.h``: from ``m_block_min`` under a causal mask, aligned at the
-     bottom right), Q_i, lse_log2_i, dO_i and D_i, and adds into dQ_i's accumulator (``SM90_BULK_REDUCE_ADD``: a
-     read-modify-write in the L2); it writes dV_j then dK_j (its columns, d_v and d) with the last. The producer
-     loads Q_(i+1) during step i; this description loads it at step i + 1, and K_j, V_j before Q at the first step
-     (the order within a step moves no tile out of the L2 that the step itself does not).
+     bottom right), Q_i, lse_log2_i, dO_i and D_i, and adds into dQ_i's accumulator (``SM90_BULK_REDUCE_ADD``, or
+     at D = 256 ``atomicAdd`` from the MMA warps: a read-modify-write in the L2 either way); it writes dV_j then dK_j
+     (its columns, d_v and d) with the last. The producer loads Q_(i+1) during step i; this description loads it at
+     step i + 1, and K_j, V_j before Q at the first step (the order within a step moves no tile out of the L2 that
+     the step itself does not).
      Without a causal mask ``SingleTileScheduler``: grid (key block, head, batch), key block fastest. With one
      ``SingleTileBwdLPTScheduler``: a 1-D grid in sections of ``swizzle`` batch·heads (the power of two of heads
      whose Q, dO and dQ's accumulator fit in 40 MB), within a section the batch·head fastest, then the key block
