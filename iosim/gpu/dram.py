@@ -47,6 +47,9 @@ BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 # lockstep count of flash's one block per head about 50,000; the simulation of a grid's every block, at least 500,000
 # (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million)
 LOCKSTEP_VISITS_PER_S = 5e4
+# flash's backward block makes more accesses a step (Q_i, dO_i, O_i, lse_i and dQ_i beside K_j, V_j): its lockstep
+# count ran 3·10⁴ steps a second (8 causal heads of N = 131,072, 2026-11-28, the second review)
+LOCKSTEP_BACKWARD_VISITS_PER_S = 3e4
 SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
 # (iosim.gpu.timed_engine); measured 1.4·10⁷ to 2·10⁷ a second on this project's 2-core container (2026-11-28), taken
@@ -73,7 +76,8 @@ def check_budget(kernel: Kernel, launch: Launch, grid: Grid, lockstep_path: bool
     if budget_s is None:
         return
     if lockstep_path:
-        rate, most, unit = LOCKSTEP_VISITS_PER_S, int(budget_s * LOCKSTEP_VISITS_PER_S), "steps of one block"
+        rate = LOCKSTEP_BACKWARD_VISITS_PER_S if launch.backward else LOCKSTEP_VISITS_PER_S
+        most, unit = int(budget_s * rate), "steps of one block"
         work = sum(1 for _ in islice(iter(grid.steps(0)), most + 1))
         work = work if work <= most else max(work, tile_visits(launch))
     else:
