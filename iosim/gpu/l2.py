@@ -145,6 +145,15 @@ class SharedSteps:
                 and len(self.head) == len(other.head) and len(self.tail) == len(other.tail))
 
 
+def shared_run(head: Step, body: Sequence[Step], first: int, count: int, tail: Step) -> Iterator[Step] | SharedSteps:
+    """A block's steps over ``count`` (at least one) consecutive steps of a shared ``body`` from ``first``: its own
+    ``head`` accesses with the first, its own ``tail`` with the last, those between shared, so that the blocks of a
+    head that start together run as one cohort (``iosim.gpu.schedule``)."""
+    if count == 1:
+        return iter((head + body[first] + tail,))
+    return SharedSteps((head + body[first],), body, first + 1, first + count - 1, (body[first + count - 1] + tail,))
+
+
 @dataclass(frozen=True)
 class Grid:
     """A kernel's thread blocks as it launches them.

@@ -43,7 +43,7 @@ from iosim.core.visits import visits
 from iosim.gpu import head_waves
 from iosim.gpu.grids import sdpa_flash
 from iosim.gpu.grids._device import BACKWARD_TENSORS
-from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, SharedSteps, Step, Tiles
+from iosim.gpu.l2 import READ, READ_WRITE, WRITE, DramForm, Grid, Step, Tiles, shared_run
 
 DTYPES = ("float16", "bfloat16")  # mha_bwd: "FlashAttention only support fp16 and bf16 data type"
 HEAD_SIZES = (64, 96, 128, 192, 256)  # round_up_headdim of max(d, d_v); the kernels instantiated
@@ -158,9 +158,7 @@ def main(pb: Problem, tiling: Tiling) -> Grid:
         run, seen = met.query_run(j), upwards(bh)
         if not run:  # no query sees the block: zeros for dK_j, dV_j (store_zero), nothing read
             return iter((out,))
-        if len(run) == 1:
-            return iter((kv + seen[run.start] + out,))
-        return SharedSteps((kv + seen[run.start],), seen, run.start + 1, run.stop - 1, (seen[run.stop - 1] + out,))
+        return shared_run(kv, seen, run.start, len(run), out)
 
     def form(capacity: int, concurrent: int) -> DramForm | None:
         """The closed form without a causal mask, where no two heads share K and V (``iosim.gpu.head_waves``)."""

@@ -28,10 +28,10 @@ from iosim.gpu.l2 import (
     DramForm,
     Grid,
     SharedMemoryBound,
-    SharedSteps,
     Step,
     Tiles,
     sectors,
+    shared_run,
 )
 from iosim.gpu.lockstep import lockstep_hits
 
@@ -104,9 +104,7 @@ def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound
         if downwards(b):
             kv = backward.setdefault(id(kv), kv[::-1])  # kv[k] is now K/V block T_c − 1 − k
             j0 = len(kv) - run.stop  # the run's last key block, first in this order
-        # the key blocks between the first and the last are the head's steps, shared: the query blocks of a head
-        # that start together run as one cohort in the simulation (iosim.gpu.schedule)
-        return SharedSteps((q + kv[j0],), kv, j0 + 1, j0 + n - 1, (kv[j0 + n - 1] + out,))
+        return shared_run(q, kv, j0, n, out)
 
     return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm)
 
@@ -142,10 +140,7 @@ def downward_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBoun
         kv = downwards.get(kvh)
         if kv is None:
             kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
-        first, count = len(kv) - run.stop, len(run)
-        if count == 1:
-            return iter((q + kv[first] + out,))
-        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
+        return shared_run(q, kv, len(kv) - run.stop, len(run), out)
 
     return Grid(s.bh * Tr, steps, tiles, per_sm)
 
@@ -302,13 +297,8 @@ def key_block_grid(pb: Problem, tiling: Tiling, order: Callable[[int], Sequence[
         if n == 0:
             return iter(((*kv, *out),))
         seen = inner(bh)
-        if n == 1:
-            return iter(((*kv, *seen[run[0]], *out),))
-        if isinstance(run, range) and run.step == 1:
-            # the first and last steps are the block's own, those between its head's, shared: the blocks of a head
-            # that start together run as one cohort in the simulation (its hot path)
-            i0 = run.start
-            return SharedSteps((kv + seen[i0],), seen, i0 + 1, i0 + n - 1, (seen[i0 + n - 1] + out,))
+        if n == 1 or isinstance(run, range) and run.step == 1:
+            return shared_run(kv, seen, run[0], n, out)
         return iter([kv + seen[run[0]], *(seen[i] for i in run[1:-1]), seen[run[-1]] + out])
 
     def form(capacity: int, concurrent: int) -> DramForm | None:

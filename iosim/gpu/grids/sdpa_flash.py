@@ -56,7 +56,18 @@ from iosim.core.visits import visits
 from iosim.gpu import head_waves
 from iosim.gpu.grids import flash_swapped
 from iosim.gpu.grids._device import TILES
-from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, DramForm, Grid, ResourceBound, SharedSteps, Step, Tiles
+from iosim.gpu.l2 import (
+    READ,
+    READ_WRITE,
+    SECTOR,
+    WRITE,
+    DramForm,
+    Grid,
+    ResourceBound,
+    Step,
+    Tiles,
+    shared_run,
+)
 
 FORWARD_TILE = {64: (128, 128), 128: (128, 64)}  # d -> (kBlockM, kBlockN), Flash_fwd_kernel_traits
 SPLIT_TILE = {64: (64, 256), 128: (64, 128)}  # d -> (kBlockM, kBlockN) of run_mha_fwd_splitkv_dispatch
@@ -175,10 +186,7 @@ def split_forward(pb: Problem, tiling: Tiling, splits: int, per_sm: int | Resour
         kv = downwards.get(kvh)
         if kv is None:
             kv = downwards[kvh] = upwards(kvh)[::-1]  # kv[k] is key block T_c − 1 − k
-        first, count = Tc - hi, hi - lo
-        if count == 1:
-            return iter((q + kv[first] + out,))
-        return SharedSteps((q + kv[first],), kv, first + 1, first + count - 1, (kv[first + count - 1] + out,))
+        return shared_run(q, kv, Tc - hi, hi - lo, out)
 
     return Grid(s.bh * splits * Tr, steps, SPLIT_TILES, per_sm)
 
@@ -309,10 +317,7 @@ def backward_main(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> G
         if not run:
             return iter((kv + out,))
         seen = downwards(bh)
-        first, count = Tr - run.stop, len(run)
-        if count == 1:
-            return iter((kv + seen[first] + out,))
-        return SharedSteps((kv + seen[first],), seen, first + 1, first + count - 1, (seen[first + count - 1] + out,))
+        return shared_run(kv, seen, Tr - run.stop, len(run), out)
 
     def form(capacity: int, concurrent: int) -> DramForm | None:
         """The closed form where every key block sees every query block (``iosim.gpu.head_waves``)."""
