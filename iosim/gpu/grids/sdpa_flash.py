@@ -241,39 +241,16 @@ def per_query_block(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound, st
         return iter((step(pair(n) * Tr + i, rows[i], full),))
 
     def form(capacity: int, concurrent: int) -> DramForm | None:
-        """Every block one step on tiles of its own: each tile moves once, in launch order, and what stays dirty at
-        the end is the last written tiles that fit (``private_dram``)."""
-        return private_dram([step(0, rows[0], full)] * (Tr - 1) + [step(Tr - 1, rows[-1], full)], s.bh, tiles,
-                            capacity)
+        """Every block one step on tiles of its own, its reads before its writes: heads in waves of one step with no
+        shared tile (``iosim.gpu.head_waves``), each tile moving once."""
+        own = [step(0, rows[0], full)] * (Tr - 1) + [step(Tr - 1, rows[-1], full)]
+        reads = [tuple(a for a in st if a[2] == READ) for st in own]
+        writes = [st[len(r):] for st, r in zip(own, reads)]
+        if any(r + w != st for r, w, st in zip(reads, writes, own)):
+            return None
+        return head_waves.dram(head_waves.of_accesses(tiles, s.bh, reads, [()], writes), capacity, concurrent)
 
     return Grid(s.bh * Tr, steps, tiles, per_sm, uniform=s.n_q % tiling.Br == 0, form=form)
-
-
-def private_dram(head: list[Step], heads: int, tiles: Tiles, capacity: int) -> DramForm | None:
-    """The DRAM bytes of ``heads`` copies of the one-step blocks ``head``, one after another, every tile touched once:
-    reads and writes of each tile once, and dirty at the end the written tiles whose bytes after them, themselves
-    included, fit the capacity (the stack-distance rule). None where a tile exceeds the capacity."""
-    if any(x > capacity for step in head for _, x, _ in step):
-        return None
-    reads: dict[str, int] = {}
-    written: dict[str, int] = {}
-    for step in head:
-        for key, x, mode in step:
-            name = tiles.tensor(key)
-            if mode & READ:
-                reads[name] = reads.get(name, 0) + heads * x
-            if mode & WRITE:
-                written[name] = written.get(name, 0) + heads * x
-    dirty: dict[str, int] = {}
-    after = 0
-    for block in range(heads * len(head) - 1, -1, -1):  # from the last access back, while anything still fits
-        for key, x, mode in reversed(head[block % len(head)]):
-            after += x
-            if after > capacity:
-                return DramForm(reads, written, dirty)
-            if mode & WRITE:
-                dirty[tiles.tensor(key)] = dirty.get(tiles.tensor(key), 0) + x
-    return DramForm(reads, written, dirty)
 
 
 def dot_do_o(pb: Problem, tiling: Tiling, per_sm: int | ResourceBound) -> Grid:
