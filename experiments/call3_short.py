@@ -83,7 +83,7 @@ def estimate_s(cfg: ncu_traffic.LaunchConfig) -> float:
 def plan() -> dict:
     lockstep, staggered = predictions(LOCKSTEP), predictions(STAGGERED)
     parts = {}
-    for grid in ("short-schedule", "short-rest", "call3-sdpa", "call5-sdpa", "call5-split"):
+    for grid in ("short-schedule", "short-rest", "call3-sdpa", "call5-sdpa", "call5-split", "call5-code"):
         rows, compiled = [], set()
         for cfg in ncu_traffic.GRIDS[grid]():
             k = ncu_traffic.join_key(vars(cfg))

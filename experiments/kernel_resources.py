@@ -40,6 +40,7 @@ import json
 import math
 import multiprocessing
 import re
+import struct
 import subprocess
 import sys
 import traceback
@@ -260,8 +261,8 @@ def compile_ptx(case: KernelCase) -> str:
     return ptx
 
 
-def assemble(ptx: str) -> str:
-    """nvJitLink's verbose log (ptxas's resource report) for the PTX assembled for sm_90."""
+def assemble(ptx: str) -> tuple[str, bytes]:
+    """The PTX assembled for sm_90 by nvJitLink: its verbose log (ptxas's resource report) and the cubin."""
     from cuda.bindings import nvjitlink
 
     handle = nvjitlink.create(2, [f"-arch={ARCH}", "-verbose"])
@@ -278,9 +279,37 @@ def assemble(ptx: str) -> str:
             ) from e
         buf = bytearray(nvjitlink.get_info_log_size(handle))
         nvjitlink.get_info_log(handle, buf)
-        return buf.decode(errors="replace")
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return buf.decode(errors="replace"), bytes(cubin)
     finally:
         nvjitlink.destroy(handle)
+
+
+def elf_sections(blob: bytes) -> dict[str, int]:
+    """The sizes of a 64-bit little-endian ELF file's sections (a cubin), by name."""
+    if blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", blob, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+
+    def name(offset: int) -> str:
+        return blob[names_at + offset:blob.index(b"\0", names_at + offset)].decode()
+
+    return {name(h[0]): h[5] for h in headers}
+
+
+def code_sizes(cubin: bytes) -> dict[str, int]:
+    """What a kernel's cubin holds for the SMs to fetch: its machine code (every ``.text.*`` section: the kernel and
+    the routines it calls) and its constant banks (every ``.nv.constant*``: bank 0 holds the parameters), and their
+    sum. ncu flushes the L2 before each kernel it measures, so these come from DRAM once per launch
+    (experiments/code_bytes.py sets them beside calls 1 and 4)."""
+    sections = elf_sections(cubin)
+    text = sum(size for name, size in sections.items() if name.startswith(".text."))
+    constants = sum(size for name, size in sections.items() if name.startswith(".nv.constant"))
+    return {"text_bytes": text, "constant_bytes": constants, "code_bytes": text + constants}
 
 
 def missing_toolchain() -> str | None:
@@ -305,8 +334,8 @@ def require_toolchain() -> None:
         sys.exit(TOOLCHAIN_MISSING)
 
 
-def _assemble_case(index: int) -> tuple[str | None, str | None]:
-    """(nvJitLink's log, None) for cases()[index], or (None, why it failed to compile or assemble).
+def _assemble_case(index: int) -> tuple[tuple[str, bytes] | None, str | None]:
+    """((nvJitLink's log, the cubin), None) for cases()[index], or (None, why it failed to compile or assemble).
 
     A process pool's task: it takes an index, since a case's dispatcher does not pickle.
     """
@@ -318,7 +347,8 @@ def _assemble_case(index: int) -> tuple[str | None, str | None]:
 
 
 def assemble_all(jobs: int, covering: bool = False):
-    """Yield (case, nvJitLink's log or None, why it failed or None) for every case (or every covering one), in order."""
+    """Yield (case, (nvJitLink's log, the cubin) or None, why it failed or None) for every case (or every covering one),
+    in order."""
     all_cases = cases()
     chosen = [index for index, case in enumerate(all_cases) if case.covering or not covering]
     if jobs == 1:
@@ -402,16 +432,18 @@ def markdown(report: dict) -> str:
         "- smem is ptxas's static shared memory, which includes sm_90's 1 KiB per-block reserve; "
         "predicted = kernels' shared_bytes() formula + 1 KiB",
         "- occupancy: resident blocks per H100 SM from registers, shared memory and threads",
+        "- code: the cubin's machine code (.text) + constant banks (.nv.constant), read from DRAM once per launch "
+        "from a cold L2",
         "",
         "| kernel | threads | registers | spill st/ld (B) | stack (B) | smem (B) | predicted smem (B) "
-        "| blocks/SM (limit) | warp occupancy |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| blocks/SM (limit) | warp occupancy | code (B) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for k in report["kernels"]:
         lines.append(
             f"| {k['kernel']} | {k['threads']} | {k['registers']} | {k['spill_store_bytes']}/{k['spill_load_bytes']} | "
             f"{k['stack_frame_bytes']} | {k['shared_bytes']} | {k['predicted_shared_bytes']} | "
-            f"{k['blocks_per_sm']} ({k['limited_by']}) | {k['warp_occupancy']:.0%} |"
+            f"{k['blocks_per_sm']} ({k['limited_by']}) | {k['warp_occupancy']:.0%} | {k['code_bytes']:,} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -455,17 +487,18 @@ def main() -> None:
     if args.check:
         sys.exit(check(args.jobs, args.covering))
     rows = []
-    for case, log, error in assemble_all(args.jobs):
+    for case, built, error in assemble_all(args.jobs):
         if error is not None:
             sys.exit(f"{case.name} does not compile for {ARCH}:\n{error}")
-        row = {"kernel": case.name, "threads": case.threads, **parse(log)}
+        log, cubin = built
+        row = {"kernel": case.name, "threads": case.threads, **parse(log), **code_sizes(cubin)}
         row["predicted_shared_bytes"] = case.predicted_shared + (
             SHARED_RESERVED_PER_BLOCK if case.predicted_shared else 0
         )
         row.update(occupancy(row["registers"], row["shared_bytes"], case.threads))
         rows.append(row)
         print(f"{case.name}: {row['registers']} regs, spills {row['spill_store_bytes']}/{row['spill_load_bytes']} B, "
-              f"smem {row['shared_bytes']} B")
+              f"smem {row['shared_bytes']} B, code {row['code_bytes']} B")
     write_report(args.out, {"versions": versions(), "kernels": rows}, markdown, args.json)
 
 

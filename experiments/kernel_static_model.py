@@ -345,22 +345,6 @@ def loop_divisions(fn: Function) -> int:
     )
 
 
-def cubin(ptx: str) -> bytes:
-    """The PTX assembled for sm_90 by nvJitLink."""
-    from cuda.bindings import nvjitlink
-
-    handle = nvjitlink.create(1, [f"-arch={resources.ARCH}"])
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel")
-        nvjitlink.complete(handle)
-        buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, buf)
-        return bytes(buf)
-    finally:
-        nvjitlink.destroy(handle)
-
-
 def nvdisasm() -> str | None:
     from cuda.pathfinder import find_nvidia_binary_utility
 
@@ -470,9 +454,10 @@ def model_cases() -> list:
 
 def analyse(case, workdir: Path) -> dict:
     ptx = resources.compile_ptx(case)
-    row = {"kernel": case.name, "threads": case.threads, **resources.parse(resources.assemble(ptx))}
+    log, cubin = resources.assemble(ptx)
+    row = {"kernel": case.name, "threads": case.threads, **resources.parse(log)}
     row.update(resources.occupancy(row["registers"], row["shared_bytes"], case.threads))
-    fn = kernel_function(parse_sass(disassemble(cubin(ptx), workdir)))
+    fn = kernel_function(parse_sass(disassemble(cubin, workdir)))
     row["divisions_in_loops"] = loop_divisions(fn)
     found = step_mix(fn)
     if found is None:

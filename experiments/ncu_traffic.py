@@ -360,13 +360,31 @@ def call5_sdpa_grid() -> list[LaunchConfig]:
     return rows
 
 
+def call5_code_grid() -> list[LaunchConfig]:
+    """What iosim's kernels read beyond their tensors (issue 28, item 1): launches small enough (N = 256) that a
+    kernel's code and constant banks (20 to 150 KB: experiments/code_bytes.py) are a fifth to a half of what it reads,
+    one of each build the model counts code for: flash-swapped's forward in float32 at d 64 and 128 and in float16,
+    the tensor-core forward in float16 and bfloat16, both backwards (row_dot, fill, the main kernel and, in float16,
+    the cast), and split-kv's split and combine; then flash-swapped's forward at one head at N = 1,024, as in call 1,
+    and at N = 16,384, where call 1's kernels read 4 to 5 times their code over their inputs."""
+    f, b = "forward", "backward"
+    return [_short(FS, f, "float32", 1, 256, 64), _short(FS, f, "float32", 1, 256, 128),
+            _short(FS, f, "float16", 1, 256, 128), _short(TC, f, "float16", 1, 256, 64),
+            _short(TC, f, "bfloat16", 1, 256, 128), _short(FS, b, "float32", 1, 256, 64),
+            _short(TC, b, "float16", 1, 256, 128),
+            LaunchConfig("split-kv", f, 1, 32, 1, 1024, 128, "float16", kv_heads=8, splits=4),
+            _short(FS, f, "float32", 1, 1024, 64), _short(FS, f, "float32", 1, 16384, 64),
+            _short(FS, f, "float32", 1, 16384, 128)]
+
+
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
          "call3-backward": call3_backward_grid, "call3-tc-backward": call3_tc_backward_grid,
          "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid,
          "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid,
-         "call3-sdpa": call3_sdpa_grid, "call5-sdpa": call5_sdpa_grid, "call5-split": call5_split_grid}
+         "call3-sdpa": call3_sdpa_grid, "call5-sdpa": call5_sdpa_grid, "call5-split": call5_split_grid,
+         "call5-code": call5_code_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -165,6 +165,8 @@ OUTPUTS = (
            ("--out", "{root}/iosim/gpu/sdpa_resources_sm90.json"), BINARY, 3),
     report("kernels_static_model_sm90", "python -m experiments.kernel_static_model",
            "experiments/results/kernels_static_model_sm90", 391, SLOW),
+    # what the kernels read beyond their tensors: their code, from the cubins at calls 1 and 4's commits
+    report("code_bytes", "python -m experiments.code_bytes", "experiments/results/code_bytes", 13, SLOW),
     Output("speed", "python -m experiments.speed", ("experiments/results/speed.json",),
            ("--out", "{root}/experiments/results/speed.json"), TIMING, 189),
     Output("speed_l2", "python -m experiments.speed --only l2 --out experiments/results/speed_l2.json",

@@ -218,3 +218,30 @@ def test_the_static_model_reads_every_hmma_of_the_tensor_core_steps(tmp_path):
     for row in rows:
         step = row["step"]
         assert step["hmma"] == row["hmma_built"] and step["unresolved_loops"] == 0, (row["kernel"], step)
+
+
+CODE_PROBE = """
+import json, tempfile
+from pathlib import Path
+from experiments import kernel_resources as resources, kernel_static_model as model
+case = next(c for c in resources.cases() if c.name == "fill fp32")
+log, cubin = resources.assemble(resources.compile_ptx(case))
+with tempfile.TemporaryDirectory() as tmp:
+    functions = model.parse_sass(model.disassemble(cubin, Path(tmp)))
+print(json.dumps({**resources.code_sizes(cubin), "functions": [f.name for f in functions],
+                  "listed": sum(f.instructions[-1].address + 16 for f in functions)}))
+"""
+
+
+def test_the_code_the_report_records_is_every_instruction_nvdisasm_lists():
+    """kernel_resources' code bytes (read from the cubin's section headers) hold the machine code of the kernel and of
+    every routine it calls, byte for byte as nvdisasm lists their instructions, 16 bytes each, beside the constant
+    banks: fill's, whose whole read on an H100 is its code (experiments/results/code_bytes.md)."""
+    if not static_model_compiles():
+        pytest.skip("no nvdisasm (pip install -e '.[test]' brings nvidia-cuda-nvdisasm)")
+    r = compile_in_subprocess("-c", CODE_PROBE)
+    assert r.returncode == 0, f"exit status {r.returncode}\n{r.stdout}{r.stderr}"
+    found = json.loads(r.stdout.splitlines()[-1])
+    assert len(found["functions"]) >= 2, found  # the kernel and at least the 64-bit division it calls
+    assert found["text_bytes"] == found["listed"] and found["constant_bytes"] > 0, found
+    assert found["code_bytes"] == found["text_bytes"] + found["constant_bytes"]

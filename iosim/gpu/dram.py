@@ -31,7 +31,7 @@ from iosim.gpu.grids.flash import FORM_MAX_QUERY_BLOCKS
 from iosim.gpu.hardware import BLOCK_SPREADS, Hardware, OverrideError, hardware
 from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import KERNELS, kernel_for, named_for
-from iosim.gpu.l2 import DramCounts, Grid, in_sequence
+from iosim.gpu.l2 import CODE, DramCounts, DramTensor, Grid, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
 from iosim.gpu.timed import Timing, simulate_rounds, simulate_timed
@@ -151,11 +151,24 @@ def pass_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float | 
     return in_sequence(kernel_counts(kernel, launch, hw, budget_s))
 
 
+def code_reads(kernel: Kernel, launch: Launch) -> int | None:
+    """The bytes of machine code and constant banks a pass's kernels read from DRAM, once per launch from a cold L2
+    (what ncu measures: it flushes the L2 before each kernel), from their binaries (``Grid.code_bytes``); None where
+    one kernel's binary was not read (experiments/code_bytes.py sets this beside calls 1 and 4)."""
+    codes = [g.code_bytes for g in kernel.grids(kernel.own(launch))]
+    return None if None in codes else sum(codes)
+
+
 def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth: bool = False,
                  budget_s: float | None = BUDGET_S) -> DramCounts:
-    """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another."""
-    return in_sequence([pass_counts(kernel, Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth, hw.sms),
-                                    hw, budget_s) for p in plans])
+    """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another: their
+    tensors' and, where every kernel's binary was read, their code's (a tensor named ``CODE``)."""
+    launches = [Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth, hw.sms) for p in plans]
+    counts = in_sequence([pass_counts(kernel, launch, hw, budget_s) for launch in launches])
+    codes = [code_reads(kernel, launch) for launch in launches]
+    if None in codes:
+        return counts
+    return replace(counts, tensors=counts.tensors + (DramTensor(CODE, sum(codes), 0, 0),))
 
 
 def at_spreads(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, spreads: tuple[float, ...],

@@ -14,7 +14,7 @@ from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.l2 import DramForm, Grid, SharedMemoryBound
-from iosim.gpu.occupancy import report
+from iosim.gpu.occupancy import Resources, report
 
 OPTIONS = ("sawtooth",)  # kernel options: the sawtooth order of flash-swapped's forward (odd query blocks reversed)
 TAKES = ("fp8", "d_v")  # what some kernels take and the others refuse: FP8 data, a V head size apart from Q's and K's
@@ -116,17 +116,23 @@ def check_launchable(pb: Problem, takes: tuple[str, ...] = ()) -> None:
                          f"(`iosim kernels`: fa3)")
 
 
+def build(kernel: str, part: str, launch: Launch, any_dtype: bool = False, any_d: bool = False) -> Resources | None:
+    """The resource report's row of ``kernel``'s ``part`` at the launch's dtype, head dimension, build and tile; None
+    where it has none."""
+    pb, t = launch.problem, launch.tiling
+    causal = pb.causal or pb.dropout_p > 0
+    return report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
+                           tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
+
+
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,
              any_dtype: bool = False, any_d: bool = False) -> int | SharedMemoryBound:
     """The blocks per SM the resource report gives ``kernel``'s ``part`` at the launch's dtype, head dimension, build
     and tile; where it has none, ``bound`` (what shared memory allows)."""
-    pb, t = launch.problem, launch.tiling
-    causal = pb.causal or pb.dropout_p > 0
-    row = report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
-                          tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
+    row = build(kernel, part, launch, any_dtype, any_d)
     if row is not None:
         return row.blocks_per_sm
     if bound is None:
-        raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={pb.dtype!r}, "
-                         f"d={pb.shape.d}; allowed: the builds of {report().path.name}")
+        raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={launch.problem.dtype!r}, "
+                         f"d={launch.problem.shape.d}; allowed: the builds of {report().path.name}")
     return bound

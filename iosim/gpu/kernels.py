@@ -8,25 +8,40 @@ algorithm gets when it names none; ``iosim kernels`` lists them all with their s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from iosim.core.errors import InputError
 from iosim.gpu import call1
 from iosim.gpu.grids import _device, fa3, fa3_backward, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
-from iosim.gpu.kernel import Kernel, Launch, measured
+from iosim.gpu.kernel import Kernel, Launch, build, measured
 from iosim.gpu.l2 import Grid
+
+
+def with_code(grid: Grid, kernel: str, part: str, launch: Launch, any_dtype: bool = False,
+              any_d: bool = False) -> Grid:
+    """``grid`` with the code bytes of its build (the resource report's, from the sm_90 cubin; None where the report
+    has no row of it)."""
+    row = build(kernel, part, launch, any_dtype, any_d)
+    return replace(grid, code_bytes=None if row is None else row.code_bytes)
 
 
 def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
     """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
-    of dQ; the grid-stride kernels at the report's blocks per SM (one build of each stands for every dtype)."""
-    per_sm = [measured(k, k, launch, None, any_dtype=True) for k in ("row_dot", "fill", "cast")]
-    return _device.around(launch.problem, main, *per_sm)
+    of dQ; the grid-stride kernels at the report's blocks per SM and with its code (one build of each stands for every
+    dtype)."""
+    parts = ("row_dot", "fill", "main", "cast")
+    per_sm = [measured(k, k, launch, None, any_dtype=True) for k in parts if k != "main"]
+    return tuple(g if k == "main" else with_code(g, k, k, launch, any_dtype=True)
+                 for k, g in zip(parts, _device.around(launch.problem, main, *per_sm)))
 
 
 def _flash(launch: Launch) -> tuple[Grid, ...]:
     pb, t = launch.problem, launch.tiling
     if launch.backward:
-        return (flash.backward(pb, t, measured("flash", "backward", launch, flash.backward_smem(pb, t))),)
-    return (flash.forward(pb, t, measured("flash", "forward", launch, flash.forward_smem(pb, t))),)
+        grid = flash.backward(pb, t, measured("flash", "backward", launch, flash.backward_smem(pb, t)))
+        return (with_code(grid, "flash", "backward", launch),)
+    grid = flash.forward(pb, t, measured("flash", "forward", launch, flash.forward_smem(pb, t)))
+    return (with_code(grid, "flash", "forward", launch),)
 
 
 def _flash_swapped(launch: Launch) -> tuple[Grid, ...]:
@@ -34,9 +49,10 @@ def _flash_swapped(launch: Launch) -> tuple[Grid, ...]:
     if launch.backward:
         main = flash_swapped.backward(pb, t, measured("flash-swapped", "backward", launch,
                                                       flash_swapped.backward_smem(pb, t)))
-        return backward_device_kernels(launch, main)
+        return backward_device_kernels(launch, with_code(main, "flash-swapped", "backward", launch))
     per_sm = measured("flash-swapped", "forward", launch, flash_swapped.forward_smem(pb, t))
-    return (flash_swapped.forward(pb, t, per_sm, sawtooth=launch.sawtooth),)
+    grid = flash_swapped.forward(pb, t, per_sm, sawtooth=launch.sawtooth)
+    return (with_code(grid, "flash-swapped", "forward", launch),)
 
 
 def _flash_swapped_tc(launch: Launch) -> tuple[Grid, ...]:
@@ -44,21 +60,25 @@ def _flash_swapped_tc(launch: Launch) -> tuple[Grid, ...]:
     if pb.dtype == "float32":  # the tensor-core kernels are 16-bit: float32 runs flash-swapped's
         return _flash_swapped(launch)
     bound = flash_swapped.backward_smem(pb, t) if launch.backward else flash_swapped.forward_smem(pb, t)
-    per_sm = measured("flash-swapped-tc", "backward" if launch.backward else "forward", launch, bound)
+    part = "backward" if launch.backward else "forward"
+    per_sm = measured("flash-swapped-tc", part, launch, bound)
     if launch.backward:
-        return backward_device_kernels(launch, flash_swapped_tc.backward(pb, t, per_sm))
-    return (flash_swapped_tc.forward(pb, t, per_sm),)
+        main = with_code(flash_swapped_tc.backward(pb, t, per_sm), "flash-swapped-tc", part, launch)
+        return backward_device_kernels(launch, main)
+    return (with_code(flash_swapped_tc.forward(pb, t, per_sm), "flash-swapped-tc", part, launch),)
 
 
 def _split_kv(launch: Launch) -> tuple[Grid, ...]:
     """The split kernel, then the combine where there is more than one split."""
     pb, t = launch.problem, launch.tiling
-    grid = split_kv.split(pb, t, measured("split-kv", "split", launch, split_kv.split_smem(pb, t)))
+    grid = with_code(split_kv.split(pb, t, measured("split-kv", "split", launch, split_kv.split_smem(pb, t))),
+                     "split-kv", "split", launch)
     if t.splits == 1:
         return (grid,)
     # the combine holds no tile in shared memory: the report's build (48 registers at d = 64 and 128) stands for every
     # dtype and d
-    return grid, split_kv.combine(pb, t, measured("split-kv", "combine", launch, None, any_dtype=True, any_d=True))
+    combine = split_kv.combine(pb, t, measured("split-kv", "combine", launch, None, any_dtype=True, any_d=True))
+    return grid, with_code(combine, "split-kv", "combine", launch, any_dtype=True, any_d=True)
 
 
 def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:

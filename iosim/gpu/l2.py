@@ -177,10 +177,17 @@ class Grid:
     # the grid's closed form under the lockstep schedule, (capacity, concurrent) -> its counts or None outside its
     # domain (``iosim.gpu.head_waves``); None where it has none of its own
     form: Callable[[int, int], DramForm | None] | None = None
+    # the bytes of machine code and constant banks its kernel's binary holds, which a launch reads from DRAM once from
+    # a cold L2 (iosim.gpu.kernels: the resource report's build); None where no binary was read
+    code_bytes: int | None = None
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""
         return self.blocks_per_sm if isinstance(self.blocks_per_sm, int) else self.blocks_per_sm.on(gpu)
+
+
+# the machine code and constant banks of a request's kernels, counted beside its tensors (iosim.gpu.dram.request_dram)
+CODE = "code"
 
 
 @dataclass(frozen=True)
@@ -219,11 +226,14 @@ def read_range(dram: DramCounts, band: tuple[DramCounts, DramCounts]) -> tuple[i
 
 def dram_record(dram: DramCounts | None, band: tuple[DramCounts, DramCounts] | None = None,
                 bracketed: bool | None = None) -> dict:
-    """A record's DRAM keys: read, written during the kernel and dirty bytes; under the timed schedule the fewest and
-    the most reads over the blocks' spread (its two ends and the middle), and whether the ends move them by more than
-    10 %; null where the model or the schedule does not apply."""
+    """A record's DRAM keys: read (the kernels' code included, where their binaries were read), of it the code, written
+    during the kernel and dirty bytes; under the timed schedule the fewest and the most reads over the blocks' spread
+    (its two ends and the middle), and whether the ends move them by more than 10 %; null where the model or the
+    schedule does not apply."""
     low, high = (None, None) if band is None else read_range(dram, band)
-    return {"dram_read_bytes": getattr(dram, "reads", None), "dram_write_bytes": getattr(dram, "writes", None),
+    code = None if dram is None else next((t.reads for t in dram.tensors if t.name == CODE), None)
+    return {"dram_read_bytes": getattr(dram, "reads", None), "dram_code_bytes": code,
+            "dram_write_bytes": getattr(dram, "writes", None),
             "dram_dirty_bytes": getattr(dram, "dirty_at_end", None), "dram_read_low": low, "dram_read_high": high,
             "dram_bracketed": bracketed}
 

@@ -47,6 +47,9 @@ class Resources:
     registers: int
     shared_bytes: int
     label: str  # the report's own name of the build
+    # the cubin's machine code and constant banks, which a launch reads from DRAM once from a cold L2
+    # (experiments/code_bytes.py); None in a report made before it recorded them
+    code_bytes: int | None = None
 
 
 def parse(row: dict) -> Resources | None:
@@ -64,12 +67,12 @@ def parse(row: dict) -> Resources | None:
             tile = None
         build = "sawtooth" if g["sawtooth"] else "causal+dropout" if g["causal"] else "plain"
         return Resources(g["kernel"], g["part"], DTYPES[g["dtype"]], int(g["d"]), build, tile, row["blocks_per_sm"],
-                         row["registers"], row["shared_bytes"], label)
+                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"))
     found = _GRID_STRIDE.match(label)
     if found:
         part = next(k for k in ("row_dot", "fill", "cast") if found.group(k))
         return Resources(part, part, DTYPES[found.group("dtype")], None, "plain", None, row["blocks_per_sm"],
-                         row["registers"], row["shared_bytes"], label)
+                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"))
     return None
 
 

@@ -22,7 +22,9 @@
 #           flash-swapped float32 at d = 128 against torch eager, the timing calls 3 and 4 left out.
 #   call5b: a second half for the same call: SDPA's split-KV forward, where torch splits K/V (decoding and short
 #           prefills of few heads; call5-split: 5 rows, each kernel apart, predicted before the run in the
-#           predictions files experiments/call3_short.py names).
+#           predictions files experiments/call3_short.py names); then what iosim's kernels read beyond their
+#           tensors, their code (call5-code: 11 small rows, each kernel apart, predicted with their code before the
+#           run in predictions-<commit>-code.json: experiments/code_bytes.py --predict).
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
@@ -127,6 +129,7 @@ case $PART in
     ;;
   call5b)
     ncu_grid call5-split 60 --grouped
+    ncu_grid call5-code 150 --grouped
     ;;
   *)
     ncu_grid "$PART" 560

@@ -1,0 +1,66 @@
+"""What a pass reads beyond its tensors: its kernels' code, once per launch (``iosim.gpu.dram.code_reads``).
+
+The resource report records each build's machine code and constant banks from its sm_90 cubin
+(``experiments.kernel_resources.code_sizes``); the DRAM level adds the code of every kernel a pass launches, as ncu
+measures it from a cold L2 (experiments/results/code_bytes.md sets it beside calls 1 and 4). The expected bytes here
+are read from the report's rows by their labels, not through the lookup the model uses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import iosim
+from iosim.core.problem import AttentionShape, Problem
+from iosim.core.tiling import Tiling
+from iosim.gpu.dram import code_reads, pass_counts
+from iosim.gpu.hardware import hardware
+from iosim.gpu.kernel import Launch
+from iosim.gpu.kernels import KERNELS
+from iosim.gpu.l2 import CODE, dram_record
+from iosim.gpu.occupancy import RESOURCE_REPORT
+
+
+def report_code(label: str) -> int:
+    """The code bytes of the report's row named ``label``."""
+    rows = {row["kernel"]: row for row in json.loads(RESOURCE_REPORT.read_text())["kernels"]}
+    return rows[label]["code_bytes"]
+
+
+def test_a_backward_pass_reads_the_code_of_each_of_its_four_kernels_once():
+    # flash-swapped's float16 backward: row_dot, fill, the main kernel and the cast of dQ, one build of each
+    launch = Launch(Problem(AttentionShape(1, 2, 256, 256, 64), tau=1.0, dtype="float16"), Tiling(32, 32), backward=True)
+    want = [report_code("D = rowsum(dO o O) fp16"), report_code("fill fp32"),
+            report_code("flash-swapped backward d=64 fp16 TileConfig(Br=32, Bc=32, TM=4, TN=4)"),
+            report_code("cast fp32 -> fp16")]
+    assert min(want) > 10_000  # tens of kilobytes each: the grid-stride kernels' index arithmetic is unrolled
+    assert [g.code_bytes for g in KERNELS["flash-swapped"].grids(launch)] == want
+    assert code_reads(KERNELS["flash-swapped"], launch) == sum(want)
+    # float32 launches no cast; the causal build is another binary, with its own code
+    float32 = Launch(replace(launch.problem, dtype="float32"), launch.tiling, backward=True)
+    assert code_reads(KERNELS["flash-swapped"], float32) == sum(want[:2]) + report_code(
+        "flash-swapped backward d=64 fp32 TileConfig(Br=32, Bc=32, TM=4, TN=4)")
+
+
+def test_a_request_reads_its_passes_code_beside_their_tensors_and_the_record_says_how_much():
+    kernel, hw = KERNELS["flash-swapped"], hardware("h100")
+    for pass_, tile in (("fwd", iosim.Tiling(64, 32)), ("bwd", iosim.Tiling(32, 32))):  # the kernel's own tiles
+        r = iosim.dram("flash-swapped", N=300, d=64, M="228KiB", heads=2, dtype="float16", pass_=pass_, tiling=tile)
+        launch = Launch(r.problem, tile, backward=pass_ == "bwd", sms=132)
+        code = code_reads(kernel, launch)
+        assert [t.reads for t in r.dram.tensors if t.name == CODE] == [code]
+        assert r.dram.reads == pass_counts(kernel, launch, hw).reads + code
+        record = dram_record(r.dram)
+        assert (record["dram_code_bytes"], record["dram_read_bytes"]) == (code, r.dram.reads)
+    # a tile the report holds no build of: its code is not known, and not counted
+    r = iosim.dram("flash-swapped", N=300, d=64, M="228KiB", heads=2, dtype="float16", tiling=iosim.Tiling(32, 32))
+    assert dram_record(r.dram)["dram_code_bytes"] is None
+
+
+def test_a_kernel_whose_binary_was_not_read_adds_no_code():
+    # SDPA's kernels are in torch's library, whose sections the report does not hold: its tensors alone
+    r = iosim.dram("flash-swapped", N=4096, d=64, M="228KiB", heads=256, kernel="sdpa-flash")
+    assert CODE not in [t.name for t in r.dram.tensors]
+    assert dram_record(r.dram)["dram_code_bytes"] is None
+    assert code_reads(KERNELS["sdpa-flash"], Launch(r.problem, r.tiling, sms=132)) is None
