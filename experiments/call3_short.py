@@ -32,7 +32,8 @@ from experiments import ncu_traffic
 REPO = Path(__file__).resolve().parents[1]
 PREDICTIONS = REPO / "experiments" / "results" / "gpu"
 LOCKSTEP = ("predictions-80f2354", "predictions-6d16ff6", "predictions-bda8144", "predictions-69c24cc",
-            "predictions-159b338", "predictions-96a5261", "predictions-5217ccf", "predictions-d3b558b")
+            "predictions-159b338", "predictions-96a5261", "predictions-5217ccf", "predictions-d3b558b",
+            "predictions-54643ce")
 STAGGERED = ("predictions-92a2cc8-staggered", "predictions-159b338-staggered", "predictions-96a5261-staggered",
              "predictions-5217ccf-staggered", "predictions-d3b558b-staggered")
 COMPILE_S = 12.0  # a specialisation compiled in 10.7 to 13.4 s on the H100 machine's host in call 3 (call3/README.md)

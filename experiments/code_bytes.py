@@ -200,7 +200,8 @@ def predict(grid: str) -> dict:
         kernels = [{"tensor_reads": p.reads, "code_bytes": g.code_bytes, "reads": p.reads + g.code_bytes}
                    for p, g in zip(parts, kernel.grids(kernel.own(launch)), strict=True)]
         reads = sum(k["reads"] for k in kernels)
-        rows.append({"index": index, **asdict(cfg), "tiling": cfg.tile(), "kernels": kernels, "reads": reads,
+        rows.append({"index": index, **asdict(cfg), "tiling": cfg.tile(),
+                     "predicted": {"reads": reads, "kernels": kernels},
                      "code_share": sum(k["code_bytes"] for k in kernels) / reads})
     return {"grid": grid, "gpu": "h100", "schedule": "lockstep", "rows": rows}
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
         Path(args.out).write_text(json.dumps(found, indent=1) + "\n")
         for r in found["rows"]:
             print(f"{r['impl']} {r['direction']} {r['dtype']} {r['batch'] * r['heads']}×{r['n_k']} d={r['d']}: "
-                  f"{r['reads']:,} B read, {r['code_share']:.1%} of it code")
+                  f"{r['predicted']['reads']:,} B read, {r['code_share']:.1%} of it code")
         return found
     from experiments import kernel_resources as resources
 

@@ -152,6 +152,11 @@ OUTPUTS = (
     prediction("5217ccf", "--grid call5-sdpa --schedule staggered --jobs 2", 1.4, "-staggered"),
     prediction("d3b558b", "--grid call5-split --jobs 2", 2.0),
     prediction("d3b558b", "--grid call5-split --schedule staggered --jobs 2", 1.0, "-staggered"),
+    prediction("54643ce", "--grid call5-code --jobs 2", 0.9),
+    # the same rows with each kernel's code (experiments/code_bytes.py), committed before the call that checks it
+    Output("predictions-54643ce-code", "python -m experiments.code_bytes --predict call5-code",
+           (f"{GPU_DIR}/predictions-54643ce-code.json",),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-54643ce-code.json"), RECORD, 2.5),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
