@@ -19,7 +19,7 @@ gives, per kernel, the range of code / excess over its launches.
 
     pip install -e '.[gpu]'
     python -m experiments.code_bytes [--out experiments/results/code_bytes]
-    python -m experiments.code_bytes --predict GRID --out FILE.json
+    python -m experiments.code_bytes --predict GRID [GRID ...] --out FILE.json
 
 The first writes OUT.json and OUT.md (commit, versions, command); exits 77 without the toolchain. The second writes
 the DRAM reads the model predicts, code included, for an ncu grid's rows (experiments/ncu_traffic.py), kernel by
@@ -134,31 +134,50 @@ def call1_rows(code: dict[str, dict]) -> list[dict]:
     return out
 
 
-def call4_rows(code: dict[str, dict]) -> list[dict]:
-    """Call 4's grid-stride kernels (row_dot, fill, cast: their tensors read once at any size), against the L2
-    model's tensor reads of this commit (call 4's kernels: kernels/ is unchanged since but for tracing)."""
+def call4_launches(folder: str):
+    """Each kernel call 4 measured in ``folder`` (under its results), with the L2 model's tensor reads and code of
+    it (this commit's descriptions): (the row's configuration, ncu's kernel name, its DRAM read, the tensors' reads,
+    the grid's code bytes)."""
     from experiments import ncu_traffic, predict_next_call
     from iosim.gpu.dram import kernel_counts
     from iosim.gpu.hardware import hardware
     from iosim.gpu.kernels import KERNELS
 
-    folder = GPU_DIR / "call4" / "rest-first" / "ncu-short-rest"
-    configs = json.loads((folder / "configs.json").read_text())
+    path = GPU_DIR / "call4" / folder
+    configs = json.loads((path / "configs.json").read_text())
+    for measured in ncu_traffic.measured_rows(path):
+        cfg = configs[measured["index"]]
+        launch = predict_next_call.launch(ncu_traffic.LaunchConfig(
+            **{k: v for k, v in cfg.items() if k in ncu_traffic.LaunchConfig.__dataclass_fields__}))
+        kernel = KERNELS[cfg["impl"]]
+        parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
+        grids = kernel.grids(kernel.own(launch))
+        for name, m, tensors, grid in zip(measured["kernels"], measured["per_kernel"], parts, grids, strict=True):
+            yield cfg, name, m["read_bytes"], tensors.reads, grid.code_bytes
+
+
+def call4_rows(code: dict[str, dict]) -> list[dict]:
+    """Call 4's grid-stride kernels (row_dot, fill, cast: their tensors read once at any size), against the L2
+    model's tensor reads of this commit (call 4's kernels: kernels/ is unchanged since but for tracing), with their
+    code as compiled at call 4's commit."""
     out = []
-    for measured in ncu_traffic.measured_rows(folder):
-        cfg = ncu_traffic.LaunchConfig(**{k: v for k, v in configs[measured["index"]].items()
-                                          if k in ncu_traffic.LaunchConfig.__dataclass_fields__})
-        if cfg.direction != "backward":
+    for cfg, kernel_name, measured, tensors, _ in call4_launches("rest-first/ncu-short-rest"):
+        name = KERNEL_NAMES.get(kernel_name.split("[")[0])
+        if name is None:
             continue
-        parts = kernel_counts(KERNELS[cfg.impl], predict_next_call.launch(cfg), hardware("h100"), budget_s=None)
-        for kernel_name, m, tensors in zip(measured["kernels"], measured["per_kernel"], parts, strict=True):
-            prefix = kernel_name.split("[")[0]
-            name = KERNEL_NAMES.get(prefix)
-            if name is None:
-                continue
-            name = "row_dot fp16" if name == "row_dot" and cfg.dtype != "float32" else name
-            out.append(row("call 4", CALL4, configs[measured["index"]], name, m["read_bytes"], tensors.reads,
-                           code[name]))
+        name = "row_dot fp16" if name == "row_dot" and cfg["dtype"] != "float32" else name
+        out.append(row("call 4", CALL4, cfg, name, measured, tensors, code[name]))
+    return out
+
+
+def call4_sdpa_rows() -> list[dict]:
+    """Call 4's SDPA kernels, with the code the model counts for them: torch 2.14.1's sm_90 binary
+    (iosim/gpu/sdpa_resources_sm90.json; call 4 ran torch 2.11.0, whose binary was not read)."""
+    out = []
+    for cfg, kernel_name, measured, tensors, code in call4_launches("rest-second/ncu-call3-sdpa"):
+        name = kernel_name.split("pytorch_flash::")[1].split("<")[0]
+        out.append(row("call 4", CALL4, cfg, name, measured, tensors,
+                       {"text_bytes": None, "constant_bytes": None, "code_bytes": code}))
     return out
 
 
@@ -167,7 +186,7 @@ def row(call: str, commit: str, cfg: dict, name: str, measured: float, tensors: 
     return {"call": call, "commit": commit, "kernel": name, "impl": cfg["impl"], "direction": cfg["direction"],
             "batch_heads": cfg["batch"] * cfg["heads"], "N": cfg["n_q"], "d": cfg["d"], "dtype": cfg["dtype"],
             "measured_read": measured, "tensor_read_predicted": tensors, "excess": excess, **code,
-            "code_over_excess": code["code_bytes"] / excess if excess > 0 else None}
+            "code_over_excess": code["code_bytes"] / excess if excess > 0 else None}  # None: the model reads more
 
 
 def marker_rows(code: dict[str, dict], commit: str, folder: Path, call: str) -> list[dict]:
@@ -182,10 +201,10 @@ def marker_rows(code: dict[str, dict], commit: str, folder: Path, call: str) -> 
              "measured_read_max": max(reads), **code["marker"]}]
 
 
-def predict(grid: str) -> dict:
-    """Each row of ``grid`` (experiments/ncu_traffic.py), kernel by kernel as ncu measures them: the L2 model's
-    tensor reads at the H100 preset's effective L2 (lockstep), the kernel's code as the resource report gives it, and
-    their sum, the DRAM bytes it predicts ncu reads."""
+def predict(grids: list[str]) -> dict:
+    """Each row of ``grids`` (experiments/ncu_traffic.py), kernel by kernel as ncu measures them: the L2 model's
+    tensor reads at the H100 preset's effective L2 (lockstep), the kernel's code as the model counts it, and their
+    sum, the DRAM bytes it predicts ncu reads."""
     from dataclasses import asdict
 
     from experiments import ncu_traffic, predict_next_call
@@ -194,31 +213,33 @@ def predict(grid: str) -> dict:
     from iosim.gpu.kernels import KERNELS
 
     rows = []
-    for index, cfg in enumerate(ncu_traffic.GRIDS[grid]()):
+    for grid, index, cfg in [(g, i, c) for g in grids for i, c in enumerate(ncu_traffic.GRIDS[g]())]:
         launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
         parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
         kernels = [{"tensor_reads": p.reads, "code_bytes": g.code_bytes, "reads": p.reads + g.code_bytes}
                    for p, g in zip(parts, kernel.grids(kernel.own(launch)), strict=True)]
         reads = sum(k["reads"] for k in kernels)
-        rows.append({"index": index, **asdict(cfg), "tiling": cfg.tile(),
+        rows.append({"grid": grid, "index": index, **asdict(cfg), "tiling": cfg.tile(),
                      "predicted": {"reads": reads, "kernels": kernels},
                      "code_share": sum(k["code_bytes"] for k in kernels) / reads})
-    return {"grid": grid, "gpu": "h100", "schedule": "lockstep", "rows": rows}
+    return {"grids": grids, "gpu": "h100", "schedule": "lockstep", "rows": rows}
 
 
 def summary(rows: list[dict]) -> list[dict]:
     """Per kernel (its head dimension aside), over its launches: how many, and the least and most code / excess."""
-    kinds: dict[str, list[float]] = {}
+    kinds: dict[str, list[float | None]] = {}
     for r in rows:
         kinds.setdefault(r["kernel"].split(" d=")[0], []).append(r["code_over_excess"])
-    return [{"kernel": k, "launches": len(v), "least": min(v), "most": max(v)} for k, v in kinds.items()]
+    return [{"kernel": k, "launches": len(v), "least": min(x for x in v if x is not None),
+             "most": max(x for x in v if x is not None), "over_predicted": v.count(None)} for k, v in kinds.items()]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "experiments" / "results" / "code_bytes"))
-    parser.add_argument("--predict", metavar="GRID", help="write the DRAM reads, code included, the model predicts "
-                        "for an ncu grid's rows (--out names the JSON file) instead of the comparison with calls 1, 4")
+    parser.add_argument("--predict", metavar="GRID", nargs="+", help="write the DRAM reads, code included, the model "
+                        "predicts for ncu grids' rows (--out names the JSON file) instead of the comparison with calls "
+                        "1 and 4")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -227,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.predict:
         from experiments import kernel_resources as resources
 
-        found = {"command": f"python -m experiments.code_bytes --predict {args.predict}",
+        found = {"command": f"python -m experiments.code_bytes --predict {' '.join(args.predict)}",
                  "git_commit": resources.git_commit(), **predict(args.predict)}
         Path(args.out).write_text(json.dumps(found, indent=1) + "\n")
         for r in found["rows"]:
@@ -238,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     resources.require_toolchain()
     code = {commit: assemble(commit) for commit in BUILDS}
-    rows = call1_rows(code[CALL1]) + call4_rows(code[CALL4])
+    rows = call1_rows(code[CALL1]) + call4_rows(code[CALL4]) + call4_sdpa_rows()
     markers = (marker_rows(code[CALL1], CALL1, GPU_DIR / "call1" / "ncu", "call 1")
                + marker_rows(code[CALL4], CALL4, GPU_DIR / "call4" / "rest-first" / "ncu-short-rest", "call 4"))
     report = {"command": "python -m experiments.code_bytes", "git_commit": resources.git_commit(),
@@ -251,12 +272,19 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
+def code_cell(r: dict) -> str:
+    """Code bytes, with text + constants where the cubin was read here."""
+    split = f" ({r['text_bytes']:,} + {r['constant_bytes']:,})" if r["text_bytes"] is not None else ""
+    return f"{r['code_bytes']:,}{split}"
+
+
 def markdown(report: dict) -> str:
     lines = ["# What the kernels read beyond their tensors: code and constant banks (sm_90 cubins)", "",
              f"- command: `{report['command']}`", f"- git commit: `{report['git_commit']}`",
              "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
-             "- code = the cubin's `.text.*` + `.nv.constant*` sections, each kernel built at the commit its call ran; "
-             "excess = ncu's DRAM read − the L2 model's tensor reads", "",
+             "- code = the cubin's `.text.*` + `.nv.constant*` sections, each of iosim's kernels built at the commit "
+             "its call ran; SDPA's: its kernel's `.text` + constant bank 0 in torch 2.14.1's binary, as the model "
+             "counts it (call 4 ran torch 2.11.0); excess = ncu's DRAM read − the L2 model's tensor reads", "",
              "| call | kernel | impl | direction | batch·heads | N | d | measured read | tensors predicted | excess | "
              "code (text + constants) | code / excess |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -264,13 +292,15 @@ def markdown(report: dict) -> str:
         ratio = "—" if r["code_over_excess"] is None else f"{r['code_over_excess']:.2f}"
         lines.append(f"| {r['call']} | {r['kernel']} | {r['impl']} | {r['direction']} | {r['batch_heads']} | "
                      f"{r['N']:,} | {r['d']} | {r['measured_read']:,.0f} | {r['tensor_read_predicted']:,} | "
-                     f"{r['excess']:,.0f} | {r['code_bytes']:,} ({r['text_bytes']:,} + {r['constant_bytes']:,}) | {ratio} |")
+                     f"{r['excess']:,.0f} | {code_cell(r)} | {ratio} |")
     lines += ["", "| kernel | launches | code / excess |", "| --- | ---: | --- |"]
-    lines += [f"| {k['kernel']} | {k['launches']} | {k['least']:.2f} to {k['most']:.2f} |" for k in report["summary"]]
+    lines += [f"| {k['kernel']} | {k['launches']} | {k['least']:.2f} to {k['most']:.2f}"
+              + (f" ({k['over_predicted']} where the model's tensors read more)" if k["over_predicted"] else "") + " |"
+              for k in report["summary"]]
     lines += ["", "| call | marker kernels | measured read | code (text + constants) |", "| --- | ---: | ---: | ---: |"]
     for m in report["markers"]:
         lines.append(f"| {m['call']} | {m['markers']} | {m['measured_read_min']:,.0f} to {m['measured_read_max']:,.0f}"
-                     f" | {m['code_bytes']:,} ({m['text_bytes']:,} + {m['constant_bytes']:,}) |")
+                     f" | {code_cell(m)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -40,7 +40,6 @@ import json
 import math
 import multiprocessing
 import re
-import struct
 import subprocess
 import sys
 import traceback
@@ -53,6 +52,7 @@ import numba
 import numba.cuda.dispatcher
 from numba import cuda, types
 
+from experiments.elf import elf_sections
 from experiments.ncu_traffic import call3_split_kv_grid
 from iosim.core.gpus import GPUS
 from iosim.kernels import _device as dev
@@ -284,21 +284,6 @@ def assemble(ptx: str) -> tuple[str, bytes]:
         return buf.decode(errors="replace"), bytes(cubin)
     finally:
         nvjitlink.destroy(handle)
-
-
-def elf_sections(blob: bytes) -> dict[str, int]:
-    """The sizes of a 64-bit little-endian ELF file's sections (a cubin), by name."""
-    if blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
-        raise ValueError("not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", blob, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
-    names_at = headers[shstrndx][4]
-
-    def name(offset: int) -> str:
-        return blob[names_at + offset:blob.index(b"\0", names_at + offset)].decode()
-
-    return {name(h[0]): h[5] for h in headers}
 
 
 def code_sizes(cubin: bytes) -> dict[str, int]:

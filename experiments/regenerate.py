@@ -167,7 +167,7 @@ OUTPUTS = (
     Output("sdpa_resources_sm90", "python -m experiments.sdpa_resources --torch-lib "
            "/tmp/tv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so --cuobjdump "
            "/tmp/tv/lib/python3.11/site-packages/nvidia/cu13/bin/cuobjdump", ("iosim/gpu/sdpa_resources_sm90.json",),
-           ("--out", "{root}/iosim/gpu/sdpa_resources_sm90.json"), BINARY, 3),
+           ("--out", "{root}/iosim/gpu/sdpa_resources_sm90.json"), BINARY, 209),
     report("kernels_static_model_sm90", "python -m experiments.kernel_static_model",
            "experiments/results/kernels_static_model_sm90", 391, SLOW),
     # what the kernels read beyond their tensors: their code, from the cubins at calls 1 and 4's commits

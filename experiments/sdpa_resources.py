@@ -28,8 +28,11 @@ import hashlib
 import json
 import re
 import subprocess
+import tempfile
 from datetime import date
 from pathlib import Path
+
+from experiments.elf import elf_sections
 
 # the description's tiles (iosim/gpu/grids/sdpa_flash.py): d -> Flash_fwd_kernel_traits' (kHeadDim, kBlockM, kBlockN,
 # kNWarps) and Flash_bwd_kernel_traits' (kHeadDim, kBlockM, kBlockN, kNWarps)
@@ -58,6 +61,30 @@ def functions(dump: str) -> list[tuple[str, str]]:
     lines = dump.splitlines()
     return [(line.strip()[len("Function "):].rstrip(":"), lines[i + 1].strip()) for i, line in enumerate(lines)
             if line.strip().startswith("Function ") and i + 1 < len(lines)]
+
+
+def code_of(torch_lib: Path, cuobjdump: str, dump: str, wanted: set[str]) -> dict[str, int]:
+    """The machine code (its ``.text`` section) of each mangled function in ``wanted``: the dump lists the library's
+    sm_90 and sm_90a cubins in the order ``cuobjdump --list-elf`` names them; each cubin holding one is extracted and
+    its section headers read (``experiments.elf``)."""
+    names = [line.split(": ")[1].strip() for line in subprocess.run(
+        [cuobjdump, "--list-elf", str(torch_lib)], capture_output=True, text=True, check=True).stdout.splitlines()
+        if re.search(r"\.sm_90a?\.cubin$", line.strip())]
+    cubins = dump.split("Fatbin elf code:")[1:]
+    archs = [re.search(r"arch = (\S+)", c).group(1) for c in cubins]
+    if archs != [n.split(".")[-2] for n in names]:
+        raise RuntimeError(f"the resource dump's {len(cubins)} cubins are not the {len(names)} sm_90 ELF files listed")
+    text = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, cubin in zip(names, cubins):
+            held = {f for f, _ in functions(cubin)} & wanted
+            if not held:
+                continue
+            subprocess.run([cuobjdump, "--extract-elf", name, str(torch_lib)], cwd=folder, check=True,
+                           capture_output=True)
+            sections = elf_sections((Path(folder) / name).read_bytes())
+            text.update({f: sections[f".text.{f}"] for f in held})
+    return text
 
 
 def demangled(names: list[str]) -> list[str]:
@@ -91,14 +118,18 @@ def collect(torch_lib: Path, cuobjdump: str) -> dict:
     dump = subprocess.run([cuobjdump, "--dump-resource-usage", "--gpu-architecture", "sm_90", str(torch_lib)],
                           capture_output=True, text=True, check=True).stdout
     found = functions(dump)
-    rows = [r for r in (row(n, res) for n, res in zip(demangled([n for n, _ in found]), (r for _, r in found)))
-            if r is not None]
+    kept = [(mangled, r) for (mangled, _), r in zip(found, (row(n, res) for n, res in zip(
+        demangled([n for n, _ in found]), (r for _, r in found)))) if r is not None]
+    text = code_of(torch_lib, cuobjdump, dump, {mangled for mangled, _ in kept})
+    rows = [{**r, "text_bytes": text[mangled], "code_bytes": text[mangled] + r["constant_bank0_bytes"]}
+            for mangled, r in kept]
     rows = list({json.dumps(r, sort_keys=True): r for r in rows}.values())  # a kernel built in two files: once
     version = subprocess.run([cuobjdump, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     return dict(source=str(torch_lib.name), torch_lib_sha256=hashlib.sha256(torch_lib.read_bytes()).hexdigest(),
                 torch_version=_torch_version(torch_lib), cuobjdump=version[-1] if version else None,
                 architecture="sm_90", read_on=date.today().isoformat(),
-                command=f"cuobjdump --dump-resource-usage --gpu-architecture sm_90 {torch_lib.name}",
+                command=f"cuobjdump --dump-resource-usage --gpu-architecture sm_90 {torch_lib.name}; cuobjdump "
+                        f"--extract-elf of the cubins holding the kernels (their .text sections)",
                 rows=sorted(rows, key=lambda r: (r["kernel"], r["head_dim"], r["dtype"], sorted(r["flags"].items()),
                                                  r.get("log_max_splits", 0))))
 

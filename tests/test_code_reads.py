@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import iosim
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.dram import code_reads, pass_counts
+from iosim.gpu.grids import sdpa_flash
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
@@ -30,7 +32,8 @@ def report_code(label: str) -> int:
 
 def test_a_backward_pass_reads_the_code_of_each_of_its_four_kernels_once():
     # flash-swapped's float16 backward: row_dot, fill, the main kernel and the cast of dQ, one build of each
-    launch = Launch(Problem(AttentionShape(1, 2, 256, 256, 64), tau=1.0, dtype="float16"), Tiling(32, 32), backward=True)
+    pb = Problem(AttentionShape(1, 2, 256, 256, 64), tau=1.0, dtype="float16")
+    launch = Launch(pb, Tiling(32, 32), backward=True)
     want = [report_code("D = rowsum(dO o O) fp16"), report_code("fill fp32"),
             report_code("flash-swapped backward d=64 fp16 TileConfig(Br=32, Bc=32, TM=4, TN=4)"),
             report_code("cast fp32 -> fp16")]
@@ -58,9 +61,18 @@ def test_a_request_reads_its_passes_code_beside_their_tensors_and_the_record_say
     assert dram_record(r.dram)["dram_code_bytes"] is None
 
 
-def test_a_kernel_whose_binary_was_not_read_adds_no_code():
-    # SDPA's kernels are in torch's library, whose sections the report does not hold: its tensors alone
-    r = iosim.dram("flash-swapped", N=4096, d=64, M="228KiB", heads=256, kernel="sdpa-flash")
+def test_sdpa_reads_the_code_of_the_instantiation_torch_launches_and_fa3_none():
+    # torch's forward at 16 heads of N = 1,024, d = 64, float16: flash_fwd_kernel<64, 128, 128, 4> without a mask,
+    # Is_even_MN and Is_even_K, whose .text and constant bank 0 in torch's binary are read here by their flags
+    rows = json.loads(Path(sdpa_flash.RESOURCES).read_text())["rows"]
+    want = [r["code_bytes"] for r in rows if r["kernel"] == "flash_fwd_kernel" and r["head_dim"] == 64
+            and r["dtype"] == "float16" and (r["block_m"], r["block_n"]) == (128, 128) and r["flags"] == dict(
+                Is_dropout=False, Is_causal=False, Is_local=False, Has_alibi=False, Is_even_MN=True, Is_even_K=True,
+                Is_softcap=False, Return_softmax=False)]
+    r = iosim.dram("flash-swapped", N=1024, d=64, M="228KiB", heads=16, kernel="sdpa-flash")
+    assert len(want) == 1 and [t.reads for t in r.dram.tensors if t.name == CODE] == want
+    # FlashAttention-3's binary is not read: its tensors alone
+    r = iosim.dram("flash-swapped", N=4096, d=128, M="100k", heads=16, kernel="fa3")
     assert CODE not in [t.name for t in r.dram.tensors]
     assert dram_record(r.dram)["dram_code_bytes"] is None
-    assert code_reads(KERNELS["sdpa-flash"], Launch(r.problem, r.tiling, sms=132)) is None
+    assert code_reads(KERNELS["fa3"], Launch(r.problem, r.tiling, sms=132)) is None

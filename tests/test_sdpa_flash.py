@@ -14,10 +14,11 @@ from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
+from iosim.gpu.dram import code_reads
 from iosim.gpu.grids import sdpa_flash
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
-from iosim.gpu.l2 import L2Config
+from iosim.gpu.l2 import CODE, L2Config
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
 
@@ -116,8 +117,11 @@ def test_an_l2_that_holds_everything_reads_each_tile_once_per_kernel():
     x = 256 * 4096 * 64 * 2  # one 16-bit N × d tensor of every batch·head
     stat = 256 * 4096 * 4
     reads = {t.name: t.reads for t in r.dram.tensors}
+    code = reads.pop(CODE)  # the four kernels' code, once per launch
     assert reads == {"Q": 2 * x, "K": 2 * x, "V": 2 * x, "O": x, "dO": 2 * x, "lse": stat, "D": stat,
                      "dQ": 2 * 2 * x, "dK": 0, "dV": 0, "dQ_cast": 0}
+    assert code == code_reads(SDPA, Launch(r.problem, r.forward_tiling, sms=132)) + code_reads(
+        SDPA, Launch(r.problem, r.backward_tiling, backward=True, sms=132))
     assert (r.forward_tiling, r.backward_tiling) == (Tiling(128, 128), Tiling(128, 128))
 
 
@@ -224,7 +228,7 @@ def test_the_occupancy_is_that_of_torch_s_sm90_binary():
     assert (dot.registers, dot.on(h100), convert.registers, convert.on(h100)) == (51, 4, 72, 3)
     assert sdpa_flash.forward_bound(pb, sdpa_flash.tile(pb, False)).on(h100) == 2
     with pytest.raises(ValueError, match="has no flash_fwd_kernel at d=96"):
-        sdpa_flash.registers("flash_fwd_kernel", problem(d=96), Tiling(128, 64))
+        sdpa_flash.built("flash_fwd_kernel", problem(d=96), Tiling(128, 64))
 
 
 def test_where_torch_splits_k_v_its_split_kernel_and_combine_run_at_their_own_tile():

@@ -25,6 +25,11 @@ def with_code(grid: Grid, kernel: str, part: str, launch: Launch, any_dtype: boo
     return replace(grid, code_bytes=None if row is None else row.code_bytes)
 
 
+def with_codes(grids: tuple[Grid, ...], codes: tuple[int, ...]) -> tuple[Grid, ...]:
+    """Each of ``grids`` with its kernel's code bytes."""
+    return tuple(replace(g, code_bytes=c) for g, c in zip(grids, codes, strict=True))
+
+
 def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
     """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
     of dQ; the grid-stride kernels at the report's blocks per SM and with its code (one build of each stands for every
@@ -91,15 +96,18 @@ def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:
                              "and dV over each group after FlashAttention-2's kernels, which the description does "
                              "not hold; allowed: kv_heads == heads")
         dot, main, convert = sdpa_flash.backward_bounds(pb, t)
-        return (sdpa_flash.dot_do_o(pb, t, dot), sdpa_flash.backward_main(pb, t, main),
-                sdpa_flash.convert_dq(pb, t, convert))
+        grids = (sdpa_flash.dot_do_o(pb, t, dot), sdpa_flash.backward_main(pb, t, main),
+                 sdpa_flash.convert_dq(pb, t, convert))
+        return with_codes(grids, sdpa_flash.code(pb, t, sdpa_flash.backward_builds(pb, t)))
     if launch.sms is None:
         raise ValueError("sdpa-flash's forward needs the GPU's SMs (Launch.sms) to know whether torch splits K/V")
     splits = sdpa_flash.forward_splits(pb.shape, launch.sms)
     if splits > 1:  # FlashAttention-2's split-KV kernels, at their own tile (sdpa_flash.tile with the SMs)
         split, merge = sdpa_flash.split_bounds(pb, t, splits)
-        return sdpa_flash.split_forward(pb, t, splits, split), sdpa_flash.combine(pb, splits, merge)
-    return (sdpa_flash.forward(pb, t, sdpa_flash.forward_bound(pb, t)),)
+        grids = sdpa_flash.split_forward(pb, t, splits, split), sdpa_flash.combine(pb, splits, merge)
+        return with_codes(grids, sdpa_flash.code(pb, t, sdpa_flash.split_builds(pb, t, splits)))
+    grids = (sdpa_flash.forward(pb, t, sdpa_flash.forward_bound(pb, t)),)
+    return with_codes(grids, sdpa_flash.code(pb, t, sdpa_flash.forward_builds(pb, t)))
 
 
 def _fa3(launch: Launch) -> tuple[Grid, ...]:

@@ -321,15 +321,15 @@ def _binary() -> tuple[dict, ...]:
     return tuple(json.loads(RESOURCES.read_text())["rows"])
 
 
-def registers(kernel: str, pb: Problem, tiling: Tiling, **flags: bool | int) -> int:
-    """Registers per thread of ``kernel``'s sm_90 instantiation at the problem's head size and dtype, the tile and
-    ``flags`` (its template flags as torch's source names them, and the combine's ``log_max_splits``), from torch's
-    binary (``RESOURCES``)."""
+def built(kernel: str, pb: Problem, tiling: Tiling, **flags: bool | int) -> dict:
+    """The row of ``kernel``'s sm_90 instantiation (its registers, code, …) at the problem's head size and dtype, the
+    tile and ``flags`` (its template flags as torch's source names them, and the combine's ``log_max_splits``), from
+    torch's binary (``RESOURCES``)."""
     for r in _binary():
         if (r["kernel"], r["head_dim"], r["dtype"]) == (kernel, pb.shape.d, pb.dtype) and all(
                 r["flags"].get(name, r.get(name, False)) == value for name, value in flags.items()) and (
                 r["block_m"], r["block_n"]) == (tiling.Br, tiling.Bc):
-            return r["registers"]
+            return r
     raise ValueError(f"{RESOURCES.name} has no {kernel} at d={pb.shape.d}, {pb.dtype}, tile {tiling.Br}×{tiling.Bc}, "
                      f"{flags}: the description launches one that the file does not hold")
 
@@ -339,24 +339,53 @@ def _even(pb: Problem, tiling: Tiling) -> bool:
     return pb.shape.n_q % tiling.Br == 0 and pb.shape.n_k % tiling.Bc == 0
 
 
+def forward_builds(pb: Problem, tiling: Tiling) -> tuple[tuple[str, dict], ...]:
+    """The unsplit forward's kernel and its template flags, as torch's launch template instantiates it here: no
+    dropout, window, ALiBi or softcap, K's head size whole."""
+    return (("flash_fwd_kernel", dict(Is_dropout=False, Is_causal=pb.causal, Is_local=False, Has_alibi=False,
+                                      Is_even_MN=_even(pb, tiling), Is_even_K=True, Is_softcap=False,
+                                      Return_softmax=False)),)
+
+
+def split_builds(pb: Problem, tiling: Tiling, splits: int) -> tuple[tuple[str, dict], ...]:
+    """The split-KV forward's two kernels and their flags; the combine built for up to 2, 4, 8, … splits."""
+    log_max = max(1, (splits - 1).bit_length())
+    return (("flash_fwd_splitkv_kernel", dict(Is_causal=pb.causal, Is_local=False, Has_alibi=False,
+                                              Is_even_MN=_even(pb, tiling), Is_even_K=True, Is_softcap=False,
+                                              Split=True, Append_KV=False)),
+            ("flash_fwd_splitkv_combine_kernel", dict(Is_even_K=True, log_max_splits=log_max)))
+
+
+def backward_builds(pb: Problem, tiling: Tiling) -> tuple[tuple[str, dict], ...]:
+    """The backward's three kernels and their flags, in launch order."""
+    return (("flash_bwd_dot_do_o_kernel", dict(Clear_dQaccum=True)),
+            ("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel",
+             dict(Is_dropout=False, Is_causal=pb.causal, Is_local=False, Has_alibi=False,
+                  Is_even_MN=_even(pb, tiling), Is_even_K=True, Is_softcap=False)),
+            ("flash_bwd_convert_dq_kernel", {}))
+
+
+def code(pb: Problem, tiling: Tiling, builds: tuple[tuple[str, dict], ...]) -> tuple[int, ...]:
+    """The machine code and constant bank 0 of each of ``builds``, from torch's binary: what each launch reads from
+    DRAM once from a cold L2 (``iosim.gpu.l2.Grid.code_bytes``)."""
+    return tuple(built(kernel, pb, tiling, **flags)["code_bytes"] for kernel, flags in builds)
+
+
 def forward_bound(pb: Problem, tiling: Tiling) -> ResourceBound:
     """The forward's occupancy: Q_i, K_j, V_j in shared memory (16-bit), 128 threads of its registers."""
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    used = registers("flash_fwd_kernel", pb, tiling, Is_dropout=False, Is_causal=pb.causal, Is_local=False,
-                     Is_even_MN=_even(pb, tiling), Is_even_K=True, Return_softmax=False)
-    return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, used)
+    (kernel, flags), = forward_builds(pb, tiling)
+    return ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, built(kernel, pb, tiling, **flags)["registers"])
 
 
 def split_bounds(pb: Problem, tiling: Tiling, splits: int) -> tuple[ResourceBound, ResourceBound]:
     """The split-KV kernels' occupancy: the split kernel's Q_i, K_j, V_j in shared memory (16-bit) at 128 threads;
     the combine's lse of every split (its kMaxSplits = 2^⌈log2 S⌉ by kBlockM + 1 float32) at 128 threads."""
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    split = registers("flash_fwd_splitkv_kernel", pb, tiling, Is_causal=pb.causal, Is_local=False,
-                      Is_even_MN=_even(pb, tiling), Is_even_K=True, Split=True, Append_KV=False)
-    log_max = max(1, (splits - 1).bit_length())  # the combine built for up to 2, 4, 8, … splits
-    merge = registers("flash_fwd_splitkv_combine_kernel", pb, tiling, Is_even_K=True, log_max_splits=log_max)
-    return (ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, split),
-            ResourceBound((1 << log_max) * (COMBINE_ROWS[d] + 1) * 4, FORWARD_THREADS, merge))
+    (split, split_flags), (merge, merge_flags) = split_builds(pb, tiling, splits)
+    return (ResourceBound(2 * (Br + 2 * Bc) * d, FORWARD_THREADS, built(split, pb, tiling, **split_flags)["registers"]),
+            ResourceBound((1 << merge_flags["log_max_splits"]) * (COMBINE_ROWS[d] + 1) * 4, FORWARD_THREADS,
+                          built(merge, pb, tiling, **merge_flags)["registers"]))
 
 
 def backward_bounds(pb: Problem, tiling: Tiling) -> tuple[ResourceBound, ResourceBound, ResourceBound]:
@@ -364,9 +393,6 @@ def backward_bounds(pb: Problem, tiling: Tiling) -> tuple[ResourceBound, Resourc
     the main kernel (Q_i twice and dO_i, K_j, V_j, P and dS, 16-bit: 144 KB at both tiles) and convert_dq (dQ_i,
     16-bit), each at 256 threads of its registers."""
     Br, Bc, d = tiling.Br, tiling.Bc, pb.shape.d
-    main = 2 * (3 * Br * d + 2 * Bc * d + 2 * Br * Bc)
-    return (ResourceBound(0, BACKWARD_THREADS, registers("flash_bwd_dot_do_o_kernel", pb, tiling, Clear_dQaccum=True)),
-            ResourceBound(main, BACKWARD_THREADS, registers(
-                "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel", pb, tiling, Is_dropout=False, Is_causal=pb.causal,
-                Is_local=False, Is_even_MN=_even(pb, tiling), Is_even_K=True)),
-            ResourceBound(2 * Br * d, BACKWARD_THREADS, registers("flash_bwd_convert_dq_kernel", pb, tiling)))
+    shared = (0, 2 * (3 * Br * d + 2 * Bc * d + 2 * Br * Bc), 2 * Br * d)
+    return tuple(ResourceBound(smem, BACKWARD_THREADS, built(kernel, pb, tiling, **flags)["registers"])
+                 for smem, (kernel, flags) in zip(shared, backward_builds(pb, tiling), strict=True))
