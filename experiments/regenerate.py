@@ -157,6 +157,9 @@ OUTPUTS = (
     Output("predictions-54643ce-code", "python -m experiments.code_bytes --predict call5-code",
            (f"{GPU_DIR}/predictions-54643ce-code.json",),
            ("--out", f"{{root}}/{GPU_DIR}/predictions-54643ce-code.json"), RECORD, 2.5),
+    Output("predictions-78dd41f-code", "python -m experiments.code_bytes --predict call5-sdpa call5-split",
+           (f"{GPU_DIR}/predictions-78dd41f-code.json",),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-78dd41f-code.json"), RECORD, 3.0),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
