@@ -7,6 +7,7 @@ import pytest
 
 from iosim.cli import build_parser, main, run
 from iosim.reports.records import RecordWriter
+from iosim.reports.sweep import RECORD_REVISION
 
 
 def parse(*argv):
@@ -70,6 +71,24 @@ def test_the_summary_after_a_resume_ranks_every_row_of_the_grid(tmp_path, capsys
     assert "1 configurations were already in the file" in out
     summary = out[out.index("least traffic at each"):]
     assert "flash" in summary and "standard" in summary
+
+
+def test_resume_counts_again_a_record_an_earlier_release_made(tmp_path, capsys):
+    # a sweep file of 2026-11-27: its DRAM reads hold no kernel code, and its records no revision
+    path = tmp_path / "rows.json"
+    grid = ["sweep", "--N", "256", "--d", "64", "--algo", "flash-swapped", "--gpu", "h100", "--json", str(path)]
+    assert main(grid) == 0
+    fresh = records(path)
+    assert [r["revision"] for r in fresh] == [RECORD_REVISION]
+    old = [{k: v for k, v in r.items() if k != "revision"} | {"dram_read_bytes": 1} for r in fresh]
+    path.write_text(json.dumps(old))
+    capsys.readouterr()
+    assert main([*grid, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "1 records in the file were made at another revision" in out and "were skipped" not in out
+    assert records(path) == fresh  # counted again, as this release counts it
+    assert main([*grid, "--resume"]) == 0  # now current: kept
+    assert "1 configurations were already in the file" in capsys.readouterr().out
 
 
 def test_resume_with_a_preset_onto_a_file_without_one_is_no_traceback(tmp_path, capsys):

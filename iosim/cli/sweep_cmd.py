@@ -33,9 +33,11 @@ from iosim.reports.records import RecordWriter
 from iosim.reports.sweep import (
     DEFAULT_D,
     DEFAULT_N,
+    RECORD_REVISION,
     RESUME_REQUIRED,
     SweepRow,
     config_key,
+    current,
     rank_by_traffic,
     run_sweep,
     sweep_configs,
@@ -48,6 +50,7 @@ class SweepOutcome:
     rows: list[SweepRow]
     kept: list[dict]  # records of the grid's configurations that the --resume files already held
     notes: tuple[str, ...] = ()  # options that some algorithms of the grid ignore, and algorithms left out
+    stale: int = 0  # records of the --resume files made at another revision (RECORD_REVISION): counted again
 
     @property
     def skipped(self) -> int:
@@ -135,14 +138,15 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
     kept: list[dict] = []
-    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=RESUME_REQUIRED) as writer:
+    with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=RESUME_REQUIRED,
+                      current=current) as writer:
         rows = run_sweep(algorithms, _Ns(args), args.d, M, N_k=args.N_k, seqlens=documents(args), batch=args.batch,
                          heads=args.heads, kv_heads=args.kv_heads, splits=args.splits, causal=args.causal,
                          window=window_of(args), dtype=args.dtype, block_policy=args.block_policy, writer=writer,
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
                          latent=args.latent, block_mask_for=flex_mask_for(args), score_mod=score_mod_of(args))
-    return SweepOutcome(rows, kept, notes(args, algorithms))
+    return SweepOutcome(rows, kept, notes(args, algorithms), writer.stale)
 
 
 def _Ns(args: argparse.Namespace) -> list[int]:
@@ -204,6 +208,9 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
     rows = outcome.rows
     if outcome.skipped:
         console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
+    if outcome.stale:
+        console.print(f"{outcome.stale} records in the file were made at another revision than {RECORD_REVISION} "
+                      f"(an earlier release's numbers) and were counted again (--resume)")
     for note in outcome.notes:
         console.print(f"[yellow]{note}[/]")
     if not rows:

@@ -80,11 +80,14 @@ class RecordWriter:
 
     With ``resume``, the records already in the outputs (and in a journal left behind)
     are kept and ``done`` maps ``key`` of each to it; every output gets all of them. A file whose records lack a
-    field of ``required`` (those that identify the command's records) is refused by name, before any work.
+    field of ``required`` (those that identify the command's records) is refused by name, before any work. A record
+    ``current`` refuses (one an earlier release made, whose values this one would not give) is dropped, so that its
+    configuration is counted again; ``stale`` says how many were.
     """
 
     def __init__(self, json_path: str | None = None, csv_path: str | None = None, *, resume: bool = False,
-                 key: Callable[[dict], Hashable] | None = None, required: tuple[str, ...] = ()):
+                 key: Callable[[dict], Hashable] | None = None, required: tuple[str, ...] = (),
+                 current: Callable[[dict], bool] = lambda record: True):
         self.outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
         check_distinct(self.outputs)
         files = [p for p in self.outputs.values() if p is not None and not is_stream(p)]
@@ -97,8 +100,11 @@ class RecordWriter:
                                  f"device or a FIFO; resume into a regular file")
         self.resume = resume
         self.done: dict[Hashable, dict] = {}
-        for record in _read_all(self.outputs, self.journal, required) if resume else []:
-            self.done.setdefault(key(record), record)  # a record in the JSON and the CSV is kept once
+        found = _read_all(self.outputs, self.journal, required) if resume else []
+        self.stale = len({key(record) for record in found if not current(record)})
+        for record in found:
+            if current(record):
+                self.done.setdefault(key(record), record)  # a record in the JSON and the CSV is kept once
         self.kept: list[dict] = list(self.done.values())
         self.new: list[dict] = []
         self._journal_file = None

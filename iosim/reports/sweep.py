@@ -164,7 +164,7 @@ class SweepRow:
                 "predicted": self.predicted,
                 "ratio": self.ratio, "peak_fraction": self.peak_fraction, "paper": self.paper,
                 "paper_label": self.paper_label, "padded_total": self.padded, "packing_ratio": self.packing_ratio,
-                "dram_note": self.dram_note, "status": self.status}
+                "dram_note": self.dram_note, "status": self.status, "revision": RECORD_REVISION}
 
 
 # every option that changes a row: what --resume tells rows apart by
@@ -176,6 +176,15 @@ CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "m
 CONFIG_DEFAULTS = {"pass": "fwd", "sinks": False, "latent": False}
 # fields every sweep record has held since the first release: a file to --resume from must have them
 RESUME_REQUIRED = ("algorithm", "N", "d", "M", "status")
+# the revision of what a record's values mean, raised whenever a change makes the same configuration's record differ
+# (2026-11-28: the DRAM reads hold the kernels' code; before it, the DRAM of every pass of a sweep): --resume counts a
+# record of another revision again rather than keep numbers this release would not give
+RECORD_REVISION = "2026-11-28"
+
+
+def current(record: dict) -> bool:
+    """Whether a record kept by --resume was made at this ``RECORD_REVISION``."""
+    return record.get("revision") == RECORD_REVISION
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
