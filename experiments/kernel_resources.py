@@ -17,8 +17,8 @@ iosim/gpu/, where iosim.gpu.occupancy reads the blocks per SM from it.
     python -m experiments.kernel_resources --check [--covering] [--jobs N]
 
 compiles and assembles every kernel and writes nothing: it exits with status 1, naming
-each kernel that failed, if any did. With --covering it compiles a covering subset (28 of
-the 68): of each family whose specialisations vary in dtype, head dim and causal+dropout
+each kernel that failed, if any did. With --covering it compiles a covering subset (29 of
+the 71): of each family whose specialisations vary in dtype, head dim and causal+dropout
 (flash-swapped and flash-swapped-tc, forward and backward), two of the eight, all settings
 at their first level and all at their second, so that every level of every setting is
 compiled at least once; of standard's four matmuls
@@ -53,7 +53,7 @@ import numba.cuda.dispatcher
 from numba import cuda, types
 
 from experiments.elf import elf_sections
-from experiments.ncu_traffic import call3_split_kv_grid
+from experiments.ncu_traffic import call3_split_kv_grid, call5_code_grid
 from iosim.core.gpus import GPUS
 from iosim.kernels import _device as dev
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
@@ -201,6 +201,8 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
                    (arr(F32, 3), arr(F32, 3), arr(F32, 2)) + DROPOUT_ARGS, dev.GRID_STRIDE_THREADS, 0),
         KernelCase("D = rowsum(dO o O) fp16", dev.row_dot_kernel, (arr(F16, 3), arr(F16, 3), arr(F32, 2)),
                    dev.GRID_STRIDE_THREADS, ROW_DOT_SHARED),
+        KernelCase("D = rowsum(dO o O) fp32", dev.row_dot_kernel, (arr(F32, 3), arr(F32, 3), arr(F32, 2)),
+                   dev.GRID_STRIDE_THREADS, ROW_DOT_SHARED),
         KernelCase("fill fp32", dev.fill_kernel, (arr(F32, 3), F32), dev.GRID_STRIDE_THREADS, 0),
         KernelCase("cast fp32 -> fp16", dev.cast_kernel, (arr(F32, 3), arr(F16, 3)), dev.GRID_STRIDE_THREADS, 0),
         KernelCase("D = rowsum(dO o O) bf16 (flash-swapped-tc)", flash_swapped_tc.row_dot_kernel("bfloat16"),
@@ -212,9 +214,10 @@ def cases(d_values=(64, 128)) -> list[KernelCase]:
 
 
 def split_kv_cases(d_values) -> list[KernelCase]:
-    """split-kv's two kernels, float16, at every split count the call3-split-kv grid launches (each count is a
-    compile-time constant of the split kernel, kernels/split_kv.py); in --covering, one split count and the combine."""
-    counts = sorted({cfg.splits for cfg in call3_split_kv_grid()})
+    """split-kv's two kernels, float16, at every split count the call3-split-kv and call5-code grids launch (each
+    count is a compile-time constant of the split kernel, kernels/split_kv.py); in --covering, one split count and
+    the combine."""
+    counts = sorted({cfg.splits for cfg in call3_split_kv_grid() + call5_code_grid() if cfg.splits is not None})
     out = []
     for d in d_values:
         c = _first_fit(split_kv, split_kv.FORWARD_TILES, d, False)

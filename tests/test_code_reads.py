@@ -40,10 +40,35 @@ def test_a_backward_pass_reads_the_code_of_each_of_its_four_kernels_once():
     assert min(want) > 10_000  # tens of kilobytes each: the grid-stride kernels' index arithmetic is unrolled
     assert [g.code_bytes for g in KERNELS["flash-swapped"].grids(launch)] == want
     assert code_reads(KERNELS["flash-swapped"], launch) == sum(want)
-    # float32 launches no cast; the causal build is another binary, with its own code
+    # float32 launches no cast, and its own row_dot (the fill is of the float32 accumulator in every dtype)
     float32 = Launch(replace(launch.problem, dtype="float32"), launch.tiling, backward=True)
-    assert code_reads(KERNELS["flash-swapped"], float32) == sum(want[:2]) + report_code(
-        "flash-swapped backward d=64 fp32 TileConfig(Br=32, Bc=32, TM=4, TN=4)")
+    assert code_reads(KERNELS["flash-swapped"], float32) == report_code("D = rowsum(dO o O) fp32") + report_code(
+        "fill fp32") + report_code("flash-swapped backward d=64 fp32 TileConfig(Br=32, Bc=32, TM=4, TN=4)")
+
+
+def test_only_the_build_a_pass_runs_counts_no_other_stands_in():
+    kernel = KERNELS["flash-swapped"]
+    pb = Problem(AttentionShape(1, 2, 256, 256, 64), tau=1.0, dtype="float16")
+    forward = Launch(pb, Tiling(64, 32))
+    assert code_reads(kernel, forward) == report_code("flash-swapped forward d=64 fp16 TileConfig(Br=64, Bc=32, "
+                                                      "TM=4, TN=4)")
+    # causal with dropout is the report's masked build; causal alone was not compiled, and dropout's random numbers
+    # are most of the masked build's extra code: no stand-in
+    masked = replace(pb, causal=True, dropout_p=0.1)
+    assert code_reads(kernel, Launch(masked, forward.tiling)) == report_code(
+        "flash-swapped forward d=64 fp16 causal+dropout TileConfig(Br=64, Bc=32, TM=4, TN=4)")
+    assert code_reads(kernel, Launch(replace(pb, causal=True), forward.tiling)) is None
+    # the sawtooth order is its own build, unmasked only
+    assert code_reads(kernel, Launch(pb, forward.tiling, sawtooth=True)) == report_code(
+        "sawtooth flash-swapped forward d=64 fp16 TileConfig(Br=64, Bc=32, TM=4, TN=4)")
+    assert code_reads(kernel, Launch(masked, forward.tiling, sawtooth=True)) is None
+    # split-kv's split kernel is compiled per split count: 4 was, 6 was not
+    decode = Problem(AttentionShape(1, 4, 1, 4096, 128), tau=1.0, dtype="float16")
+    split = KERNELS["split-kv"]
+    assert code_reads(split, Launch(decode, Tiling(32, 16, 4))) == report_code(
+        "split-kv split d=128 fp16 S=4 TileConfig(Br=32, Bc=16, TM=4, TN=2)") + report_code(
+        "split-kv combine d=128 fp16 (B_r=32)")
+    assert code_reads(split, Launch(decode, Tiling(32, 16, 6))) is None
 
 
 def test_a_request_reads_its_passes_code_beside_their_tensors_and_the_record_says_how_much():

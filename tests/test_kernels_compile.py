@@ -9,8 +9,8 @@ flash-swapped and flash-swapped-tc, forward and backward, every dtype (float32/f
 float16/bfloat16 on tensor cores), head dim (64, 128) and causal+dropout setting at least
 once (all settings at their first level, and all at their second); every standard matmul, flash kernel and
 small kernel; split-kv's split kernel at one split count and its combine; the sawtooth forward at one d.
-28 of the 68 kernels; a fault that needs two settings at once to show is left to
-`python -m experiments.kernel_resources --check`, which compiles all 68.
+29 of the 71 kernels; a fault that needs two settings at once to show is left to
+`python -m experiments.kernel_resources --check`, which compiles all 71.
 A second test reads the tensor-core kernels' machine code with the static model
 (nvdisasm, also in the test extra) and holds it to the kernels' own MMA counts.
 The subset compiles in a few parts, one test each, so that both of CI's test workers

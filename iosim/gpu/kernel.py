@@ -14,7 +14,7 @@ from iosim.core.errors import InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu.l2 import DramForm, Grid, SharedMemoryBound
-from iosim.gpu.occupancy import Resources, report
+from iosim.gpu.occupancy import report
 
 OPTIONS = ("sawtooth",)  # kernel options: the sawtooth order of flash-swapped's forward (odd query blocks reversed)
 TAKES = ("fp8", "d_v")  # what some kernels take and the others refuse: FP8 data, a V head size apart from Q's and K's
@@ -116,23 +116,35 @@ def check_launchable(pb: Problem, takes: tuple[str, ...] = ()) -> None:
                          f"(`iosim kernels`: fa3)")
 
 
-def build(kernel: str, part: str, launch: Launch, any_dtype: bool = False, any_d: bool = False) -> Resources | None:
-    """The resource report's row of ``kernel``'s ``part`` at the launch's dtype, head dimension, build and tile; None
-    where it has none."""
+def code(kernel: str, part: str, launch: Launch, one_build: bool = False, any_dtype: bool = False) -> int | None:
+    """The code bytes of exactly the build ``launch`` runs, where the resource report compiled it; None where it did
+    not. Its build: the sawtooth order's, causal and dropout together (the report's masked build has both), or
+    neither; a causal pass without dropout, or a masked one in the sawtooth order, has none. ``one_build``: the
+    kernel has one build whatever the mask (the grid-stride kernels, split-kv's combine)."""
     pb, t = launch.problem, launch.tiling
-    causal = pb.causal or pb.dropout_p > 0
-    return report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
-                           tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
+    masked = (pb.causal, pb.dropout_p > 0)
+    if one_build:
+        build = "plain"
+    elif launch.sawtooth:
+        build = "sawtooth" if masked == (False, False) else None
+    else:
+        build = {(False, False): "plain", (True, True): "causal+dropout"}.get(masked)
+    row = None if build is None else report().exact(kernel, part, pb.dtype, pb.shape.d, build, (t.Br, t.Bc),
+                                                    t.splits, any_dtype)
+    return None if row is None else row.code_bytes
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,
              any_dtype: bool = False, any_d: bool = False) -> int | SharedMemoryBound:
     """The blocks per SM the resource report gives ``kernel``'s ``part`` at the launch's dtype, head dimension, build
     and tile; where it has none, ``bound`` (what shared memory allows)."""
-    row = build(kernel, part, launch, any_dtype, any_d)
+    pb, t = launch.problem, launch.tiling
+    causal = pb.causal or pb.dropout_p > 0
+    row = report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
+                          tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
     if row is not None:
         return row.blocks_per_sm
     if bound is None:
-        raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={launch.problem.dtype!r}, "
-                         f"d={launch.problem.shape.d}; allowed: the builds of {report().path.name}")
+        raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={pb.dtype!r}, "
+                         f"d={pb.shape.d}; allowed: the builds of {report().path.name}")
     return bound

@@ -13,16 +13,15 @@ from dataclasses import replace
 from iosim.core.errors import InputError
 from iosim.gpu import call1
 from iosim.gpu.grids import _device, fa3, fa3_backward, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
-from iosim.gpu.kernel import Kernel, Launch, build, measured
+from iosim.gpu.kernel import Kernel, Launch, code, measured
 from iosim.gpu.l2 import Grid
 
 
-def with_code(grid: Grid, kernel: str, part: str, launch: Launch, any_dtype: bool = False,
-              any_d: bool = False) -> Grid:
-    """``grid`` with the code bytes of its build (the resource report's, from the sm_90 cubin; None where the report
-    has no row of it)."""
-    row = build(kernel, part, launch, any_dtype, any_d)
-    return replace(grid, code_bytes=None if row is None else row.code_bytes)
+def with_code(grid: Grid, kernel: str, part: str, launch: Launch, one_build: bool = False,
+              any_dtype: bool = False) -> Grid:
+    """``grid`` with the code bytes of exactly its build, from the resource report's sm_90 cubins
+    (``iosim.gpu.kernel.code``; None where the report did not compile it)."""
+    return replace(grid, code_bytes=code(kernel, part, launch, one_build, any_dtype))
 
 
 def with_codes(grids: tuple[Grid, ...], codes: tuple[int, ...]) -> tuple[Grid, ...]:
@@ -32,11 +31,12 @@ def with_codes(grids: tuple[Grid, ...], codes: tuple[int, ...]) -> tuple[Grid, .
 
 def backward_device_kernels(launch: Launch, main: Grid) -> tuple[Grid, ...]:
     """flash-swapped's backward launch: row_dot, fill, the main kernel, and in a dtype narrower than float32 the cast
-    of dQ; the grid-stride kernels at the report's blocks per SM and with its code (one build of each stands for every
-    dtype)."""
+    of dQ; the grid-stride kernels at the report's blocks per SM (one build of each stands for every dtype) and with
+    the code of their own builds."""
     parts = ("row_dot", "fill", "main", "cast")
     per_sm = [measured(k, k, launch, None, any_dtype=True) for k in parts if k != "main"]
-    return tuple(g if k == "main" else with_code(g, k, k, launch, any_dtype=True)
+    # the fill is of dQ's float32 accumulator whatever the dtype; row_dot and the cast have a build per dtype
+    return tuple(g if k == "main" else with_code(g, k, k, launch, one_build=True, any_dtype=k == "fill")
                  for k, g in zip(parts, _device.around(launch.problem, main, *per_sm)))
 
 
@@ -83,7 +83,7 @@ def _split_kv(launch: Launch) -> tuple[Grid, ...]:
     # the combine holds no tile in shared memory: the report's build (48 registers at d = 64 and 128) stands for every
     # dtype and d
     combine = split_kv.combine(pb, t, measured("split-kv", "combine", launch, None, any_dtype=True, any_d=True))
-    return grid, with_code(combine, "split-kv", "combine", launch, any_dtype=True, any_d=True)
+    return grid, with_code(combine, "split-kv", "combine", launch, one_build=True)
 
 
 def _sdpa_flash(launch: Launch) -> tuple[Grid, ...]:

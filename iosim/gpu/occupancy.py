@@ -24,7 +24,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # "flash-swapped-tc backward d=128 bf16 (4 warps, 64x16)" (64 keys by 16 queries), "split-kv combine d=64 fp16 (B_r=64)"
 _MAIN = re.compile(r"^(?P<sawtooth>sawtooth )?(?P<kernel>flash-swapped-tc|flash-swapped|flash|split-kv) "
                    r"(?P<part>forward|backward|split|combine) d=(?P<d>\d+) (?P<dtype>fp32|fp16|bf16)"
-                   r"(?P<causal> causal\+dropout)?(?: S=\d+)? "
+                   r"(?P<causal> causal\+dropout)?(?: S=(?P<splits>\d+))? "
                    r"(?:TileConfig\(Br=(?P<br>\d+), Bc=(?P<bc>\d+)[^)]*\)|\(4 warps, (?P<a>\d+)x(?P<b>\d+)\)"
                    r"|\(B_r=(?P<rows>\d+)\))$")
 # kernels/_device.py's grid-stride kernels of the backward: D = rowsum(dO ∘ O), the fill of dQ's float32
@@ -50,6 +50,7 @@ class Resources:
     # the cubin's machine code and constant banks, which a launch reads from DRAM once from a cold L2
     # (experiments/code_bytes.py); None in a report made before it recorded them
     code_bytes: int | None = None
+    splits: int | None = None  # the split count split-kv's split kernel is compiled for; None for the others
 
 
 def parse(row: dict) -> Resources | None:
@@ -67,7 +68,8 @@ def parse(row: dict) -> Resources | None:
             tile = None
         build = "sawtooth" if g["sawtooth"] else "causal+dropout" if g["causal"] else "plain"
         return Resources(g["kernel"], g["part"], DTYPES[g["dtype"]], int(g["d"]), build, tile, row["blocks_per_sm"],
-                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"))
+                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"),
+                         int(g["splits"]) if g["splits"] else None)
     found = _GRID_STRIDE.match(label)
     if found:
         part = next(k for k in ("row_dot", "fill", "cast") if found.group(k))
@@ -105,6 +107,20 @@ class Report:
                 found = [r for r in self.rows if r.build == build and matches(r, lenient)]
                 if found:
                     return found[0]
+        return None
+
+
+    def exact(self, kernel: str, part: str, dtype: str, d: int, build: str, tile: tuple[int, int],
+              splits: int | None = None, any_dtype: bool = False) -> Resources | None:
+        """The row of exactly this build, or None where the report did not compile it: ``kernel``'s ``part`` in
+        ``dtype`` (any, with ``any_dtype``: a kernel compiled in one dtype whatever the problem's, such as the fill
+        of the float32 accumulator), at head dimension ``d`` (a kernel compiled without one takes any), of
+        ``build``, launching ``tile`` where it holds one, and compiled for ``splits`` where it is compiled per split
+        count. No other build stands in (their code differs by up to 2.4×: experiments/code_bytes.py)."""
+        for r in self.rows:
+            if ((r.kernel, r.part, r.build) == (kernel, part, build) and (any_dtype or r.dtype == dtype)
+                    and r.d in (None, d) and r.tile in (None, tile) and r.splits in (None, splits)):
+                return r
         return None
 
 
