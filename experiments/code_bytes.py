@@ -71,6 +71,10 @@ BUILD = {"row_dot": (dev.row_dot_kernel, (arr(F32, 3), arr(F32, 3), arr(F32, 2))
          "fill": (dev.fill_kernel, (arr(F32, 3), F32)), "cast": (dev.cast_kernel, (arr(F32, 3), arr(F16, 3)))}
 """,
 }
+# call 1's kernels as ncu named them (the module and function before Numba's specialisation): the first word of
+# their BUILDS name
+CALL1_KERNELS = {"flash::kernel": "flash", "flash_swapped::kernel": "flash-swapped",
+                 "_device::row_dot_kernel": "row_dot", "_device::fill_kernel": "fill"}
 # the grid-stride kernels as ncu names them (Numba's qualified name, before its specialisation in brackets)
 KERNEL_NAMES = {"row_dot_kernel_for::row_dot": "row_dot", "_device::fill_kernel": "fill",
                 "convert_kernel_for::cast": "cast"}
@@ -129,6 +133,9 @@ def call1_rows(code: dict[str, dict]) -> list[dict]:
                  [f"{r['impl']} backward d={r['d']}"] if r["impl"] == "flash" else
                  ["row_dot", "fill", f"flash-swapped backward d={r['d']}"])
         predicted = r["predicted"]["effective"]["per_kernel"]
+        ran = [CALL1_KERNELS[k.split("[")[0]] for k in r["measured"]["kernels"]]
+        if [n.split()[0] for n in names] != ran:
+            raise ValueError(f"call 1's row {r['impl']} {r['direction']} N={r['n_q']} ran {ran}, not {names}")
         for name, measured, tensors in zip(names, r["measured"]["per_kernel"], predicted, strict=True):
             out.append(row("call 1", CALL1, r, name, measured["read_bytes"], tensors["reads"], code[name]))
     return out
@@ -216,12 +223,12 @@ def predict(grids: list[str]) -> dict:
     for grid, index, cfg in [(g, i, c) for g in grids for i, c in enumerate(ncu_traffic.GRIDS[g]())]:
         launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
         parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
-        kernels = [{"tensor_reads": p.reads, "code_bytes": g.code_bytes, "reads": p.reads + g.code_bytes}
+        kernels = [{"tensors": {"reads": p.reads}, "code": {"reads": g.code_bytes}, "reads": p.reads + g.code_bytes}
                    for p, g in zip(parts, kernel.grids(kernel.own(launch)), strict=True)]
         reads = sum(k["reads"] for k in kernels)
         rows.append({"grid": grid, "index": index, **asdict(cfg), "tiling": cfg.tile(),
                      "predicted": {"reads": reads, "kernels": kernels},
-                     "code_share": sum(k["code_bytes"] for k in kernels) / reads})
+                     "code_share": sum(k["code"]["reads"] for k in kernels) / reads})
     return {"grids": grids, "gpu": "h100", "schedule": "lockstep", "rows": rows}
 
 

@@ -15,6 +15,8 @@ def elf_sections(blob: bytes) -> dict[str, int]:
         raise ValueError("not a 64-bit little-endian ELF file")
     shoff, = struct.unpack_from("<Q", blob, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    if shnum == 0 or shstrndx == 0xFFFF:  # more sections than the header counts: their number is elsewhere
+        raise ValueError("an ELF file with extended section numbering, which this reader does not follow")
     headers = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
     names_at = headers[shstrndx][4]
 

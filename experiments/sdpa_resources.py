@@ -83,6 +83,8 @@ def code_of(torch_lib: Path, cuobjdump: str, dump: str, wanted: set[str]) -> dic
             subprocess.run([cuobjdump, "--extract-elf", name, str(torch_lib)], cwd=folder, check=True,
                            capture_output=True)
             sections = elf_sections((Path(folder) / name).read_bytes())
+            if not {f for f, _ in functions(cubin)} <= {n[len(".text."):] for n in sections if n.startswith(".text.")}:
+                raise RuntimeError(f"{name} does not hold the functions the dump lists for it: a misaligned cubin")
             text.update({f: sections[f".text.{f}"] for f in held})
     return text
 
