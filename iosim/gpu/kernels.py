@@ -122,11 +122,12 @@ FA3 = "FlashAttention-3 on sm_90 (github.com/Dao-AILab/flash-attention hopper/ a
       "iosim/gpu/grids/fa3.py, fa3_backward.py); forward: float16, bfloat16 or float8_e4m3, d up to 256 and its d_v " \
       "pairs, its own tiles, one persistent CTA per SM (MinBlocksPerMultiprocessor = 1), its static or L2-aware " \
       "causal order; backward: float16 or bfloat16, preprocess, main (one CTA per key block and SM, its LPT order " \
-      "under a causal mask) and dQ's postprocess"
+      "under a causal mask) and dQ's postprocess; its binary is not read, so its code is not counted"
 
 SDPA = "torch's scaled_dot_product_attention, flash backend: FlashAttention-2's kernels as read from their source " \
        "(iosim/gpu/grids/sdpa_flash.py); 16-bit, d = 64 or 128, its own tiles; blocks per SM from the registers of " \
-       "torch 2.14.1's sm_90 binary (iosim/gpu/sdpa_resources_sm90.json) and its shared memory"
+       "torch 2.14.1's sm_90 binary (iosim/gpu/sdpa_resources_sm90.json) and its shared memory, each kernel's code " \
+       "from the same binary"
 
 # Forward FLOP/s call 3 measured on an H100 at batch·heads 256, N 4,096, d 64 (experiments/results/call3.json, the
 # gpu_bench records of experiments/results/gpu/call3/second and fourth): flash-swapped float32 20.59 TFLOP/s (its
@@ -140,7 +141,8 @@ def _tc_rate(pb) -> float:
 
 
 TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report (iosim/gpu/" \
-        "kernels_resources_sm90.json), else as shared memory allows"
+        "kernels_resources_sm90.json), else as shared memory allows; each kernel's code from the same report where " \
+        "it compiled the build a pass runs"
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
     Kernel("flash", "flash", TODAY.format(module="flash.py"), _flash, backward=True, forward_dram=flash.forward_dram),
