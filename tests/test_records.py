@@ -89,6 +89,30 @@ def test_resume_counts_again_a_record_an_earlier_release_made(tmp_path, capsys):
     assert records(path) == fresh  # counted again, as this release counts it
     assert main([*grid, "--resume"]) == 0  # now current: kept
     assert "1 configurations were already in the file" in capsys.readouterr().out
+    # an old record outside the grid resumed stays as it was, and the sweep says so; in a CSV too
+    csv_path = tmp_path / "rows.csv"
+    other = [*grid[:2], "512", *grid[3:-2], "--csv", str(csv_path)]
+    assert main(other) == 0
+    old_512 = records(csv_path)[0] | {"revision": "1"}
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(old_512))
+        writer.writeheader()
+        writer.writerow(old_512)
+    capsys.readouterr()
+    assert main([*grid[:-2], "--csv", str(csv_path), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "1 records in the file of another revision than 2 are outside this grid" in out
+    kept = records(csv_path)
+    assert [(r["N"], r["revision"]) for r in kept] == [("512", "1"), ("256", str(RECORD_REVISION))]
+
+
+def test_a_configuration_held_by_a_current_record_is_not_stale_beside_an_old_one(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps([{"algorithm": "a", "N": 1, "d": 1, "M": 1, "status": "ok"}]))
+    (tmp_path / "r.csv").write_text("algorithm,N,d,M,status,revision\na,1,1,1,ok,2\n")
+    writer = RecordWriter(str(tmp_path / "r.json"), str(tmp_path / "r.csv"), resume=True,
+                          key=lambda r: (r["algorithm"], r["N"]),
+                          current=lambda r: str(r.get("revision")) == "2")
+    assert (list(writer.done), writer.stale, writer.recounted, writer.left_stale) == ([("a", 1)], {}, 0, 0)
 
 
 def test_resume_with_a_preset_onto_a_file_without_one_is_no_traceback(tmp_path, capsys):

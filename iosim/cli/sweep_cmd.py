@@ -50,7 +50,8 @@ class SweepOutcome:
     rows: list[SweepRow]
     kept: list[dict]  # records of the grid's configurations that the --resume files already held
     notes: tuple[str, ...] = ()  # options that some algorithms of the grid ignore, and algorithms left out
-    stale: int = 0  # records of the --resume files made at another revision (RECORD_REVISION): counted again
+    recounted: int = 0  # records of the --resume files made at another revision (RECORD_REVISION): counted again
+    left_stale: int = 0  # and those outside this grid, kept as they were
 
     @property
     def skipped(self) -> int:
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
                          latent=args.latent, block_mask_for=flex_mask_for(args), score_mod=score_mod_of(args))
-    return SweepOutcome(rows, kept, notes(args, algorithms), writer.stale)
+    return SweepOutcome(rows, kept, notes(args, algorithms), writer.recounted, writer.left_stale)
 
 
 def _Ns(args: argparse.Namespace) -> list[int]:
@@ -208,9 +209,12 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
     rows = outcome.rows
     if outcome.skipped:
         console.print(f"{outcome.skipped} configurations were already in the file and were skipped (--resume)")
-    if outcome.stale:
-        console.print(f"{outcome.stale} records in the file were made at another revision than {RECORD_REVISION} "
+    if outcome.recounted:
+        console.print(f"{outcome.recounted} records in the file were made at another revision than {RECORD_REVISION} "
                       f"(an earlier release's numbers) and were counted again (--resume)")
+    if outcome.left_stale:
+        console.print(f"{outcome.left_stale} records in the file of another revision than {RECORD_REVISION} are "
+                      f"outside this grid and were kept as they were: their revision field says which (--resume)")
     for note in outcome.notes:
         console.print(f"[yellow]{note}[/]")
     if not rows:

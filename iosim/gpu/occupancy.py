@@ -109,7 +109,6 @@ class Report:
                     return found[0]
         return None
 
-
     def exact(self, kernel: str, part: str, dtype: str, d: int, build: str, tile: tuple[int, int],
               splits: int | None = None, any_dtype: bool = False) -> Resources | None:
         """The row of exactly this build, or None where the report did not compile it: ``kernel``'s ``part`` in

@@ -81,8 +81,9 @@ class RecordWriter:
     With ``resume``, the records already in the outputs (and in a journal left behind)
     are kept and ``done`` maps ``key`` of each to it; every output gets all of them. A file whose records lack a
     field of ``required`` (those that identify the command's records) is refused by name, before any work. A record
-    ``current`` refuses (one an earlier release made, whose values this one would not give) is dropped, so that its
-    configuration is counted again; ``stale`` says how many were.
+    ``current`` refuses (one an earlier release made, whose values this one would not give) is not in ``done``, so
+    that its configuration is counted again where the run meets it, and replaced by the new record; one the run does
+    not meet stays as it was. ``recounted`` and ``left_stale`` say how many of each there were.
     """
 
     def __init__(self, json_path: str | None = None, csv_path: str | None = None, *, resume: bool = False,
@@ -99,20 +100,36 @@ class RecordWriter:
                 raise InputError(f"--resume reads the records already in {what}={str(p)!r}, which is a character "
                                  f"device or a FIFO; resume into a regular file")
         self.resume = resume
+        self.key = key
         self.done: dict[Hashable, dict] = {}
         found = _read_all(self.outputs, self.journal, required) if resume else []
-        self.stale = len({key(record) for record in found if not current(record)})
         for record in found:
             if current(record):
                 self.done.setdefault(key(record), record)  # a record in the JSON and the CSV is kept once
+        self.stale: dict[Hashable, dict] = {}  # of another revision, and held by no current record
+        for record in found:
+            if not current(record) and key(record) not in self.done:
+                self.stale.setdefault(key(record), record)
         self.kept: list[dict] = list(self.done.values())
         self.new: list[dict] = []
+        self._new_keys: set[Hashable] = set()
         self._journal_file = None
 
     @property
+    def recounted(self) -> int:
+        """Records of another revision that new records replace."""
+        return len(self.stale.keys() & self._new_keys)
+
+    @property
+    def left_stale(self) -> int:
+        """Records of another revision whose configurations this run did not count: kept as they were."""
+        return len(self.stale.keys() - self._new_keys)
+
+    @property
     def records(self) -> list[dict]:
-        """Every record the outputs will hold: those kept, then the new ones."""
-        return self.kept + self.new
+        """Every record the outputs will hold: those kept, those of another revision no new record replaces, then
+        the new ones."""
+        return self.kept + [r for k, r in self.stale.items() if k not in self._new_keys] + self.new
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -125,6 +142,8 @@ class RecordWriter:
 
     def add(self, record: dict) -> None:
         self.new.append(record)
+        if self.key is not None:
+            self._new_keys.add(self.key(record))
         if self.journal is None:
             return
         if self._journal_file is None:

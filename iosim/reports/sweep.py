@@ -176,15 +176,17 @@ CONFIG_KEYS = ("algorithm", "N", "N_k", "d", "M", "batch", "heads", "causal", "m
 CONFIG_DEFAULTS = {"pass": "fwd", "sinks": False, "latent": False}
 # fields every sweep record has held since the first release: a file to --resume from must have them
 RESUME_REQUIRED = ("algorithm", "N", "d", "M", "status")
-# the revision of what a record's values mean, raised whenever a change makes the same configuration's record differ
-# (2026-11-28: the DRAM reads hold the kernels' code; before it, the DRAM of every pass of a sweep): --resume counts a
-# record of another revision again rather than keep numbers this release would not give
-RECORD_REVISION = "2026-11-28"
+# the revision of what a record's values mean, raised whenever a change makes the same configuration's record differ:
+# none before 2026-11-28 (the DRAM of every pass of a sweep); 1, the DRAM reads hold the kernels' code; 2, only the
+# code of the build a pass runs. --resume counts a record of another revision again rather than keep numbers this
+# release would not give
+RECORD_REVISION = 2
 
 
 def current(record: dict) -> bool:
-    """Whether a record kept by --resume was made at this ``RECORD_REVISION``."""
-    return record.get("revision") == RECORD_REVISION
+    """Whether a record kept by --resume was made at this ``RECORD_REVISION`` (compared as text: a CSV's values are
+    read back by their look)."""
+    return str(record.get("revision")) == str(RECORD_REVISION)
 
 
 def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, causal=False, mask=False,
