@@ -223,12 +223,12 @@ def predict(grids: list[str]) -> dict:
     for grid, index, cfg in [(g, i, c) for g in grids for i, c in enumerate(ncu_traffic.GRIDS[g]())]:
         launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
         parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
-        grids = kernel.grids(kernel.own(launch))
-        if any(g.code_bytes is None for g in grids):
+        launched = kernel.grids(kernel.own(launch))
+        if any(g.code_bytes is None for g in launched):
             raise ValueError(f"{grid} #{index} ({cfg}): a kernel whose build's code was not read; predict the rows of "
                              f"builds the resource reports hold")
         kernels = [{"tensors": {"reads": p.reads}, "code": {"reads": g.code_bytes}, "reads": p.reads + g.code_bytes}
-                   for p, g in zip(parts, grids, strict=True)]
+                   for p, g in zip(parts, launched, strict=True)]
         reads = sum(k["reads"] for k in kernels)
         rows.append({"grid": grid, "index": index, **asdict(cfg), "tiling": cfg.tile(),
                      "predicted": {"reads": reads, "kernels": kernels},

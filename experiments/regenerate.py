@@ -153,14 +153,11 @@ OUTPUTS = (
     prediction("d3b558b", "--grid call5-split --jobs 2", 2.0),
     prediction("d3b558b", "--grid call5-split --schedule staggered --jobs 2", 1.0, "-staggered"),
     prediction("54643ce", "--grid call5-code --jobs 2", 0.9),
-    # the same rows with each kernel's code (experiments/code_bytes.py), committed before the call that checks it (a
-    # file at 54643ce counted stand-in builds' code: replaced before any run)
-    Output("predictions-3484739-code", "python -m experiments.code_bytes --predict call5-code",
-           (f"{GPU_DIR}/predictions-3484739-code.json",),
-           ("--out", f"{{root}}/{GPU_DIR}/predictions-3484739-code.json"), RECORD, 2.5),
-    Output("predictions-78dd41f-code", "python -m experiments.code_bytes --predict call5-sdpa call5-split",
-           (f"{GPU_DIR}/predictions-78dd41f-code.json",),
-           ("--out", f"{{root}}/{GPU_DIR}/predictions-78dd41f-code.json"), RECORD, 3.0),
+    # call 5's rows with each kernel's code (experiments/code_bytes.py), committed before the call that checks them
+    # (files at 54643ce, 3484739 and 78dd41f held the same bytes, or stand-in builds' code, before any run)
+    Output("predictions-f07b31c-code", "python -m experiments.code_bytes --predict call5-code call5-sdpa call5-split",
+           (f"{GPU_DIR}/predictions-f07b31c-code.json",),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-f07b31c-code.json"), RECORD, 4.0),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
