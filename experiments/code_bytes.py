@@ -29,7 +29,6 @@ kernel: the next call's check of the code term (call5-code), committed before it
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -141,26 +140,32 @@ def call1_rows(code: dict[str, dict]) -> list[dict]:
     return out
 
 
+def tensors_and_code(cfg) -> list[tuple[int, int | None]]:
+    """Each kernel of an ncu row's pass, in launch order: the L2 model's tensor reads at the H100 preset's effective L2
+    (lockstep) and its code as the model counts it (None where its build's was not read)."""
+    from experiments import predict_next_call
+    from iosim.gpu.dram import kernel_counts
+    from iosim.gpu.hardware import hardware
+    from iosim.gpu.kernels import KERNELS
+
+    launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
+    parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
+    return [(p.reads, g.code_bytes) for p, g in zip(parts, kernel.grids(kernel.own(launch)), strict=True)]
+
+
 def call4_launches(folder: str):
     """Each kernel call 4 measured in ``folder`` (under its results), with the L2 model's tensor reads and code of
     it (this commit's descriptions): (the row's configuration, ncu's kernel name, its DRAM read, the tensors' reads,
     the grid's code bytes)."""
-    from experiments import ncu_traffic, predict_next_call
-    from iosim.gpu.dram import kernel_counts
-    from iosim.gpu.hardware import hardware
-    from iosim.gpu.kernels import KERNELS
+    from experiments import ncu_traffic
 
     path = GPU_DIR / "call4" / folder
     configs = json.loads((path / "configs.json").read_text())
     for measured in ncu_traffic.measured_rows(path):
         cfg = configs[measured["index"]]
-        launch = predict_next_call.launch(ncu_traffic.LaunchConfig(
-            **{k: v for k, v in cfg.items() if k in ncu_traffic.LaunchConfig.__dataclass_fields__}))
-        kernel = KERNELS[cfg["impl"]]
-        parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
-        grids = kernel.grids(kernel.own(launch))
-        for name, m, tensors, grid in zip(measured["kernels"], measured["per_kernel"], parts, grids, strict=True):
-            yield cfg, name, m["read_bytes"], tensors.reads, grid.code_bytes
+        predicted = tensors_and_code(ncu_traffic.LaunchConfig.from_record(cfg))
+        for name, m, (tensors, code) in zip(measured["kernels"], measured["per_kernel"], predicted, strict=True):
+            yield cfg, name, m["read_bytes"], tensors, code
 
 
 def call4_rows(code: dict[str, dict]) -> list[dict]:
@@ -198,12 +203,9 @@ def row(call: str, commit: str, cfg: dict, name: str, measured: float, tensors: 
 
 def marker_rows(code: dict[str, dict], commit: str, folder: Path, call: str) -> list[dict]:
     """The marker kernel before each row: one thread, no tensors."""
-    from experiments.ncu_traffic import MARKER as NAME
+    from experiments.ncu_traffic import marker_reads
 
-    files = [folder / "ncu.csv"] if (folder / "ncu.csv").exists() else sorted(folder.glob("ncu-*.csv"))
-    lines = [x for f in files for x in f.read_text().splitlines() if x.startswith('"')]
-    reads = [float(r["Metric Value"].replace(",", "")) for r in csv.DictReader(lines)
-             if NAME in r["Kernel Name"] and r["Metric Name"] == "dram__bytes_read.sum"]
+    reads = marker_reads(folder)
     return [{"call": call, "commit": commit, "kernel": "marker", "markers": len(reads), "measured_read_min": min(reads),
              "measured_read_max": max(reads), **code["marker"]}]
 
@@ -214,21 +216,16 @@ def predict(grids: list[str]) -> dict:
     sum, the DRAM bytes it predicts ncu reads."""
     from dataclasses import asdict
 
-    from experiments import ncu_traffic, predict_next_call
-    from iosim.gpu.dram import kernel_counts
-    from iosim.gpu.hardware import hardware
-    from iosim.gpu.kernels import KERNELS
+    from experiments import ncu_traffic
 
     rows = []
     for grid, index, cfg in [(g, i, c) for g in grids for i, c in enumerate(ncu_traffic.GRIDS[g]())]:
-        launch, kernel = predict_next_call.launch(cfg), KERNELS[cfg.impl]
-        parts = kernel_counts(kernel, launch, hardware("h100"), budget_s=None)
-        launched = kernel.grids(kernel.own(launch))
-        if any(g.code_bytes is None for g in launched):
+        predicted = tensors_and_code(cfg)
+        if any(code is None for _, code in predicted):
             raise ValueError(f"{grid} #{index} ({cfg}): a kernel whose build's code was not read; predict the rows of "
                              f"builds the resource reports hold")
-        kernels = [{"tensors": {"reads": p.reads}, "code": {"reads": g.code_bytes}, "reads": p.reads + g.code_bytes}
-                   for p, g in zip(parts, launched, strict=True)]
+        kernels = [{"tensors": {"reads": tensors}, "code": {"reads": code}, "reads": tensors + code}
+                   for tensors, code in predicted]
         reads = sum(k["reads"] for k in kernels)
         rows.append({"grid": grid, "index": index, **asdict(cfg), "tiling": cfg.tile(),
                      "predicted": {"reads": reads, "kernels": kernels},

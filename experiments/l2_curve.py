@@ -61,7 +61,7 @@ def collect() -> dict:
     hw = hardware(GPU)
     out = []
     for i in rows_missed():  # each row as it was launched (call4.json holds its configuration)
-        cfg = ncu_traffic.LaunchConfig(**{k: v for k, v in measured[i]["config"].items() if k != "tiling"})
+        cfg = ncu_traffic.LaunchConfig.from_record(measured[i]["config"])
         start = time.perf_counter()
         by_capacity = [pass_counts(KERNELS[cfg.impl], launch(cfg), hw.with_l2_bytes(c), budget_s=None).reads
                        for c, _ in points]

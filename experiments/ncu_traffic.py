@@ -84,6 +84,11 @@ class LaunchConfig:
     splits: int | None = None  # split-kv's K/V splits, fixed here so that the launch does not depend on the SMs
     sawtooth: bool = False  # flash-swapped's forward with odd query blocks scanning K/V backward
 
+    @classmethod
+    def from_record(cls, record: dict) -> LaunchConfig:
+        """A configuration as configs.json records it: its fields, beside the tiling it ran (``tile``), left out."""
+        return cls(**{k: v for k, v in record.items() if k != "tiling"})
+
     @property
     def kv(self) -> int:
         """K/V heads: kv_heads, or heads without grouped-query attention."""
@@ -515,11 +520,26 @@ def profile(grid: str, out: Path, ncu: str, grouped: bool = False) -> Path:
     return out
 
 
-def measured_rows(folder: Path) -> list[dict]:
-    """Every profiled configuration of a folder `profile` wrote: its ncu.csv, or its ncu-NN.csv files."""
+def ncu_files(folder: Path) -> list[Path]:
+    """The CSV files of a folder `profile` wrote: its ncu.csv, or its ncu-NN.csv files."""
     single = folder / "ncu.csv"
-    files = [single] if single.exists() else sorted(folder.glob("ncu-*.csv"))
-    return [row for path in files for row in parse_ncu_csv(path)]
+    return [single] if single.exists() else sorted(folder.glob("ncu-*.csv"))
+
+
+def measured_rows(folder: Path) -> list[dict]:
+    """Every profiled configuration of a folder `profile` wrote."""
+    return [row for path in ncu_files(folder) for row in parse_ncu_csv(path)]
+
+
+def marker_reads(folder: Path) -> list[float]:
+    """The DRAM bytes each marker kernel of a folder `profile` wrote read: one thread, no tensors."""
+    return [_number(row["Metric Value"]) for path in ncu_files(folder) for row in _csv_rows(path)
+            if MARKER in row["Kernel Name"] and row["Metric Name"] == METRICS[0]]
+
+
+def _csv_rows(path: Path) -> csv.DictReader:
+    """ncu's CSV rows (its other lines, the profiler's own, left out)."""
+    return csv.DictReader([line for line in path.read_text().splitlines() if line.startswith('"')])
 
 
 def _number(text: str) -> float:
@@ -528,9 +548,8 @@ def _number(text: str) -> float:
 
 def parse_ncu_csv(path: Path) -> list[dict]:
     """Per configuration index: its kernels and their summed DRAM bytes read and written."""
-    lines = [line for line in path.read_text().splitlines() if line.startswith('"')]
     kernels_by_id: dict[str, dict] = {}
-    for row in csv.DictReader(lines):
+    for row in _csv_rows(path):
         entry = kernels_by_id.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"],
                                                      "metrics": {}})
         unit = row["Metric Unit"]
@@ -618,7 +637,7 @@ def compare(folder: Path, prefix: Path | None = None, predictions: Path | None =
     rows = []
     for measured in measured_rows(folder):
         recorded = configs[measured["index"]]
-        cfg = LaunchConfig(**{k: v for k, v in recorded.items() if k != "tiling"})
+        cfg = LaunchConfig.from_record(recorded)
         row = {**asdict(cfg), "tiling": recorded["tiling"], "measured": measured}
         if cfg.direction == "forward":
             sim = simulated(cfg, recorded["tiling"]["Br"], recorded["tiling"]["Bc"])

@@ -71,7 +71,7 @@ def timed(cfg: ncu_traffic.LaunchConfig, max_steps: int) -> dict | None:
 
 def explain(row: dict, max_steps: int) -> dict | None:
     """One measured row under the timed schedule, or None where ``timed`` has none."""
-    cfg = ncu_traffic.LaunchConfig(**{k: v for k, v in row["config"].items() if k != "tiling"})
+    cfg = ncu_traffic.LaunchConfig.from_record(row["config"])
     found = timed(cfg, max_steps)
     if found is None:
         return None
