@@ -55,6 +55,7 @@ from numba import cuda, types
 from experiments.elf import elf_sections
 from experiments.ncu_traffic import call3_split_kv_grid, call5_code_grid
 from iosim.core.gpus import GPUS
+from iosim.gpu.l2 import occupancy_limits
 from iosim.kernels import _device as dev
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
 
@@ -63,14 +64,8 @@ CC = (9, 0)
 ARCH = "sm_90"
 TOOLCHAIN_MISSING = 77  # exit status without NVVM or nvJitLink: automake's "test skipped"
 H100 = GPUS["h100"]
-# One H100 SM: its shared memory (228 KiB) from iosim.core.gpus, with its source; the rest, which
-# iosim.core.gpus does not hold, from the CUDA C Programming Guide's compute capability 9.0 table
-SM_REGISTERS = 65536
-SM_SHARED_BYTES = int(H100.smem_per_sm.value)
-SHARED_RESERVED_PER_BLOCK = 1024  # sm_90 reserves 1 KiB per block; ptxas counts it in "smem"
-SM_MAX_THREADS = 2048
-SM_MAX_BLOCKS = 32
-REGISTER_ALLOCATION_UNIT = 256  # registers, per warp
+# sm_90 reserves 1 KiB of shared memory per block (iosim.core.gpus.CC_9_0); ptxas counts it in "smem"
+SHARED_RESERVED_PER_BLOCK = H100.sm.reserved_per_block
 
 F32, F16, U16, U64, I64 = types.float32, types.float16, types.uint16, types.uint64, types.int64
 
@@ -372,18 +367,15 @@ def parse(log: str) -> dict:
 
 
 def occupancy(registers: int, shared: int, threads: int) -> dict:
-    """Resident blocks per SM and the fraction of the SM's 64 warps they fill."""
-    warps = math.ceil(threads / 32)
-    regs_per_warp = math.ceil(registers * 32 / REGISTER_ALLOCATION_UNIT) * REGISTER_ALLOCATION_UNIT
-    limits = {
-        "registers": SM_REGISTERS // (regs_per_warp * warps),
-        # ptxas's smem includes the 1 KiB per-block reserve
-        "shared memory": SM_SHARED_BYTES // shared if shared else SM_MAX_BLOCKS,
-        "threads": SM_MAX_THREADS // threads,
-        "blocks": SM_MAX_BLOCKS,
-    }
+    """Resident blocks per H100 SM (``iosim.gpu.l2.occupancy_limits``, the rule the DRAM level bounds each preset by),
+    the resource that sets them (the first of registers, shared memory, threads and the block limit where two tie)
+    and the fraction of the SM's warps they fill."""
+    # ptxas's smem includes the 1 KiB per-block reserve, which occupancy_limits adds to a block's own
+    limits = occupancy_limits(H100, max(0, shared - SHARED_RESERVED_PER_BLOCK) if shared else 0, threads, registers)
     blocks = min(limits.values())
-    return {"blocks_per_sm": blocks, "limited_by": min(limits, key=limits.get), "warp_occupancy": blocks * warps / 64}
+    bound = min(("registers", "shared memory", "threads", "blocks"), key=limits.get)
+    return {"blocks_per_sm": blocks, "limited_by": bound,
+            "warp_occupancy": blocks * math.ceil(threads / 32) / (H100.sm.threads // 32)}
 
 
 def versions() -> dict:

@@ -8,7 +8,7 @@ import pytest
 import iosim
 from iosim.cli import build_parser, main, run
 from iosim.core.flops import Flops
-from iosim.core.gpus import GPUS, Spec, roofline
+from iosim.core.gpus import GPUS, SMLimits, Spec, roofline
 from iosim.gpu.kernels import KERNELS
 
 
@@ -19,9 +19,15 @@ def parse(*argv):
 @pytest.mark.parametrize("name", sorted(GPUS))
 def test_every_number_of_a_preset_names_its_source(name):
     gpu = GPUS[name]
-    specs = [getattr(gpu, f.name) for f in dataclasses.fields(gpu) if f.name != "name"]
+    specs = [getattr(gpu, f.name) for f in dataclasses.fields(gpu) if f.name not in ("name", "sm")]
     for spec in specs:
         assert spec is None or (isinstance(spec, Spec) and spec.value > 0 and len(spec.source) > 10), (name, spec)
+    sm = gpu.sm
+    assert isinstance(sm, SMLimits) and sm.blocks > 0 and sm.threads > 0 and len(sm.source) > 10, (name, sm)
+    # the driver's reserve is what one block cannot take of the SM's shared memory, which the source quotes
+    per_block_kb = (gpu.smem_per_sm.value - sm.reserved_per_block) / 1024
+    assert f"{per_block_kb:g} KB per block" in sm.source or f"{per_block_kb:g} KB of shared memory per SM and per " \
+        f"block" in sm.source, (name, per_block_kb, sm.source)
     with pytest.raises(dataclasses.FrozenInstanceError):
         gpu.name = "other"
 
@@ -96,3 +102,12 @@ def test_the_gb10_and_h200_presets_hold_their_published_numbers():
     assert gb10.fp32.value == pytest.approx(29.7e12, rel=1e-3)  # 48 SMs × 128 lanes × 2 × 2,418 MHz
     assert h200.l2.value == 62_914_560 and h200.l2_effective.value < h200.l2.value
     assert h200.sms.value == GPUS["h100"].sms.value
+
+
+@pytest.mark.parametrize("name, compute_capability, blocks, threads", [
+    ("t4", "7.5", 16, 1024), ("a100", "8.0", 32, 2048), ("h100", "9.0", 32, 2048), ("h200", "9.0", 32, 2048),
+    ("b200", "10.0", 32, 2048), ("gb10", "12.x", 24, 1536)])
+def test_each_preset_holds_its_compute_capabilitys_resident_limits(name, compute_capability, blocks, threads):
+    # the CUDA Programming Guide's table 30 (CUDA 13): resident blocks and threads per SM by compute capability
+    sm = GPUS[name].sm
+    assert (sm.compute_capability, sm.blocks, sm.threads) == (compute_capability, blocks, threads), sm

@@ -16,8 +16,9 @@ from iosim.gpu.dram import pass_counts
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Kernel, Launch
 from iosim.gpu.kernels import KERNELS, default_kernel
-from iosim.gpu.l2 import READ, WRITE, Grid, L2Config, Tiles, in_sequence, sectors
+from iosim.gpu.l2 import READ, WRITE, Grid, L2Config, ResourceBound, SharedMemoryBound, Tiles, in_sequence, sectors
 from iosim.gpu.lockstep import lockstep, lockstep_hits
+from iosim.gpu.occupancy import report
 from iosim.gpu.schedule import simulate
 
 # call 1's kernels (iosim.gpu.call1): the grids of flash and flash-swapped at the occupancy these tests were written
@@ -109,6 +110,34 @@ def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them()
         default_kernel("standard")
     with pytest.raises(InputError, match="algorithm 'standard' has no GPU kernel"):
         iosim.dram("standard", N=64, d=8, M=10**6, dtype="float32", tiling=Tiling(16, 16))
+
+
+@pytest.mark.parametrize("name, tiny, threads_bound, registers_bound", [
+    # a block of one warp without shared memory or registers: the compute capability's block limit alone binds;
+    # 256 threads: 2,048 / 1,536 / 1,024 threads an SM over 256; 64 registers × 8 warps of 32 lanes: 65,536 / 16,384
+    ("h100", 32, 8, 4), ("a100", 32, 8, 4), ("b200", 32, 8, 4), ("gb10", 24, 6, 4), ("t4", 16, 4, 4)])
+def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threads_bound, registers_bound):
+    gpu = GPUS[name]
+    assert SharedMemoryBound(0).on(gpu) == ResourceBound(0, 32, 0).on(gpu) == tiny
+    assert ResourceBound(0, 256, 0).on(gpu) == threads_bound
+    assert ResourceBound(0, 256, 64).on(gpu) == min(threads_bound, registers_bound)
+    # 255 registers round to 8,192 a warp: 2 blocks of 4 warps on every preset
+    assert ResourceBound(0, 128, 255).on(gpu) == 2
+    # 40,000 B of shared memory and the driver's reserve per block
+    assert SharedMemoryBound(40_000).on(gpu) == int(gpu.smem_per_sm.value) // (40_000 + gpu.sm.reserved_per_block)
+    with pytest.raises(InputError, match=f"holds at most {gpu.sm.threads:,}"):
+        ResourceBound(0, gpu.sm.threads + 32, 0).on(gpu)
+    with pytest.raises(InputError, match=f"allowed: 1 to {tiny}"):
+        hardware(name, blocks_per_sm=tiny + 1)
+
+
+def test_the_resource_reports_builds_hold_their_h100_occupancy_and_each_presets_own():
+    # the report's blocks per SM (computed for the H100 when it was made) from the registers, shared memory and threads
+    # each build records, under the H100's limits; the A100's 164 KB of shared memory binds where 228 KB did not
+    rows = report().rows
+    assert [r.bound().on(H100) for r in rows] == [r.blocks_per_sm for r in rows]
+    row = next(r for r in rows if r.shared_bytes and 164 * 1024 // r.shared_bytes < r.blocks_per_sm)
+    assert row.bound().on(A100) == 164 * 1024 // row.shared_bytes < row.bound().on(H100), row
 
 
 def test_every_preset_has_an_effective_L2_no_larger_than_its_nominal():

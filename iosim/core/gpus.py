@@ -15,7 +15,7 @@ to get between loading and computing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
@@ -33,6 +33,37 @@ class Spec:
 
 
 @dataclass(frozen=True)
+class SMLimits:
+    """What one SM of a compute capability holds at once, whatever the kernel: the most resident thread blocks and
+    threads, and the shared memory the driver keeps back from each block (the SM's shared memory less the most one
+    block may take)."""
+
+    compute_capability: str
+    blocks: int
+    threads: int
+    reserved_per_block: int  # bytes
+    source: str
+
+
+# CUDA Programming Guide (CUDA 13), section 5.1 "Compute Capabilities", table 30: "Maximum number of resident blocks
+# per SM" and "Maximum number of resident threads per SM"; cuda_occupancy.h's cudaOccMaxBlocksPerMultiprocessor (the
+# CUDA runtime's occupancy calculator) hard-codes the same block limits
+PROGRAMMING_GUIDE = "CUDA Programming Guide (CUDA 13), 5.1 Compute Capabilities, table 30"
+CC_7_5 = SMLimits("7.5", 16, 1024, 0, f"{PROGRAMMING_GUIDE}: 16 blocks, 1,024 threads; 64 KB of shared memory per SM "
+                  "and per block (no reserve)")
+CC_8_0 = SMLimits("8.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 164 KB per SM, 163 KB per "
+                  "block")
+CC_9_0 = SMLimits("9.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, 227 KB per "
+                  "block")
+CC_10_0 = SMLimits("10.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, 227 KB "
+                   "per block")
+# the Blackwell tuning guide says 32 blocks for 12.0; the programming guide, cuda_occupancy.h ("case 12: 24") and
+# the cudaDevAttrMaxBlocksPerMultiprocessor that GB10 and RTX 50 devices report say 24, which iosim takes
+CC_12_X = SMLimits("12.x", 24, 1536, 1024, f"{PROGRAMMING_GUIDE} (12.x): 24 blocks, 1,536 threads; 100 KB per SM, "
+                   "99 KB per block")
+
+
+@dataclass(frozen=True)
 class GPU:
     """One GPU's numbers that the roofline needs. Peak rates are dense (no 2:4 sparsity)."""
 
@@ -47,6 +78,7 @@ class GPU:
     # bytes of L2 that DRAM traffic sees (iosim.gpu.l2's default capacity), from a published measurement
     l2_effective: Spec
     fp8_tensor: Spec | None = None  # FLOP/s, tensor cores, FP8 (e4m3 or e5m2) inputs; None where the GPU has none
+    sm: SMLimits = field(kw_only=True)  # its compute capability's resident limits (iosim.gpu.l2's occupancy bounds)
 
     def M(self, dtype: str) -> int:
         """The SRAM capacity M of a run in ``dtype``: shared memory per SM, in elements."""
@@ -100,6 +132,7 @@ GPUS: dict[str, GPU] = {
         Spec(40 * MiB, "NVIDIA A100 Tensor Core GPU architecture whitepaper: 40 MB L2 (cudaDeviceProp.l2CacheSize "
              "40 MiB)"),
         Spec(28 * MB, f"{L2_PLATEAU}: near 28 MB on an A100 80 GB (same 40 MB L2 as the 40 GB SXM4)"),
+        sm=CC_8_0,
     ),
     "h100": GPU(
         "H100",
@@ -118,6 +151,7 @@ GPUS: dict[str, GPU] = {
         Spec(37 * MB, f"{L2_PLATEAU}: near 37 MB on an H100 PCIe, whose L2 is the same 50 MB of the same GH100"),
         Spec(1978.9e12, f"{H100_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense 1,978.9 = "
              "132 SMs x 1,830 MHz x 8,192 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        sm=CC_9_0,
     ),
     "h200": GPU(
         "H200",
@@ -138,6 +172,7 @@ GPUS: dict[str, GPU] = {
              f"{L2_PLATEAU}), 0.71, applied to the H200's 60 MiB (the same two-partition GH100 L2)"),
         Spec(1978.9e12, f"{H200_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense 1,978.9 = "
              "132 SMs x 1,830 MHz x 8,192 FLOPs per SM per clock, which the datasheet doubles and rounds"),
+        sm=CC_9_0,
     ),
     "t4": GPU(
         "T4",
@@ -149,6 +184,7 @@ GPUS: dict[str, GPU] = {
         Spec(40, "NVIDIA Turing architecture whitepaper: the T4's TU104 with 40 SMs"),
         Spec(4 * MiB, "NVIDIA Turing architecture whitepaper: TU104, 4096 KB L2"),
         Spec(4 * MiB, "no published measurement of the capacity DRAM sees: the nominal 4096 KB"),
+        sm=CC_7_5,
     ),
     "b200": GPU(
         "B200",
@@ -162,6 +198,7 @@ GPUS: dict[str, GPU] = {
              "device queries report, unverified here"),
         Spec(126 * MiB, "no published measurement of the capacity DRAM sees: the nominal 126 MB"),
         Spec(4.5e15, f"{B200_DATASHEET}: FP8 Tensor Core 9 PFLOPS with sparsity, halved"),
+        sm=CC_10_0,
     ),
     "gb10": GPU(
         "GB10",
@@ -180,6 +217,7 @@ GPUS: dict[str, GPU] = {
              "arXiv 2601.16032 (sawtooth wavefront reordering on GB10) reasons with"),
         Spec(250e12, "derived, not published: NVIDIA's 1 PFLOP of FP4 with sparsity for the GB10, halved for dense "
              "and halved once more for 8-bit inputs, the ratios of NVIDIA's Blackwell datasheets"),
+        sm=CC_12_X,
     ),
 }
 

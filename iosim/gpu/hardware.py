@@ -92,14 +92,10 @@ def hardware(gpu: str | GPU = "h100", *, l2_bytes=None, blocks_per_sm=None, sche
     preset = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
     cap = int(preset.l2_effective.value) if l2_bytes is None else check_l2_bytes(preset, l2_bytes, physical)
     per_sm = None if blocks_per_sm is None else parse_count("blocks_per_sm", blocks_per_sm)
-    if per_sm is not None and per_sm > MAX_BLOCKS_PER_SM:
-        raise InputError(f"blocks_per_sm={per_sm} is more than an SM holds; allowed: 1 to {MAX_BLOCKS_PER_SM}")
+    if per_sm is not None and per_sm > preset.sm.blocks:
+        raise InputError(f"blocks_per_sm={per_sm} is more than an SM of the {preset.name} holds (compute capability "
+                         f"{preset.sm.compute_capability}); allowed: 1 to {preset.sm.blocks}")
     return Hardware(preset, cap, per_sm, check_schedule(schedule), l2_bytes is not None)
-
-
-# resident thread blocks per SM at most, compute capability 8.0 to 9.0 (CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability": 32)
-MAX_BLOCKS_PER_SM = 32
 
 
 def check_l2_bytes(preset: GPU, l2_bytes, physical: bool = False) -> int:

@@ -135,15 +135,16 @@ def code(kernel: str, part: str, launch: Launch, one_build: bool = False, any_dt
 
 
 def measured(kernel: str, part: str, launch: Launch, bound: SharedMemoryBound | None,
-             any_dtype: bool = False, any_d: bool = False) -> int | SharedMemoryBound:
-    """The blocks per SM the resource report gives ``kernel``'s ``part`` at the launch's dtype, head dimension, build
-    and tile; where it has none, ``bound`` (what shared memory allows)."""
+             any_dtype: bool = False, any_d: bool = False) -> SharedMemoryBound:
+    """The occupancy of ``kernel``'s ``part`` at the launch's dtype, head dimension, build and tile: the resource
+    report's registers, shared memory and threads of that build, under each GPU's limits; where it has none,
+    ``bound`` (what shared memory allows)."""
     pb, t = launch.problem, launch.tiling
     causal = pb.causal or pb.dropout_p > 0
     row = report().lookup(kernel, part, pb.dtype, pb.shape.d, causal=causal, sawtooth=launch.sawtooth,
                           tile=(t.Br, t.Bc), any_dtype=any_dtype, any_d=any_d)
     if row is not None:
-        return row.blocks_per_sm
+        return row.bound()
     if bound is None:
         raise InputError(f"kernel {kernel} {part}: no row of the resource report at dtype={pb.dtype!r}, "
                          f"d={pb.shape.d}; allowed: the builds of {report().path.name}")

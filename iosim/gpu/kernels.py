@@ -140,8 +140,9 @@ def _tc_rate(pb) -> float:
     return CUDA_CORE_RATE if pb.dtype == "float32" else TENSOR_CORE_RATE
 
 
-TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report (iosim/gpu/" \
-        "kernels_resources_sm90.json), else as shared memory allows; each kernel's code from the same report where " \
+TODAY = "kernels/{module} as this repository builds it; blocks per SM from the resource report's registers, " \
+        "shared memory and threads (iosim/gpu/kernels_resources_sm90.json) under the preset's limits, else as shared " \
+        "memory allows; each kernel's code from the same report where " \
         "it compiled the build a pass runs"
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (

@@ -45,52 +45,62 @@ Access = tuple[int, int, int]
 Step = tuple[Access, ...]  # what one thread block moves in one step of its loop
 
 
-# Occupancy of a kernel that iosim.kernels does not implement (or whose resources were not measured): the
-# preset's shared memory per SM (iosim.core.gpus) over the block's, with the 1 KiB per block the driver reserves
-# ("NVIDIA Hopper tuning guide": 228 KB per SM, 227 KB at most per block; the Ampere guide: 164 KB and 1 KB),
-# and at most 32 resident blocks per SM (CUDA C++ programming guide, "Features and technical specifications",
-# compute capabilities 8.0 and 9.0).
-SMEM_RESERVED_PER_BLOCK = 1024
-MAX_BLOCKS_PER_SM = 32
+# 32-bit registers per SM (64 K at every compute capability of the presets: CUDA Programming Guide (CUDA 13), 5.1
+# Compute Capabilities, table 31), allocated to each warp in units of 256 (cuda_occupancy.h's
+# cudaOccRegAllocationGranularity, compute capabilities 3 to 12)
+REGISTERS_PER_SM = 65536
+REGISTER_UNIT = 256
+WARP = 32
+
+
+def occupancy_limits(gpu: GPU, block_bytes: int, threads: int | None = None, registers: int = 0) -> dict[str, int]:
+    """The blocks of one kernel that an SM of ``gpu`` holds by each resource that binds it: its compute capability's
+    most resident blocks (``GPU.sm``), its shared memory (``block_bytes`` a block, beside the bytes the driver keeps
+    back from each), and, where the block is known that far, its threads and its registers per thread (each warp's
+    rounded up to the allocation unit). What iosim.kernels' resource report computes for the H100 from ptxas's
+    figures, and what the DRAM level bounds a kernel by on any preset."""
+    limits = {"blocks": gpu.sm.blocks,
+              "shared memory": int(gpu.smem_per_sm.value) // max(1, block_bytes + gpu.sm.reserved_per_block)}
+    if threads is not None:
+        warps = -(-threads // WARP)
+        limits["threads"] = gpu.sm.threads // (warps * WARP)
+        if registers:
+            limits["registers"] = REGISTERS_PER_SM // (-(-registers * WARP // REGISTER_UNIT) * REGISTER_UNIT * warps)
+    return limits
 
 
 @dataclass(frozen=True)
 class SharedMemoryBound:
-    """The occupancy of a kernel known only by its shared memory per block: as many blocks as one SM of the GPU
-    holds, an upper bound (registers may allow fewer)."""
+    """The occupancy of a kernel known only by its shared memory per block (a kernel that iosim.kernels does not
+    implement, or a tiling the resource report did not compile): as many blocks as one SM of the GPU holds by its
+    shared memory and its compute capability's block limit, an upper bound (registers may allow fewer)."""
 
     block_bytes: int
 
     def on(self, gpu: GPU) -> int:
-        per_sm = int(gpu.smem_per_sm.value)
-        return max(1, min(MAX_BLOCKS_PER_SM, per_sm // (self.block_bytes + SMEM_RESERVED_PER_BLOCK)))
-
-
-# 32-bit registers per SM (64 K at every compute capability of the presets: CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability"), allocated to each warp in units of 256 (the CUDA occupancy calculator's
-# register allocation unit, compute capabilities 7.0 to 9.0)
-REGISTERS_PER_SM = 65536
-REGISTER_UNIT = 256
+        return max(1, min(occupancy_limits(gpu, self.block_bytes).values()))
 
 
 @dataclass(frozen=True)
 class ResourceBound(SharedMemoryBound):
-    """The occupancy of a kernel known by its shared memory per block and its registers per thread (from a published
-    build) at ``threads`` per block: the fewer blocks of the two limits. A block larger than one SM's shared memory
-    is refused by name: the kernel does not launch there as described."""
+    """The occupancy of a kernel known by its shared memory per block, its threads per block and its registers per
+    thread (from a compiled build): the fewest blocks of the limits (``occupancy_limits``). A block larger than one
+    SM's shared memory is refused by name: the kernel does not launch there as described."""
 
-    threads: int = 32
+    threads: int = WARP
     registers: int = 0
 
     def on(self, gpu: GPU) -> int:
-        most = int(gpu.smem_per_sm.value) - SMEM_RESERVED_PER_BLOCK
+        most = int(gpu.smem_per_sm.value) - gpu.sm.reserved_per_block
         if self.block_bytes > most:
             raise InputError(f"a block of {self.block_bytes:,} B of shared memory: the {gpu.name} gives one block at "
                              f"most {most:,} B, so the kernel as described does not launch on it; allowed: a GPU "
                              f"with more shared memory per SM")
-        per_warp = -(-self.registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
-        by_registers = REGISTERS_PER_SM // (per_warp * -(-self.threads // 32)) if per_warp else MAX_BLOCKS_PER_SM
-        return max(1, min(super().on(gpu), by_registers))
+        if self.threads > gpu.sm.threads:
+            raise InputError(f"a block of {self.threads:,} threads: an SM of the {gpu.name} (compute capability "
+                             f"{gpu.sm.compute_capability}) holds at most {gpu.sm.threads:,}, so the kernel as "
+                             f"described does not launch on it; allowed: a GPU that holds more")
+        return max(1, min(occupancy_limits(gpu, self.block_bytes, self.threads, self.registers).values()))
 
 
 def sectors(nbytes: int) -> int:

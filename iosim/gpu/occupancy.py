@@ -2,10 +2,11 @@
 
 ``kernels_resources_sm90.json`` beside this module is what ``python -m experiments.kernel_resources``
 measured of ``kernels/`` compiled for sm_90 (registers, shared memory, the blocks per SM they allow); its
-``git_commit`` names the kernels it measured. ``Occupancy.lookup`` finds a kernel's row by name, the part of
-the kernel (forward, backward, split, combine, row_dot, fill, cast), dtype, head dimension, build (plain,
-causal+dropout, sawtooth) and tile; a tiling the kernel does not launch has no row, and the grid then takes
-the bound its shared memory gives (``iosim.gpu.l2.SharedMemoryBound``).
+``git_commit`` names the kernels it measured; a build's blocks per SM on any preset come from its registers,
+shared memory and threads under that GPU's limits (``Resources.bound``). ``Report.lookup`` finds a kernel's row
+by name, the part of the kernel (forward, backward, split, combine, row_dot, fill, cast), dtype, head dimension,
+build (plain, causal+dropout, sawtooth) and tile; a tiling the kernel does not launch has no row, and the grid then
+takes the bound its shared memory gives (``iosim.gpu.l2.SharedMemoryBound``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+from iosim.core.gpus import CC_9_0
+from iosim.gpu.l2 import ResourceBound
 
 RESOURCE_REPORT = Path(__file__).with_name("kernels_resources_sm90.json")
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -43,14 +47,21 @@ class Resources:
     d: int | None  # None for the grid-stride kernels, which take any d
     build: str  # "plain", "causal+dropout" or "sawtooth"
     tile: tuple[int, int] | None  # (B_r, B_c) the build launches; None where it has no tile of keys (combine)
-    blocks_per_sm: int
+    blocks_per_sm: int  # on an H100, as the report computed it
     registers: int
-    shared_bytes: int
+    shared_bytes: int  # ptxas's figure: the block's shared memory with the 1 KiB sm_90 keeps back, 0 where it has none
     label: str  # the report's own name of the build
+    threads: int
     # the cubin's machine code and constant banks, which a launch reads from DRAM once from a cold L2
     # (experiments/code_bytes.py); None in a report made before it recorded them
     code_bytes: int | None = None
     splits: int | None = None  # the split count split-kv's split kernel is compiled for; None for the others
+
+    def bound(self) -> ResourceBound:
+        """Its occupancy on any preset: its shared memory (less the 1 KiB that ptxas counts in it for sm_90), threads
+        and registers under that GPU's limits (``iosim.gpu.l2.occupancy_limits``); ``blocks_per_sm`` on an H100.
+        The registers are the sm_90 build's, which another architecture's compiler may not repeat."""
+        return ResourceBound(max(0, self.shared_bytes - CC_9_0.reserved_per_block), self.threads, self.registers)
 
 
 def parse(row: dict) -> Resources | None:
@@ -68,13 +79,13 @@ def parse(row: dict) -> Resources | None:
             tile = None
         build = "sawtooth" if g["sawtooth"] else "causal+dropout" if g["causal"] else "plain"
         return Resources(g["kernel"], g["part"], DTYPES[g["dtype"]], int(g["d"]), build, tile, row["blocks_per_sm"],
-                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"),
+                         row["registers"], row["shared_bytes"], label, row["threads"], row.get("code_bytes"),
                          int(g["splits"]) if g["splits"] else None)
     found = _GRID_STRIDE.match(label)
     if found:
         part = next(k for k in ("row_dot", "fill", "cast") if found.group(k))
         return Resources(part, part, DTYPES[found.group("dtype")], None, "plain", None, row["blocks_per_sm"],
-                         row["registers"], row["shared_bytes"], label, row.get("code_bytes"))
+                         row["registers"], row["shared_bytes"], label, row["threads"], row.get("code_bytes"))
     return None
 
 
