@@ -168,8 +168,12 @@ GPUS: dict[str, GPU] = {
         # 50 MB, the H200 all 12 (six HBM3e stacks) and, as devices report it, all 60 MB.
         Spec(60 * MiB, "cudaDeviceProp.l2CacheSize 62,914,560 (60 MiB) as reported by an H200 (sm 9.0, driver "
              "570.124.06) in a published L2-residency probe; not in NVIDIA's datasheet"),
-        Spec(44 * MB, "not measured on an H200: the H100's effective share of its nominal L2 (37 MB of 50 MiB, "
-             f"{L2_PLATEAU}), 0.71, applied to the H200's 60 MiB (the same two-partition GH100 L2)"),
+        # the same reading as the H100's and the A100's: the curve's last data set within 10 % of its plateau (the
+        # H100 PCIe's 36,864 kB, the A100 80 GB's 28,160 kB), its kB taken as 10^3 B (main.cu divides by 1,024:
+        # read as KiB, each would be 2.4 % larger); within 5 % the H200's plateau ends one point earlier, 40,448 kB
+        Spec(44 * MB, f"{L2_PLATEAU} on an H200 (gpu-l2-cache/h200.txt): 9,105 GB/s at 44,032 kB against a plateau "
+             "of 9,836 (the median over 8-32 MiB), 7,543 at 48,128 kB; the H100's share of its nominal L2 (37 MB "
+             "of 50 MiB) applied to 60 MiB gives the same 44 MB"),
         Spec(1978.9e12, f"{H200_DATASHEET}: FP8 Tensor Core 3,958 TFLOPS with sparsity; dense 1,978.9 = "
              "132 SMs x 1,830 MHz x 8,192 FLOPs per SM per clock, which the datasheet doubles and rounds"),
         sm=CC_9_0,
