@@ -89,9 +89,10 @@ def test_sweep_rows_and_records_carry_the_roofline(tmp_path, pass_):
 
 
 def test_preset_bandwidths_are_bus_width_times_data_rate_where_sources_give_both():
-    # H100 SXM5: 5,120-bit HBM3 at 2 × 2,619 MHz; GB10: 256-bit LPDDR5X at 8,533 MT/s. Each lands within 0.1% of the
-    # rounded figure its vendor quotes (3.35 TB/s, 273 GB/s)
-    for name, bits, rate, quoted in (("h100", 5120, 5.238e9, 3.35e12), ("gb10", 256, 8.533e9, 273e9)):
+    # H100 SXM5: 5,120-bit HBM3 at 2 × 2,619 MHz; GB10: 256-bit LPDDR5X at 8,533 MT/s; T4: 256-bit GDDR6 at
+    # 2 × 5,001 MHz. Each lands within 0.1% of the rounded figure its vendor quotes (3.35 TB/s, 273 GB/s, 320 GB/s)
+    for name, bits, rate, quoted in (("h100", 5120, 5.238e9, 3.35e12), ("gb10", 256, 8.533e9, 273e9),
+                                     ("t4", 256, 10.002e9, 320e9)):
         value = GPUS[name].hbm_bandwidth.value
         assert value == pytest.approx(bits / 8 * rate, rel=1e-12) and abs(value / quoted - 1) < 1e-3, name
 

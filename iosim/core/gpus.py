@@ -181,7 +181,9 @@ GPUS: dict[str, GPU] = {
     "t4": GPU(
         "T4",
         Spec(64 * KiB, "NVIDIA Turing tuning guide: up to 64 KB shared memory per SM"),
-        Spec(320e9, f"{T4_DATASHEET}: 320 GB/s GDDR6"),
+        Spec(bus_bandwidth(256, 2 * 5001e6), "256-bit GDDR6 bus x 10.002 GT/s (deviceQuery of a Tesla T4, CUDA "
+             f"10.0: memory clock 5,001 MHz, double data rate, bus width 256-bit) = 320.06 GB/s; the {T4_DATASHEET} "
+             "gives 320 GB/s"),
         Spec(65e12, f"{T4_DATASHEET}: mixed-precision (FP16/FP32) 65 TFLOPS"),
         None,  # Turing tensor cores have no bfloat16
         Spec(8.1e12, f"{T4_DATASHEET}: single-precision 8.1 TFLOPS"),
