@@ -4,11 +4,12 @@ import dataclasses
 import json
 
 import pytest
+from rich.console import Console
 
 import iosim
-from iosim.cli import build_parser, main, run
+from iosim.cli import build_parser, gpus_cmd, main, run
 from iosim.core.flops import Flops
-from iosim.core.gpus import GPUS, SMLimits, Spec, roofline
+from iosim.core.gpus import GPU, GPUS, SMLimits, Spec, roofline
 from iosim.gpu.kernels import KERNELS
 
 
@@ -112,3 +113,33 @@ def test_each_preset_holds_its_compute_capabilitys_resident_limits(name, compute
     # the CUDA Programming Guide's table 30 (CUDA 13): resident blocks and threads per SM by compute capability
     sm = GPUS[name].sm
     assert (sm.compute_capability, sm.blocks, sm.threads) == (compute_capability, blocks, threads), sm
+
+
+def test_iosim_gpus_saves_every_number_of_every_preset_with_its_source(tmp_path):
+    # every field of a preset is a row of the command: a number added to GPU and not to the command fails here
+    fields = {f.name for f in dataclasses.fields(GPU)} - {"name", "sm"}
+    assert fields == {field for field, *_ in gpus_cmd.NUMBERS}, fields
+    assert main(["gpus", "--json", str(tmp_path / "g.json"), "--csv", str(tmp_path / "g.csv")]) == 0
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert len(rows) == len(GPUS) * (len(gpus_cmd.NUMBERS) + len(gpus_cmd.SM_NUMBERS))
+    by = {(r["gpu"], r["number"]): r for r in rows}
+    for name, gpu in GPUS.items():
+        for field, number, _, _ in gpus_cmd.NUMBERS:
+            spec = getattr(gpu, field)
+            assert (by[name, number]["value"], by[name, number]["source"]) == (
+                (None, None) if spec is None else (spec.value, spec.source)), (name, number)
+        assert by[name, "resident blocks per SM"]["value"] == gpu.sm.blocks
+        assert by[name, "compute capability"]["source"] == gpu.sm.source
+    assert (tmp_path / "g.csv").read_text().count("\n") == len(rows) + 1  # a header and a line per record
+    # the table fits 80 columns, nothing cut
+    console = Console(width=80, record=True)
+    gpus_cmd.main(parse("gpus", "h200"), console)
+    text = console.export_text()
+    assert "…" not in text and "44MB" in text and "h200 L2, effective: " + GPUS["h200"].l2_effective.source[:40] in \
+        text.replace("\n", " "), text
+
+
+def test_iosim_gpus_refuses_a_preset_it_does_not_have_in_one_line(capsys):
+    assert main(["gpus", "x100"]) == 2
+    err = capsys.readouterr().err
+    assert "gpu 'x100' is not a preset; allowed: a100, b200, gb10, h100, h200, t4" in err and "Traceback" not in err

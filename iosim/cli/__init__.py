@@ -1,9 +1,10 @@
 """Command line: ``iosim sweep`` (count-only grid), ``iosim run`` (one numeric simulation), ``iosim optimize``,
 ``iosim bound``, ``iosim prefill`` (chunked prefill), ``iosim cascade`` (decoding over a shared prefix) and
-``iosim model`` (a whole model's attention) and ``iosim kernels`` (the GPU kernels the DRAM level describes).
+``iosim model`` (a whole model's attention), ``iosim kernels`` (the GPU kernels the DRAM level describes) and
+``iosim gpus`` (the hardware presets and their sources).
 
 One module per command (``sweep_cmd``, ``run_cmd``, ``optimize_cmd``, ``bound_cmd``, ``prefill_cmd``, ``cascade_cmd``,
-``model_cmd``, ``kernels_cmd``),
+``model_cmd``, ``kernels_cmd``, ``gpus_cmd``),
 each owning its arguments (``add_parser``), its work (``run``, which returns data and
 which tests call) and its rendering (``main``, with rich). This module only builds the
 parser and dispatches. Bad input (``iosim.InputError``, a ``CapacityError``, an
@@ -16,7 +17,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from iosim.cli import bound_cmd, cascade_cmd, kernels_cmd, model_cmd, optimize_cmd, prefill_cmd, run_cmd, sweep_cmd
+from iosim.cli import (
+    bound_cmd,
+    cascade_cmd,
+    gpus_cmd,
+    kernels_cmd,
+    model_cmd,
+    optimize_cmd,
+    prefill_cmd,
+    run_cmd,
+    sweep_cmd,
+)
 from iosim.cli.common import Parser, UsageError, package_version
 from iosim.cli.optimize_cmd import OptimizeOutcome
 from iosim.cli.run_cmd import RunOutcome
@@ -25,7 +36,7 @@ from iosim.core.errors import InputError
 from iosim.core.memory import CapacityError
 
 COMMANDS = {"sweep": sweep_cmd, "run": run_cmd, "optimize": optimize_cmd, "bound": bound_cmd, "prefill": prefill_cmd,
-            "cascade": cascade_cmd, "model": model_cmd, "kernels": kernels_cmd}
+            "cascade": cascade_cmd, "model": model_cmd, "kernels": kernels_cmd, "gpus": gpus_cmd}
 
 __all__ = ["COMMANDS", "OptimizeOutcome", "RunOutcome", "SweepOutcome", "build_parser", "main", "run"]
 
