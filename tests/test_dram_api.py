@@ -280,7 +280,7 @@ def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_on
     (["--l2-bytes", "1GB"], "l2_bytes=1,000,000,000 is outside the allowed range [32, 52,428,800]"),
     (["--blocks-per-sm", "1e9"],
      "blocks_per_sm=1000000000 is more than an SM of the H100 holds (compute capability 9.0); allowed: 1 to 32"),
-    (["--blocks-per-sm", "30"], "blocks_per_sm=30: the kernel's registers and shared memory fit at most"),
+    (["--blocks-per-sm", "30"], "blocks_per_sm=30: the kernel's registers, shared memory and threads fit at most"),
 ])
 def test_an_l2_override_out_of_range_is_refused_in_one_line(flags, message, capsys):
     assert main(["sweep", "--gpu", "h100", "--algo", "flash-swapped", "--N", "1024", *flags]) == 2

@@ -108,7 +108,7 @@ def test_the_gb10_and_h200_presets_hold_their_published_numbers():
 
 @pytest.mark.parametrize("name, compute_capability, blocks, threads", [
     ("t4", "7.5", 16, 1024), ("a100", "8.0", 32, 2048), ("h100", "9.0", 32, 2048), ("h200", "9.0", 32, 2048),
-    ("b200", "10.0", 32, 2048), ("gb10", "12.x", 24, 1536)])
+    ("b200", "10.0", 32, 2048), ("gb10", "12.1", 24, 1536)])
 def test_each_preset_holds_its_compute_capabilitys_resident_limits(name, compute_capability, blocks, threads):
     # the CUDA Programming Guide's table 30 (CUDA 13): resident blocks and threads per SM by compute capability
     sm = GPUS[name].sm
@@ -116,9 +116,11 @@ def test_each_preset_holds_its_compute_capabilitys_resident_limits(name, compute
 
 
 def test_iosim_gpus_saves_every_number_of_every_preset_with_its_source(tmp_path):
-    # every field of a preset is a row of the command: a number added to GPU and not to the command fails here
+    # every field of a preset is a row of the command: a number added to GPU or SMLimits and not to the command fails
     fields = {f.name for f in dataclasses.fields(GPU)} - {"name", "sm"}
     assert fields == {field for field, *_ in gpus_cmd.NUMBERS}, fields
+    sm_fields = {f.name for f in dataclasses.fields(SMLimits)} - {"compute_capability", "source"}
+    assert sm_fields == {field for field, *_ in gpus_cmd.SM_NUMBERS}, sm_fields
     assert main(["gpus", "--json", str(tmp_path / "g.json"), "--csv", str(tmp_path / "g.csv")]) == 0
     rows = json.loads((tmp_path / "g.json").read_text())
     assert len(rows) == len(GPUS) * (len(gpus_cmd.NUMBERS) + len(gpus_cmd.SM_NUMBERS))
@@ -129,17 +131,30 @@ def test_iosim_gpus_saves_every_number_of_every_preset_with_its_source(tmp_path)
             assert (by[name, number]["value"], by[name, number]["source"]) == (
                 (None, None) if spec is None else (spec.value, spec.source)), (name, number)
         assert by[name, "resident blocks per SM"]["value"] == gpu.sm.blocks
-        assert by[name, "compute capability"]["source"] == gpu.sm.source
+        assert by[name, "SMs"]["compute_capability"] == gpu.sm.compute_capability
+    assert all(r["value"] is None or isinstance(r["value"], int | float) for r in rows)  # numbers only
     assert (tmp_path / "g.csv").read_text().count("\n") == len(rows) + 1  # a header and a line per record
-    # the table fits 80 columns, nothing cut
+    # the table fits 80 columns, nothing cut, and the datasheet's digits: 1,555 GB/s, not 1.55 TB/s
     console = Console(width=80, record=True)
-    gpus_cmd.main(parse("gpus", "h200"), console)
+    gpus_cmd.main(parse("gpus"), console)
     text = console.export_text()
-    assert "…" not in text and "44MB" in text and "h200 L2, effective: " + GPUS["h200"].l2_effective.source[:40] in \
-        text.replace("\n", " "), text
+    assert "…" not in text and "44MB" in text and "1.555TB/s" in text and "12.1" in text, text
+
+
+def test_iosim_gpus_names_choose_the_presets_shown_saved_and_sourced(tmp_path):
+    # each name once, in the order given; the sources of its numbers printed, those of one source together
+    console = Console(width=120, record=True)
+    gpus_cmd.main(parse("gpus", "h200", "t4", "h200", "--json", str(tmp_path / "g.json")), console)
+    rows = json.loads((tmp_path / "g.json").read_text())
+    assert list(dict.fromkeys(r["gpu"] for r in rows)) == ["h200", "t4"]
+    text = " ".join(console.export_text().split())  # long sources wrap
+    assert f"h200 L2, effective: {GPUS['h200'].l2_effective.source}" in text
+    assert f"t4 resident blocks per SM, resident threads per SM, shared memory kept back per block: " \
+           f"{GPUS['t4'].sm.source}" in text
+    assert text.count("h200 L2, effective:") == 1 and "a100" not in text, text
 
 
 def test_iosim_gpus_refuses_a_preset_it_does_not_have_in_one_line(capsys):
     assert main(["gpus", "x100"]) == 2
     err = capsys.readouterr().err
-    assert "gpu 'x100' is not a preset; allowed: a100, b200, gb10, h100, h200, t4" in err and "Traceback" not in err
+    assert "gpu='x100' is not one of ['a100', 'b200', 'gb10', 'h100', 'h200', 't4']" in err and "Traceback" not in err

@@ -3,6 +3,7 @@ import of the package, the DRAM level out of the algorithms, files and kernels o
 
 import ast
 import warnings
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -176,4 +177,4 @@ def test_every_data_file_of_the_package_is_installed_with_it():
         for path in folder.rglob("*"):
             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
                 owner = ".".join((package, *path.parent.relative_to(folder).parts))
-                assert path.name in declared.get(owner, []), (owner, path.name, declared)
+                assert any(fnmatch(path.name, pattern) for pattern in declared.get(owner, [])), (owner, path, declared)

@@ -170,7 +170,7 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
                         "capacity, 37 MB on an H100)")
     p.add_argument("--blocks-per-sm", type=count_arg, default=None, metavar="N",
                    help="with --gpu: thread blocks one SM holds, for every kernel (default: each kernel's, from "
-                        "its registers and shared memory)")
+                        "its registers, shared memory and threads under the preset's limits: iosim gpus)")
     p.add_argument("--schedule", type=schedule_arg, default="lockstep", metavar="{" + ",".join(SCHEDULES) + "}",
                    help="with --gpu: how the thread blocks run: lockstep (start together, default) or timed (each at "
                         "its speed, stalling on its L2 misses; the forward of kernels with a measured rate, always "

@@ -6,8 +6,7 @@ import argparse
 
 from iosim.cli.common import add_outputs
 from iosim.cli.render import compact_table, eng, nbytes
-from iosim.core.errors import InputError
-from iosim.core.gpus import GPU, GPUS, Spec
+from iosim.core.gpus import GPU, GPUS, Spec, get_gpu
 from iosim.reports.records import check_distinct, check_output_path, write_records
 
 # (field of GPU, its name in the records, its label in the 80-column table, the unit of its value)
@@ -18,8 +17,7 @@ NUMBERS = (("sms", "SMs", "SMs", "count"), ("smem_per_sm", "shared memory per SM
            ("bf16_tensor", "BF16 tensor FLOP/s", "BF16 FLOP/s", "FLOP/s"),
            ("fp8_tensor", "FP8 tensor FLOP/s", "FP8 FLOP/s", "FLOP/s"),
            ("fp32", "FP32 FLOP/s", "FP32 FLOP/s", "FLOP/s"))
-SM_NUMBERS = (("compute_capability", "compute capability", "compute cap.", None),
-              ("blocks", "resident blocks per SM", "blocks/SM", "count"),
+SM_NUMBERS = (("blocks", "resident blocks per SM", "blocks/SM", "count"),
               ("threads", "resident threads per SM", "threads/SM", "count"),
               ("reserved_per_block", "shared memory kept back per block", "smem reserve", "bytes"))
 LABELS = {number: label for _, number, label, _ in NUMBERS + SM_NUMBERS}
@@ -29,35 +27,37 @@ def add_parser(sub) -> None:
     p = sub.add_parser("gpus", help="the hardware presets (--gpu NAME): every number side by side, each with its "
                                     "source")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"the presets whose sources to print, of {', '.join(sorted(GPUS))} (default: the table alone)")
+                   help=f"presets to show with the source of each number, of {', '.join(sorted(GPUS))} (default: "
+                        f"every preset's numbers, without their sources)")
     add_outputs(p, "one record per preset and number, with its source")
 
 
 def records(gpus: dict[str, GPU] = GPUS) -> list[dict]:
-    """One record per preset and number: its value, unit and source; a number a preset lacks (the T4's BF16 and FP8
-    tensor cores) has none."""
+    """One record per preset and number: its compute capability, the number's value, unit and source; a number a
+    preset lacks (the T4's BF16 and FP8 tensor cores) has none."""
     rows = []
     for name, gpu in gpus.items():
+        cc = gpu.sm.compute_capability
         for field, number, _, unit in NUMBERS:
             spec: Spec | None = getattr(gpu, field)
-            rows.append(dict(gpu=name, number=number, value=None if spec is None else spec.value, unit=unit,
+            rows.append(dict(gpu=name, compute_capability=cc, number=number,
+                             value=None if spec is None else spec.value, unit=unit,
                              source=None if spec is None else spec.source))
         for field, number, _, unit in SM_NUMBERS:
-            rows.append(dict(gpu=name, number=number, value=getattr(gpu.sm, field), unit=unit, source=gpu.sm.source))
+            rows.append(dict(gpu=name, compute_capability=cc, number=number, value=getattr(gpu.sm, field), unit=unit,
+                             source=gpu.sm.source))
     return rows
 
 
-def check_names(names: list[str]) -> list[str]:
-    for name in names:
-        if name not in GPUS:
-            raise InputError(f"gpu {name!r} is not a preset; allowed: {', '.join(sorted(GPUS))}")
-    return names
+def chosen(names: list[str]) -> dict[str, GPU]:
+    """The presets named, each once and in the order given (``get_gpu`` refuses another name); all without names."""
+    return {name: get_gpu(name) for name in dict.fromkeys(names)} if names else GPUS
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    check_names(args.names)
+    gpus = chosen(args.names)
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
-    rows = records()
+    rows = records(gpus)
     write_records(args.json, args.csv, rows)
     return rows
 
@@ -72,8 +72,8 @@ def shown(value, unit: str | None) -> str:
             if value >= size and value % size == 0:
                 return f"{int(value) // size}{suffix}"
         return nbytes(value)
-    if unit == "bytes/s":
-        return nbytes(value) + "/s"
+    if unit == "bytes/s":  # to 4 digits, as datasheets quote them (1,555 GB/s, 3.35 TB/s)
+        return f"{value / 1e12:.4g}TB/s" if value >= 1e12 else f"{value / 1e9:.4g}GB/s"
     if unit == "FLOP/s":
         return eng(value)
     return f"{value:,}" if isinstance(value, int) else str(value)
@@ -81,15 +81,16 @@ def shown(value, unit: str | None) -> str:
 
 def main(args: argparse.Namespace, console) -> None:
     rows = run(args)
-    names = list(GPUS)
+    names = list(dict.fromkeys(r["gpu"] for r in rows))
     table = compact_table(("", *names), left="")
     by = {(r["gpu"], r["number"]): r for r in rows}
+    table.add_row("compute cap.", *(GPUS[name].sm.compute_capability for name in names))
     for number, label in LABELS.items():
         table.add_row(label, *(shown(by[name, number]["value"], by[name, number]["unit"]) for name in names))
     console.print(table)
     if not args.names:
         console.print("each number's source: iosim gpus NAME (e.g. iosim gpus h200), or --json / --csv")
-    for name in args.names:
+    for name in names if args.names else ():
         sources: dict[str, list[str]] = {}  # the numbers of one source together (the SM's limits share one)
         for r in rows:
             if r["gpu"] == name and r["source"] is not None:

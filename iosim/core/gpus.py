@@ -38,7 +38,7 @@ class SMLimits:
     threads, and the shared memory the driver keeps back from each block (the SM's shared memory less the most one
     block may take)."""
 
-    compute_capability: str
+    compute_capability: str  # the device's, where the table's column covers several (12.x)
     blocks: int
     threads: int
     reserved_per_block: int  # bytes
@@ -59,8 +59,8 @@ CC_10_0 = SMLimits("10.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,0
                    "per block")
 # the Blackwell tuning guide says 32 blocks for 12.0; the programming guide, cuda_occupancy.h ("case 12: 24") and
 # the cudaDevAttrMaxBlocksPerMultiprocessor that GB10 and RTX 50 devices report say 24, which iosim takes
-CC_12_X = SMLimits("12.x", 24, 1536, 1024, f"{PROGRAMMING_GUIDE} (12.x): 24 blocks, 1,536 threads; 100 KB per SM, "
-                   "99 KB per block")
+CC_12_1 = SMLimits("12.1", 24, 1536, 1024, f"{PROGRAMMING_GUIDE}, its 12.x column: 24 blocks, 1,536 threads; 100 KB "
+                   "per SM, 99 KB per block")
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ GPUS: dict[str, GPU] = {
              "arXiv 2601.16032 (sawtooth wavefront reordering on GB10) reasons with"),
         Spec(250e12, "derived, not published: NVIDIA's 1 PFLOP of FP4 with sparsity for the GB10, halved for dense "
              "and halved once more for 8-bit inputs, the ratios of NVIDIA's Blackwell datasheets"),
-        sm=CC_12_X,
+        sm=CC_12_1,
     ),
 }
 

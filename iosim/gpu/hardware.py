@@ -65,12 +65,13 @@ class Hardware:
 
     def config(self, grid: Grid) -> L2Config:
         """The L2 model's view of one kernel: the L2 bytes, its blocks at once (SMs × its blocks per SM) and the
-        schedule. An override of the blocks per SM above what the kernel's registers and shared memory allow on
-        this GPU is refused."""
+        schedule. An override of the blocks per SM above what the kernel's registers, shared memory and threads allow
+        on this GPU is refused."""
         fits = grid.per_sm(self.gpu)
         if self.blocks_per_sm is not None and self.blocks_per_sm > fits:
-            raise OverrideError(f"blocks_per_sm={self.blocks_per_sm}: the kernel's registers and shared memory fit "
-                                f"at most {fits} of its blocks on an SM of the {self.gpu.name}; allowed: 1 to {fits}")
+            raise OverrideError(f"blocks_per_sm={self.blocks_per_sm}: the kernel's registers, shared memory and "
+                                f"threads fit at most {fits} of its blocks on an SM of the {self.gpu.name}; allowed: 1 "
+                                f"to {fits}")
         per_sm = fits if self.blocks_per_sm is None else self.blocks_per_sm
         return L2Config(self.l2_bytes, self.sms * per_sm, self.schedule)
 
