@@ -5,7 +5,8 @@ argument types the host API launches it with, then assembled for sm_90 by nvJitL
 whose verbose log is ptxas's report: registers per thread, spill stores/loads, stack
 frame and static shared memory. Next to it: the shared memory the host-side formula
 predicts (the d-too-large check relies on it), threads per block and the occupancy those
-numbers allow on an H100 SM (65,536 registers, 228 KiB shared memory, 2,048 threads).
+numbers allow on an H100 SM (65,536 registers over 4 sub-partitions, 228 KiB shared memory, 2,048 threads, 32
+blocks: iosim.gpu.l2.occupancy_limits, the rule the DRAM level bounds every preset by).
 
     pip install -e '.[test]'      # numba-cuda[cu13]: NVRTC, NVVM and nvJitLink
     python -m experiments.kernel_resources [--out experiments/results/kernels_resources_sm90]
@@ -56,6 +57,7 @@ from experiments.elf import elf_sections
 from experiments.ncu_traffic import call3_split_kv_grid, call5_code_grid
 from iosim.core.gpus import GPUS
 from iosim.gpu.l2 import occupancy_limits
+from iosim.gpu.occupancy import sm90_bound
 from iosim.kernels import _device as dev
 from iosim.kernels import flash, flash_swapped, flash_swapped_tc, split_kv, standard
 
@@ -370,10 +372,10 @@ def occupancy(registers: int, shared: int, threads: int) -> dict:
     """Resident blocks per H100 SM (``iosim.gpu.l2.occupancy_limits``, the rule the DRAM level bounds each preset by),
     the resource that sets them (the first of registers, shared memory, threads and the block limit where two tie)
     and the fraction of the SM's warps they fill."""
-    # ptxas's smem includes the 1 KiB per-block reserve, which occupancy_limits adds to a block's own
-    limits = occupancy_limits(H100, max(0, shared - SHARED_RESERVED_PER_BLOCK) if shared else 0, threads, registers)
+    b = sm90_bound(shared, threads, registers)  # ptxas's smem holds the 1 KiB per-block reserve: taken out
+    limits = occupancy_limits(H100, b.block_bytes, b.threads, b.registers)
     blocks = min(limits.values())
-    bound = min(("registers", "shared memory", "threads", "blocks"), key=limits.get)
+    bound = min(("registers", "shared memory", "threads", "blocks"), key=lambda k: limits.get(k, math.inf))
     return {"blocks_per_sm": blocks, "limited_by": bound,
             "warp_occupancy": blocks * math.ceil(threads / 32) / (H100.sm.threads // 32)}
 

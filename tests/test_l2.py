@@ -112,32 +112,60 @@ def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them()
         iosim.dram("standard", N=64, d=8, M=10**6, dtype="float32", tiling=Tiling(16, 16))
 
 
-@pytest.mark.parametrize("name, tiny, threads_bound, registers_bound", [
+@pytest.mark.parametrize("name, tiny, threads_bound, registers_bound, shared_bound", [
     # a block of one warp without shared memory or registers: the compute capability's block limit alone binds;
-    # 256 threads: 2,048 / 1,536 / 1,024 threads an SM over 256; 64 registers × 8 warps of 32 lanes: 65,536 / 16,384
-    ("h100", 32, 8, 4), ("a100", 32, 8, 4), ("b200", 32, 8, 4), ("gb10", 24, 6, 4), ("t4", 16, 4, 4)])
-def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threads_bound, registers_bound):
+    # 256 threads: 2,048 / 1,536 / 1,024 threads an SM over 256; 64 registers × 8 warps of 32 lanes: 65,536 / 16,384;
+    # 57,000 B of shared memory and the 1 KB reserve (none on the T4): 233,472 // 58,024 = 4 on the H100 (5 without
+    # the reserve), 167,936 // 58,024 = 2 on the A100, 102,400 // 58,024 = 1 on the GB10, 65,536 // 57,000 = 1
+    ("h100", 32, 8, 4, 4), ("a100", 32, 8, 4, 2), ("b200", 32, 8, 4, 4), ("gb10", 24, 6, 4, 1), ("t4", 16, 4, 4, 1)])
+def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threads_bound, registers_bound,
+                                                                shared_bound):
     gpu = GPUS[name]
     assert SharedMemoryBound(0).on(gpu) == ResourceBound(0, 32, 0).on(gpu) == tiny
     assert ResourceBound(0, 256, 0).on(gpu) == threads_bound
     assert ResourceBound(0, 256, 64).on(gpu) == min(threads_bound, registers_bound)
+    # 100 threads take 4 whole warps: 2,048 / 128 = 16 blocks, not 2,048 // 100 = 20
+    assert ResourceBound(0, 100, 0).on(gpu) == min(tiny, gpu.sm.threads // 128)
     # 255 registers round to 8,192 a warp: 2 blocks of 4 warps on every preset
     assert ResourceBound(0, 128, 255).on(gpu) == 2
-    # 40,000 B of shared memory and the driver's reserve per block
-    assert SharedMemoryBound(40_000).on(gpu) == int(gpu.smem_per_sm.value) // (40_000 + gpu.sm.reserved_per_block)
+    assert SharedMemoryBound(57_000).on(gpu) == ResourceBound(57_000, 128, 0).on(gpu) == shared_bound
+    # the largest block one SM gives launches; a byte or a warp more is refused by name
+    most = int(gpu.smem_per_sm.value) - gpu.sm.reserved_per_block
+    assert ResourceBound(most, 32, 0).on(gpu) == 1 and ResourceBound(0, gpu.sm.threads, 0).on(gpu) == 1
+    with pytest.raises(InputError, match=f"gives one block at most {most:,} B"):
+        ResourceBound(most + 1, 32, 0).on(gpu)
     with pytest.raises(InputError, match=f"holds at most {gpu.sm.threads:,}"):
         ResourceBound(0, gpu.sm.threads + 32, 0).on(gpu)
     with pytest.raises(InputError, match=f"allowed: 1 to {tiny}"):
         hardware(name, blocks_per_sm=tiny + 1)
 
 
+@pytest.mark.parametrize("threads, registers, blocks", [
+    # registers go to warps within a sub-partition of 16,384 (cuda_occupancy.h's cudaOccMaxBlocksPerSMRegsLimit):
+    # 196 registers round to 6,400 a warp, 2 warps a sub-partition, 8 an SM: 4 blocks of 2 warps (65,536 / 12,800
+    # over the whole file would give 5); 188 -> 6,144, also 2 a sub-partition, 4 blocks (5 over the whole file)
+    (64, 196, 4), (64, 188, 4),
+    # a block of a multiple of 4 warps comes out the same either way: 153 -> 4,992 rounded to 5,120, 3 warps a
+    # sub-partition, 12 an SM, 3 blocks of 4; 48 -> 1,536, 10 a sub-partition, 40 warps, 5 blocks of 8
+    (128, 153, 3), (256, 48, 5),
+    # one warp of 255 registers: 8,192, 2 a sub-partition, 8 blocks; three warps of 200 registers: 6,400, 2 a
+    # sub-partition, 8 warps, 2 blocks of 3 (65,536 / 19,200 over the whole file would give 3)
+    (32, 255, 8), (96, 200, 2)])
+def test_registers_are_allocated_per_sub_partition(threads, registers, blocks):
+    assert ResourceBound(0, threads, registers).on(H100) == blocks
+
+
 def test_the_resource_reports_builds_hold_their_h100_occupancy_and_each_presets_own():
-    # the report's blocks per SM (computed for the H100 when it was made) from the registers, shared memory and threads
-    # each build records, under the H100's limits; the A100's 164 KB of shared memory binds where 228 KB did not
+    # the report's blocks per SM (computed for the H100 by experiments/kernel_resources.py) from the registers, shared
+    # memory and threads each build records, under the H100's limits; the A100's 164 KB binds where 228 KB did not
     rows = report().rows
     assert [r.bound().on(H100) for r in rows] == [r.blocks_per_sm for r in rows]
     row = next(r for r in rows if r.shared_bytes and 164 * 1024 // r.shared_bytes < r.blocks_per_sm)
     assert row.bound().on(A100) == 164 * 1024 // row.shared_bytes < row.bound().on(H100), row
+    # ptxas's 32,256 B for sm_90 hold the 1 KiB reserve, which the T4 does not keep: 65,536 // 31,232 = 2 blocks
+    # (counting the reserve twice would give 65,536 // 33,280 = 1; registers allow 3)
+    row = next(r for r in rows if r.label == "flash forward d=64 fp32 TileConfig(Br=32, Bc=32, TM=2, TN=4)")
+    assert (row.shared_bytes, row.blocks_per_sm, row.bound().on(GPUS["t4"])) == (32_256, 3, 2), row
 
 
 def test_every_preset_has_an_effective_L2_no_larger_than_its_nominal():
@@ -252,10 +280,19 @@ def test_flash_closed_form_is_none_off_its_domain():
 def test_dram_counts_equals_the_simulation_whichever_path_it_takes(algo, bh, n_q, n_k, d, Br, Bc, dtype, causal,
                                                                    kv_heads, capacity, blocks_per_sm):
     pb, tiling = problem(bh, n_q, n_k, d, dtype, causal, kv_heads), Tiling(Br, Bc)
-    # a tiny GPU: the a100 preset's 108 SMs hold all 5 blocks at once; the capacity override makes them contend
-    hw = hardware("a100", l2_bytes=capacity, blocks_per_sm=blocks_per_sm)
+    # a tiny problem: the h100 preset's 132 SMs (call 1's kernels run on it alone) hold all 5 blocks at once; the
+    # capacity override makes them contend
+    hw = hardware("h100", l2_bytes=capacity, blocks_per_sm=blocks_per_sm)
     got = pass_counts(algo, Launch(pb, tiling), hw)
     assert got == simulated(algo, pb, tiling, hw), got
+
+
+@pytest.mark.parametrize("gpu", ["a100", "t4", "gb10"])
+def test_call_1s_kernels_run_on_the_h100_alone_whose_blocks_per_sm_they_hold(gpu):
+    # call 1's kernels carry an H100 SM's blocks per SM (call1.py), which another compute capability does not give
+    for kernel in (FLASH, SWAPPED):
+        with pytest.raises(InputError, match="is built for the H100, H200 only"):
+            pass_counts(kernel, Launch(problem(), Tiling(16, 16)), hardware(gpu))
 
 
 @given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),

@@ -58,10 +58,16 @@ class Resources:
     splits: int | None = None  # the split count split-kv's split kernel is compiled for; None for the others
 
     def bound(self) -> ResourceBound:
-        """Its occupancy on any preset: its shared memory (less the 1 KiB that ptxas counts in it for sm_90), threads
-        and registers under that GPU's limits (``iosim.gpu.l2.occupancy_limits``); ``blocks_per_sm`` on an H100.
-        The registers are the sm_90 build's, which another architecture's compiler may not repeat."""
-        return ResourceBound(max(0, self.shared_bytes - CC_9_0.reserved_per_block), self.threads, self.registers)
+        """Its occupancy on any preset (``sm90_bound``); ``blocks_per_sm`` on an H100. The registers are the sm_90
+        build's, which another architecture's compiler may not repeat."""
+        return sm90_bound(self.shared_bytes, self.threads, self.registers)
+
+
+def sm90_bound(shared_bytes: int, threads: int, registers: int) -> ResourceBound:
+    """The occupancy bound of a build from what ptxas reports for sm_90: its shared memory less the 1 KiB per block
+    that sm_90 keeps back and ptxas counts in it (0 where the build has none), its threads and its registers per
+    thread, under any GPU's limits (``iosim.gpu.l2.occupancy_limits``)."""
+    return ResourceBound(max(0, shared_bytes - CC_9_0.reserved_per_block), threads, registers)
 
 
 def parse(row: dict) -> Resources | None:
