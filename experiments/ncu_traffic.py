@@ -382,6 +382,14 @@ def call5_code_grid() -> list[LaunchConfig]:
             _short(FS, f, "float32", 1, 16384, 128)]
 
 
+def call5_occupancy_grid() -> list[LaunchConfig]:
+    """How many 2-warp blocks an H100 SM holds (experiments/register_occupancy.py): flash's backward at d = 64 in
+    float32, 64 threads of 196 registers (the sm_90 report), 4 blocks an SM by registers allocated per sub-partition and
+    5 over the whole file, over 8,192 blocks (512 × 16 heads, N = 256): 12 to 16 waves, so that the achieved occupancy
+    ncu measures over the kernel tells the two apart."""
+    return [LaunchConfig("flash", "backward", 512, 16, 256, 256, 64, "float32")]
+
+
 GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid,
          "call3-swapped": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped"],
          "call3-tc": lambda: [c for c in call3_forward_grid() if c.impl == "flash-swapped-tc"],
@@ -389,7 +397,7 @@ GRIDS = {"traffic": traffic_grid, "sanitize": sanitize_grid, "call3": call3_grid
          "call3-gqa": call3_gqa_grid, "call3-split-kv": call3_split_kv_grid, "call3-sawtooth": call3_sawtooth_grid,
          "short-schedule": call3_short_schedule_grid, "short-rest": call3_short_rest_grid,
          "call3-sdpa": call3_sdpa_grid, "call5-sdpa": call5_sdpa_grid, "call5-split": call5_split_grid,
-         "call5-code": call5_code_grid}
+         "call5-code": call5_code_grid, "call5-occupancy": call5_occupancy_grid}
 
 
 def _inputs(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -24,7 +24,9 @@
 #           prefills of few heads; call5-split: 5 rows, each kernel apart, predicted before the run in the
 #           predictions files experiments/call3_short.py names); then what iosim's kernels read beyond their
 #           tensors, their code (call5-code: 11 small rows, each kernel apart, predicted with their code before the
-#           run in predictions-<commit>-code.json: experiments/code_bytes.py --predict).
+#           run in predictions-<commit>-code.json: experiments/code_bytes.py --predict); last, ncu's occupancy of
+#           flash's backward over 8,192 blocks of 2 warps (call5-occupancy: whether registers go to sub-partitions,
+#           predicted before the run in predictions-<commit>-occupancy.json: experiments/register_occupancy.py).
 # The first call-3 parts stay available by name (call3, call3-swapped, call3-tc, call3-backward, call3-tc-backward,
 # call3-gqa, call3-split-kv, call3-sawtooth: 388 rows, predictions-80f2354.json and the files it names).
 #
@@ -130,6 +132,10 @@ case $PART in
   call5b)
     ncu_grid call5-split 60 --grouped
     ncu_grid call5-code 150 --grouped
+    mkdir -p "$R/occupancy"
+    step occupancy 45 "$NCU" --section LaunchStats --section Occupancy --csv --profile-from-start off \
+      --log-file "$R/occupancy/ncu.csv" python3 -m experiments.ncu_traffic launch --grid call5-occupancy
+    pack occupancy
     ;;
   *)
     ncu_grid "$PART" 560
