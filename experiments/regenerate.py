@@ -158,6 +158,11 @@ OUTPUTS = (
     Output("predictions-f07b31c-code", "python -m experiments.code_bytes --predict call5-code call5-sdpa call5-split",
            (f"{GPU_DIR}/predictions-f07b31c-code.json",),
            ("--out", f"{{root}}/{GPU_DIR}/predictions-f07b31c-code.json"), RECORD, 4.0),
+    # how many 2-warp blocks of flash's backward an H100 SM holds (registers per sub-partition: 4; over the whole
+    # file: 5), committed before the call that measures it (call3.sh call5b's occupancy step)
+    Output("predictions-ff998b1-occupancy", "python -m experiments.register_occupancy --predict",
+           (f"{GPU_DIR}/predictions-ff998b1-occupancy.json",),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-ff998b1-occupancy.json"), RECORD, 2.0),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
            ("iosim/gpu/kernels_resources_sm90.json", "experiments/results/kernels_resources_sm90.md"),
@@ -284,12 +289,14 @@ def compare(output: Output, root: Path) -> tuple[list[str], list[str]]:
 
 
 RECORD_BYTES = ("reads", "writes", "dirty_at_end")  # the values a prediction record was committed to hold
+RECORD_CLAIMS = (*RECORD_BYTES, "blocks_per_sm")  # and, in an occupancy record, the blocks one SM holds
 
 
 def record_differences(committed: dict, now: dict) -> list[str]:
     """Where a prediction record's DRAM bytes are not what the code predicts now: each row the record holds, found
     in today's grid by its configuration (a grid that has grown since keeps the record's rows), compared on every
-    ``reads``, ``writes`` and ``dirty_at_end`` under its ``predicted`` (per capacity, tensor and kernel). What the
+    ``reads``, ``writes``, ``dirty_at_end`` and ``blocks_per_sm`` under its ``predicted`` (per capacity, tensor and
+    kernel; the last in an occupancy record). What the
     record says of how it was made (its grid's labels, the blocks at once a kernel description gives, timings) is
     its provenance, not its claim, and is not compared. Rows are found as ncu_traffic joins measurements to them."""
     from experiments.ncu_traffic import JOIN, join_key  # here: it imports the kernels, which the rest never needs
@@ -297,7 +304,7 @@ def record_differences(committed: dict, now: dict) -> list[str]:
     def byte_values(value, path=""):
         if isinstance(value, dict):
             for k, v in value.items():
-                if k in RECORD_BYTES and not isinstance(v, (dict, list)):
+                if k in RECORD_CLAIMS and not isinstance(v, (dict, list)):
                     yield f"{path}.{k}", v
                 else:
                     yield from byte_values(v, f"{path}.{k}")
