@@ -161,7 +161,7 @@ OUTPUTS = (
     # how many 2-warp blocks of flash's backward an H100 SM holds (registers per sub-partition: 4; over the whole
     # file: 5), committed before the call that measures it (call3.sh call5b's occupancy step)
     Output("predictions-ff998b1-occupancy", "python -m experiments.register_occupancy --predict",
-           (f"{GPU_DIR}/predictions-ff998b1-occupancy.json",),
+           (f"{GPU_DIR}/predictions-ff998b1-occupancy.json", f"{GPU_DIR}/predictions-ff998b1-occupancy.md"),
            ("--out", f"{{root}}/{GPU_DIR}/predictions-ff998b1-occupancy.json"), RECORD, 2.0),
     # the kernels compiled for sm_90 without a GPU (NVVM, nvJitLink, nvdisasm: pip install -e '.[gpu]')
     Output("kernels_resources_sm90", "python -m experiments.kernel_resources --jobs 2",
