@@ -541,11 +541,11 @@ def measured_rows(folder: Path) -> list[dict]:
 
 def marker_reads(folder: Path) -> list[float]:
     """The DRAM bytes each marker kernel of a folder `profile` wrote read: one thread, no tensors."""
-    return [_number(row["Metric Value"]) for path in ncu_files(folder) for row in _csv_rows(path)
+    return [_number(row["Metric Value"]) for path in ncu_files(folder) for row in csv_rows(path)
             if MARKER in row["Kernel Name"] and row["Metric Name"] == METRICS[0]]
 
 
-def _csv_rows(path: Path) -> csv.DictReader:
+def csv_rows(path: Path) -> csv.DictReader:
     """ncu's CSV rows (its other lines, the profiler's own, left out)."""
     return csv.DictReader([line for line in path.read_text().splitlines() if line.startswith('"')])
 
@@ -557,7 +557,7 @@ def _number(text: str) -> float:
 def parse_ncu_csv(path: Path) -> list[dict]:
     """Per configuration index: its kernels and their summed DRAM bytes read and written."""
     kernels_by_id: dict[str, dict] = {}
-    for row in _csv_rows(path):
+    for row in csv_rows(path):
         entry = kernels_by_id.setdefault(row["ID"], {"name": row["Kernel Name"], "grid": row["Grid Size"],
                                                      "metrics": {}})
         unit = row["Metric Unit"]

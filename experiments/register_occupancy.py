@@ -21,15 +21,14 @@ and the hardware ("Achieved Occupancy") say.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 from pathlib import Path
 
-from experiments.ncu_traffic import GRIDS, LaunchConfig
+from experiments.ncu_traffic import GRIDS, MARKER, LaunchConfig, csv_rows, ncu_files
 from iosim.core.gpus import GPUS
 from iosim.gpu.l2 import REGISTER_UNIT, REGISTERS_PER_SM, WARP, occupancy_limits
-from iosim.gpu.occupancy import report
+from iosim.gpu.occupancy import report, sm90_bound
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = "call5-occupancy"
@@ -65,17 +64,17 @@ def predict() -> dict:
     for cfg in GRIDS[GRID]():
         r = row_of(cfg)
         own = r.bound().block_bytes
-        by = {rule: blocks(r.threads, r.registers, own, rule) for rule in ("sub-partition", "whole file")}
         warps = -(-r.threads // WARP)
         n_blocks = cfg.batch * cfg.heads  # flash's backward: one block per batch·head
+
+        def by(rule: str) -> dict:
+            per_sm = blocks(r.threads, r.registers, own, rule)
+            return {"blocks_per_sm": per_sm, "theoretical_occupancy": per_sm * warps / (H100.sm.threads // WARP),
+                    "waves": n_blocks / (per_sm * int(H100.sms.value))}
+
         rows.append({**vars(cfg), "build": r.label, "threads": r.threads, "registers": r.registers,
                      "shared_bytes": r.shared_bytes, "blocks": n_blocks,
-                     "predicted": {"blocks_per_sm": by["sub-partition"],
-                                   "theoretical_occupancy": by["sub-partition"] * warps / (H100.sm.threads // WARP),
-                                   "waves": n_blocks / (by["sub-partition"] * int(H100.sms.value))},
-                     "whole_file": {"blocks_per_sm": by["whole file"],
-                                    "theoretical_occupancy": by["whole file"] * warps / (H100.sm.threads // WARP),
-                                    "waves": n_blocks / (by["whole file"] * int(H100.sms.value))}})
+                     "predicted": by("sub-partition"), "whole_file": by("whole file")})
     return {"command": "python -m experiments.register_occupancy --predict", "git_commit": _commit(),
             "grid": GRID, "gpu": "h100",
             "claim": "ncu's achieved occupancy of each launch stays at or under the sub-partition rule's theoretical "
@@ -104,15 +103,13 @@ def markdown(record: dict) -> str:
 # the names of ncu's LaunchStats and Occupancy sections' rows that the comparison reads
 NCU_NAMES = {"Registers Per Thread": "registers", "Block Size": "threads", "Block Limit Registers": "ncu_blocks",
              "Theoretical Occupancy": "ncu_theoretical_pct", "Achieved Occupancy": "achieved_pct"}
-MARKER = "ncu_config_marker"
 
 
 def measured(folder: Path) -> list[dict]:
     """Each profiled kernel of ncu's CSV in ``folder`` (the marker kernels left out), with the rows NCU_NAMES reads."""
     kernels: dict[str, dict] = {}
-    for path in sorted(folder.glob("*.csv")):
-        lines = [line for line in path.read_text().splitlines() if line.startswith('"')]
-        for row in csv.DictReader(lines):
+    for path in ncu_files(folder):
+        for row in csv_rows(path):
             if MARKER in row["Kernel Name"] or row["Metric Name"] not in NCU_NAMES:
                 continue
             block = [int(x) for x in row["Block Size"].strip("()").split(",")]  # "(64, 1, 1)"
@@ -131,7 +128,7 @@ def compare(folder: Path, record: dict) -> list[dict]:
     out = []
     for m in measured(folder):
         threads, registers = int(m["threads"]), int(m["registers"])
-        own = max(0, row["shared_bytes"] - H100.sm.reserved_per_block)
+        own = sm90_bound(row["shared_bytes"], threads, registers).block_bytes
         sub, whole = (blocks(threads, registers, own, rule) for rule in ("sub-partition", "whole file"))
         warps_pct = 100 * -(-threads // WARP) / (H100.sm.threads // WARP)
         out.append({**m, "sub_partition_blocks": sub, "whole_file_blocks": whole,
