@@ -29,6 +29,7 @@ def test_every_number_of_a_preset_names_its_source(name):
     per_block_kb = (gpu.smem_per_sm.value - sm.reserved_per_block) / 1024
     assert f"{per_block_kb:g} KB per block" in sm.source or f"{per_block_kb:g} KB of shared memory per SM and per " \
         f"block" in sm.source, (name, per_block_kb, sm.source)
+    assert f"allocated in {sm.smem_unit} B units" in sm.source, (name, sm.smem_unit, sm.source)
     with pytest.raises(dataclasses.FrozenInstanceError):
         gpu.name = "other"
 
@@ -149,8 +150,8 @@ def test_iosim_gpus_names_choose_the_presets_shown_saved_and_sourced(tmp_path):
     assert list(dict.fromkeys(r["gpu"] for r in rows)) == ["h200", "t4"]
     text = " ".join(console.export_text().split())  # long sources wrap
     assert f"h200 L2, effective: {GPUS['h200'].l2_effective.source}" in text
-    assert f"t4 resident blocks per SM, resident threads per SM, shared memory kept back per block: " \
-           f"{GPUS['t4'].sm.source}" in text
+    assert f"t4 resident blocks per SM, resident threads per SM, shared memory kept back per block, shared memory " \
+           f"allocation unit: {GPUS['t4'].sm.source}" in text
     assert text.count("h200 L2, effective:") == 1 and "a100" not in text, text
 
 

@@ -115,8 +115,9 @@ def test_the_preset_gives_capacity_and_concurrency_and_the_user_overrides_them()
 @pytest.mark.parametrize("name, tiny, threads_bound, registers_bound, shared_bound", [
     # a block of one warp without shared memory or registers: the compute capability's block limit alone binds;
     # 256 threads: 2,048 / 1,536 / 1,024 threads an SM over 256; 64 registers × 8 warps of 32 lanes: 65,536 / 16,384;
-    # 57,000 B of shared memory and the 1 KB reserve (none on the T4): 233,472 // 58,024 = 4 on the H100 (5 without
-    # the reserve), 167,936 // 58,024 = 2 on the A100, 102,400 // 58,024 = 1 on the GB10, 65,536 // 57,000 = 1
+    # 57,000 B of shared memory and the 1 KB reserve (none on the T4), allocated in 128 B units (256 B on the T4):
+    # 233,472 // 58,112 = 4 on the H100 (5 without the reserve), 167,936 // 58,112 = 2 on the A100, 102,400 // 58,112
+    # = 1 on the GB10, 65,536 // 57,088 = 1
     ("h100", 32, 8, 4, 4), ("a100", 32, 8, 4, 2), ("b200", 32, 8, 4, 4), ("gb10", 24, 6, 4, 1), ("t4", 16, 4, 4, 1)])
 def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threads_bound, registers_bound,
                                                                 shared_bound):
@@ -138,6 +139,18 @@ def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threa
         ResourceBound(0, gpu.sm.threads + 32, 0).on(gpu)
     with pytest.raises(InputError, match=f"allowed: 1 to {tiny}"):
         hardware(name, blocks_per_sm=tiny + 1)
+
+
+@pytest.mark.parametrize("name, block_bytes, blocks", [
+    # a block's shared memory and the reserve are allocated together in units of 128 B (256 B at 7.5:
+    # cuda_occupancy.h's cudaOccSMemAllocationGranularity): 24,917 B + 1 KiB = 25,941 B would fit 9 times in the
+    # H100's 233,472 B, but it takes 26,112 B, 8 times; 21,845 B would fit 3 times in the T4's 65,536 B, but take
+    # 22,016 B, 2 times; a block already of whole units is not moved (24,832 B + 1 KiB = 25,856 B: 9 blocks)
+    ("h100", 24_917, 8), ("t4", 21_845, 2), ("h100", 24_832, 9)])
+def test_shared_memory_is_allocated_in_the_compute_capabilitys_units(name, block_bytes, blocks):
+    gpu = GPUS[name]
+    assert SharedMemoryBound(block_bytes).on(gpu) == ResourceBound(block_bytes, 32, 0).on(gpu) == blocks
+    assert gpu.sm.smem_unit == (256 if name == "t4" else 128)
 
 
 @pytest.mark.parametrize("threads, registers, blocks", [

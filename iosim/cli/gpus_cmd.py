@@ -19,7 +19,8 @@ NUMBERS = (("sms", "SMs", "SMs", "count"), ("smem_per_sm", "shared memory per SM
            ("fp32", "FP32 FLOP/s", "FP32 FLOP/s", "FLOP/s"))
 SM_NUMBERS = (("blocks", "resident blocks per SM", "blocks/SM", "count"),
               ("threads", "resident threads per SM", "threads/SM", "count"),
-              ("reserved_per_block", "shared memory kept back per block", "smem reserve", "bytes"))
+              ("reserved_per_block", "shared memory kept back per block", "smem reserve", "bytes"),
+              ("smem_unit", "shared memory allocation unit", "smem unit", "bytes"))
 LABELS = {number: label for _, number, label, _ in NUMBERS + SM_NUMBERS}
 
 

@@ -35,32 +35,36 @@ class Spec:
 @dataclass(frozen=True)
 class SMLimits:
     """What one SM of a compute capability holds at once, whatever the kernel: the most resident thread blocks and
-    threads, and the shared memory the driver keeps back from each block (the SM's shared memory less the most one
-    block may take)."""
+    threads, the shared memory the driver keeps back from each block (the SM's shared memory less the most one
+    block may take), and the unit a block's shared memory, reserve included, is allocated in."""
 
     compute_capability: str  # the device's, where the table's column covers several (12.x)
     blocks: int
     threads: int
     reserved_per_block: int  # bytes
+    smem_unit: int  # bytes
     source: str
 
 
 # CUDA Programming Guide (CUDA 13), section 5.1 "Compute Capabilities", table 30: "Maximum number of resident blocks
 # per SM" and "Maximum number of resident threads per SM"; cuda_occupancy.h's cudaOccMaxBlocksPerMultiprocessor (the
 # CUDA runtime's occupancy calculator) hard-codes the same block limits
+# CUDA 13's cuda_occupancy.h, cudaOccSMemAllocationGranularity: a block's shared memory and the reserve are allocated
+# together, rounded up to 256 B at compute capability 7.x and 128 B at 8 to 12 (cudaOccMaxBlocksPerSMSmemLimit)
 PROGRAMMING_GUIDE = "CUDA Programming Guide (CUDA 13), 5.1 Compute Capabilities, table 30"
-CC_7_5 = SMLimits("7.5", 16, 1024, 0, f"{PROGRAMMING_GUIDE}: 16 blocks, 1,024 threads; 64 KB of shared memory per SM "
-                  "and per block (no reserve)")
-CC_8_0 = SMLimits("8.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 164 KB per SM, 163 KB per "
-                  "block")
-CC_9_0 = SMLimits("9.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, 227 KB per "
-                  "block")
-CC_10_0 = SMLimits("10.0", 32, 2048, 1024, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, 227 KB "
-                   "per block")
+GRANULARITY = "cuda_occupancy.h (CUDA 13), cudaOccSMemAllocationGranularity"
+CC_7_5 = SMLimits("7.5", 16, 1024, 0, 256, f"{PROGRAMMING_GUIDE}: 16 blocks, 1,024 threads; 64 KB of shared memory "
+                  f"per SM and per block (no reserve); {GRANULARITY}: allocated in 256 B units")
+CC_8_0 = SMLimits("8.0", 32, 2048, 1024, 128, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 164 KB per SM, 163 KB "
+                  f"per block; {GRANULARITY}: allocated in 128 B units")
+CC_9_0 = SMLimits("9.0", 32, 2048, 1024, 128, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, 227 KB "
+                  f"per block; {GRANULARITY}: allocated in 128 B units")
+CC_10_0 = SMLimits("10.0", 32, 2048, 1024, 128, f"{PROGRAMMING_GUIDE}: 32 blocks, 2,048 threads; 228 KB per SM, "
+                   f"227 KB per block; {GRANULARITY}: allocated in 128 B units")
 # the Blackwell tuning guide says 32 blocks for 12.0; the programming guide, cuda_occupancy.h ("case 12: 24") and
 # the cudaDevAttrMaxBlocksPerMultiprocessor that GB10 and RTX 50 devices report say 24, which iosim takes
-CC_12_1 = SMLimits("12.1", 24, 1536, 1024, f"{PROGRAMMING_GUIDE}, its 12.x column: 24 blocks, 1,536 threads; 100 KB "
-                   "per SM, 99 KB per block")
+CC_12_1 = SMLimits("12.1", 24, 1536, 1024, 128, f"{PROGRAMMING_GUIDE}, its 12.x column: 24 blocks, 1,536 threads; "
+                   f"100 KB per SM, 99 KB per block; {GRANULARITY}: allocated in 128 B units")
 
 
 @dataclass(frozen=True)

@@ -57,16 +57,17 @@ WARP = 32
 
 def occupancy_limits(gpu: GPU, block_bytes: int, threads: int | None = None, registers: int = 0) -> dict[str, int]:
     """The blocks of one kernel that an SM of ``gpu`` holds by each resource that binds it: its compute capability's
-    most resident blocks (``GPU.sm``), its shared memory (``block_bytes`` a block, beside the bytes the driver keeps
-    back from each), and, where the block is known that far, its threads (in whole warps) and its registers per
-    thread. Registers go to warps, each warp's rounded up to the allocation unit, within one sub-partition: an SM
-    holds as many warps as one sub-partition's 16 K registers fit, times 4 (cuda_occupancy.h's
-    cudaOccMaxBlocksPerSMRegsLimit), which for a block of 1, 2 or 3 warps can be fewer than the whole register file
-    over the block's (196 registers by 64 threads: 2 warps a sub-partition, 4 blocks, where 65,536 / 12,800 gives 5).
+    most resident blocks (``GPU.sm``), its shared memory (``block_bytes`` a block and the bytes the driver keeps back
+    from each, together rounded up to the compute capability's allocation unit, ``SMLimits.smem_unit``), and, where
+    the block is known that far, its threads (in whole warps) and its registers per thread. Registers go to warps,
+    each warp's rounded up to the allocation unit, within one sub-partition: an SM holds as many warps as one
+    sub-partition's 16 K registers fit, times 4 (cuda_occupancy.h's cudaOccMaxBlocksPerSMRegsLimit), which for a
+    block of 1, 2 or 3 warps can be fewer than the whole register file over the block's (196 registers by 64
+    threads: 2 warps a sub-partition, 4 blocks, where 65,536 / 12,800 gives 5).
     What iosim.kernels' resource report computes for the H100 from ptxas's figures, and what the DRAM level bounds a
     kernel by on any preset."""
-    limits = {"blocks": gpu.sm.blocks,
-              "shared memory": int(gpu.smem_per_sm.value) // max(1, block_bytes + gpu.sm.reserved_per_block)}
+    allocated = -(-(block_bytes + gpu.sm.reserved_per_block) // gpu.sm.smem_unit) * gpu.sm.smem_unit
+    limits = {"blocks": gpu.sm.blocks, "shared memory": int(gpu.smem_per_sm.value) // max(1, allocated)}
     if threads is not None:
         warps = -(-threads // WARP)
         limits["threads"] = gpu.sm.threads // (warps * WARP)
