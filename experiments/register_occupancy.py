@@ -27,7 +27,7 @@ from pathlib import Path
 
 from experiments.ncu_traffic import GRIDS, MARKER, LaunchConfig, csv_rows, ncu_files
 from iosim.core.gpus import GPUS
-from iosim.gpu.l2 import REGISTER_UNIT, REGISTERS_PER_SM, WARP, occupancy_limits
+from iosim.gpu.l2 import REGISTERS_PER_SM, WARP, occupancy_limits, warp_registers, warps
 from iosim.gpu.occupancy import report, sm90_bound
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,8 +38,7 @@ GPU_DIR = REPO / "experiments" / "results" / "gpu"
 
 def whole_file_blocks(threads: int, registers: int) -> int:
     """The rule iosim used before: the SM's whole register file over a block's (each warp's rounded to 256)."""
-    warps = -(-threads // WARP)
-    return REGISTERS_PER_SM // (-(-registers * WARP // REGISTER_UNIT) * REGISTER_UNIT * warps)
+    return REGISTERS_PER_SM // (warp_registers(registers) * warps(threads))
 
 
 def blocks(threads: int, registers: int, shared_bytes: int, rule: str) -> int:
@@ -64,12 +63,12 @@ def predict() -> dict:
     for cfg in GRIDS[GRID]():
         r = row_of(cfg)
         own = r.bound().block_bytes
-        warps = -(-r.threads // WARP)
+        block_warps = warps(r.threads)
         n_blocks = cfg.batch * cfg.heads  # flash's backward: one block per batch·head
 
         def by(rule: str) -> dict:
             per_sm = blocks(r.threads, r.registers, own, rule)
-            return {"blocks_per_sm": per_sm, "theoretical_occupancy": per_sm * warps / (H100.sm.threads // WARP),
+            return {"blocks_per_sm": per_sm, "theoretical_occupancy": per_sm * block_warps / (H100.sm.threads // WARP),
                     "waves": n_blocks / (per_sm * int(H100.sms.value))}
 
         rows.append({**vars(cfg), "build": r.label, "threads": r.threads, "registers": r.registers,
@@ -130,7 +129,7 @@ def compare(folder: Path, record: dict) -> list[dict]:
         threads, registers = int(m["threads"]), int(m["registers"])
         own = sm90_bound(row["shared_bytes"], threads, registers).block_bytes
         sub, whole = (blocks(threads, registers, own, rule) for rule in ("sub-partition", "whole file"))
-        warps_pct = 100 * -(-threads // WARP) / (H100.sm.threads // WARP)
+        warps_pct = 100 * warps(threads) / (H100.sm.threads // WARP)
         out.append({**m, "sub_partition_blocks": sub, "whole_file_blocks": whole,
                     "sub_partition_pct": sub * warps_pct, "whole_file_pct": whole * warps_pct,
                     "rules_part": sub != whole,

@@ -144,7 +144,7 @@ def test_occupancy_bounds_take_each_compute_capabilitys_limits(name, tiny, threa
 @pytest.mark.parametrize("name, block_bytes, blocks", [
     # a block's shared memory and the reserve are allocated together in units of 128 B (256 B at 7.5:
     # cuda_occupancy.h's cudaOccSMemAllocationGranularity): 24,917 B + 1 KiB = 25,941 B would fit 9 times in the
-    # H100's 233,472 B, but it takes 26,112 B, 8 times; 21,845 B would fit 3 times in the T4's 65,536 B, but take
+    # H100's 233,472 B, but it takes 25,984 B, 8 times; 21,845 B would fit 3 times in the T4's 65,536 B, but take
     # 22,016 B, 2 times; a block already of whole units is not moved (24,832 B + 1 KiB = 25,856 B: 9 blocks)
     ("h100", 24_917, 8), ("t4", 21_845, 2), ("h100", 24_832, 9)])
 def test_shared_memory_is_allocated_in_the_compute_capabilitys_units(name, block_bytes, blocks):

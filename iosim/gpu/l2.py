@@ -36,6 +36,7 @@ from itertools import chain, islice
 from iosim.core.counts import PerTensor
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPU
+from iosim.core.tiling import ceil_div
 
 SECTOR = 32  # bytes: the L2's unit of transfer to DRAM (NVIDIA CUDA C++ best practices guide, "Coalesced access")
 READ, WRITE, READ_WRITE = 1, 2, 3  # what an access does to its tile
@@ -55,6 +56,16 @@ REGISTER_UNIT = 256
 WARP = 32
 
 
+def warps(threads: int) -> int:
+    """The whole warps a block of ``threads`` takes."""
+    return ceil_div(threads, WARP)
+
+
+def warp_registers(registers: int) -> int:
+    """The registers a warp of ``registers`` a thread is allocated, in whole units of REGISTER_UNIT."""
+    return ceil_div(registers * WARP, REGISTER_UNIT) * REGISTER_UNIT
+
+
 def occupancy_limits(gpu: GPU, block_bytes: int, threads: int | None = None, registers: int = 0) -> dict[str, int]:
     """The blocks of one kernel that an SM of ``gpu`` holds by each resource that binds it: its compute capability's
     most resident blocks (``GPU.sm``), its shared memory (``block_bytes`` a block and the bytes the driver keeps back
@@ -66,14 +77,14 @@ def occupancy_limits(gpu: GPU, block_bytes: int, threads: int | None = None, reg
     threads: 2 warps a sub-partition, 4 blocks, where 65,536 / 12,800 gives 5).
     What iosim.kernels' resource report computes for the H100 from ptxas's figures, and what the DRAM level bounds a
     kernel by on any preset."""
-    allocated = -(-(block_bytes + gpu.sm.reserved_per_block) // gpu.sm.smem_unit) * gpu.sm.smem_unit
+    allocated = ceil_div(block_bytes + gpu.sm.reserved_per_block, gpu.sm.smem_unit) * gpu.sm.smem_unit
     limits = {"blocks": gpu.sm.blocks, "shared memory": int(gpu.smem_per_sm.value) // max(1, allocated)}
     if threads is not None:
-        warps = -(-threads // WARP)
-        limits["threads"] = gpu.sm.threads // (warps * WARP)
+        block_warps = warps(threads)
+        limits["threads"] = gpu.sm.threads // (block_warps * WARP)
         if registers:
-            per_warp = -(-registers * WARP // REGISTER_UNIT) * REGISTER_UNIT
-            limits["registers"] = REGISTERS_PER_SM // SUBPARTITIONS // per_warp * SUBPARTITIONS // warps
+            limits["registers"] = (REGISTERS_PER_SM // SUBPARTITIONS // warp_registers(registers) * SUBPARTITIONS
+                                   // block_warps)
     return limits
 
 
