@@ -15,9 +15,10 @@ from test_l2_cohorts import grids
 from iosim.core.errors import InputError
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
+from iosim.gpu import timed_engine
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
-from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, Tiles
+from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, SharedSteps, Tiles
 from iosim.gpu.schedule import simulate
 from iosim.gpu.timed import Timing, factors, simulate_rounds, simulate_timed
 
@@ -233,3 +234,71 @@ def test_a_repeated_step_that_wrote_past_the_l2_is_run_again():
     expected = timed_by_hand(g, config, Timing(), 1)
     assert expected.dirty_at_end == 32
     assert simulate_timed(g, config, Timing(), 1) == simulate(g, config) == simulate_rounds(g, config) == expected
+
+
+def with_partners(grid: Grid) -> Grid:
+    """``grid`` with every plain read of a tile followed at once by a read of its own second tile (of C, 32 to 96
+    bytes), as K_j is by V_j: a tile only ever read then makes a pair that ``paired`` joins; one also written does not.
+    Shared step objects stay shared."""
+    made: dict[int, tuple] = {}
+    bodies: dict[int, list] = {}
+
+    def partnered(step):
+        if id(step) not in made:
+            made[id(step)] = sum(((access, grid.tiles.access("C", 1000 + access[0], 32 * (1 + access[0] % 3), READ))
+                                  if access[2] == READ else (access,) for access in step), ())
+        return made[id(step)]
+
+    def steps(b):
+        found = grid.steps(b)
+        if not isinstance(found, SharedSteps):
+            return iter([partnered(s) for s in found])
+        if id(found.body) not in bodies:
+            bodies[id(found.body)] = [partnered(s) for s in found.body]
+        return SharedSteps(tuple(map(partnered, found.head)), bodies[id(found.body)], found.start, found.stop,
+                           tuple(map(partnered, found.tail)))
+
+    return Grid(grid.blocks, steps, grid.tiles, grid.blocks_per_sm)
+
+
+@settings(max_examples=150, deadline=None)
+@given(grids(), st.sampled_from([math.inf, 64.0]), st.sampled_from([0.0, 0.1]), st.integers(0, 3))
+def test_tiles_read_in_pairs_are_counted_as_the_loops_written_out_count_them(case, miss, block_spread, seed):
+    grid, config = case
+    grid = with_partners(grid)
+    timing = Timing(miss_bytes_per_step=miss, block_spread=block_spread, seed=seed)
+    assert simulate_rounds(grid, config) == simulate(grid, config)
+    assert simulate_timed(grid, config, timing, 2) == timed_by_hand(grid, config, timing, 2)
+
+
+def test_k_and_v_are_joined_where_the_pair_fits_and_left_apart_where_it_does_not():
+    # flash-swapped, 3 heads of 300 rows, d = 16 in float16, at (32, 16): K_j and V_j, 512 B each (the last, of 12
+    # rows, 384 B), read together at every step, join. A head's distinct steps hold 39 such pairs: the 19 of its shared
+    # run, K_0, V_0 with each of its 10 query blocks' Q_i, and K_18, V_18 with each O_i; Q_i, O_i and lse_i are alone
+    (g,) = KERNELS["flash-swapped"].grids(Launch(problem(d=16), Tiling(32, 16), sms=1))
+    flat = timed_engine.flatten(g)
+    joined = timed_engine.paired(flat, 10**9)
+    pairs = joined.partner_bytes > 0
+    assert len(flat.keys) - len(joined.keys) == pairs.sum() == 3 * (19 + 10 + 10)
+    assert set(joined.partner_bytes[pairs]) == {512, 384} and set(joined.nbytes[pairs]) == {1024, 768}
+    assert timed_engine.paired(flat, 767) is flat  # no pair fits: all left apart
+    only_last = timed_engine.paired(flat, 1023).partner_bytes
+    assert set(only_last[only_last > 0]) == {384}  # only the last pair fits
+    # Y (32 B), then K (64 B) and V (64 B), then Y, through 96 B: apart, V evicts Y and Y misses again (192 B read);
+    # joined, the 128 B pair would go past the L2 and leave Y held (160 B)
+    tiles = Tiles(("K", "V", "Y"))
+    step = (tiles.access("K", 0, 64, READ), tiles.access("V", 0, 64, READ))
+    y = (tiles.access("Y", 0, 32, READ),)
+    g = grid_of_steps(tiles, [[y, step, y]])
+    config = L2Config(96, 1)
+    assert simulate_rounds(g, config).reads == simulate(g, config).reads == 2 * 32 + 64 + 64
+    # K read at 224 B, then at 96 B, beside V (64 B), through 300 B: apart, Y (96 B) evicts K alone, and K's smaller
+    # refill fits beside V, which hits (480 B); joined, Y would evict the pair and V miss again (544 B)
+    g = grid_of_steps(tiles, [[(tiles.access("K", 0, 224, READ), step[1], tiles.access("Y", 0, 96, READ)),
+                               (tiles.access("K", 0, 96, READ), step[1])]])
+    config = L2Config(300, 1)
+    assert simulate_rounds(g, config).reads == simulate(g, config).reads == 224 + 64 + 96 + 96
+
+
+def grid_of_steps(tiles: Tiles, blocks: list[list[tuple]]) -> Grid:
+    return Grid(len(blocks), lambda b: iter(blocks[b]), tiles, 1)

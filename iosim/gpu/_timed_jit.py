@@ -2,6 +2,15 @@
 kept sorted and an LRU of whole tiles as a doubly linked list over dense tile indices, making each step as
 ``iosim.gpu.l2.LRU.step`` does; and the lockstep schedule's loop, round by round (``run_rounds``).
 
+What a step touches sits together, since the loops wait on memory, not arithmetic: a tile's links, size and state
+are one record of ``RECORD`` words (one cache line holds two), a running slot keeps where its block's shared run lies,
+whether a step holds is asked only when it comes again at once, and K_j and V_j, read together at every step, are one
+tile (``iosim.gpu.timed_engine.paired``). On 2026-12-02 (this project's 2-core container, best of 3 beside the loops
+before) that took the causal lockstep row of 16 heads of N = 65,536 (67 million steps) from 2.17 s to 1.08 s, and the
+timed row of 4 heads of N = 131,072 (134 million) from 5.37 s to 3.35 s. Of those 3.35 s, 2.5 s are the events' order
+alone (the loop with its L2 work taken out); at zero spread, where the blocks step in slot order, the same loop takes
+0.8 s.
+
 The functions are written in plain Python and compiled at the first timed count (``events``), so that importing iosim
 does not import Numba (0.2 s of every command's start-up).
 """
@@ -12,6 +21,12 @@ from functools import cache
 from threading import Lock
 
 import numpy as np
+
+# a tile's record in the LRU: its less and more recent neighbours' records, its bytes, and its state
+PREV, NEXT, SIZE, STATE = range(4)
+RECORD = 4
+RESIDENT, DIRTY = 1, 2  # STATE's bits
+UNKNOWN = -1  # whether the step just run holds, not yet asked
 
 
 def events(*args):
@@ -43,7 +58,7 @@ def _compile() -> dict:
         module[name] = njit(cache=True)(module[name])
     # at every step: inlined into the loops, not called. The loops call nothing at their steps: a call there, even one
     # rarely taken, made Numba count references to the arrays at every step (2.7 times slower on a row, 2026-12-02)
-    for name in ("_queue", "_access", "_holds"):
+    for name in ("_queue", "_access", "_holds", "_body"):
         module[name] = njit(cache=True, inline="always")(module[name])
     for name in ("_events", "_rounds"):  # without the GIL: the timed schedule's band runs its ends beside its middle
         module[name] = njit(cache=True, nogil=True)(module[name])
@@ -67,19 +82,24 @@ def _queue(times, slots, head, n, t, s):
     return head, n + 1
 
 
-def _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident, dirty, size, reads,
+def _access(step, step_offsets, keys, nbytes, modes, key_tensor, partner_bytes, partner_tensor, capacity, lru, reads,
             writes, used, READ, WRITE):
     """Make ``step`` against the LRU holding ``used`` bytes: each tile to the most recent end, a miss read where it
-    reads and the least recent evicted (written back if dirty) until it fits. The bytes it missed, and those held."""
-    n_keys = key_tensor.shape[0]
+    reads and the least recent evicted (written back if dirty) until it fits. The bytes it missed, and those held.
+    ``lru`` holds a record per tile and, last, the list's head and tail (``_lru``); an access of a pair of tiles
+    (``iosim.gpu.timed_engine.paired``) reads the second's bytes into its tensor."""
+    end = RECORD * key_tensor.shape[0]  # the list's head and tail: its NEXT the least recent, its PREV the most
     missed = 0
     for a in range(step_offsets[step], step_offsets[step + 1]):
         k, x, mode = keys[a], nbytes[a], modes[a]
-        if resident[k]:  # to the most recent end
-            nxt[prev[k]], prev[nxt[k]] = nxt[k], prev[k]
+        r = RECORD * k
+        if lru[r + STATE] & RESIDENT:  # out of its place in the list
+            before, after = lru[r + PREV], lru[r + NEXT]
+            lru[before + NEXT], lru[after + PREV] = after, before
         else:
             if mode & READ:
-                reads[key_tensor[k]] += x
+                reads[key_tensor[k]] += x - partner_bytes[a]
+                reads[partner_tensor[k]] += partner_bytes[a]
                 missed += x
             if x > capacity:  # never fits: straight through
                 if mode & WRITE:
@@ -87,83 +107,94 @@ def _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev,
                 continue
             used += x
             while used > capacity:  # evict the least recent
-                old = nxt[n_keys]
-                nxt[n_keys], prev[nxt[old]] = nxt[old], n_keys
-                resident[old] = False
-                used -= size[old]
-                if dirty[old]:
-                    dirty[old] = False
-                    writes[key_tensor[old]] += size[old]
-            resident[k], size[k] = True, x
-        tail = prev[n_keys]
-        prev[k], nxt[k] = tail, n_keys
-        nxt[tail], prev[n_keys] = k, k
+                old = lru[end + NEXT]
+                lru[end + NEXT], lru[lru[old + NEXT] + PREV] = lru[old + NEXT], end
+                used -= lru[old + SIZE]
+                if lru[old + STATE] & DIRTY:
+                    writes[key_tensor[old // RECORD]] += lru[old + SIZE]
+                lru[old + STATE] = 0
+            lru[r + STATE], lru[r + SIZE] = RESIDENT, x
+        newest = lru[end + PREV]  # to the most recent end
+        lru[r + PREV], lru[r + NEXT] = newest, end
+        lru[newest + NEXT], lru[end + PREV] = r, r
         if mode & WRITE:
-            dirty[k] = True
+            lru[r + STATE] |= DIRTY
     return missed, used
 
 
-def _holds(step, step_offsets, keys, modes, resident, dirty, WRITE):
+def _holds(step, step_offsets, keys, modes, lru, WRITE):
     """Whether ``step`` again at once changes nothing: its tiles all resident, and dirty where it writes them."""
     for a in range(step_offsets[step], step_offsets[step + 1]):
-        k = keys[a]
-        if not resident[k] or (modes[a] & WRITE and not dirty[k]):
+        state = lru[RECORD * keys[a] + STATE]
+        if not state & RESIDENT or (modes[a] & WRITE and not state & DIRTY):
             return False
     return True
 
 
-def _lru(n_keys, n_tensors):
-    """An empty LRU: a list from least to most recent through prev and next (n_keys is its head and tail), residency,
-    dirtiness and size per tile, and reads and writes per tensor."""
-    return (np.full(n_keys + 1, n_keys, dtype=np.int64), np.full(n_keys + 1, n_keys, dtype=np.int64),
-            np.zeros(n_keys, dtype=np.bool_), np.zeros(n_keys, dtype=np.bool_), np.zeros(n_keys, dtype=np.int64),
-            np.zeros(n_tensors, dtype=np.int64), np.zeros(n_tensors, dtype=np.int64))
+def _body(b, n_pre, body, start, n_body, body_offsets):
+    """Block b's shared run as a running slot keeps it: its steps t in [first, stop) are body_ids[base + t]."""
+    return n_pre[b], n_pre[b] + n_body[b], body_offsets[max(body[b], 0)] + start[b] - n_pre[b]
 
 
-def _left(key_tensor, n_tensors, resident, dirty, size):
+def _lru(n_keys):
+    """An empty LRU: a record per tile (``RECORD`` words: ``PREV``, ``NEXT``, ``SIZE``, ``STATE``), then the list's
+    head and tail, whose NEXT is the least recent record and PREV the most recent (itself while empty)."""
+    lru = np.zeros(RECORD * (n_keys + 1), dtype=np.int64)
+    lru[RECORD * n_keys + PREV] = lru[RECORD * n_keys + NEXT] = RECORD * n_keys
+    return lru
+
+
+def _left(key_tensor, n_tensors, lru):
     """The dirty bytes still held at the end, per tensor."""
     left = np.zeros(n_tensors, dtype=np.int64)
     for k in range(key_tensor.shape[0]):
-        if resident[k] and dirty[k]:
-            left[key_tensor[k]] += size[k]
+        if lru[RECORD * k + STATE] == RESIDENT | DIRTY:
+            left[key_tensor[k]] += lru[RECORD * k + SIZE]
     return left
 
 
 def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body_ids, post_offsets, post_ids, n_steps,
-            step_offsets, keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, sm_speed, block_speed,
-            penalty, READ, WRITE):
+            step_offsets, keys, nbytes, modes, key_tensor, partner_bytes, partner_tensor, n_tensors, capacity,
+            concurrent, sm_speed, block_speed, penalty, READ, WRITE):
     blocks = body.shape[0]
     sms = sm_speed.shape[0]
-    prev, nxt, resident, dirty, size, reads, writes = _lru(key_tensor.shape[0], n_tensors)
+    lru = _lru(key_tensor.shape[0])
+    reads, writes = np.zeros(n_tensors, dtype=np.int64), np.zeros(n_tensors, dtype=np.int64)
     used = 0
-    # the running blocks: a slot's block, its next step and its speed; the queue of their next steps' times
+    # the running blocks: a slot's block, its next step, its speed and its shared run; the queue of their next steps'
+    # times
     slot_block = np.zeros(concurrent, dtype=np.int64)
     slot_t = np.zeros(concurrent, dtype=np.int64)
     slot_speed = np.zeros(concurrent, dtype=np.float64)
+    first = np.zeros(concurrent, dtype=np.int64)
+    stop, base = np.zeros_like(first), np.zeros_like(first)
     times = np.zeros(2 * concurrent, dtype=np.float64)
     queued = np.zeros(2 * concurrent, dtype=np.int64)
     head, n = 0, 0
     pending = min(concurrent, blocks)
-    last, last_fits = -1, False
+    last, fits = -1, UNKNOWN
     for slot in range(pending):  # the first blocks start at 0 in slot order; one without steps leaves its slot empty
         if n_steps[slot] > 0:
             slot_block[slot], slot_t[slot], slot_speed[slot] = slot, 0, sm_speed[slot % sms] * block_speed[slot]
+            first[slot], stop[slot], base[slot] = _body(slot, n_pre, body, start, n_body, body_offsets)
             head, n = _queue(times, queued, head, n, 0.0, slot)
     while n > 0:
         at, slot = times[head], queued[head]
         head, n = head + 1, n - 1
         b, t = slot_block[slot], slot_t[slot]
-        if t < n_pre[b]:  # its own first steps, its shared run, its own last (written out: a call here costs 20 %)
+        if first[slot] <= t < stop[slot]:  # its shared run, its own first steps, its own last
+            step = body_ids[base[slot] + t]
+        elif t < first[slot]:
             step = pre_ids[pre_offsets[b] + t]
-        elif t < n_pre[b] + n_body[b]:
-            step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre[b]]
         else:
-            step = post_ids[post_offsets[b] + t - n_pre[b] - n_body[b]]
+            step = post_ids[post_offsets[b] + t - stop[slot]]
+        if step == last and fits == UNKNOWN:
+            fits = _holds(step, step_offsets, keys, modes, lru, WRITE)
         missed = 0
-        if not (step == last and last_fits):
-            missed, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident,
-                                   dirty, size, reads, writes, used, READ, WRITE)
-            last, last_fits = step, _holds(step, step_offsets, keys, modes, resident, dirty, WRITE)
+        if step != last or not fits:
+            missed, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, partner_bytes,
+                                   partner_tensor, capacity, lru, reads, writes, used, READ, WRITE)
+            last, fits = step, UNKNOWN
         done = at + slot_speed[slot] + missed * penalty
         t += 1
         if t < n_steps[b]:
@@ -173,50 +204,61 @@ def _events(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
             if n_steps[pending] > 0:  # empty if it has no steps
                 slot_block[slot], slot_t[slot] = pending, 0
                 slot_speed[slot] = sm_speed[slot % sms] * block_speed[pending]
+                first[slot], stop[slot], base[slot] = _body(pending, n_pre, body, start, n_body, body_offsets)
                 head, n = _queue(times, queued, head, n, done, slot)
             pending += 1
-    return reads, writes, _left(key_tensor, n_tensors, resident, dirty, size)
+    return reads, writes, _left(key_tensor, n_tensors, lru)
 
 
 def _rounds(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body_ids, post_offsets, post_ids, n_steps,
-            step_offsets, keys, nbytes, modes, key_tensor, n_tensors, capacity, concurrent, READ, WRITE):
+            step_offsets, keys, nbytes, modes, key_tensor, partner_bytes, partner_tensor, n_tensors, capacity,
+            concurrent, READ, WRITE):
     """The lockstep schedule (``_events`` with every step one unit long and no miss penalty), round by round: the
     running blocks in slot order, one step each a round; a block that ends gives its slot to the next block in grid
     order, which starts in the next round; one without steps leaves the slot empty."""
     blocks = body.shape[0]
-    prev, nxt, resident, dirty, size, reads, writes = _lru(key_tensor.shape[0], n_tensors)
+    lru = _lru(key_tensor.shape[0])
+    reads, writes = np.zeros(n_tensors, dtype=np.int64), np.zeros(n_tensors, dtype=np.int64)
     used = 0
-    running = np.zeros(concurrent, dtype=np.int64)  # the running slots' blocks and next steps, in slot order
-    running_t = np.zeros(concurrent, dtype=np.int64)
+    # the running slots' blocks, next steps and shared runs, in slot order
+    running = np.zeros(concurrent, dtype=np.int64)
+    running_t, first = np.zeros_like(running), np.zeros_like(running)
+    stop, base = np.zeros_like(running), np.zeros_like(running)
     n, pending = 0, 0
     while pending < min(concurrent, blocks):
         if n_steps[pending] > 0:
             running[n], running_t[n] = pending, 0
+            first[n], stop[n], base[n] = _body(pending, n_pre, body, start, n_body, body_offsets)
             n += 1
         pending += 1
-    last, last_fits = -1, False
+    last, fits = -1, UNKNOWN
     while n > 0:
         kept = 0
         for i in range(n):
             b, t = running[i], running_t[i]
-            if t < n_pre[b]:  # as in _events
+            f, s, o = first[i], stop[i], base[i]
+            if f <= t < s:  # as in _events
+                step = body_ids[o + t]
+            elif t < f:
                 step = pre_ids[pre_offsets[b] + t]
-            elif t < n_pre[b] + n_body[b]:
-                step = body_ids[body_offsets[body[b]] + start[b] + t - n_pre[b]]
             else:
-                step = post_ids[post_offsets[b] + t - n_pre[b] - n_body[b]]
-            if not (step == last and last_fits):
-                _, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, capacity, prev, nxt, resident,
-                                  dirty, size, reads, writes, used, READ, WRITE)
-                last, last_fits = step, _holds(step, step_offsets, keys, modes, resident, dirty, WRITE)
+                step = post_ids[post_offsets[b] + t - s]
+            if step == last and fits == UNKNOWN:
+                fits = _holds(step, step_offsets, keys, modes, lru, WRITE)
+            if step != last or not fits:
+                _, used = _access(step, step_offsets, keys, nbytes, modes, key_tensor, partner_bytes,
+                                  partner_tensor, capacity, lru, reads, writes, used, READ, WRITE)
+                last, fits = step, UNKNOWN
             t += 1
             if t == n_steps[b]:  # its slot to the next block in grid order, or empty
                 if pending >= blocks or n_steps[pending] == 0:
                     pending += pending < blocks
                     continue
                 b, t = pending, 0
+                f, s, o = _body(b, n_pre, body, start, n_body, body_offsets)
                 pending += 1
             running[kept], running_t[kept] = b, t
+            first[kept], stop[kept], base[kept] = f, s, o
             kept += 1
         n = kept
-    return reads, writes, _left(key_tensor, n_tensors, resident, dirty, size)
+    return reads, writes, _left(key_tensor, n_tensors, lru)

@@ -12,7 +12,7 @@ tests/test_timed.py holds the counts equal to the event loop written out in Pyth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -38,6 +38,10 @@ class FlatGrid:
     nbytes: np.ndarray
     modes: np.ndarray
     key_tensor: np.ndarray  # the tensor of each dense tile
+    # an access that stands for two tiles (``paired``): the second's bytes, and its tensor by the first's key; 0 and
+    # the tile's own tensor for an access of one
+    partner_bytes: np.ndarray
+    partner_tensor: np.ndarray
 
 
 def flatten(grid: Grid) -> FlatGrid:
@@ -83,10 +87,69 @@ def flatten(grid: Grid) -> FlatGrid:
     sizes = np.array([len(s) for s in held], dtype=np.int64)
     nbytes = np.array([x for _, x, _ in raw], dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    key_tensor = (dense % n).astype(np.int64)
     return FlatGrid(
         *_ragged(pre), np.array(body, dtype=np.int64), np.array(start, dtype=np.int64), np.array(stop, dtype=np.int64),
         *_ragged(body_lists), *_ragged(post), offsets, inverse.astype(np.int64), nbytes,
-        np.array([m for _, _, m in raw], dtype=np.int64), (dense % n).astype(np.int64))
+        np.array([m for _, _, m in raw], dtype=np.int64), key_tensor, np.zeros_like(nbytes), key_tensor.copy())
+
+
+def paired(flat: FlatGrid, capacity: int) -> FlatGrid:
+    """``flat`` with each pair of tiles that are only ever read, each always of the same bytes, the second right after
+    the first (K_j, V_j in a step of flash-swapped's), as one tile of both sizes: half the LRU's work on such grids,
+    and the same counts, so long as the pair fits in ``capacity``.
+
+    Why the counts hold: an LRU whose every tile fits holds exactly the longest run of most recent tiles whose bytes
+    fit (it evicts from the least recent end until they do), and the pair is always adjacent in recency. Reading the
+    first moves it past the second; it is resident exactly when the pair is. Where the pair lay across the edge of what
+    is held, the first out, the second cannot outlast the first's next read: the first's bytes did not fit beside the
+    second and what came after it, which has only grown, so the refill evicts again, from the least recent end, where
+    the second now is, and both miss as the joined tile does. (A tile read at another size could come back smaller
+    and fit: such tiles are left apart.) Nothing is written to them, so no dirty byte moves. tests/test_timed.py holds
+    the counts of paired grids equal to the loops written out in Python."""
+    keys, steps = flat.keys, np.diff(flat.step_offsets)
+    n_keys = flat.key_tensor.shape[0]
+    if keys.shape[0] < 2:
+        return flat
+    begins = flat.step_offsets[:-1][steps > 0]  # the first and last access of every step that makes one
+    ends = flat.step_offsets[1:][steps > 0] - 1
+    after, before = np.full_like(keys, -1), np.full_like(keys, -1)
+    after[:-1], before[1:] = keys[1:], keys[:-1]
+    after[ends], before[begins] = -1, -1
+
+    def same(values):  # the value every access of a tile has (each tile has one at least), or -2 where they differ
+        low, high = np.full(n_keys, np.iinfo(np.int64).max), np.full(n_keys, np.iinfo(np.int64).min)
+        np.minimum.at(low, keys, values)
+        np.maximum.at(high, keys, values)
+        return np.where(low == high, low, -2)
+
+    plain = (same(flat.modes) == READ) & (same(flat.nbytes) >= 0)  # only read, and always of the same bytes
+    second = same(after)  # the tile read right after each access of a tile, where it is always the same
+    first = np.arange(n_keys)
+    ok = (second >= 0) & plain
+    ok[ok] &= (second[ok] != first[ok]) & plain[second[ok]] & (same(before)[second[ok]] == first[ok])
+    ok[second[ok]] = False  # a pair's second starts no pair of its own (in a run of three, only the first two join)
+    firsts = ok[keys] & (after >= 0)
+    lead = np.flatnonzero(firsts)
+    joined = flat.nbytes[lead] + flat.nbytes[lead + 1]
+    too_big = np.zeros(n_keys, bool)
+    too_big[keys[lead[joined > capacity]]] = True
+    if too_big.any():  # a pair the L2 cannot hold goes past it where its tiles alone would not: left apart
+        ok &= ~too_big
+        firsts = ok[keys] & (after >= 0)
+        lead = np.flatnonzero(firsts)
+    if not lead.size:
+        return flat
+    kept = np.ones(keys.shape[0], bool)
+    kept[lead + 1] = False
+    nbytes, partner = flat.nbytes.copy(), np.zeros_like(flat.nbytes)
+    nbytes[lead] += flat.nbytes[lead + 1]
+    partner[lead] = flat.nbytes[lead + 1]
+    partner_tensor = flat.key_tensor.copy()
+    partner_tensor[keys[lead]] = flat.key_tensor[keys[lead + 1]]
+    offsets = np.concatenate(([0], np.cumsum(kept)))[flat.step_offsets]
+    return replace(flat, step_offsets=offsets.astype(np.int64), keys=keys[kept], nbytes=nbytes[kept],
+                   modes=flat.modes[kept], partner_bytes=partner[kept], partner_tensor=partner_tensor)
 
 
 def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,17 +166,17 @@ def _arrays(flat: FlatGrid) -> tuple:
     n_steps = n_pre + n_body + np.diff(flat.post_offsets)
     return (flat.pre_offsets, flat.pre_ids, n_pre, flat.body, flat.start, n_body, flat.body_offsets, flat.body_ids,
             flat.post_offsets, flat.post_ids, n_steps, flat.step_offsets, flat.keys, flat.nbytes, flat.modes,
-            flat.key_tensor)
+            flat.key_tensor, flat.partner_bytes, flat.partner_tensor)
 
 
 def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
         block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
-    return _timed_jit.events(*_arrays(flat), n_tensors, capacity, concurrent, sm_speed, block_speed, penalty, READ,
-                             WRITE)
+    return _timed_jit.events(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, sm_speed, block_speed,
+                             penalty, READ, WRITE)
 
 
 def run_rounds(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The same of the lockstep schedule (``run`` without spread or penalty), round by round, without a queue."""
-    return _timed_jit.rounds(*_arrays(flat), n_tensors, capacity, concurrent, READ, WRITE)
+    return _timed_jit.rounds(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, READ, WRITE)
