@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +225,51 @@ def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict
     return out
 
 
+def timed_floor(rows: list[dict], repeats: int, every: bool = False) -> list[dict]:
+    """For each timed row of ``grid_cases`` over the target (``every``: each timed row, as ``--smoke`` does to keep
+    this working): its compiled event loop alone, best of ``repeats``, as the
+    row runs it, at zero spread (every block at one speed: they step in slot order) and with every step's accesses
+    taken out (the events in their order, no L2 work; the rare miss penalties with them). Where the last is over the
+    target, no faster L2 brings the row under it: the events' order is the bound."""
+    from experiments import ncu_traffic, predict_next_call
+    from iosim.gpu import timed_engine
+    from iosim.gpu.dram import timing_of
+    from iosim.gpu.kernels import KERNELS
+    from iosim.gpu.timed import factors
+
+    out = []
+    for row in rows:
+        if row["schedule"] != "timed" or (row["seconds"] <= row["target_seconds"] and not every):
+            continue
+        cfg = ncu_traffic.GRIDS[row["grid"]]()[row["index"]]
+        kernel = KERNELS[cfg.impl]
+        launch = kernel.own(predict_next_call.launch(cfg))
+        hw = hardware("h100", schedule="timed")
+        (grid,) = kernel.grids(launch)
+        config, timing = hw.config(grid), timing_of(kernel, launch, hw, 1)
+        rng = np.random.default_rng(timing.seed)
+        sm_speed, block_speed = factors(hw.sms, timing.sm_spread, rng), factors(grid.blocks, timing.block_spread, rng)
+        flat = timed_engine.flatten(grid)
+        none = np.zeros(0, dtype=np.int64)
+        empty = replace(flat, step_offsets=np.zeros_like(flat.step_offsets), keys=none, nbytes=none, modes=none,
+                        partner_bytes=none)
+        n = len(grid.tiles.tensors)
+
+        def loop(f, block):
+            return best_of(repeats, lambda: timed_engine.run(f, n, config.capacity, config.concurrent, sm_speed,
+                                                             block, 1 / timing.miss_bytes_per_step))
+
+        steps = int(np.diff(flat.pre_offsets).sum() + np.where(flat.body >= 0, flat.stop - flat.start, 0).sum()
+                    + np.diff(flat.post_offsets).sum())
+        found = dict(grid=row["grid"], index=row["index"], steps=steps, loop_seconds=loop(flat, block_speed),
+                     zero_spread_seconds=loop(flat, np.ones_like(block_speed)),
+                     without_l2_seconds=loop(empty, block_speed))
+        out.append(found)
+        print(f"{row['grid']} #{row['index']}: {steps:,} steps, the loop {found['loop_seconds']:.2f} s, at zero "
+              f"spread {found['zero_spread_seconds']:.2f} s, without its L2 work {found['without_l2_seconds']:.2f} s")
+    return out
+
+
 def machine(load_before) -> dict:
     return {"platform": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__, "load_average_before": load_before,
@@ -248,7 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     l2 = SMOKE_L2 if smoke else L2_CASES
     if args.only is not None:
         part = l2_cases(args.repeats, l2) if args.only == "l2" else grid_cases(smoke=smoke)
-        result = {args.only: part, "machine": machine(load_before), "commit": git_commit(),
+        result = {args.only: part}
+        if args.only == "grid":
+            result["timed_floor"] = timed_floor(part, args.repeats, smoke)
+        result |= {"machine": machine(load_before), "commit": git_commit(),
                   "command": "python -m experiments.speed " + " ".join(sys.argv[1:]), "repeats": args.repeats,
                   "statistic": "best of repeats, wall-clock seconds"}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

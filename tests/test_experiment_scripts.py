@@ -28,10 +28,14 @@ def test_the_speed_script_runs_every_part(tmp_path):
     assert set(result["huge_count_seconds"]) == {"flash", "flash causal"}
     grid = tmp_path / "grid.json"
     speed.main(["--smoke", "--only", "grid", "--out", str(grid)])
-    rows = json.loads(grid.read_text())["grid"]  # the first row of the first grid, a forward with a measured rate
+    found = json.loads(grid.read_text())
+    rows = found["grid"]  # the first row of the first grid, a forward with a measured rate
     assert [(r["grid"], r["index"], r["schedule"]) for r in rows] == [(speed.GRIDS[0], 0, s) for s in ("lockstep",
                                                                                                        "timed")]
     assert all(r["seconds"] > 0 for r in rows)
+    (floor,) = found["timed_floor"]  # its event loop three ways: 1 head of N = 131,072 at (32, 16), 4,096 × 8,192 steps
+    assert (floor["grid"], floor["index"], floor["steps"]) == (speed.GRIDS[0], 0, 4096 * 8192)
+    assert all(floor[k] > 0 for k in ("loop_seconds", "zero_spread_seconds", "without_l2_seconds"))
 
 
 def test_the_sawtooth_orders_script_runs_its_three_orders_on_both_presets(tmp_path, monkeypatch):
