@@ -187,15 +187,15 @@ OUTPUTS = (
            75),
     # call 3's measured rows under the timed schedule: an explanation made after that run
     Output("timed_call3", "python -m experiments.timed_call3", ("experiments/results/timed_call3.json",),
-           ("--out", "{root}/experiments/results/timed_call3.json"), SLOW, 5.8),
+           ("--out", "{root}/experiments/results/timed_call3.json"), SLOW, 2.4),
     # the timed schedule's predictions of the next call's one-kernel forward rows, committed before it
     *(Output(f"predictions-3f14d76-timed-{grid}", f"python -m experiments.timed_call3 --predict {grid}",
              (f"{GPU_DIR}/predictions-3f14d76-timed-{grid}.json",),
              ("--out", f"{{root}}/{GPU_DIR}/predictions-3f14d76-timed-{grid}.json"), SLOW, seconds)
-      for grid, seconds in (("call3-sdpa", 4.4), ("short-rest", 6.0))),
+      for grid, seconds in (("call3-sdpa", 2.9), ("short-rest", 3.5))),
     Output("predictions-5217ccf-timed-call5-sdpa", "python -m experiments.timed_call3 --predict call5-sdpa",
            (f"{GPU_DIR}/predictions-5217ccf-timed-call5-sdpa.json",),
-           ("--out", f"{{root}}/{GPU_DIR}/predictions-5217ccf-timed-call5-sdpa.json"), SLOW, 2.1),
+           ("--out", f"{{root}}/{GPU_DIR}/predictions-5217ccf-timed-call5-sdpa.json"), SLOW, 1.7),
     # call 3 on an H100 at 39edb2a (call3/README.md) against the predictions committed before it
     Output("call3", "python -m experiments.call3", ("experiments/results/call3.json", "docs/figures/call3.png"),
            ("--figures", "{root}/docs/figures", "--json", "{root}/experiments/results/call3.json"), FAST, 2.0),

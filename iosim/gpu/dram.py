@@ -52,12 +52,13 @@ LOCKSTEP_VISITS_PER_S = 5e4
 LOCKSTEP_BACKWARD_VISITS_PER_S = 3e4
 SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
-# (iosim.gpu.timed_engine); measured 1.4·10⁷ to 2·10⁷ a second on this project's 2-core container (2026-11-28), taken
-# at half the fewer
-TIMED_VISITS_PER_S = 7e6
-# the lockstep schedule's compiled loop (simulate_rounds), its grid flattened first: about 1.5·10⁷ tile visits a second
-# on 16 causal heads of N = 65,536 (2026-11-28), taken at a third
-ROUNDS_VISITS_PER_S = 5e6
+# (iosim.gpu.timed_engine); measured 2.7·10⁷ to 3.5·10⁷ a second, grid built and flattened, on the short grids' four
+# slowest rows (this project's 2-core container, 2026-12-02, experiments/results/speed_grid.json), taken at half the
+# fewer
+TIMED_VISITS_PER_S = 1.3e7
+# the lockstep schedule's compiled loop (simulate_rounds), its grid flattened first: about 4·10⁷ tile visits a second
+# on 16 causal heads of N = 65,536 (the same record), taken at a third
+ROUNDS_VISITS_PER_S = 1.3e7
 # the timed schedule's reads are a band, not a prediction, where the blocks' spread moves them by more than this
 BRACKET = 0.10
 

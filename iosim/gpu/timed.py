@@ -16,8 +16,9 @@ same tiles gather into convoys. ``simulate_timed`` runs a grid that way, event b
   order: the lockstep schedule exactly (tests/test_timed.py holds the counts equal).
 
 Its cost is an insert into a queue of events kept sorted and the step's accesses per step, compiled with Numba
-(``iosim.gpu.timed_engine``): about 2·10⁷ steps a second once compiled, a step that repeats the one just run, and fits,
-skipped as all hits.
+(``iosim.gpu.timed_engine``; K_j and V_j, read together, are one access): about 4·10⁷ steps a second once compiled,
+a step that repeats the one just run, and fits, skipped as all hits. The queue's order is most of that time
+(docs/gpu.md).
 """
 
 from __future__ import annotations
