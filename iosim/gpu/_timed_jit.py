@@ -3,7 +3,7 @@ kept sorted and an LRU of whole tiles as a doubly linked list over dense tile in
 ``iosim.gpu.l2.LRU.step`` does; and the lockstep schedule's loop, round by round (``run_rounds``).
 
 What a step touches sits together, since the loops wait on memory, not arithmetic: a tile's links, size and state
-are one record of ``RECORD`` words (one cache line holds two), a running slot keeps where its block's shared run lies,
+are one record of ``RECORD`` words (32 bytes), a running slot keeps where its block's shared run lies,
 whether a step holds is asked only when it comes again at once, and K_j and V_j, read together at every step, are one
 tile (``iosim.gpu.timed_engine.paired``). On 2026-12-02 (this project's 2-core container, best of 3 beside the loops
 before) that took the causal lockstep row of 16 heads of N = 65,536 (67 million steps) from 2.17 s to 1.08 s, and the

@@ -38,8 +38,8 @@ class FlatGrid:
     nbytes: np.ndarray
     modes: np.ndarray
     key_tensor: np.ndarray  # the tensor of each dense tile
-    # an access that stands for two tiles (``paired``): the second's bytes, and its tensor by the first's key; 0 and
-    # the tile's own tensor for an access of one
+    # an access that stands for two tiles (``paired``): per access, the second's bytes (0 for an access of one);
+    # per tile (as key_tensor), the second's tensor (the tile's own where it is no pair's first)
     partner_bytes: np.ndarray
     partner_tensor: np.ndarray
 
@@ -95,18 +95,22 @@ def flatten(grid: Grid) -> FlatGrid:
 
 
 def paired(flat: FlatGrid, capacity: int) -> FlatGrid:
-    """``flat`` with each pair of tiles that are only ever read, each always of the same bytes, the second right after
-    the first (K_j, V_j in a step of flash-swapped's), as one tile of both sizes: half the LRU's work on such grids,
-    and the same counts, so long as the pair fits in ``capacity``.
+    """``flat`` with each pair of tiles A, B that are only ever read, each always of the same bytes, where every access
+    of A is followed at once by one of B and every access of B follows one of A (K_j, V_j in a step of
+    flash-swapped's), as one tile of both sizes: half the LRU's work on such grids, and the same counts, so long as
+    A + B fits in ``capacity``.
 
-    Why the counts hold: an LRU whose every tile fits holds exactly the longest run of most recent tiles whose bytes
-    fit (it evicts from the least recent end until they do), and the pair is always adjacent in recency. Reading the
-    first moves it past the second; it is resident exactly when the pair is. Where the pair lay across the edge of what
-    is held, the first out, the second cannot outlast the first's next read: the first's bytes did not fit beside the
-    second and what came after it, which has only grown, so the refill evicts again, from the least recent end, where
-    the second now is, and both miss as the joined tile does. (A tile read at another size could come back smaller
-    and fit: such tiles are left apart.) Nothing is written to them, so no dirty byte moves. tests/test_timed.py holds
-    the counts of paired grids equal to the loops written out in Python."""
+    Why the counts hold. The tiles an LRU holds are always its most recent ones (one that goes straight through, too
+    large, touches no entry), and A and B are adjacent in recency, B the newer. While both or neither are held, the
+    two LRUs hold the same. When A is evicted and B stays, A + B + all newer than B exceeded the capacity, and while
+    B stays, B + all newer only grows (a held tile keeps its bytes on a hit, and nothing newer than B goes before B):
+    so the unpaired LRU's next eviction takes B first (clean: nothing is counted), after which both evict the same
+    tiles; and if A is read before that, A's refill (the same bytes) does not fit beside B and what came after it,
+    evicts B, and A and B both miss, as the joined tile does. A refill evicts in two stages apart, for A then for B,
+    and ends on the same tiles as the joined one, since A + B fits and B's refill never evicts A. The missed bytes of
+    every step are the same, so the timed schedule's order of events is too, and nothing is written to A or B, so no
+    dirty byte moves. (A tile read at another size could come back smaller and fit beside B: such tiles are left
+    apart.) tests/test_timed.py holds the counts of paired grids equal to the loops written out in Python."""
     keys, steps = flat.keys, np.diff(flat.step_offsets)
     n_keys = flat.key_tensor.shape[0]
     if keys.shape[0] < 2:
@@ -129,15 +133,13 @@ def paired(flat: FlatGrid, capacity: int) -> FlatGrid:
     ok = (second >= 0) & plain
     ok[ok] &= (second[ok] != first[ok]) & plain[second[ok]] & (same(before)[second[ok]] == first[ok])
     ok[second[ok]] = False  # a pair's second starts no pair of its own (in a run of three, only the first two join)
-    firsts = ok[keys] & (after >= 0)
-    lead = np.flatnonzero(firsts)
+    lead = np.flatnonzero(ok[keys])  # every access of a pair's first tile, its second right after
     joined = flat.nbytes[lead] + flat.nbytes[lead + 1]
     too_big = np.zeros(n_keys, bool)
     too_big[keys[lead[joined > capacity]]] = True
     if too_big.any():  # a pair the L2 cannot hold goes past it where its tiles alone would not: left apart
         ok &= ~too_big
-        firsts = ok[keys] & (after >= 0)
-        lead = np.flatnonzero(firsts)
+        lead = np.flatnonzero(ok[keys])
     if not lead.size:
         return flat
     kept = np.ones(keys.shape[0], bool)
