@@ -7,9 +7,9 @@ are one record of ``RECORD`` words (32 bytes), a running slot keeps where its bl
 whether a step holds is asked only when it comes again at once, and K_j and V_j, read together at every step, are one
 tile (``iosim.gpu.timed_engine.paired``). On 2026-12-02 (this project's 2-core container, best of 3 beside the loops
 before) that took the causal lockstep row of 16 heads of N = 65,536 (67 million steps) from 2.17 s to 1.08 s, and the
-timed row of 4 heads of N = 131,072 (134 million) from 5.37 s to 3.35 s. Of those 3.35 s, 2.5 s are the events' order
-alone (the loop with its L2 work taken out); at zero spread, where the blocks step in slot order, the same loop takes
-0.8 s.
+timed row of 4 heads of N = 131,072 (134 million) from 5.37 s to 3.35 s. Of those, 2.6 s are the events' order alone
+(the loop with its L2 work taken out); at zero spread, where the blocks step in slot order, the whole loop takes 1.0 s
+(``timed_floor`` of ``python -m experiments.speed --only grid``).
 
 The functions are written in plain Python and compiled at the first timed count (``events``), so that importing iosim
 does not import Numba (0.2 s of every command's start-up).
