@@ -235,7 +235,7 @@ def timed_floor(rows: list[dict], repeats: int, every: bool = False) -> list[dic
     from iosim.gpu import timed_engine
     from iosim.gpu.dram import timing_of
     from iosim.gpu.kernels import KERNELS
-    from iosim.gpu.timed import factors
+    from iosim.gpu.timed import draws
 
     out = []
     for row in rows:
@@ -246,9 +246,8 @@ def timed_floor(rows: list[dict], repeats: int, every: bool = False) -> list[dic
         launch = kernel.own(predict_next_call.launch(cfg))
         hw = hardware("h100", schedule="timed")
         (grid,) = kernel.grids(launch)
-        config, timing = hw.config(grid), timing_of(kernel, launch, hw, 1)
-        rng = np.random.default_rng(timing.seed)
-        sm_speed, block_speed = factors(hw.sms, timing.sm_spread, rng), factors(grid.blocks, timing.block_spread, rng)
+        config = hw.config(grid)
+        sm_speed, block_speed, penalty = draws(grid.blocks, timing_of(kernel, launch, hw, 1), hw.sms)
         flat = timed_engine.flatten(grid)
         none = np.zeros(0, dtype=np.int64)
         empty = replace(flat, step_offsets=np.zeros_like(flat.step_offsets), keys=none, nbytes=none, modes=none,
@@ -257,10 +256,9 @@ def timed_floor(rows: list[dict], repeats: int, every: bool = False) -> list[dic
 
         def loop(f, block):
             return best_of(repeats, lambda: timed_engine.run(f, n, config.capacity, config.concurrent, sm_speed,
-                                                             block, 1 / timing.miss_bytes_per_step))
+                                                             block, penalty))
 
-        steps = int(np.diff(flat.pre_offsets).sum() + np.where(flat.body >= 0, flat.stop - flat.start, 0).sum()
-                    + np.diff(flat.post_offsets).sum())
+        steps = int(timed_engine.step_counts(flat)[2].sum())
         found = dict(grid=row["grid"], index=row["index"], steps=steps, loop_seconds=loop(flat, block_speed),
                      zero_spread_seconds=loop(flat, np.ones_like(block_speed)),
                      without_l2_seconds=loop(empty, block_speed))

@@ -65,12 +65,18 @@ def simulate_timed(grid: Grid, config: L2Config, timing: Timing, sms: int) -> Dr
         raise InputError(f"sms={sms}, concurrent={config.concurrent}; allowed: at least 1 each")
     if config.capacity < SECTOR:
         raise InputError(f"L2 capacity={config.capacity} bytes; allowed: at least one {SECTOR}-byte sector")
-    rng = np.random.default_rng(timing.seed)
-    sm_speed = factors(sms, timing.sm_spread, rng)
-    block_speed = factors(grid.blocks, timing.block_spread, rng)
-    penalty = 0.0 if math.isinf(timing.miss_bytes_per_step) else 1.0 / timing.miss_bytes_per_step
+    sm_speed, block_speed, penalty = draws(grid.blocks, timing, sms)
     return _counts(grid, config, timed_engine.run(timed_engine.flatten(grid), len(grid.tiles.tensors), config.capacity,
                                                   config.concurrent, sm_speed, block_speed, penalty))
+
+
+def draws(blocks: int, timing: Timing, sms: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """What ``simulate_timed`` runs ``blocks`` blocks on ``sms`` SMs with: the SMs' and the blocks' speed factors,
+    drawn with ``timing.seed``, and the time a missed byte adds (0 without a penalty)."""
+    rng = np.random.default_rng(timing.seed)
+    sm_speed = factors(sms, timing.sm_spread, rng)
+    block_speed = factors(blocks, timing.block_spread, rng)
+    return sm_speed, block_speed, 0.0 if math.isinf(timing.miss_bytes_per_step) else 1.0 / timing.miss_bytes_per_step
 
 
 def simulate_rounds(grid: Grid, config: L2Config) -> DramCounts:

@@ -161,11 +161,16 @@ def _ragged(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return offsets, flat
 
 
-def _arrays(flat: FlatGrid) -> tuple:
-    """The compiled loops' first arguments: the blocks' steps and the steps' accesses."""
+def step_counts(flat: FlatGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each block's own first steps, steps of its shared run, and steps in all."""
     n_pre = np.diff(flat.pre_offsets)
     n_body = np.where(flat.body >= 0, flat.stop - flat.start, 0)
-    n_steps = n_pre + n_body + np.diff(flat.post_offsets)
+    return n_pre, n_body, n_pre + n_body + np.diff(flat.post_offsets)
+
+
+def _arrays(flat: FlatGrid) -> tuple:
+    """The compiled loops' first arguments: the blocks' steps and the steps' accesses."""
+    n_pre, n_body, n_steps = step_counts(flat)
     return (flat.pre_offsets, flat.pre_ids, n_pre, flat.body, flat.start, n_body, flat.body_offsets, flat.body_ids,
             flat.post_offsets, flat.post_ids, n_steps, flat.step_offsets, flat.keys, flat.nbytes, flat.modes,
             flat.key_tensor, flat.partner_bytes, flat.partner_tensor)
