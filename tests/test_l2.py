@@ -321,6 +321,37 @@ def test_lockstep_equals_the_simulated_L2_on_a_uniform_grid(bh, n_q, n_k, d, Br,
     assert got == simulate(g, config), got
 
 
+# one block's steps: each of up to three accesses to distinct tiles of its own (tensor, index), each tile of its own
+# whole sectors; some steps empty, at the start, between and at the end, as a block that skips a masked tile makes none
+OWN_STEPS = st.lists(st.lists(st.tuples(st.sampled_from("ABC"), st.integers(0, 5),
+                                        st.sampled_from([READ, WRITE, READ | WRITE])),
+                              max_size=3, unique_by=lambda a: a[:2]), max_size=12)
+TILE_SECTORS = st.lists(st.integers(1, 8), min_size=18, max_size=18)  # by (tensor, index)
+
+
+@given(OWN_STEPS, TILE_SECTORS, st.integers(1, 9), st.integers(1, 6), st.integers(1, 40))
+def test_lockstep_equals_the_simulated_L2_on_equal_blocks_with_empty_steps(steps, tile_sectors, blocks, concurrent,
+                                                                          sectors):
+    # the stack distances are taken step by step: a step without accesses still takes its round in the schedule
+    def block(b):
+        return iter([tuple(TILES.access(t, b * 6 + i, 32 * tile_sectors[6 * "ABC".index(t) + i], mode)
+                           for t, i, mode in step) for step in steps])
+
+    g = Grid(blocks, block, TILES, 1, uniform=True)
+    config = L2Config(32 * sectors, concurrent)
+    got = lockstep(g, config)
+    assume(got is not None)  # a tile larger than the L2, or one written and later only read
+    assert got == simulate(g, config), got
+
+
+def test_lockstep_declines_a_step_that_touches_a_tile_twice_or_a_tile_at_two_sizes():
+    # the stack distances hold one size per tile and one touch per step; the simulation answers the others
+    twice = [(TILES.access("A", 0, 64, READ), TILES.access("A", 0, 64, READ))]
+    resized = [(TILES.access("A", 0, 64, READ),), (TILES.access("A", 0, 32, READ),)]
+    for steps in (twice, resized):
+        assert lockstep(Grid(2, lambda b: iter(steps), TILES, 1, uniform=True), L2Config(1024, 2)) is None
+
+
 def test_lockstep_declines_what_it_cannot_count_and_grids_declare_uniformity():
     assert lockstep(grid(FLASH, problem(), Tiling(16, 16)), L2Config(500, 4)) is None  # O_i of 512 B over 500 B
     # a tile written, then only read: its dirty copy outlives the access, which the counting does not follow

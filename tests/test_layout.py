@@ -2,6 +2,8 @@
 import of the package, the DRAM level out of the algorithms, files and kernels of bounded size."""
 
 import ast
+import re
+import sys
 import warnings
 from fnmatch import fnmatch
 from pathlib import Path
@@ -178,3 +180,23 @@ def test_every_data_file_of_the_package_is_installed_with_it():
             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
                 owner = ".".join((package, *path.parent.relative_to(folder).parts))
                 assert any(fnmatch(path.name, pattern) for pattern in declared.get(owner, [])), (owner, path, declared)
+
+
+def test_every_library_the_package_imports_outside_the_kernels_is_a_dependency_of_the_plain_install():
+    # `pip install .` (the README's first command) must run every command: a library imported anywhere in iosim but
+    # its GPU kernels, at the top of a module or deferred into a function, must be in [project].dependencies. Numba
+    # was in the kernels' extra alone while the DRAM level's compiled loops imported it, so `sweep --gpu h100
+    # --causal` failed on the plain install
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        project = read_configuration(ROOT / "pyproject.toml")["project"]
+    declared = {re.match(r"[A-Za-z0-9_.-]+", d).group().lower().replace("-", "_") for d in project["dependencies"]}
+    imported = set()
+    for path in PACKAGES["iosim"].rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.partition(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add(node.module.partition(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"iosim"}
+    assert third_party and third_party <= declared, (third_party - declared, declared)

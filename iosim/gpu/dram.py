@@ -43,13 +43,14 @@ class DramTooLong(InputError):
 
 
 BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
-# tile visits (query block, key block) a second, measured on this project's 2-core container (2026-11-27): the
-# lockstep count of flash's one block per head about 50,000; the simulation of a grid's every block, at least 500,000
-# (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million)
-LOCKSTEP_VISITS_PER_S = 5e4
-# flash's backward block makes more accesses a step (Q_i, dO_i, O_i, lse_i and dQ_i beside K_j, V_j): its lockstep
-# count ran 3·10⁴ steps a second (8 causal heads of N = 131,072, 2026-11-28, the second review)
-LOCKSTEP_BACKWARD_VISITS_PER_S = 3e4
+# tile visits (query block, key block) a second, measured on this project's 2-core container: the lockstep count
+# of flash's one block per head (its stack distances compiled, iosim.gpu._loops.stack) 2.4·10⁵ to 3.4·10⁵ forward
+# and 2·10⁵ backward, whose steps make more accesses (Q_i, dO_i, O_i, lse_i and dQ_i beside K_j, V_j), on one head
+# of N = 32,768 to 65,536 and 8 causal heads of 16,384 (2026-12-02), taken at half; the simulation of a grid's every
+# block, at least 500,000 (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million,
+# 2026-11-27)
+LOCKSTEP_VISITS_PER_S = 1.2e5
+LOCKSTEP_BACKWARD_VISITS_PER_S = 1e5
 SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
 # (iosim.gpu.timed_engine); measured 2.7·10⁷ to 3.5·10⁷ a second, grid built and flattened, on the short grids' four

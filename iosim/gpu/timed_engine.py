@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from iosim.gpu import _timed_jit
+from iosim.gpu import _loops
 from iosim.gpu.l2 import READ, WRITE, Grid, SharedSteps
 
 
@@ -179,11 +179,11 @@ def _arrays(flat: FlatGrid) -> tuple:
 def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
         block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
-    return _timed_jit.events(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, sm_speed, block_speed,
+    return _loops.events(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, sm_speed, block_speed,
                              penalty, READ, WRITE)
 
 
 def run_rounds(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The same of the lockstep schedule (``run`` without spread or penalty), round by round, without a queue."""
-    return _timed_jit.rounds(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, READ, WRITE)
+    return _loops.rounds(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, READ, WRITE)

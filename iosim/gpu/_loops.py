@@ -1,6 +1,8 @@
-"""The timed schedule's event loop in Numba (``iosim.gpu.timed_engine.run`` calls it): a queue of (issue time, slot)
-kept sorted and an LRU of whole tiles as a doubly linked list over dense tile indices, making each step as
-``iosim.gpu.l2.LRU.step`` does; and the lockstep schedule's loop, round by round (``run_rounds``).
+"""The DRAM level's compiled loops: the timed schedule's event loop (``iosim.gpu.timed_engine.run`` calls it), a
+queue of (issue time, slot) kept sorted and an LRU of whole tiles as a doubly linked list over dense tile indices,
+making each step as ``iosim.gpu.l2.LRU.step`` does; the lockstep schedule's loop, round by round (``run_rounds``);
+and the stack distances of one block's accesses, over a Fenwick tree, from which ``iosim.gpu.lockstep.lockstep``
+counts a grid of equal blocks (``stack``).
 
 What a step touches sits together, since the loops wait on memory, not arithmetic: a tile's links, size and state
 are one record of ``RECORD`` words (32 bytes), a running slot keeps where its block's shared run lies,
@@ -11,7 +13,7 @@ timed row of 4 heads of N = 131,072 (134 million) from 5.37 s to 3.35 s. Of thos
 (the loop with its L2 work taken out); at zero spread, where the blocks step in slot order, the whole loop takes 1.0 s
 (``timed_floor`` of ``python -m experiments.speed --only grid``).
 
-The functions are written in plain Python and compiled at the first timed count (``events``), so that importing iosim
+The functions are written in plain Python and compiled at the first count that needs one, so that importing iosim
 does not import Numba (0.2 s of every command's start-up).
 """
 
@@ -39,6 +41,11 @@ def rounds(*args):
     return _compiled()["_rounds"](*args)
 
 
+def stack(*args):
+    """One block's stack distances (``_stack``' arguments and results), compiled once."""
+    return _compiled()["_stack"](*args)
+
+
 _COMPILING = Lock()  # the band's threads (iosim.gpu.dram.dram) may ask for the loops at once: one compiles them
 
 
@@ -54,7 +61,7 @@ def _compile() -> dict:
     from numba import njit  # third-party, deferred: only a timed count needs it
 
     module = globals()
-    for name in ("_lru", "_left"):
+    for name in ("_lru", "_left", "_add", "_below", "_stack"):
         module[name] = njit(cache=True)(module[name])
     # at every step: inlined into the loops, not called. The loops call nothing at their steps: a call there, even one
     # rarely taken, made Numba count references to the arrays at every step (2.7 times slower on a row, 2026-12-02)
@@ -262,3 +269,89 @@ def _rounds(pre_offsets, pre_ids, n_pre, body, start, n_body, body_offsets, body
             kept += 1
         n = kept
     return reads, writes, _left(key_tensor, n_tensors, lru)
+
+
+def _add(tree, t, x):
+    """Add x at position t of the Fenwick tree ``tree`` (positions 0 .. len − 2)."""
+    t += 1
+    while t < tree.shape[0]:
+        tree[t] += x
+        t += t & -t
+
+
+def _below(tree, t):
+    """The sum of the Fenwick tree's positions 0 .. t − 1."""
+    total = 0
+    while t > 0:
+        total += tree[t]
+        t -= t & -t
+    return total
+
+
+def _stack(keys, nbytes, modes, step_of, n_keys, WRITE):
+    """Over one block's n accesses (dense tile ``keys``, their bytes and modes, each one's step ``step_of``, in step
+    order), for each access t: ``prev``, the tile's access before it (−1: none); ``own``, the distinct bytes the block
+    touched since then, the tile's own included; ``F1`` and ``F2``, those it touched over the steps from that access's
+    to the one before t's, and one step later; and for the tile's last use (``last_use``), ``end``, the bytes touched
+    from it to the end, the tile's own included, with ``end_F1`` and ``end_F2``, those of t's step and after, and of
+    the steps after; ``first_write``, a tile's first write. ``ok`` is False where a step touches a tile twice, a tile
+    is touched at two sizes (an L2 keeps a held tile's bytes) or a tile once written is later only read
+    (``iosim.gpu.lockstep.lockstep`` does not count those). A Fenwick tree over the accesses holds each tile's bytes
+    at its latest use."""
+    n = keys.shape[0]
+    steps = step_of[n - 1] + 1 if n else 0
+    start = np.searchsorted(step_of, np.arange(steps + 1))  # each step's first access; n past the last
+    tree = np.zeros(n + 1, dtype=np.int64)
+    latest = np.full(n_keys, -1, dtype=np.int64)
+    prev = np.full(n, -1, dtype=np.int64)
+    own, F1, F2 = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    held = 0
+    ok = True
+    for r in range(steps):
+        for t in range(start[r], start[r + 1]):  # steps r' .. r−1, before step r
+            p = latest[keys[t]]
+            prev[t] = p
+            if p >= 0:
+                F1[t] = held - _below(tree, start[step_of[p]])
+        for t in range(start[r], start[r + 1]):
+            p = prev[t]
+            if latest[keys[t]] >= start[r]:  # the step touched the tile already
+                ok = False
+            if p >= 0:
+                _add(tree, p, -nbytes[t])
+            else:
+                held += nbytes[t]
+            _add(tree, t, nbytes[t])
+            latest[keys[t]] = t
+            if p >= 0:
+                own[t] = held - _below(tree, p + 1)
+        for t in range(start[r], start[r + 1]):  # steps r' + 1 .. r
+            if prev[t] >= 0:
+                F2[t] = held - _below(tree, start[step_of[prev[t]] + 1])
+    # at the end: the bytes touched from each tile's last use on, itself included, and from each step on
+    after = 0
+    seen = np.zeros(n_keys, dtype=np.bool_)
+    last_use = np.zeros(n, dtype=np.bool_)
+    end = np.zeros(n, dtype=np.int64)
+    step_after = np.zeros(steps + 1, dtype=np.int64)  # step_after[steps]: nothing after the last
+    for t in range(n - 1, -1, -1):
+        if not seen[keys[t]]:
+            seen[keys[t]] = True
+            last_use[t] = True
+            after += nbytes[t]
+            end[t] = after
+    for r in range(steps - 1, -1, -1):  # the last uses in step r and after (a step without accesses: its next's)
+        step_after[r] = step_after[r + 1]
+        for t in range(start[r], start[r + 1]):
+            if last_use[t]:
+                step_after[r] += nbytes[t]
+    end_F1, end_F2 = step_after[step_of], step_after[step_of + 1]
+    written = np.zeros(n_keys, dtype=np.bool_)
+    first_write = np.zeros(n, dtype=np.bool_)
+    for t in range(n):
+        if written[keys[t]] and not modes[t] & WRITE or nbytes[t] != nbytes[latest[keys[t]]]:
+            ok = False
+        if modes[t] & WRITE and not written[keys[t]]:
+            written[keys[t]] = True
+            first_write[t] = True
+    return ok, prev, own, F1, F2, last_use, end, end_F1, end_F2, first_write
