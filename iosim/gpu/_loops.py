@@ -56,9 +56,9 @@ def _compiled() -> dict:
 
 @cache
 def _compile() -> dict:
-    """``_events`` and ``_rounds`` compiled with Numba, the helpers they call first: each module-level name is rebound
-    to its compiled function, so that the compiled callers find compiled callees."""
-    from numba import njit  # third-party, deferred: only a timed count needs it
+    """``_events``, ``_rounds`` and ``_stack`` compiled with Numba, the helpers they call first: each module-level name
+    is rebound to its compiled function, so that the compiled callers find compiled callees."""
+    from numba import njit  # third-party, deferred: only a count that runs one of the loops needs it
 
     module = globals()
     for name in ("_lru", "_left", "_add", "_below", "_stack"):
