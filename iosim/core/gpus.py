@@ -103,6 +103,7 @@ A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB), dense"
 H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense"
 H200_DATASHEET = "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense"
 T4_DATASHEET = "NVIDIA T4 Tensor Core GPU datasheet"
+B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
 MB = 10**6
 MiB = 2**20
 # The L2 of A100 and H100 is two partitions; a line that SMs of both halves read is held in both, so the
@@ -119,7 +120,7 @@ GB10_QUERY = "deviceQuery of a DGX Spark's GB10 (CUDA 13.0), as published in 'Da
 def bus_bandwidth(bus_bits: int, transfers_per_s: float) -> float:
     """Peak DRAM bytes per second: the bus width in bytes times the transfers per second of each pin."""
     return bus_bits / 8 * transfers_per_s
-B200_DATASHEET = "NVIDIA HGX B200 datasheet (1000 W), dense"
+
 
 GPUS: dict[str, GPU] = {
     "a100": GPU(
@@ -160,6 +161,9 @@ GPUS: dict[str, GPU] = {
     "h200": GPU(
         "H200",
         Spec(228 * KiB, "NVIDIA Hopper tuning guide: up to 228 KB shared memory per SM (same GH100 SM as H100)"),
+        # the bus is 6,144 bits (six 1,024-bit HBM3e stacks, all of GH100's memory controllers), but no published
+        # deviceQuery or clock gives its data rate: press reports of the launch give 6.2, 6.4 and 6.5 Gb/s per pin,
+        # and the datasheet's 4.8 TB/s implies 6.25; the datasheet's figure is kept until a lent H200 reports it
         Spec(4.8e12, f"{H200_DATASHEET}: 4.8 TB/s HBM3e"),
         Spec(989.4e12, f"{H200_DATASHEET}: FP16 Tensor Core 1,979 TFLOPS with sparsity; dense 989.4 = "
              "132 SMs x 1,830 MHz x 4,096 FLOPs per SM per clock, which the datasheet doubles and rounds"),
@@ -199,6 +203,8 @@ GPUS: dict[str, GPU] = {
     "b200": GPU(
         "B200",
         Spec(228 * KiB, "NVIDIA Blackwell tuning guide: up to 228 KB shared memory per SM"),
+        # eight 1,024-bit HBM3e stacks (8,192 bits over the two dies); no published data rate: the datasheet's figure,
+        # which implies 7.8 GT/s per pin
         Spec(8e12, f"{B200_DATASHEET}: 8 TB/s HBM3e"),
         Spec(2.25e15, f"{B200_DATASHEET}: FP16 Tensor Core 4.5 PFLOPS with sparsity, halved"),
         Spec(2.25e15, f"{B200_DATASHEET}: BF16 Tensor Core 4.5 PFLOPS with sparsity, halved"),

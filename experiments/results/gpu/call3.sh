@@ -50,7 +50,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
 SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer | tail -1)
 {
   date -u; echo "commit $IOSIM_GIT_COMMIT"; echo "part $PART"; nvidia-smi
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.memory,power.limit --format=csv
   python3 experiments/results/gpu/versions.py
   "$NCU" --version; "$SANITIZER" --version
 } > "$OUT/$PART-env.txt" 2>&1

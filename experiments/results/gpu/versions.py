@@ -20,6 +20,15 @@ def versions() -> dict:
     info["device"] = device.name.decode() if isinstance(device.name, bytes) else str(device.name)
     info["compute_capability"] = list(device.compute_capability)
     info["multiprocessors"] = device.MULTIPROCESSOR_COUNT
+    # what the presets' L2 and bandwidth are checked against (iosim/core/gpus.py): no datasheet gives the H200's or
+    # the B200's memory data rate. A driver may no longer report the memory clock (CUDA 13 dropped it from
+    # cudaDeviceProp): that is recorded, and the rest of the record still counts
+    for key, attribute in (("l2_bytes", "L2_CACHE_SIZE"), ("memory_bus_bits", "GLOBAL_MEMORY_BUS_WIDTH"),
+                           ("memory_clock_khz", "MEMORY_CLOCK_RATE")):
+        try:
+            info[key] = getattr(device, attribute)
+        except (AttributeError, cuda.cudadrv.driver.CudaAPIError) as error:
+            info[key] = f"unavailable: {error}"
     info["cuda_driver_api"] = list(cuda.cudadrv.driver.driver.get_version())
     info["cuda_runtime"] = list(cuda.runtime.get_version())
     try:
