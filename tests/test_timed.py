@@ -134,6 +134,25 @@ def test_the_sweep_runs_the_timed_schedule_and_says_so(capsys):
     out = " ".join(capsys.readouterr().out.split())
     # Q, K, V read, O and lse written, once each: 4 × 262 KB + 4 KB
     assert "the timed schedule (blocks at their own speed" in out and "1.05MB" in out
+    assert "HBM and DRAM traffic in bytes" in out
+
+
+def test_a_row_the_timed_schedule_cannot_time_says_why_it_has_no_DRAM_bytes(tmp_path, capsys):
+    import json
+
+    from iosim.cli import main
+
+    path = tmp_path / "rows.json"
+    grid = ["--gpu", "h100", "--algo", "flash", "flash-swapped", "--N", "1024", "--d", "64", "--json", str(path)]
+    assert main(["sweep", "--schedule", "timed", *grid]) == 0
+    timed = {r["algorithm"]: r for r in json.loads(path.read_text())}
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DRAM B —: schedule='timed' with kernel='flash' forward" in out and "lockstep schedule counts" in out
+    assert timed["flash"]["dram_read_bytes"] is None and "kernel='flash'" in timed["flash"]["dram_note"]
+    assert timed["flash-swapped"]["dram_read_bytes"] > 0 and timed["flash-swapped"]["dram_note"] is None
+    assert main(["sweep", *grid]) == 0  # lockstep, the default, counts flash's kernel
+    lockstep = {r["algorithm"]: r for r in json.loads(path.read_text())}
+    assert lockstep["flash"]["dram_read_bytes"] > 0 and lockstep["flash"]["dram_note"] is None
 
 
 def test_a_row_the_spread_moves_by_more_than_10_percent_is_bracketed_and_its_range_recorded(tmp_path, capsys):

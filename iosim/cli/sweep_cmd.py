@@ -199,10 +199,11 @@ def _setting(first: SweepRow, rows: list[SweepRow]) -> str:
         own = sorted({r.kernel for r in rows if r.kernel is not None and get_kernel(r.kernel).tile is not None})
         if own:
             options.append(f"{', '.join(own)}'s DRAM bytes at the tiles the kernel launches (`iosim kernels`), the "
-                           f"HBM count at the block policy's")
+                           f"HBM bytes at the block policy's tiles")
     if first.pass_ != "fwd":
         options.append(PASS_TITLES[first.pass_])
-    return "HBM traffic in elements, over all batch·heads: " + ", ".join(options)
+    unit = "HBM and DRAM traffic in bytes" if first.roofline is not None else "HBM traffic in elements"
+    return f"{unit}, over all batch·heads: " + ", ".join(options)
 
 
 def render(console, outcome: SweepOutcome, wide: bool) -> None:

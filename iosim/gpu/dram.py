@@ -42,6 +42,11 @@ class DramTooLong(InputError):
     """The DRAM count of a request would take longer than ``BUDGET_S``: refused, with the estimate, before it runs."""
 
 
+class NotTimed(InputError):
+    """The timed schedule cannot time a pass the lockstep schedule counts: a backward pass, several kernels, or a
+    kernel no GPU run has measured the rate of (``timing_of``)."""
+
+
 BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 # tile visits (query block, key block) a second, measured on this project's 2-core container: the lockstep count
 # of flash's one block per head (its stack distances compiled, iosim.gpu._loops.stack) 2.4·10⁵ to 3.4·10⁵ forward
@@ -104,9 +109,10 @@ def timing_of(kernel: Kernel, launch: Launch, hw: Hardware, kernels: int) -> Tim
     docs/gpu.md); the blocks' spread is ``hw.block_spread``."""
     if launch.backward or kernels != 1 or kernel.rate is None:
         timed = sorted(k.name for k in KERNELS.values() if k.rate is not None)
-        raise InputError(f"schedule='timed' with kernel={kernel.name!r} {'backward' if launch.backward else 'forward'}"
-                         f" ({kernels} kernel{'s' if kernels != 1 else ''}): the timed schedule times the steps of "
-                         f"one-kernel forward passes with a measured rate; allowed: the forward of {timed}")
+        raise NotTimed(f"schedule='timed' with kernel={kernel.name!r} {'backward' if launch.backward else 'forward'}"
+                       f" ({kernels} kernel{'s' if kernels != 1 else ''}): the timed schedule times the steps of "
+                       f"one-kernel forward passes with a measured rate; allowed: the forward of {timed} (the "
+                       f"lockstep schedule counts the others)")
     t = launch.tiling
     step_flops = 4 * t.Br * t.Bc * launch.problem.shape.d
     return Timing(hw.gpu.hbm_bandwidth.value * step_flops / kernel.rate(launch.problem), 0.0, hw.block_spread)
@@ -292,11 +298,11 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
     else the algorithm's own), or None where the algorithm's own kernel does not cover the request: an algorithm
     with no kernel, an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name
     below. A kernel the caller named that refuses the request raises its refusal, as does a count that would take too
-    long (``DramTooLong``)."""
+    long (``DramTooLong``) or one the timed schedule cannot time (``NotTimed``)."""
     named = named_for(algorithm, kernel)
     try:
         return request_dram(plans, hw, kernel_for(algorithm, named), sawtooth)
-    except (DramTooLong, OverrideError):  # too slow to say, or the user's override does not fit: the caller says so
+    except (DramTooLong, OverrideError, NotTimed):  # too slow, the user's override does not fit, or not timed: said
         raise
     except InputError:  # the L2 model refuses the run by name: nothing to say, unless the caller asked for the kernel
         if named is not None:
@@ -307,10 +313,11 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
 def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
                         sawtooth: bool = False) -> tuple[DramCounts | None, str | None]:
     """``covered_dram``, and why it is None where that is worth saying, for a report that carries on without it: its
-    count would take too long (``DramTooLong``'s message), or the kernel the caller named refuses the request."""
+    count would take too long (``DramTooLong``'s message), the timed schedule cannot time it (``NotTimed``'s), or the
+    kernel the caller named refuses the request."""
     try:
         return covered_dram(plans, hw, algorithm, kernel, sawtooth), None
-    except DramTooLong as err:
+    except (DramTooLong, NotTimed) as err:
         return None, str(err)
     except OverrideError:
         raise
