@@ -51,7 +51,7 @@ class RunOutcome:
     dram: DramCounts | None = None  # with --gpu, a forward pass whose kernel grid is declared: bytes behind L2
     gpu: str | None = None  # the preset of --gpu
     padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
-    dram_note: str | None = None  # why a covered forward pass has no DRAM bytes (too slow, or --kernel refuses it)
+    dram_note: str | None = None  # why a covered pass has no DRAM bytes (too slow, not timed, or --kernel refuses it)
     # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
     dram_band: tuple[DramCounts, DramCounts] | None = None
 

@@ -91,7 +91,7 @@ class LayerCost:
     flops: Flops
     roofline: Roofline  # from the DRAM bytes where the L2 model covers the layer, else from the HBM bytes
     dram: DramCounts | None = None  # the L2 model's bytes of a forward pass its kernels cover (iosim.gpu); else None
-    dram_note: str | None = None  # why a layer the L2 model covers has none (a count that would take too long)
+    dram_note: str | None = None  # why a layer the L2 model covers has none (too slow, or not timed)
 
     @property
     def time_from(self) -> str:

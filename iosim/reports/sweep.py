@@ -84,7 +84,7 @@ class SweepRow:
     score_mod: str | None = None  # the FlexAttention score_mod's name (Problem.score_mod); None without one
     sinks: bool = False  # learned attention sinks read (Problem.sinks)
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
-    dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (a count that would take too long)
+    dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (too slow, or not timed)
     # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
     dram_band: tuple[DramCounts, DramCounts] | None = None
 
