@@ -78,3 +78,22 @@ def test_the_hint_is_a_command_that_answers_at_once(capsys):
     command = run_cmd.count_only_hint(args).split("`")[1]
     assert main(shlex.split(command)[3:]) == 0
     assert "flash-swapped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("options", [
+    "--algo flash-swapped --N 4096 --d 128 --heads 8 --kv-heads 2 --dtype float32 --gpu h100 --schedule timed "
+    "--l2-bytes 25MB --blocks-per-sm 2 --causal --window 64 0 --sinks --pass fwd+bwd --M 50k",
+    "--algo flex --seqlens 100 2000 37 --d 64 --flex-mask document --flex-block 64 64 --score-mod softcap 30",
+    "--algo block-sparse --N 1000 --N-k 300 --d 32 --batch 2 --sparsity 0.5 --sparsity-pattern local "
+    "--sparsity-seed 3 --block-policy paper",
+    "--algo split-kv --N 1 --N-k 8192 --d 192 --d-v 128 --latent --splits 4 --page-size 64",
+])
+def test_the_hint_carries_every_option_run_shares_with_sweep(options):
+    """The sweep the hint gives counts the run's problem: every option the two share parses to the run's value."""
+    run_args = build_parser().parse_args(["run", *shlex.split(options)])
+    sweep_args = build_parser().parse_args(shlex.split(run_cmd.count_only_hint(run_args).split("`")[1])[3:])
+    for name, value in vars(run_args).items():
+        if name in ("command", "json", "csv") or not hasattr(sweep_args, name):
+            continue
+        swept = getattr(sweep_args, name)
+        assert swept == ([value] if name in ("algo", "N", "d") and value is not None else value), name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -234,20 +235,24 @@ def main(args: argparse.Namespace, console) -> None:
 
 
 def count_only_hint(args: argparse.Namespace) -> str:
-    """The sweep command that answers a run's traffic question at once, count-only."""
-    lengths = f"--N {args.N or 1000}" if args.seqlens is None else f"--seqlens {' '.join(map(str, args.seqlens))}"
-    options = [f"--algo {args.algo}", lengths, f"--d {args.d}"]
-    for flag, value in (("--N-k", args.N_k), ("--d-v", args.d_v), ("--batch", args.batch if args.batch != 1 else None),
-                        ("--heads", args.heads if args.heads != 1 else None), ("--M", args.M), ("--gpu", args.gpu),
-                        ("--pass", args.pass_ if args.pass_ != "fwd" else None)):
-        if value is not None:
-            options.append(f"{flag} {value}")
-    for flag, on in (("--causal", args.causal), ("--latent", args.latent)):
-        if on:
+    """The sweep command that answers a run's traffic question at once, count-only: the run's problem and every
+    option it shares with sweep (``add_simulation``'s) that it sets, so that the sweep counts the same problem."""
+    lengths = [] if args.seqlens is not None else ["--N", str(args.N or 1000)]
+    options = ["--algo", args.algo, *lengths, "--d", str(args.d)]
+    if args.N_k is not None:
+        options += ["--N-k", str(args.N_k)]
+    shared = argparse.ArgumentParser(add_help=False)
+    add_simulation(shared)
+    for action in shared._actions:
+        value = getattr(args, action.dest)
+        if action.dest in ("json", "csv") or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # a switch
             options.append(flag)
-    if args.window is not None:
-        options.append(f"--window {' '.join(map(str, args.window))}")
-    return f"`python -m iosim sweep {' '.join(options)}` gives its traffic at once"
+        else:
+            options += [flag, *map(str, value if isinstance(value, list) else [value])]
+    return f"`python -m iosim sweep {shlex.join(options)}` gives its traffic at once"
 
 
 def render_traffic(console, r: SimResult | GradResult, pass_: str) -> None:
