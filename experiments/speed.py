@@ -18,7 +18,9 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
 - the same of every row of the next GPU call's short grids (issue 28, item 4: ``experiments/ncu_traffic.py``'s
   short-schedule, short-rest, call3-sdpa and call5-sdpa) under the lockstep schedule at the preset's effective L2,
   and under the timed schedule for the one-kernel forward rows of kernels with a measured rate, under 2 s each
-  (``--only grid``; timed once each, the slowest rows taking tens of seconds).
+  (``--only grid``; timed once each, the slowest rows taking tens of seconds). A timed row's prediction is its band:
+  its counts at the blocks' spread of the preset and at the two ends (``iosim.gpu.dram.spreads_of``), made as
+  ``iosim.dram`` and the sweep make them, from one grid with the three loops side by side.
 
 Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid] [--smoke]
 (``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows, each into speed_<part>.json;
@@ -45,7 +47,7 @@ import iosim
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu import call1
-from iosim.gpu.dram import pass_counts
+from iosim.gpu.dram import kernel_counts_at, pass_counts, spreads_of
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Kernel, Launch
 
@@ -197,7 +199,9 @@ def l2_cases(repeats: int, cases: list[tuple] = L2_CASES) -> list[dict]:
 
 def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict]:
     """``pass_counts`` of every row of the short grids (the first row of the first alone with ``smoke``) at the kernel
-    and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; timed once."""
+    and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; and of its
+    one-kernel forward rows of a kernel with a measured rate, the timed schedule's band (``kernel_counts_at`` at
+    ``spreads_of``); timed once."""
     from experiments import ncu_traffic, predict_next_call
     from iosim.gpu.kernels import KERNELS
 
@@ -209,10 +213,12 @@ def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict
             timed = cfg.direction == "forward" and kernel.rate is not None and len(kernel.grids(launch)) == 1
             for schedule in ("lockstep", "timed") if timed else ("lockstep",):
                 start = time.perf_counter()
-                pass_counts(kernel, launch, hardware("h100", schedule=schedule), budget_s=None)
+                hw = hardware("h100", schedule=schedule)
+                kernel_counts_at(kernel, launch, hw, spreads_of(hw), budget_s=None)
                 out.append(dict(grid=name, index=i, impl=cfg.impl, direction=cfg.direction, dtype=cfg.dtype,
                                 batch_heads=cfg.batch * cfg.heads, N=cfg.n_q, d=cfg.d, causal=cfg.causal,
                                 sawtooth=bool(cfg.sawtooth), kv_heads=cfg.kv_heads, schedule=schedule,
+                                block_spreads=list(spreads_of(hw)),
                                 seconds=time.perf_counter() - start, target_seconds=L2_TARGET))
     for schedule in ("lockstep", "timed"):
         rows = [r for r in out if r["schedule"] == schedule]

@@ -20,7 +20,7 @@ from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, SharedSteps, Tiles
 from iosim.gpu.schedule import simulate
-from iosim.gpu.timed import Timing, factors, simulate_rounds, simulate_timed
+from iosim.gpu.timed import Timing, factors, simulate_rounds, simulate_timed, simulate_timed_each
 
 
 def problem(heads=3, n=300, n_k=None, d=16, causal=False, dtype="float16") -> Problem:
@@ -99,6 +99,15 @@ def test_the_same_seed_gives_the_same_counts_and_parameters_are_checked_by_name(
     with pytest.raises(InputError, match="sms=0"):
         simulate_timed(g, config, Timing(), sms=0)
     assert Timing().miss_bytes_per_step == math.inf
+
+
+@settings(max_examples=40, deadline=None)
+@given(grids(), st.integers(0, 3))
+def test_the_band_s_loops_run_side_by_side_from_one_grid_count_what_each_counts_alone(case, seed):
+    grid, config = case
+    timings = (Timing(500.0, 0.0, 0.005, seed), Timing(500.0), Timing(32.0, 0.05, 0.2, seed))
+    assert simulate_timed_each(grid, config, timings, sms=2) == [simulate_timed(grid, config, t, sms=2)
+                                                                   for t in timings]
 
 
 def test_iosim_dram_runs_the_timed_schedule_with_its_penalty_from_the_preset_and_the_kernel_s_measured_rate():

@@ -31,7 +31,7 @@ from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.core.tiling import Tiling, tiling_record
-from iosim.gpu.dram import bracketed, covered_dram_or_why, spread_band
+from iosim.gpu.dram import bracketed, covered_dram_or_why
 from iosim.gpu.l2 import DramCounts, dram_record, read_range
 from iosim.gradients import GradResult, gradients
 from iosim.reference import attention_backward_ref, attention_ref, sinks_gradient_ref
@@ -53,7 +53,7 @@ class RunOutcome:
     gpu: str | None = None  # the preset of --gpu
     padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
     dram_note: str | None = None  # why a covered pass has no DRAM bytes (too slow, not timed, or --kernel refuses it)
-    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
+    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.covered_dram_or_why)
     dram_band: tuple[DramCounts, DramCounts] | None = None
 
     @property
@@ -175,9 +175,8 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
             tops.append(float(np.max(np.abs(want))))
         err = max(errs)
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
-    dram, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel)
-                       if hw is not None and args.pass_ == "fwd" else (None, None))
-    band = None if dram is None else spread_band(result.plans, hw, args.algo, args.kernel)
+    dram, band, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel, band=True)
+                             if hw is not None and args.pass_ == "fwd" else (None, None, None))
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
         kv_heads=args.kv_heads,

@@ -15,7 +15,6 @@ lockstep schedule's; the timed one is always simulated. The model, its sources a
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -34,7 +33,7 @@ from iosim.gpu.kernels import KERNELS, kernel_for, named_for
 from iosim.gpu.l2 import CODE, DramCounts, DramTensor, Grid, in_sequence
 from iosim.gpu.lockstep import lockstep
 from iosim.gpu.schedule import simulate
-from iosim.gpu.timed import Timing, simulate_rounds, simulate_timed
+from iosim.gpu.timed import Timing, simulate_rounds, simulate_timed_each
 from iosim.plans import Plan, Request
 
 
@@ -122,17 +121,26 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
     """The DRAM counts of every kernel ``launch``'s pass launches, in launch order, each from a cold L2 (what ncu
     reports kernel by kernel). A lockstep count or a simulation estimated to take longer than ``budget_s`` raises
     ``DramTooLong`` before it starts (None: no limit)."""
+    return kernel_counts_at(kernel, launch, hw, (hw.block_spread,), budget_s)[0]
+
+
+def kernel_counts_at(kernel: Kernel, launch: Launch, hw: Hardware, spreads: tuple[float, ...],
+                     budget_s: float | None = BUDGET_S) -> list[list[DramCounts]]:
+    """``kernel_counts`` at each of the blocks' ``spreads`` (``hw``'s own is not used): the grids built once, a
+    timed grid flattened once and its event loops run side by side (``simulate_timed_each``), and a count the spread
+    does not move (the lockstep schedule's) made once for all."""
     kernel.check_gpu(hw.gpu.name)
     launch = kernel.own(launch)
     grids = kernel.grids(launch)
     form = kernel.closed_form(launch) if len(grids) == 1 else None
-    parts = []
+    parts: list[list[DramCounts]] = [[] for _ in spreads]
     for g in grids:
         config = hw.config(g)
         if config.schedule == "timed":
-            timing = timing_of(kernel, launch, hw, len(grids))
+            timings = tuple(timing_of(kernel, launch, replace(hw, block_spread=s), len(grids)) for s in spreads)
             check_budget(kernel, launch, g, False, budget_s, TIMED_VISITS_PER_S)
-            parts.append(simulate_timed(g, config, timing, hw.sms))
+            for part, counts in zip(parts, simulate_timed_each(g, config, timings, hw.sms)):
+                part.append(counts)
             continue
         counts = None
         if g.form is not None:  # the grid's own closed form (the backward's main kernels, the one-step kernels)
@@ -150,7 +158,8 @@ def kernel_counts(kernel: Kernel, launch: Launch, hw: Hardware, budget_s: float 
             rounds = launch.problem.causal
             check_budget(kernel, launch, g, False, budget_s, ROUNDS_VISITS_PER_S if rounds else SIMULATION_VISITS_PER_S)
             counts = simulate_rounds(g, config) if rounds else simulate(g, config)
-        parts.append(counts)
+        for part in parts:
+            part.append(counts)
     return parts
 
 
@@ -171,32 +180,28 @@ def request_dram(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, sawtooth
                  budget_s: float | None = BUDGET_S) -> DramCounts:
     """The DRAM bytes of a request's passes (its plans, forward then backward) on ``kernel``, one after another: their
     tensors' and, where every kernel's binary was read, their code's (a tensor named ``CODE``)."""
-    launches = [Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth, hw.sms) for p in plans]
-    counts = in_sequence([pass_counts(kernel, launch, hw, budget_s) for launch in launches])
-    codes = [code_reads(kernel, launch) for launch in launches]
-    if None in codes:
-        return counts
-    return replace(counts, tensors=counts.tensors + (DramTensor(CODE, sum(codes), 0, 0),))
+    return at_spreads(plans, hw, kernel, (hw.block_spread,), sawtooth, budget_s)[0]
 
 
 def at_spreads(plans: tuple[Plan, ...], hw: Hardware, kernel: Kernel, spreads: tuple[float, ...],
                sawtooth: bool = False, budget_s: float | None = BUDGET_S) -> list[DramCounts]:
-    """``request_dram`` under the timed schedule at each of the blocks' ``spreads``, side by side in threads: the
-    compiled loop runs without the GIL."""
-    with ThreadPoolExecutor(len(spreads)) as pool:
-        return list(pool.map(lambda s: request_dram(plans, replace(hw, block_spread=s), kernel, sawtooth, budget_s),
-                             spreads))
+    """``request_dram`` at each of the blocks' ``spreads``, the grids built and flattened once for all
+    (``kernel_counts_at``); under the timed schedule the event loops run side by side in threads, without the GIL."""
+    launches = [Launch(p.run_problem, p.tiling, p.algorithm.is_backward, sawtooth, hw.sms) for p in plans]
+    passes = [kernel_counts_at(kernel, launch, hw, spreads, budget_s) for launch in launches]
+    codes = [code_reads(kernel, launch) for launch in launches]
+    out = []
+    for i in range(len(spreads)):
+        counts = in_sequence([in_sequence(parts[i]) for parts in passes])
+        out.append(counts if None in codes else
+                   replace(counts, tensors=counts.tensors + (DramTensor(CODE, sum(codes), 0, 0),)))
+    return out
 
 
-def spread_band(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
-                sawtooth: bool = False) -> tuple[DramCounts, DramCounts] | None:
-    """Under the timed schedule, the counts of the request ``covered_dram`` counted at the two ends of the blocks'
-    spread (``BLOCK_SPREADS``); None under lockstep."""
-    if hw.schedule != "timed":
-        return None
-    low, high = at_spreads(plans, hw, kernel_for(algorithm, named_for(algorithm, kernel)), BLOCK_SPREADS, sawtooth,
-                           None)
-    return low, high
+def spreads_of(hw: Hardware) -> tuple[float, ...]:
+    """The blocks' spreads a count is made at: under the timed schedule the preset's and the two ends of the range
+    (``BLOCK_SPREADS``), the band; under lockstep, whose counts no spread moves, one."""
+    return (hw.block_spread, *BLOCK_SPREADS) if hw.schedule == "timed" else (hw.block_spread,)
 
 
 def bracketed(counts: DramCounts, band: tuple[DramCounts, DramCounts] | None) -> bool | None:
@@ -263,11 +268,8 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
     if found.tile is not None:
         request = own_tiles(request, found, tiling, block_policy, gpu)
     r = measure(request, gpu)
-    if schedule != "timed":
-        counts, band = request_dram(r.plans, hw, found, sawtooth, budget_s), None
-    else:  # the middle of the blocks' spread and its two ends, side by side
-        counts, *ends = at_spreads(r.plans, hw, found, (hw.block_spread, *BLOCK_SPREADS), sawtooth, budget_s)
-        band = tuple(ends)
+    counts, *ends = at_spreads(r.plans, hw, found, spreads_of(hw), sawtooth, budget_s)  # the middle and the band
+    band = tuple(ends) if ends else None
     return DramResult(r.algorithm, found.name, r.problem, r.M, r.forward_tiling, r.backward_tiling, gpu, r.traffic,
                       counts, band)
 
@@ -299,9 +301,16 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
     with no kernel, an option no kernel takes (a mask, a sliding window, pages, packed documents), refused by name
     below. A kernel the caller named that refuses the request raises its refusal, as does a count that would take too
     long (``DramTooLong``) or one the timed schedule cannot time (``NotTimed``)."""
+    found = covered_at(plans, hw, algorithm, kernel, sawtooth, (hw.block_spread,))
+    return None if found is None else found[0]
+
+
+def covered_at(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None, sawtooth: bool,
+               spreads: tuple[float, ...]) -> list[DramCounts] | None:
+    """``covered_dram`` at each of the blocks' ``spreads`` (``at_spreads``)."""
     named = named_for(algorithm, kernel)
     try:
-        return request_dram(plans, hw, kernel_for(algorithm, named), sawtooth)
+        return at_spreads(plans, hw, kernel_for(algorithm, named), spreads, sawtooth)
     except (DramTooLong, OverrideError, NotTimed):  # too slow, the user's override does not fit, or not timed: said
         raise
     except InputError:  # the L2 model refuses the run by name: nothing to say, unless the caller asked for the kernel
@@ -311,15 +320,22 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
 
 
 def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
-                        sawtooth: bool = False) -> tuple[DramCounts | None, str | None]:
-    """``covered_dram``, and why it is None where that is worth saying, for a report that carries on without it: its
-    count would take too long (``DramTooLong``'s message), the timed schedule cannot time it (``NotTimed``'s), or the
-    kernel the caller named refuses the request."""
+                        sawtooth: bool = False, band: bool = False
+                        ) -> tuple[DramCounts | None, tuple[DramCounts, DramCounts] | None, str | None]:
+    """``covered_dram``; with ``band``, under the timed schedule, its counts at the two ends of the blocks' spread
+    (``BLOCK_SPREADS``), made beside it from the same grids (else None); and why the counts are None where that is
+    worth saying, for a report that carries on without them: the count would take too long (``DramTooLong``'s
+    message), the timed schedule cannot time it (``NotTimed``'s), or the kernel the caller named refuses the
+    request."""
     try:
-        return covered_dram(plans, hw, algorithm, kernel, sawtooth), None
+        found = covered_at(plans, hw, algorithm, kernel, sawtooth, spreads_of(hw) if band else (hw.block_spread,))
     except (DramTooLong, NotTimed) as err:
-        return None, str(err)
+        return None, None, str(err)
     except OverrideError:
         raise
-    except InputError as err:  # only the named kernel's refusal reaches here (covered_dram)
-        return None, f"kernel {kernel} refuses {algorithm} here: {err}"
+    except InputError as err:  # only the named kernel's refusal reaches here (covered_at)
+        return None, None, f"kernel {kernel} refuses {algorithm} here: {err}"
+    if found is None:
+        return None, None, None
+    middle, *ends = found
+    return middle, (tuple(ends) if ends else None), None

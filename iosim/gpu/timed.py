@@ -61,13 +61,19 @@ def simulate_timed(grid: Grid, config: L2Config, timing: Timing, sms: int) -> Dr
     """Run ``grid`` with ``config.concurrent`` slots on ``sms`` SMs against an LRU L2 of ``config.capacity`` bytes,
     each step timed as the module docstring says; the DRAM counts, as ``iosim.gpu.schedule.simulate`` reports them.
     The event loop is compiled (``iosim.gpu.timed_engine``)."""
+    return simulate_timed_each(grid, config, (timing,), sms)[0]
+
+
+def simulate_timed_each(grid: Grid, config: L2Config, timings: tuple[Timing, ...], sms: int) -> list[DramCounts]:
+    """``simulate_timed`` under each of ``timings``, the grid flattened once and the event loops side by side in
+    threads (what the blocks' spread band runs: iosim.gpu.dram.at_spreads)."""
     if sms < 1 or config.concurrent < 1:
         raise InputError(f"sms={sms}, concurrent={config.concurrent}; allowed: at least 1 each")
     if config.capacity < SECTOR:
         raise InputError(f"L2 capacity={config.capacity} bytes; allowed: at least one {SECTOR}-byte sector")
-    sm_speed, block_speed, penalty = draws(grid.blocks, timing, sms)
-    return _counts(grid, config, timed_engine.run(timed_engine.flatten(grid), len(grid.tiles.tensors), config.capacity,
-                                                  config.concurrent, sm_speed, block_speed, penalty))
+    found = timed_engine.run_each(timed_engine.flatten(grid), len(grid.tiles.tensors), config.capacity,
+                                  config.concurrent, [draws(grid.blocks, timing, sms) for timing in timings])
+    return [_counts(grid, config, f) for f in found]
 
 
 def draws(blocks: int, timing: Timing, sms: int) -> tuple[np.ndarray, np.ndarray, float]:

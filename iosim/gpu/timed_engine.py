@@ -12,6 +12,7 @@ tests/test_timed.py holds the counts equal to the event loop written out in Pyth
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -179,8 +180,22 @@ def _arrays(flat: FlatGrid) -> tuple:
 def run(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int, sm_speed: np.ndarray,
         block_speed: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reads, writes and dirty bytes at the end, per tensor, of the timed schedule on ``flat``."""
-    return _loops.events(*_arrays(paired(flat, capacity)), n_tensors, capacity, concurrent, sm_speed, block_speed,
-                             penalty, READ, WRITE)
+    return run_each(flat, n_tensors, capacity, concurrent, [(sm_speed, block_speed, penalty)])[0]
+
+
+def run_each(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int,
+             speeds: list[tuple[np.ndarray, np.ndarray, float]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``run`` at each of ``speeds`` (the SMs' and blocks' speed factors and the penalty): ``flat`` paired once, and
+    the loops side by side in threads, since the compiled loop runs without the GIL."""
+    arrays = _arrays(paired(flat, capacity))
+
+    def one(speed: tuple[np.ndarray, np.ndarray, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _loops.events(*arrays, n_tensors, capacity, concurrent, *speed, READ, WRITE)
+
+    if len(speeds) == 1:
+        return [one(speeds[0])]
+    with ThreadPoolExecutor(len(speeds)) as pool:
+        return list(pool.map(one, speeds))
 
 
 def run_rounds(flat: FlatGrid, n_tensors: int, capacity: int, concurrent: int

@@ -250,7 +250,7 @@ def layer_cost(algorithm: str, cfg: ModelConfig, kind: LayerKind, phase: Phase, 
     dram, note = None, None
     if not training:
         plans = measured.plans if not sinks else plan(algorithm, replace(pb, sinks=False), M, gpu=gpu).plans
-        dram, note = covered_dram_or_why(plans, hw, algorithm)
+        dram, _, note = covered_dram_or_why(plans, hw, algorithm)
     moved = measured.traffic.total_bytes if dram is None else dram.moved
     return LayerCost(kind, kv_heads, d, d_v, latent, window, measured.forward_tiling, measured.backward_tiling,
                      measured.traffic, measured.traffic == exact.exact, measured.flops,

@@ -22,7 +22,7 @@ from iosim.core.inputs import check_scale
 from iosim.core.problem import check_window
 from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
-from iosim.gpu.dram import bracketed, covered_dram_or_why, spread_band
+from iosim.gpu.dram import bracketed, covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import named_for
 from iosim.gpu.l2 import DramCounts, dram_record, read_range
@@ -85,7 +85,7 @@ class SweepRow:
     sinks: bool = False  # learned attention sinks read (Problem.sinks)
     kernel: str | None = None  # with a preset, the kernel description given (iosim.gpu.kernels); None: the default
     dram_note: str | None = None  # why a row the L2 model covers has no DRAM bytes (too slow, or not timed)
-    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.spread_band)
+    # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.covered_dram_or_why)
     dram_band: tuple[DramCounts, DramCounts] | None = None
 
     @property
@@ -248,8 +248,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     counts, flops = measured.traffic, measured.flops
     # on a preset, the DRAM bytes of the pass's kernels (each pass's, one after another, for fwd+bwd)
     covered = hw is not None
-    dram, dram_note = covered_dram_or_why(measured.plans, hw, algorithm, kernel) if covered else (None, None)
-    band = None if dram is None else spread_band(measured.plans, hw, algorithm, kernel)
+    dram, band, dram_note = (covered_dram_or_why(measured.plans, hw, algorithm, kernel, band=True) if covered
+                             else (None, None, None))
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
                     counts=counts, predicted=pred.exact.total, paper=pred.paper, paper_label=pred.paper_label,
