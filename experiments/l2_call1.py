@@ -8,7 +8,7 @@ attention: 20 forward and 16 backward rows), simulates the grid of every kernel 
 launched at the tiles it ran (configs.json) against the H100 preset's L2: its effective
 capacity (``GPUS["h100"].l2_effective``), 132 SMs × the kernel's blocks per SM (from the
 sm_90 resource report, in the algorithm's module). A pass of several kernels
-(``Algorithm.launches``: flash-swapped's backward runs row_dot, fill, then its main
+(``Kernel.grids``: flash-swapped's backward runs row_dot, fill, then its main
 kernel) is simulated kernel by kernel, each from a cold L2, since ncu's
 ``--cache-control all`` flushes the caches before every kernel it profiles, and summed as
 ncu_traffic.py sums the kernels of a row. Nothing here is fitted to the measurements. It

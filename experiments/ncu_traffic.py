@@ -162,7 +162,7 @@ CALL3_N = (1024, 4096, 16384, 65536)  # 65536: K and V of one head (≥ 16.8 MB)
 # N ≥ 4096 (about 10¹⁶ FLOPs of CUDA-core forward each, minutes under ncu).
 CALL3_MAX_ELEMENTS = 2**27
 # The backward: flash-swapped's CUDA-core kernels only (row_dot, fill, the main kernel, and cast in float16),
-# the pass iosim.algorithms.flash_swapped_backward.launches declares, at the square B × B tile the host API
+# the pass iosim.gpu.kernels' flash-swapped launches (Kernel.grids), at the square B × B tile the host API
 # picks (LaunchConfig.tile(): 32×32 at d = 64, 16×16 at d = 128). N = 16384 only at batch·heads 1 and 16: its
 # simulation takes at most about 7 s per L2 capacity there (d = 128), and 256 × 16384 would be 16 times that.
 # flash-swapped-tc's 16-bit backward (float16, bfloat16) is its own part, call3-tc-backward, at the same shapes:

@@ -13,33 +13,31 @@ sm_90 resource report, cited per row) and the predicted DRAM reads, writes durin
 dirty bytes left at its end, at the effective L2 and at 0.5, 0.75 and 1.0 × the nominal 50 MiB,
 beside the two-level count (``Algorithm.traffic``: every load and store is HBM traffic).
 
-The grids. flash-swapped's kernel is the grid ``iosim.algorithms.flash_swapped.grid`` declares
-(block bh·T_r + i, Q_i read, K_j and V_j per step, O_i in the input dtype and lse_i float32 written
-once, a causal query block stopping at its last visible key block), so its rows go through
-``iosim.gpu.lockstep.dram_counts`` (the closed form for full attention, the simulation for causal)
-with the blocks per SM given explicitly: the grid's own default is call 1's kernels' occupancy.
-flash-swapped-tc's 16-bit forward has the same blocks, tiles and writes but fetches K_(j+1),
-V_(j+1) into registers during step j (kernels/flash_swapped_tc.py): each block's K/V accesses come
-one step earlier, so its rows are simulated on ``tc_forward_grid`` below; the declared grid's
-closed form at the same tiles is recorded beside it where it applies (full attention).
+The grids. Each row's kernel is its description in ``iosim.gpu.kernels`` (``KERNELS[impl]``), its grids those
+the description builds, counted through ``iosim.gpu.dram.pass_counts`` (a closed form where one holds, the
+simulation otherwise) with the blocks per SM of the sm_90 resource report. flash-swapped's forward is
+``iosim.gpu.grids.flash_swapped.forward`` (block bh·T_r + i, Q_i read, K_j and V_j per step, O_i in the input dtype
+and lse_i float32 written once, a causal query block stopping at its last visible key block; ``sawtooth=True`` its
+query-block-parity order), whose closed form is ``forward_dram``. flash-swapped-tc's 16-bit forward has the same
+blocks, tiles and writes but fetches K_(j+1), V_(j+1) into registers during step j (kernels/flash_swapped_tc.py):
+each block's K/V accesses come one step earlier (``iosim.gpu.grids.flash_swapped_tc.forward``, simulated); the
+declared grid's closed form at the same tiles is recorded beside it where it applies (full attention).
 
-The backward rows run ``ALGORITHMS["flash-swapped"].backward``'s kernels
-(``flash_swapped_backward.launches``: row_dot, fill, the main kernel, and in float16 the cast of dQ),
-each from a cold L2 as ``ncu --cache-control all`` measures them, through
-``iosim.gpu.lockstep.dram_counts_by_kernel`` (their sum is ``dram_counts``; every kernel here is
-simulated). ``dram_counts``'s ``blocks_per_sm`` would set all four kernels at once, so the report's
-counts replace the grids' own (call 1's kernels' 5) in ``backward_algorithm``: the main kernel's, and
-row_dot's 3 (80 registers × 256 threads since 8eb2624, which made its loads coalesced); fill and cast
-keep their grids' 5, which the current report also gives them (48 and 42 registers × 256 threads).
-The kernels are kept one by one in the JSON, as ncu reports them.
-flash-swapped-tc's 16-bit backward launches the same row_dot, fill and cast (kernels/_device.py's
-grid-stride kernels) around its own main kernel: flash-swapped's blocks at its tile of 64 keys by
-queries_per_step(d) queries, each visiting first the query blocks that see its keys whole, then
-the masked ones (``tc_backward_grid``).
+The backward rows run the kernels the pass launches (``iosim.gpu.grids._device.around``: row_dot, fill, the main
+kernel, and in float16 the cast of dQ), each from a cold L2 as ``ncu --cache-control all`` measures them, through
+``iosim.gpu.dram.kernel_counts`` (their sum is the pass's), kept one by one in the JSON, as ncu reports them, each
+at its own blocks per SM from the report (row_dot's 3 at 80 registers × 256 threads since 8eb2624, which made its
+loads coalesced; fill's and cast's 5 at 48 and 42 registers). flash-swapped-tc's 16-bit backward launches the same
+row_dot, fill and cast (kernels/_device.py's grid-stride kernels) around its own main kernel: flash-swapped's blocks
+at its tile of 64 keys by queries_per_step(d) queries, each visiting first the query blocks that see its keys whole,
+then the masked ones (``iosim.gpu.grids.flash_swapped_tc.backward``).
 
-The split-kv rows (grid call3-split-kv, decoding) run ``iosim.algorithms.split_kv.launches`` on the problem packed
-by GQA group at the kernel's tile and the row's splits: the split kernel, then the combine where S > 1, each from
-a cold L2, with the blocks per SM of kernels/split_kv.py's two kernels from the report (``split_kv_algorithm``).
+The split-kv rows (grid call3-split-kv, decoding) run ``iosim.gpu.grids.split_kv.split`` on the problem packed by
+GQA group at the kernel's tile and the row's splits, then ``combine`` where S > 1, each from a cold L2, at the
+blocks per SM of kernels/split_kv.py's two kernels from the report.
+
+The records' ``grid`` and ``method`` fields keep the names the grids had when the committed predictions were made,
+so that a record made again reads as the committed one.
 
 Nothing here is fitted to a measurement. ``l2_call1.py``'s capacity and schedule are used
 unchanged. Rows of equal bytes (float16 and bfloat16 of one kernel) are computed once.

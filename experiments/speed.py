@@ -18,7 +18,7 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
 - the same of every row of the next GPU call's short grids (issue 28, item 4: ``experiments/ncu_traffic.py``'s
   short-schedule, short-rest, call3-sdpa and call5-sdpa) under the lockstep schedule at the preset's effective L2,
   and under the timed schedule for the one-kernel forward rows of kernels with a measured rate, under 2 s each
-  (``--only grid``; timed once each, the slowest rows taking tens of seconds). A timed row's prediction is its band:
+  (``--only grid``; timed once each, the slowest bands taking several seconds). A timed row's prediction is its band:
   its counts at the blocks' spread of the preset and at the two ends (``iosim.gpu.dram.spreads_of``), made as
   ``iosim.dram`` and the sweep make them, from one grid with the three loops side by side.
 
@@ -198,10 +198,10 @@ def l2_cases(repeats: int, cases: list[tuple] = L2_CASES) -> list[dict]:
 
 
 def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict]:
-    """``pass_counts`` of every row of the short grids (the first row of the first alone with ``smoke``) at the kernel
-    and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; and of its
-    one-kernel forward rows of a kernel with a measured rate, the timed schedule's band (``kernel_counts_at`` at
-    ``spreads_of``); timed once."""
+    """``kernel_counts_at`` of every row of the short grids (the first row of the first alone with ``smoke``) at the
+    kernel and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; and of its
+    one-kernel forward rows of a kernel with a measured rate, the timed schedule's band (at ``spreads_of``); timed
+    once."""
     from experiments import ncu_traffic, predict_next_call
     from iosim.gpu.kernels import KERNELS
 

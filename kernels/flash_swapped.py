@@ -117,14 +117,14 @@ def forward_kernel(d: int, config: TileConfig, causal: bool, dropout: bool, spli
     (batch·kv_heads, G·N_q, d), the G = ``group`` query heads of a K/V head as G·N_q rows of one head, and n_q is
     N_q of one query head (positions, the causal mask and dropout's head index follow row g·N_q + r back to query
     r of head kvh·G + g); the causal end of the K/V loop is not taken (a packed block holds every position).
-    ``splits`` = S > 1: grid (heads · S · T_r,), block (h·S + s)·T_r + i, as iosim.algorithms.split_kv.grid; split s
+    ``splits`` = S > 1: grid (heads · S · T_r,), block (h·S + s)·T_r + i, as iosim.gpu.grids.split_kv.split; split s
     visits ``split_kv.deal(range(T_c), S, s)``'s key blocks and writes its partial O_s (normalised by its own ℓ)
     and lse_s to out, lse at rows (h·S + s)·rows + r, out in float32 (a split that gets no key block writes
     O_s = 0, lse_s = −inf).
 
     ``sawtooth``: odd query blocks visit their key blocks last to first (the "sawtooth" order of arXiv
     2601.16032), so that a block starts on the K_j, V_j its even predecessor ended on; the online softmax gives
-    the same attention in any order. ``iosim.algorithms.flash_swapped.sawtooth_grid`` declares its grid.
+    the same attention in any order. ``iosim.gpu.grids.flash_swapped.forward(..., sawtooth=True)`` declares its grid.
 
     ``trace``: the kernel takes one more argument, a uint64 array of 3 words per block, where thread 0 of each block
     writes its SM, its start and its end time (kernels/_trace.py); the block's work is the untraced kernel's, one

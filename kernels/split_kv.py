@@ -7,7 +7,7 @@ Two kernels, as flash-attn's ``flash_fwd_splitkv_kernel`` and its combine:
    of a K/V head are G·N_q rows of one head (q (batch·heads, N_q, d) is that (batch·kv_heads, G·N_q, d)
    already, with no copy), so that a K_j, V_j loaded once serves the group. One thread block per
    (query block i, split s, K/V head), i fastest: block (h·S + s)·T_r + i, as
-   ``iosim.algorithms.split_kv.grid`` declares. Split s runs the swapped loop over its share of the key
+   ``iosim.gpu.grids.split_kv.split`` declares. Split s runs the swapped loop over its share of the key
    blocks (``split_kv.deal``) and writes its partial output, normalised by its own ℓ, and its logsumexp,
    both float32 whatever the dtype (flash-attn's ``oaccum`` and ``softmax_lseaccum``).
 2. The combine kernel (one thread block per (query block, K/V head)) reads the S partials of its rows,

@@ -46,7 +46,8 @@ def stack(*args):
     return _compiled()["_stack"](*args)
 
 
-_COMPILING = Lock()  # the band's threads (iosim.gpu.dram.dram) may ask for the loops at once: one compiles them
+_COMPILING = Lock()  # the band's threads (iosim.gpu.timed_engine.run_each) may ask for the loops at once: one compiles
+# them
 
 
 def _compiled() -> dict:
@@ -67,8 +68,9 @@ def _compile() -> dict:
     # rarely taken, made Numba count references to the arrays at every step (2.7 times slower on a row, 2026-12-02)
     for name in ("_queue", "_access", "_holds", "_body"):
         module[name] = njit(cache=True, inline="always")(module[name])
-    for name in ("_events", "_rounds"):  # without the GIL: the timed schedule's band runs its ends beside its middle
-        module[name] = njit(cache=True, nogil=True)(module[name])
+    # without the GIL: the timed schedule's band runs its three loops side by side
+    module["_events"] = njit(cache=True, nogil=True)(module["_events"])
+    module["_rounds"] = njit(cache=True)(module["_rounds"])
     return module
 
 

@@ -57,9 +57,9 @@ LOCKSTEP_VISITS_PER_S = 1.2e5
 LOCKSTEP_BACKWARD_VISITS_PER_S = 1e5
 SIMULATION_VISITS_PER_S = 5e5
 # the timed schedule: an insert into its sorted queue and the step's accesses per step, compiled
-# (iosim.gpu.timed_engine); measured 2.7·10⁷ to 3.5·10⁷ a second, grid built and flattened, on the short grids' four
-# slowest rows (this project's 2-core container, 2026-12-02, experiments/results/speed_grid.json), taken at half the
-# fewer
+# (iosim.gpu.timed_engine); its band (three loops side by side, kernel_counts_at) measured 1.6·10⁷ to 2.5·10⁷ steps
+# a second, grid built and flattened, on the short grids' six slowest rows (this project's 2-core container,
+# 2026-12-02, experiments/results/speed_grid.json at 022f2ca), taken at four fifths of the fewer
 TIMED_VISITS_PER_S = 1.3e7
 # the lockstep schedule's compiled loop (simulate_rounds), its grid flattened first: about 4·10⁷ tile visits a second
 # on 16 causal heads of N = 65,536 (the same record), taken at a third

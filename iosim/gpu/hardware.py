@@ -26,7 +26,7 @@ RETIRED_SCHEDULES = {
 }
 # The timed schedule's spread of the blocks' own speeds: call 3's block trace (flash-swapped float32, 16 heads, N
 # 65,536, d 128: docs/gpu-logs/2026-11-27-h100-call3.md) put the blocks within 1 % of each other (sd) and the SMs
-# within 1e-5; a request runs the middle of that range, and its band the two ends (iosim.gpu.dram.dram)
+# within 1e-5; a request runs the middle of that range, and its band the two ends (iosim.gpu.dram.spreads_of)
 BLOCK_SPREADS = (0.0, 0.01)
 CENTRAL_SPREAD = 0.005
 

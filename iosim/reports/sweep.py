@@ -201,7 +201,7 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     roofline time the row carries and whose SMs split-kv's default splits fill.
     ``block_sparsity`` is the block mask of the block-sparse algorithms and ``splits``
     split-kv's K/V splits: a sweep covers many algorithms, so each goes only to those it
-    applies to (``ignored_options`` names the others). ``kv_heads`` shares K/V heads
+    applies to (``iosim.cli.sweep_cmd.notes`` names the others). ``kv_heads`` shares K/V heads
     among the query heads. With ``gpu``, a forward row of an algorithm that has a GPU kernel
     (``iosim.gpu.kernels``; ``kernel`` names one for the algorithm it implements) also carries its
     DRAM bytes behind the preset's L2, and its roofline time uses them instead of the two-level bytes.

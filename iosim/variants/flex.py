@@ -12,10 +12,10 @@ and head, as torch's ``create_block_mask(mask_mod, B, H, ...)`` does: ``kinds`` 
 None), and a run splits its heads into groups of equal blocks (``groups``), each run as a problem of its own heads,
 as packed documents are run by length.
 
-The kernel reads the block mask's index tensors from HBM (``FLEX_TENSORS``, int32): for each query block the number of
-partial and of full key blocks, and one index per key block it visits. A mask function that reads a tensor (a
-document id per token, say) declares it in ``reads``: on a partial block the kernel reads its entry for each query
-row and each key row of the block, from a tensor of max(N_q, N_k) int32 entries.
+The kernel reads the block mask's index tensors from HBM (``iosim.algorithms.algorithm.FLEX_INDICES``, int32): for
+each query block the number of partial and of full key blocks, and one index per key block it visits. A mask
+function that reads a tensor (a document id per token, say) declares it in ``reads``: on a partial block the kernel
+reads its entry for each query row and each key row of the block, from a tensor of max(N_q, N_k) int32 entries.
 
 A ``score_mod`` beside a block mask is ``iosim.variants.score_mods``' to make.
 

@@ -38,7 +38,9 @@ def split(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Grid:
         q = (TILES.access("Q", kvh * Tr + i, rows * s.d * data, READ),)
         out = (TILES.access(o, b, rows * s.d * (PARTIAL_ITEMSIZE if S > 1 else data), WRITE),
                TILES.access(lse, b, rows * stat, WRITE))
-        if not kv:  # an empty split writes its empty partial (flash-attn exits before loading Q; iosim.run loads it)
+        # an empty split writes its empty partial (flash-attn exits before loading Q; kernels/split_kv.py, whose
+        # split kernel is flash-swapped's forward, loads it)
+        if not kv:
             yield q + out
             return
         yield q + kv[0] + (out if len(kv) == 1 else ())
