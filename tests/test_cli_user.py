@@ -161,6 +161,44 @@ def test_output_file_mistakes_are_one_line(capsys, tmp_path, monkeypatch, argv, 
     assert len(err) == 1 and message in err[0], err
 
 
+RUN = ["run", "--N", "40", "--d", "8"]
+BOUND = ["bound", "--N", "256", "--d", "32"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc, where no file can be made")
+@pytest.mark.parametrize("argv, option, name", [(RUN, "--json", "json"), (RUN, "--csv", "csv"),
+                                                (["kernels"], "--json", "json"), (BOUND, "--out", "out")])
+def test_an_output_in_a_folder_where_no_file_can_be_made_is_refused_before_any_work(capsys, argv, option, name):
+    path = f"/proc/iosim-{argv[0]}.png"  # refused even to root, whom access() lets write anywhere
+    assert main([*argv, option, path]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and f"{name}={path!r}: cannot create a file in '/proc'" in err[0], err
+    assert captured.out == ""  # nothing simulated, nothing drawn
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device every write to fails")
+@pytest.mark.parametrize("argv, option", [(["sweep", "--N", "256", "--d", "64", "--algo", "flash"], "--json"),
+                                          (RUN, "--csv")])
+def test_a_write_that_fails_names_the_option_and_the_path(capsys, argv, option):
+    assert main([*argv, option, "/dev/full"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot write the {option} records to /dev/full: No space left on device" in err[0], err
+
+
+def test_a_plot_that_cannot_be_written_names_its_option(capsys, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    path = tmp_path / "bound.png"
+    assert main([*BOUND, "--out", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot write the --out plot to {path}: No space left on device" in err[0], err
+
+
 def test_a_failed_write_keeps_the_finished_rows_for_resume(tmp_path, monkeypatch, capsys):
     path = tmp_path / "rows.json"
 
@@ -172,7 +210,7 @@ def test_a_failed_write_keeps_the_finished_rows_for_resume(tmp_path, monkeypatch
         assert main(["sweep", "--N", "256", "--d", "64", "--json", str(path)]) == 2
     err = capsys.readouterr().err
     journal = tmp_path / "rows.json.partial"
-    assert f"cannot write records to {path}: No space left on device; the " in err and ".tmp" not in err
+    assert f"cannot write the --json records to {path}: No space left on device; the " in err and ".tmp" not in err
     assert f"are kept in {journal}, which --resume reads" in err
     assert list(tmp_path.iterdir()) == [journal]  # no temporary file, no half-written output
     again = run(parse("sweep", "--N", "256", "--d", "64", "--json", str(path), "--resume"))

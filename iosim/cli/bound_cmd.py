@@ -11,7 +11,7 @@ from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
 from iosim.registry import ALGORITHMS
 from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
-from iosim.reports.records import check_distinct, check_output_path, write_records
+from iosim.reports.records import check_distinct, check_output_path, write_records, writing
 
 
 def add_parser(sub) -> None:
@@ -46,12 +46,13 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
     paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
     check_distinct(paths)
     if paths["out"]:
-        check_plot_path(paths["out"])
+        check_plot_path(paths["out"], "out")
     sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
                   dtype=args.dtype, points=args.points, algorithms=algorithms_of(args), on_point=on_row)
     write_records(args.json, args.csv, records(sweep))
     if paths["out"]:
-        plot(sweep, paths["out"])
+        with writing("the --out plot", paths["out"]):
+            plot(sweep, paths["out"])
     return sweep
 
 

@@ -29,7 +29,7 @@ from iosim.models.presets import PRESETS, get_model
 from iosim.registry import ALGORITHMS
 from iosim.reports.bound import check_plot_path
 from iosim.reports.model_plot import plot
-from iosim.reports.records import RecordWriter
+from iosim.reports.records import RecordWriter, writing
 
 WIDTH, WIDE = 80, 130  # the tables' width by default (piped output gets it too) and with --wide
 
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None
         for record in records(report):
             writer.add(record)
     if args.plot is not None:
-        plot(report, args.plot)
+        with writing("the --plot figure", args.plot):
+            plot(report, args.plot)
     return report
 
 

@@ -25,6 +25,7 @@ from iosim.core.errors import BlockSizeError, InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.registry import ALGORITHMS, get_algorithm
+from iosim.reports.records import check_output_path
 from iosim.tilings.search import MAX_BLOCK_SIZES
 
 POINTS_DEFAULT = 40
@@ -123,8 +124,11 @@ def bound(N, d, *, N_k=None, batch=1, heads=1, causal=False, dtype="float16", po
 
 
 def check_plot_path(path: Path, option: str = "out") -> None:
-    """Refuse, before any work, a plot path (the command's ``option``) whose suffix matplotlib cannot write."""
+    """Refuse, before any work, a plot path (the command's ``option``) that cannot be written or whose suffix
+    matplotlib cannot write."""
     from matplotlib.backend_bases import FigureCanvasBase
+
+    check_output_path(option, str(path))
 
     formats = sorted(FigureCanvasBase.get_supported_filetypes())
     if path.suffix.lstrip(".").lower() not in formats:

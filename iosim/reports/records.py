@@ -12,7 +12,9 @@ import io
 import json
 import os
 import stat
-from collections.abc import Callable, Hashable
+import tempfile
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from iosim.core.errors import InputError
@@ -36,10 +38,15 @@ def check_output_path(what: str, path: str | None) -> Path | None:
     if p.exists() and not (is_stream(p) or p.is_file()):
         raise InputError(f"{what}={path!r} is {_kind(p)}, not a regular file, a character device or a FIFO; "
                          f"give a file name")
-    if not is_stream(p):
+    if not is_stream(p):  # a file made and removed beside it: what permissions alone miss (root, /sys, /proc)
         folder = Path(os.path.realpath(p)).parent
-        if not os.access(folder, os.W_OK):
-            raise InputError(f"{what}={path!r}: the directory {str(folder)!r} is not writable")
+        try:
+            handle, probe = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".probe")
+        except OSError as err:
+            raise InputError(f"{what}={path!r}: cannot create a file in {str(folder)!r} "
+                             f"({err.strerror or err})") from None
+        os.close(handle)
+        os.unlink(probe)
     return p
 
 
@@ -157,9 +164,9 @@ class RecordWriter:
         records = self.records
         try:
             if self.outputs["json"]:
-                _replace(self.outputs["json"], json.dumps(records, indent=1) + "\n")
+                _replace(self.outputs["json"], json.dumps(records, indent=1) + "\n", "json")
             if self.outputs["csv"]:
-                _replace(self.outputs["csv"], _csv_text(records))
+                _replace(self.outputs["csv"], _csv_text(records), "csv")
         except OSError as err:
             if self.new and self.journal is not None and self.journal.exists():
                 raise OSError(f"{err}; the {len(self.new)} records finished are kept in {self.journal}, which "
@@ -179,9 +186,9 @@ def write_document(json_path: str | None, csv_path: str | None, document: dict, 
     outputs = {"json": check_output_path("json", json_path), "csv": check_output_path("csv", csv_path)}
     check_distinct(outputs)
     if outputs["json"]:
-        _replace(outputs["json"], json.dumps(document, indent=1) + "\n")
+        _replace(outputs["json"], json.dumps(document, indent=1) + "\n", "json")
     if outputs["csv"]:
-        _replace(outputs["csv"], _csv_text(rows))
+        _replace(outputs["csv"], _csv_text(rows), "csv")
 
 
 def write_records(json_path: str | None, csv_path: str | None, records: list[dict]) -> None:
@@ -189,6 +196,15 @@ def write_records(json_path: str | None, csv_path: str | None, records: list[dic
     with RecordWriter(json_path, csv_path) as writer:
         for record in records:
             writer.add(record)
+
+
+@contextmanager
+def writing(what: str, path) -> Iterator[None]:
+    """Name ``what`` is written, and where, in the error of a write that fails (a full disk, a device that refuses)."""
+    try:
+        yield
+    except OSError as err:
+        raise OSError(f"cannot write {what} to {path}: {err.strerror or err}") from None
 
 
 def _csv_text(records: list[dict]) -> str:
@@ -202,12 +218,16 @@ def _csv_text(records: list[dict]) -> str:
     return out.getvalue() if records else ""
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``: a regular file atomically (a reader sees the old file or the new, never half of
-    one), through a symbolic link to its target (the link stays), to a character device or FIFO as a stream."""
+def _replace(path: Path, text: str, what: str) -> None:
+    """Write ``text`` to ``path``, the option ``what``'s: a regular file atomically (a reader sees the old file or
+    the new, never half of one), through a symbolic link to its target (the link stays), to a character device or
+    FIFO as a stream."""
     if is_stream(path):
-        with path.open("w") as stream:
-            stream.write(text)
+        try:
+            with path.open("w") as stream:
+                stream.write(text)
+        except OSError as err:
+            raise OSError(f"cannot write the --{what} records to {path}: {err.strerror or err}") from None
         return
     target = Path(os.path.realpath(path))
     tmp = target.with_name(target.name + ".tmp")
@@ -216,7 +236,7 @@ def _replace(path: Path, text: str) -> None:
         os.replace(tmp, target)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise OSError(f"cannot write records to {path}: {err.strerror or err}") from None
+        raise OSError(f"cannot write the --{what} records to {path}: {err.strerror or err}") from None
 
 
 def _read_all(outputs: dict[str, Path | None], journal: Path | None, required: tuple[str, ...] = ()) -> list[dict]:
