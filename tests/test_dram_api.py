@@ -11,6 +11,7 @@ from iosim.core.gpus import GPUS
 from iosim.gpu import call1
 from iosim.gpu.dram import covered_dram
 from iosim.gpu.hardware import hardware
+from iosim.gpu.kernels import get_kernel
 from iosim.gpu.l2 import in_sequence
 from iosim.results import SimResult
 
@@ -251,6 +252,40 @@ def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):
     (row,) = json.loads(path.read_text())
     assert row["dram_read_bytes"] is None and "would take about" in row["dram_note"]
     assert "DRAM B —: the DRAM level of flash" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--gpu", "h100", "--N", "64", "--d", "16", "--algo", "flash-swapped", "--kernel", "flash"],
+    ["sweep", "--gpu", "h100", "--N", "64", "--d", "16", "--algo", "flash-swapped", "split-kv", "--kernel", "flash"],
+    ["optimize", "--gpu", "h100", "--N", "64", "--d", "16", "--algo", "flash", "--objective", "dram",
+     "--kernel", "sdpa-flash"],
+])
+def test_a_kernel_of_none_of_the_algorithms_counted_is_refused_in_one_line_before_any_work(capsys, argv):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    implements = get_kernel(argv[-1]).algorithm
+    assert len(err) == 1 and f"--kernel {argv[-1]} implements {implements}, which is not counted here" in err[0], err
+    assert f"--algo {implements}; or no --kernel" in err[0] and captured.out == ""
+
+
+def test_a_kernel_that_serves_some_of_the_algorithms_says_which_it_leaves_to_their_own(capsys):
+    grid = ["--gpu", "h100", "--N", "64", "--d", "16", "--algo", "flash", "flash-swapped", "--kernel", "sdpa-flash"]
+    sweep = run(build_parser().parse_args(["sweep", *grid]))
+    note = "--kernel sdpa-flash implements flash-swapped only; ignored by flash"
+    assert note in sweep.notes and [r.kernel for r in sweep.rows] == [None, "sdpa-flash"]
+    optimum = run(build_parser().parse_args(["optimize", *grid[:-2], "--kernel", "flash-swapped-tc",
+                                             "--objective", "dram"]))
+    assert optimum.notes == ("--kernel flash-swapped-tc implements flash-swapped only; ignored by flash",)
+
+
+@pytest.mark.parametrize("option", [["--kernel", "sdpa-flash"], ["--schedule", "timed"], ["--l2-bytes", "25MB"],
+                                    ["--blocks-per-sm", "2"]])
+def test_optimize_refuses_an_l2_option_its_hbm_objective_would_ignore(capsys, option):
+    assert main(["optimize", "--gpu", "h100", "--N", "64", "--d", "16", "--algo", "flash-swapped", *option]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{option[0]} " in err[0] and "with --objective hbm" in err[0], err
+    assert f"allowed: --objective dram, or no {option[0]}" in err[0]
 
 
 def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_one_stays_silent(tmp_path, capsys):

@@ -200,6 +200,24 @@ def hardware_of(args: argparse.Namespace) -> Hardware | None:
     return hw
 
 
+def kernel_reach(args: argparse.Namespace, algorithms: list[str]) -> str | None:
+    """What --kernel serves among the ``algorithms`` a command counts: refused where it implements none of them (it
+    would change nothing), else a note naming those it leaves to their own kernels, None where it leaves none."""
+    if args.kernel is None:
+        return None
+    implements = KERNELS[args.kernel].algorithm
+    if implements not in algorithms:
+        fitting = sorted(k.name for k in KERNELS.values() if k.algorithm in algorithms)
+        raise InputError(f"--kernel {args.kernel} implements {implements}, which is not counted here "
+                         f"({', '.join(algorithms)}); allowed: "
+                         + (f"--kernel one of {', '.join(fitting)}; " if fitting else "") + f"--algo {implements}; "
+                         f"or no --kernel")
+    ignoring = [a for a in algorithms if a != implements]
+    if not ignoring:
+        return None
+    return f"--kernel {args.kernel} implements {implements} only; ignored by {', '.join(ignoring)}"
+
+
 def window_of(args: argparse.Namespace) -> tuple[int, int] | None:
     """--window as (left, right): ``W`` is (W, 0), ``L R`` is (L, R); None without it."""
     values = getattr(args, "window", None)

@@ -19,6 +19,7 @@ from iosim.cli.common import (
     check_backward,
     count_arg,
     hardware_of,
+    kernel_reach,
     window_of,
 )
 from iosim.cli.progress import progress_bar
@@ -35,6 +36,7 @@ from iosim.reports.records import check_distinct, check_output_path, write_recor
 @dataclass(frozen=True)
 class OptimizeOutcome:
     results: list  # per algorithm: an Optimum, or the error (no fit, search too large) in its place
+    notes: tuple[str, ...] = ()  # options that some of the algorithms ignore (a --kernel of another algorithm)
 
     def records(self) -> list[dict]:
         """One record per tiling shown: the problem, the rank, the tiling and its traffic, and the policies'."""
@@ -99,12 +101,20 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
         raise InputError(f"--objective dram{'' if args.gpu else ' without --gpu'}"
                          f"{'' if args.pass_ == 'fwd' else f' with --pass {args.pass_}'}: the DRAM bytes are those "
                          f"behind a GPU preset's L2, for forward passes; allowed: --gpu NAME --pass fwd")
+    l2_options = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm, "--kernel": args.kernel,
+                  "--schedule": None if args.schedule == "lockstep" else args.schedule}
+    given = [f"{name} {value}" for name, value in l2_options.items() if value is not None]
+    if args.objective != "dram" and given:
+        raise InputError(f"{given[0]} with --objective {args.objective}: it changes the DRAM bytes behind the L2, "
+                         f"which only --objective dram counts; allowed: --objective dram, or no {given[0].split()[0]}")
+    reach = kernel_reach(args, algorithms)
     outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
                                        causal=args.causal, dtype=args.dtype, top=args.top, objective=args.objective,
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
                                        page_size=args.page_size, hw=hw, kernel=args.kernel,
-                                       block_sparsity=block_sparsity(args), d_v=args.d_v))
+                                       block_sparsity=block_sparsity(args), d_v=args.d_v),
+                             () if reach is None else (reach,))
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
@@ -183,6 +193,8 @@ def render_dram(console, outcome: OptimizeOutcome) -> None:
     for r in outcome.results:
         if not isinstance(r, Optimum):
             console.print(f"[yellow]{r}[/]")
+    for note in outcome.notes:
+        console.print(f"[yellow]{note}[/]")
     best = min(found, key=lambda r: r.dram[0].moved)
     console.print(f"fewest DRAM bytes: {best.algorithm} with B_r={best.best[0].tiling.Br}, "
                   f"B_c={best.best[0].tiling.Bc}: {nbytes(best.dram[0].moved)} moved")

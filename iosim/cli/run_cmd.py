@@ -20,6 +20,7 @@ from iosim.cli.common import (
     documents,
     flex_mask_for,
     hardware_of,
+    kernel_reach,
     lengths_of,
     score_mod_of,
     seed_arg,
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     M = resolve_M(args.M, args.gpu, args.dtype)
     sparsity = block_sparsity(args)
     hw = hardware_of(args)
+    kernel_reach(args, [args.algo])  # the one algorithm: refused unless the kernel implements it
     check_backward([args.algo], args.pass_)
     if args.page_size is not None and args.pass_ != "fwd":
         raise InputError(f"--page-size {args.page_size} with --pass {args.pass_}: a paged K/V cache is read by the "

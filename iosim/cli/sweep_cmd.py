@@ -17,6 +17,7 @@ from iosim.cli.common import (
     documents,
     flex_mask_for,
     hardware_of,
+    kernel_reach,
     lengths_of,
     score_mod_of,
     window_of,
@@ -83,6 +84,9 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                 if left:
                     out.append(f"{flag} leaves out {', '.join(left)}: {'it takes' if len(left) == 1 else 'they take'} "
                                f"no {what}")
+    reach = kernel_reach(args, algorithms)
+    if reach is not None:
+        out.append(reach)
     if args.gpu is not None:  # an option no kernel grid takes (the L2 model's own refusal) leaves rows no DRAM bytes
         N, masks = _Ns(args)[0], flex_mask_for(args)
         pb = count_problem(None if documents(args) else N, args.d[0], args.N_k, heads=args.heads,
@@ -138,6 +142,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
     check_backward(algorithms, args.pass_)
     if args.resume and not (args.json or args.csv):
         raise InputError("--resume needs --json PATH or --csv PATH: the file whose records to keep")
+    said = notes(args, algorithms)  # before any work: a --kernel that serves none of the algorithms is refused
     kept: list[dict] = []
     with RecordWriter(args.json, args.csv, resume=args.resume, key=config_key, required=RESUME_REQUIRED,
                       current=current) as writer:
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace, on_row: Callable[[SweepRow | None], None] | No
                          on_row=on_row, pass_=args.pass_, gpu=args.gpu, block_sparsity=sparsity, kept=kept,
                          page_size=args.page_size, hw=hw, kernel=args.kernel, sinks=args.sinks, d_v=args.d_v,
                          latent=args.latent, block_mask_for=flex_mask_for(args), score_mod=score_mod_of(args))
-    return SweepOutcome(rows, kept, notes(args, algorithms), writer.recounted, writer.left_stale)
+    return SweepOutcome(rows, kept, said, writer.recounted, writer.left_stale)
 
 
 def _Ns(args: argparse.Namespace) -> list[int]:
