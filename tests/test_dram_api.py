@@ -310,6 +310,23 @@ def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_on
     assert row["dram_read_bytes"] is None and row["dram_note"] is None
 
 
+@pytest.mark.parametrize("flags, why", [
+    (["--algo", "flash-swapped", "--dtype", "float8_e4m3"], "the L2 model has no grid for it: dtype='float8_e4m3': "
+                                                            "this kernel has no FP8 build"),
+    (["--algo", "flash", "--window", "16"], "the L2 model has no grid for it: window=(16, 0)"),
+    (["--algo", "standard"], "the L2 model has no grid for it: algorithm 'standard' has no GPU kernel"),
+    (["--algo", "flash-swapped", "--pass", "bwd"], "run gives the DRAM bytes of a forward pass only; `iosim sweep "
+                                                   "--pass bwd`"),
+])
+def test_a_run_without_dram_bytes_says_why_where_its_one_algorithm_has_no_grid(tmp_path, capsys, flags, why):
+    # a sweep over many algorithms leaves a row of the default kernel silent (the test above); a run of one says why
+    path = tmp_path / "run.json"
+    assert main(["run", "--gpu", "h100", "--N", "48", "--d", "16", *flags, "--json", str(path)]) == 0
+    record = json.loads(path.read_text())
+    assert record["dram_read_bytes"] is None and record["dram_note"].startswith(why), record["dram_note"]
+    assert "no DRAM bytes: " + why[:40] in " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--l2-bytes", "1"], "l2_bytes=1 is outside the allowed range [32, 52,428,800]"),
     (["--l2-bytes", "1GB"], "l2_bytes=1,000,000,000 is outside the allowed range [32, 52,428,800]"),

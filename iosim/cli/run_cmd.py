@@ -53,7 +53,9 @@ class RunOutcome:
     dram: DramCounts | None = None  # with --gpu, a forward pass whose kernel grid is declared: bytes behind L2
     gpu: str | None = None  # the preset of --gpu
     padded: Counts | None = None  # --seqlens: the traffic of padding every document to the longest
-    dram_note: str | None = None  # why a covered pass has no DRAM bytes (too slow, not timed, or --kernel refuses it)
+    # why there are no DRAM bytes: too slow, not timed, --kernel refuses it, the L2 model has no grid for it, or a
+    # backward pass (run counts the forward's)
+    dram_note: str | None = None
     # under the timed schedule, the counts at the two ends of the blocks' spread (iosim.gpu.dram.covered_dram_or_why)
     dram_band: tuple[DramCounts, DramCounts] | None = None
 
@@ -177,8 +179,11 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
             tops.append(float(np.max(np.abs(want))))
         err = max(errs)
         rel = max(e / max(top, np.finfo(float).tiny) for e, top in zip(errs, tops))
-    dram, band, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel, band=True)
+    dram, band, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel, band=True, explain=True)
                              if hw is not None and args.pass_ == "fwd" else (None, None, None))
+    if hw is not None and args.pass_ != "fwd":
+        dram_note = (f"run gives the DRAM bytes of a forward pass only; `iosim sweep --pass {args.pass_}` with the "
+                     f"same options gives the backward kernels'")
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
         kv_heads=args.kv_heads,

@@ -306,34 +306,39 @@ def covered_dram(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: 
 
 
 def covered_at(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None, sawtooth: bool,
-               spreads: tuple[float, ...]) -> list[DramCounts] | None:
-    """``covered_dram`` at each of the blocks' ``spreads`` (``at_spreads``)."""
+               spreads: tuple[float, ...], explain: bool = False) -> list[DramCounts] | None:
+    """``covered_dram`` at each of the blocks' ``spreads`` (``at_spreads``); with ``explain``, the default kernel's
+    refusal is raised too."""
     named = named_for(algorithm, kernel)
     try:
         return at_spreads(plans, hw, kernel_for(algorithm, named), spreads, sawtooth)
     except (DramTooLong, OverrideError, NotTimed):  # too slow, the user's override does not fit, or not timed: said
         raise
     except InputError:  # the L2 model refuses the run by name: nothing to say, unless the caller asked for the kernel
-        if named is not None:
+        if named is not None or explain:  # or for the reason
             raise
         return None
 
 
 def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, kernel: str | None = None,
-                        sawtooth: bool = False, band: bool = False
+                        sawtooth: bool = False, band: bool = False, explain: bool = False
                         ) -> tuple[DramCounts | None, tuple[DramCounts, DramCounts] | None, str | None]:
     """``covered_dram``; with ``band``, under the timed schedule, its counts at the two ends of the blocks' spread
     (``BLOCK_SPREADS``), made beside it from the same grids (else None); and why the counts are None where that is
     worth saying, for a report that carries on without them: the count would take too long (``DramTooLong``'s
     message), the timed schedule cannot time it (``NotTimed``'s), or the kernel the caller named refuses the
-    request."""
+    request; with ``explain`` (a report of one algorithm), also the default kernel's refusal, or that the algorithm
+    has none."""
     try:
-        found = covered_at(plans, hw, algorithm, kernel, sawtooth, spreads_of(hw) if band else (hw.block_spread,))
+        found = covered_at(plans, hw, algorithm, kernel, sawtooth, spreads_of(hw) if band else (hw.block_spread,),
+                           explain)
     except (DramTooLong, NotTimed) as err:
         return None, None, str(err)
     except OverrideError:
         raise
-    except InputError as err:  # only the named kernel's refusal reaches here (covered_at)
+    except InputError as err:  # the named kernel's refusal, or with ``explain`` the default's (covered_at)
+        if named_for(algorithm, kernel) is None:
+            return None, None, f"the L2 model has no grid for it: {err}"
         return None, None, f"kernel {kernel} refuses {algorithm} here: {err}"
     if found is None:
         return None, None, None
