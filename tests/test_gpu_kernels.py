@@ -148,3 +148,43 @@ def test_kernel_without_gpu_exits_2_with_one_line(capsys, argv):
     assert main(argv + ["--kernel", "flash-swapped@d4169c1"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "--kernel flash-swapped@d4169c1 without --gpu" in lines[0], lines
+
+
+def test_the_kernels_of_this_repository_are_described_with_the_dtypes_their_api_takes():
+    from kernels import api
+
+    described = [name for name in api.IMPLS if name in KERNELS]
+    assert described == ["flash", "flash-swapped", "flash-swapped-tc", "split-kv"]
+    for name in described:
+        bf16 = ("bfloat16",) if api.IMPLS[name].BFLOAT16 else ()
+        assert set(KERNELS[name].dtypes) == {str(t) for t in api.DTYPES} | set(bf16), name
+
+
+@pytest.mark.parametrize("algorithm, kernel, dtype, gpu, refusal", [
+    ("flash-swapped", None, "float64", "h100", "dtype='float64': kernel='flash-swapped' is built for float32, float16"),
+    ("flash", None, "bfloat16", "h100", "dtype='bfloat16': kernel='flash' is built for float32, float16 only"),
+    ("flash-swapped", "flash-swapped-tc", "float64", "h100", "kernel='flash-swapped-tc' is built for float32, float16,"
+                                                              " bfloat16 only"),
+    ("flash-swapped", "flash-swapped-tc", "bfloat16", "t4", "dtype='bfloat16' on the T4 preset: it has no bfloat16"),
+])
+def test_no_dram_bytes_are_given_for_a_build_that_does_not_exist(algorithm, kernel, dtype, gpu, refusal):
+    import iosim
+    from iosim.core.errors import InputError
+
+    with pytest.raises(InputError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
+        iosim.dram(algorithm, kernel=kernel, N=64, d=64, M="100k", gpu=gpu, dtype=dtype)
+    built = dict(dtype="float16") if dtype != "bfloat16" or gpu == "t4" else dict(kernel="flash-swapped-tc")
+    assert iosim.dram("flash-swapped", N=64, d=64, M="100k", gpu=gpu, **built).dram.reads > 0
+
+
+def test_a_sweep_in_a_dtype_a_kernel_lacks_says_which_rows_have_no_dram_bytes(capsys):
+    from iosim.cli import build_parser, run
+
+    outcome = run(build_parser().parse_args(["sweep", "--gpu", "h100", "--N", "64", "--d", "64", "--dtype",
+                                             "bfloat16", "--algo", "flash", "flash-swapped"]))
+    assert [r.dram for r in outcome.rows] == [None, None]
+    assert ("--dtype bfloat16: the kernels of flash, flash-swapped have no bfloat16 build, so their rows have no DRAM "
+            "bytes; --kernel flash-swapped-tc has one") in outcome.notes
+    tc = run(build_parser().parse_args(["sweep", "--gpu", "h100", "--N", "64", "--d", "64", "--dtype", "bfloat16",
+                                        "--algo", "flash-swapped", "--kernel", "flash-swapped-tc"]))
+    assert tc.rows[0].dram is not None and not any("build" in note for note in tc.notes)

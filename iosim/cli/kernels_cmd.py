@@ -24,7 +24,7 @@ def records() -> list[dict]:
     for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
         rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
                          passes="fwd, bwd" if k.backward else "fwd", options=" ".join(k.options) or None,
-                         takes=" ".join(k.takes) or None,
+                         takes=" ".join(k.takes) or None, dtypes=" ".join(k.dtypes) if k.dtypes else None,
                          closed_form=k.forward_dram is not None, own_tile=k.tile is not None,
                          timed=k.rate is not None, source=k.source))
     return rows
@@ -44,6 +44,11 @@ def main(args: argparse.Namespace, console) -> None:
         table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "",
                       r["takes"] or "")
     console.print(table)
+    builds = {}
+    for r in rows:
+        builds.setdefault(r["dtypes"], []).append(r["kernel"])
+    console.print("built for (DRAM bytes are refused in any other dtype): " + "; ".join(
+        f"{dtypes or 'the dtypes their sources below name'}: {', '.join(names)}" for dtypes, names in builds.items()))
     console.print("launch their own tiles, whatever the request's: "
                   + ", ".join(r["kernel"] for r in rows if r["own_tile"]))
     console.print("takes: fp8, FP8 data (--dtype float8_e4m3); d_v, a V head size apart from d (--d-v)")

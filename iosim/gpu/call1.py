@@ -61,6 +61,7 @@ def _flash_swapped(launch: Launch) -> tuple[Grid, ...]:
 
 # the blocks per SM above are an H100 SM's (compute capability 9.0, as the H200's): call 1 ran on an H100
 FLASH = Kernel(f"flash@{COMMIT}", "flash", SOURCE, _flash, backward=True, forward_dram=flash.forward_dram,
-               runs_on=("H100", "H200"))
+               runs_on=("H100", "H200"), dtypes=("float32", "float16"))
 FLASH_SWAPPED = Kernel(f"flash-swapped@{COMMIT}", "flash-swapped", SOURCE, _flash_swapped, backward=True,
-                       forward_dram=flash_swapped.forward_dram, runs_on=("H100", "H200"))
+                       forward_dram=flash_swapped.forward_dram, runs_on=("H100", "H200"),
+                       dtypes=("float32", "float16"))

@@ -130,6 +130,9 @@ def kernel_counts_at(kernel: Kernel, launch: Launch, hw: Hardware, spreads: tupl
     timed grid flattened once and its event loops run side by side (``simulate_timed_each``), and a count the spread
     does not move (the lockstep schedule's) made once for all."""
     kernel.check_gpu(hw.gpu.name)
+    if launch.problem.dtype == "bfloat16" and hw.gpu.bf16_tensor is None:
+        raise InputError(f"dtype='bfloat16' on the {hw.gpu.name} preset: it has no bfloat16 tensor cores, so no "
+                         f"kernel's bfloat16 build runs on it; allowed: float16 or float32, or another GPU preset")
     launch = kernel.own(launch)
     grids = kernel.grids(launch)
     form = kernel.closed_form(launch) if len(grids) == 1 else None

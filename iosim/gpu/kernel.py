@@ -58,6 +58,8 @@ class Kernel:
     takes: tuple[str, ...] = ()
     # the GPU presets (names) it runs on where it is built for one architecture; None: any
     runs_on: tuple[str, ...] | None = None
+    # the dtypes it is built for; None where its grids refuse by name the dtypes it lacks (sdpa-flash, fa3)
+    dtypes: tuple[str, ...] | None = None
 
     def check_gpu(self, gpu: str) -> None:
         """Refuse, by name, a GPU the kernel is not built for."""
@@ -79,6 +81,10 @@ class Kernel:
             raise InputError(f"sawtooth=True: kernel={self.name!r} takes no sawtooth order; allowed with it: "
                              f"sawtooth=False")
         check_launchable(launch.problem, self.takes)
+        if self.dtypes is not None and launch.problem.dtype not in self.dtypes:
+            raise InputError(f"dtype={launch.problem.dtype!r}: kernel={self.name!r} is built for "
+                             f"{', '.join(self.dtypes)} only; allowed: those, or a kernel built for it "
+                             f"(`iosim kernels`)")
         return self.launches(self.own(launch))
 
     def closed_form(self, launch: Launch) -> Callable[[Problem, Tiling, int, int], DramForm | None] | None:

@@ -145,13 +145,19 @@ TODAY = "kernels/{module} as this repository builds it; blocks per SM from the r
         "memory allows; each kernel's code from the same report where " \
         "it compiled the build a pass runs"
 
+# the dtypes the kernels of kernels/ take (kernels.api: float32 and float16, and bfloat16 where a module's BFLOAT16)
+OWN_DTYPES = ("float32", "float16")
+
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
-    Kernel("flash", "flash", TODAY.format(module="flash.py"), _flash, backward=True, forward_dram=flash.forward_dram),
+    Kernel("flash", "flash", TODAY.format(module="flash.py"), _flash, backward=True, forward_dram=flash.forward_dram,
+           dtypes=OWN_DTYPES),
     Kernel("flash-swapped", "flash-swapped", TODAY.format(module="flash_swapped.py"), _flash_swapped, backward=True,
-           forward_dram=flash_swapped.forward_dram, options=("sawtooth",), rate=lambda pb: CUDA_CORE_RATE),
+           forward_dram=flash_swapped.forward_dram, options=("sawtooth",), rate=lambda pb: CUDA_CORE_RATE,
+           dtypes=OWN_DTYPES),
     Kernel("flash-swapped-tc", "flash-swapped", TODAY.format(module="flash_swapped_tc.py") +
-           "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True, rate=_tc_rate),
-    Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False),
+           "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True, rate=_tc_rate,
+           dtypes=(*OWN_DTYPES, "bfloat16")),
+    Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False, dtypes=OWN_DTYPES),
     Kernel("sdpa-flash", "flash-swapped", SDPA, _sdpa_flash, backward=True, forward_dram=sdpa_flash.forward_dram,
            tile=sdpa_flash.tile, rate=lambda pb: SDPA_RATE),
     Kernel("fa3", "flash-swapped", FA3, _fa3, backward=True, forward_dram=fa3.forward_dram, tile=fa3.tile,
