@@ -7,6 +7,7 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
+from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
 from iosim.gpu import call1
 from iosim.gpu.dram import covered_dram
@@ -338,6 +339,28 @@ def test_an_l2_override_out_of_range_is_refused_in_one_line(flags, message, caps
     assert main(["sweep", "--gpu", "h100", "--algo", "flash-swapped", "--N", "1024", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(budget_s="x"), "budget_s='x' is not a number of seconds; allowed: a finite number > 0, or None"),
+    (dict(budget_s=float("nan")), "budget_s=nan is not a number of seconds"),
+    (dict(budget_s=-1), "budget_s=-1 is not a number of seconds"),
+    (dict(budget_s=True), "budget_s=True is not a number of seconds"),
+    (dict(sawtooth=1), "sawtooth=1 must be True or False"),
+    (dict(sawtooth="no"), "sawtooth='no' must be True or False"),
+    (dict(l2_bytes="1xB"), "l2_bytes='1xB' is not a count"),
+])
+def test_the_api_refuses_by_name_what_the_command_line_refuses(given, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        iosim.dram("flash-swapped", N=64, d=64, M="100k", gpu="h100", **given)
+
+
+def test_the_api_takes_the_l2_bytes_with_their_unit_as_the_command_line_does():
+    problem = dict(N=64, d=64, M="100k", gpu="h100", heads=8)
+    assert (iosim.dram("flash-swapped", l2_bytes="25MB", **problem).dram
+            == iosim.dram("flash-swapped", l2_bytes=25 * 10**6, **problem).dram)
+    assert iosim.dram("flash-swapped", l2_bytes="32MiB", **problem).dram == iosim.dram(
+        "flash-swapped", l2_bytes=2**25, **problem).dram
 
 
 def test_the_sweep_counts_the_backward_s_dram_bytes_and_run_the_forward_s(tmp_path):

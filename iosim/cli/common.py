@@ -12,7 +12,7 @@ from iosim.core.gpus import GPUS
 from iosim.core.inputs import check_tokens
 from iosim.core.problem import Problem
 from iosim.core.rng import check_seed
-from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, parse_count
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES, parse_bytes, parse_count
 from iosim.gpu.hardware import SCHEDULES, Hardware, check_schedule, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.registry import ALGORITHMS
@@ -152,7 +152,10 @@ def add_block_mask(p: argparse.ArgumentParser) -> None:
 
 def bytes_arg(text: str) -> int:
     """A byte count with an optional trailing B (37M, 37MB, 32MiB), for argparse."""
-    return count_arg(text[:-1] if text[-1:] in ("b", "B") and text[:-1] else text)
+    try:
+        return parse_bytes("value", text)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
 
 
 def schedule_arg(text: str) -> str:

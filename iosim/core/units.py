@@ -75,6 +75,16 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+def parse_bytes(name: str, value) -> int:
+    """A byte count ≥ 1 as ``parse_count`` reads a count, with an optional trailing B: 37M, 37MB, 32MiB."""
+    if not (isinstance(value, str) and value.strip()[-1:] in ("b", "B") and value.strip()[:-1]):
+        return parse_count(name, value)
+    try:
+        return parse_count(name, value.strip()[:-1])
+    except InputError as err:  # named as given, with its B
+        raise type(err)(str(err).replace(f"{name}={value.strip()[:-1]!r}", f"{name}={value!r}", 1)) from None
+
+
 def parse_size(text, dtype: str = "float16") -> int:
     """SRAM capacity M in elements: ``parse_size("192KiB", "float16") == 98304``."""
     return parse_count("M", text, dtype=dtype)

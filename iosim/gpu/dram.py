@@ -15,6 +15,7 @@ lockstep schedule's; the timed one is always simulated. The model, its sources a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -252,7 +253,7 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
 
     ``kernel`` names the kernel description (``iosim.gpu.kernels.KERNELS``; default the kernel of ``kernels/`` named
     as the algorithm, with its occupancy from the resource report); ``sawtooth`` selects flash-swapped's sawtooth
-    order. ``l2_bytes`` overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
+    order. ``l2_bytes`` (a count, or 25MB, 32MiB) overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
     ``schedule`` how their blocks run (``iosim.gpu.hardware.SCHEDULES``; "timed", the one-kernel forward passes of
     kernels with a measured rate, also gives ``band``, the counts at both ends of the blocks' spread). The forward
     passes of flash and flash-swapped without a mask, and the backward's main kernels without one, have closed forms
@@ -264,6 +265,12 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+                                 or not math.isfinite(budget_s) or budget_s <= 0):
+        raise InputError(f"budget_s={budget_s!r} is not a number of seconds; allowed: a finite number > 0, or None "
+                         f"(no limit)")
+    if not isinstance(sawtooth, bool):
+        raise InputError(f"sawtooth={sawtooth!r} must be True or False")
     hw = hardware(gpu, l2_bytes=l2_bytes, blocks_per_sm=blocks_per_sm, schedule=schedule)
     pb = count_problem(N, d, N_k, batch, heads, causal=causal, dtype=dtype, kv_heads=kv_heads, window=window, d_v=d_v)
     request = plan(algorithm, pb, M, pass_=pass_, block_policy=block_policy, tiling=tiling, gpu=gpu)

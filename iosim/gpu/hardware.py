@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPU, get_gpu
-from iosim.core.units import parse_count
+from iosim.core.units import parse_bytes, parse_count
 from iosim.gpu.l2 import SECTOR, Grid, L2Config
 
 # How the blocks run (iosim.gpu.schedule). "lockstep": the first W start in the first round, so equal blocks run in
@@ -103,7 +103,7 @@ def check_l2_bytes(preset: GPU, l2_bytes, physical: bool = False) -> int:
     """An L2 capacity of at least one sector (the L2's unit to DRAM); with ``physical`` (the command line's
     ``--l2-bytes``) at most the preset's nominal L2 too. The API takes a larger one, an L2 that holds everything, as
     a what-if."""
-    value = parse_count("l2_bytes", l2_bytes)
+    value = parse_bytes("l2_bytes", l2_bytes)
     nominal = int(preset.l2.value)
     if value < SECTOR or (physical and value > nominal):
         allowed = f"[{SECTOR}, {nominal:,}]: from one {SECTOR}-byte sector to the {preset.name}'s nominal L2" \
