@@ -253,9 +253,10 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
 
     ``kernel`` names the kernel description (``iosim.gpu.kernels.KERNELS``; default the kernel of ``kernels/`` named
     as the algorithm, with its occupancy from the resource report); ``sawtooth`` selects flash-swapped's sawtooth
-    order. ``l2_bytes`` (a count, or 25MB, 32MiB) overrides the preset's effective L2 capacity, ``blocks_per_sm`` the kernels' residency and
-    ``schedule`` how their blocks run (``iosim.gpu.hardware.SCHEDULES``; "timed", the one-kernel forward passes of
-    kernels with a measured rate, also gives ``band``, the counts at both ends of the blocks' spread). The forward
+    order. ``l2_bytes`` (a count, or 25MB, 32MiB) overrides the preset's effective L2 capacity, ``blocks_per_sm``
+    the kernels' residency and ``schedule`` how their blocks run (``iosim.gpu.hardware.SCHEDULES``; "timed", the
+    one-kernel forward passes of kernels with a measured rate, also gives ``band``, the counts at both ends of the
+    blocks' spread). The forward
     passes of flash and flash-swapped without a mask, and the backward's main kernels without one, have closed forms
     (milliseconds); the rest is counted in lockstep or simulated, which takes seconds at batch·heads in the hundreds
     and N in the tens of thousands. ``window`` is taken as ``count`` takes it, and a sliding
