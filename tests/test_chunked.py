@@ -196,3 +196,16 @@ def test_cli_bad_input_is_one_line_and_status_2(capsys, argv):
     assert main(["prefill", "--N", "1Ki", "--d", "64", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("iosim: error:") and err.count("\n") == 1
+
+
+def test_an_fp8_prefill_leaves_out_the_default_algorithm_without_an_fp8_path_and_says_so(capsys):
+    out = run(parse("prefill", "--N", "1Ki", "--chunk", "256", "--d", "64", "--dtype", "float8_e4m3"))
+    assert [r.algorithm for r in out.results] == ["flash-swapped"]
+    assert out.notes == ("--dtype float8_e4m3 leaves out flash: no FP8 path",)
+    assert out.results[0].traffic == iosim.chunked_prefill("flash-swapped", N=1024, C=256, d=64, M="100k",
+                                                           dtype="float8_e4m3").traffic
+    assert main(["prefill", "--N", "1Ki", "--chunk", "256", "--d", "64", "--dtype", "float8_e4m3"]) == 0
+    assert "leaves out flash: no FP8 path" in capsys.readouterr().out
+    assert main(["prefill", "--N", "1Ki", "--chunk", "256", "--d", "64", "--dtype", "float8_e4m3",
+                 "--algo", "flash"]) == 2  # named, it is refused by name
+    assert "has no FP8 path" in capsys.readouterr().err

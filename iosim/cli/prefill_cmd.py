@@ -10,7 +10,7 @@ from iosim.cli.common import add_outputs, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.core.gpus import GPUS, resolve_M
-from iosim.core.units import DTYPE_ITEMSIZE
+from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
@@ -22,6 +22,7 @@ DEFAULT_ALGOS = ("flash", "flash-swapped")  # the causal-skipping algorithms a s
 @dataclass(frozen=True)
 class PrefillOutcome:
     results: list[ChunkedPrefill]  # per (algorithm, chunk size), in the order asked
+    notes: tuple[str, ...] = ()  # the default algorithms the dtype left out
 
 
 def add_parser(sub) -> None:
@@ -36,8 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(DEFAULT_ALGOS),
-                   help=f"algorithms to count (default: {' '.join(DEFAULT_ALGOS)})")
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+                   help=f"algorithms to count (default: {' '.join(DEFAULT_ALGOS)}, those of them with an FP8 path "
+                        f"in an FP8 dtype)")
     p.add_argument("--batch", type=count_arg, default=1)
     p.add_argument("--heads", type=count_arg, default=1)
     p.add_argument("--kv-heads", type=count_arg, default=None,
@@ -53,8 +55,9 @@ def run(args: argparse.Namespace, on_row: Callable[[ChunkedPrefill], None] | Non
     """Count every (algorithm, chunk size); ``on_row`` sees each as it is done."""
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     M = resolve_M(args.M, args.gpu, args.dtype)
+    algorithms, notes = covered(args)
     results = []
-    for algo in args.algo:
+    for algo in algorithms:
         for C in args.chunk:
             results.append(chunked_prefill(algo, N=args.N, C=C, d=args.d, M=M, prefix=args.prefix,
                                            batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
@@ -62,11 +65,22 @@ def run(args: argparse.Namespace, on_row: Callable[[ChunkedPrefill], None] | Non
             if on_row is not None:
                 on_row(results[-1])
     write_records(args.json, args.csv, [r.record() for r in results])
-    return PrefillOutcome(results)
+    return PrefillOutcome(results, notes)
+
+
+def covered(args: argparse.Namespace) -> tuple[list[str], tuple[str, ...]]:
+    """The algorithms counted (those named, else the defaults, in an FP8 dtype those with an FP8 path), and a note
+    naming the defaults left out."""
+    if args.algo is not None:
+        return args.algo, ()
+    given = ("fp8",) if args.dtype in FP8_DTYPES else ()
+    taken = [a for a in DEFAULT_ALGOS if ALGORITHMS[a].listed_by_default(given)]
+    left = [a for a in DEFAULT_ALGOS if a not in taken]
+    return taken, ((f"--dtype {args.dtype} leaves out {', '.join(left)}: no FP8 path",) if left else ())
 
 
 def main(args: argparse.Namespace, console) -> None:
-    with progress_bar(console, "prefill", len(args.algo) * len(args.chunk)) as step:
+    with progress_bar(console, "prefill", len(covered(args)[0]) * len(args.chunk)) as step:
         outcome = run(args, on_row=step)
     render(console, outcome)
 
@@ -83,3 +97,5 @@ def render(console, outcome: PrefillOutcome) -> None:
         table.add_row(r.algorithm, count_text(r.C), count_text(r.chunks), eng(t.total), nbytes(t.total_bytes),
                       eng(t.tensor("K").reads + t.tensor("V").reads), f"{r.ratio:.3f}")
     console.print(table)
+    for note in outcome.notes:
+        console.print(f"[yellow]{note}[/]")
