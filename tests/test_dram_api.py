@@ -244,6 +244,24 @@ def test_a_count_that_would_take_too_long_is_refused_with_its_estimate():
     with pytest.raises(DramTooLong, match=r"more than 1e-09 s"):  # the budget is the caller's
         iosim.dram("flash-swapped", N=4096, d=128, M="100k", causal=True, budget_s=1e-9)
     assert iosim.dram("flash-swapped", N=4096, d=128, M="100k", causal=True, budget_s=None).dram.reads > 0
+    # at a billion tokens the estimate comes from the block's step count, not from listing its steps
+    t = iosim.count("flash", N=10**9, d=64, M="100k").forward_tiling
+    q_blocks, k_blocks = -(-10**9 // t.Br), -(-10**9 // t.Bc)
+    with pytest.raises(DramTooLong, match=f"lockstep count of its {q_blocks + q_blocks * k_blocks:,} steps of one"):
+        iosim.dram("flash", N=10**9, d=64, M="100k")
+
+
+@pytest.mark.parametrize("n_q, n_k, d, heads, kv_heads, causal, window", [
+    (1, 1, 8, 1, 1, False, None), (113, 239, 16, 2, 2, True, None), (239, 113, 8, 4, 2, False, None),
+    (200, 200, 8, 1, 1, False, (30, 5)), (64, 1000, 16, 3, 3, True, None)])
+def test_flash_s_grid_knows_its_block_s_steps_without_walking_them(n_q, n_k, d, heads, kv_heads, causal, window):
+    from iosim.api import count_problem
+    from iosim.gpu.grids import flash
+
+    pb = count_problem(n_q, d, n_k, heads=heads, kv_heads=kv_heads, causal=causal, window=window)
+    for tiling in (iosim.Tiling(16, 16), iosim.Tiling(32, 8), iosim.Tiling(7, 50)):
+        grid = flash.forward(pb, tiling, 1)
+        assert all(grid.block_steps == len(list(grid.steps(b))) for b in range(grid.blocks))
 
 
 def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):

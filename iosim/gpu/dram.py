@@ -78,15 +78,18 @@ def check_budget(kernel: Kernel, launch: Launch, grid: Grid, lockstep_path: bool
                  per_s: float = SIMULATION_VISITS_PER_S) -> None:
     """Refuse, with the estimate, a lockstep count or a simulation (at ``per_s`` tile visits a second) of ``grid``, one
     of ``launch``'s kernels, that would take longer than ``budget_s`` (None: no limit). The lockstep count works from
-    one block's steps, so it costs those (counted up to what the budget allows; past it, the pass's tile visits a
-    head, which flash's block of a head makes); a simulation costs the pass's tile visits."""
+    one block's steps, so it costs those (the grid's ``block_steps`` where it knows them, else counted up to what
+    the budget allows; past it, the pass's tile visits a head, which flash's block of a head makes); a simulation
+    costs the pass's tile visits."""
     if budget_s is None:
         return
     if lockstep_path:
         rate = LOCKSTEP_BACKWARD_VISITS_PER_S if launch.backward else LOCKSTEP_VISITS_PER_S
         most, unit = int(budget_s * rate), "steps of one block"
-        work = sum(1 for _ in islice(iter(grid.steps(0)), most + 1))
-        work = work if work <= most else max(work, tile_visits(launch))
+        work = grid.block_steps
+        if work is None:
+            work = sum(1 for _ in islice(iter(grid.steps(0)), most + 1))
+            work = work if work <= most else max(work, tile_visits(launch))
     else:
         work, rate, unit = tile_visits(launch) * launch.problem.shape.bh, per_s, "tile visits"
     seconds = work / rate

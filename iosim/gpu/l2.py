@@ -209,6 +209,8 @@ class Grid:
     # the bytes of machine code and constant banks its kernel's binary holds, which a launch reads from DRAM once from
     # a cold L2 (iosim.gpu.kernels: the resource report's build); None where no binary was read
     code_bytes: int | None = None
+    # the steps block 0 makes, where known without walking them (what a lockstep count's budget weighs)
+    block_steps: int | None = None
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""

@@ -8,6 +8,8 @@ grid takes the kernel's blocks per SM (``iosim.gpu.kernels`` reads them from the
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from iosim.core.errors import InputError
@@ -31,10 +33,13 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gri
     cast = data != acc
     tiles = Tiles(FORWARD_TENSORS)
     met = visits(pb, tiling, skips_hidden=True)
-    runs = [met.key_run(i) for i in range(Tr)]  # the K/V blocks each query block meets (maybe none)
+    # the K/V blocks each query block meets (maybe none), listed when a block first steps, not when the grid is made:
+    # at a billion tokens the list alone takes seconds, which a count refused by its budget never needs
+    key_runs = cache(lambda: [met.key_run(i) for i in range(Tr)])
 
     def steps(bh: int):
         kvh = s.kv_head(bh)
+        runs = key_runs()
         rows = [min(Br, s.n_q - i * Br) for i in range(Tr)]
         for i in range(Tr):  # line 3
             t, r = bh * Tr + i, rows[i]
@@ -58,7 +63,8 @@ def forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gri
                 yield step + final[i] if j == runs[i].stop - 1 else step
                 kv = ()
 
-    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
+    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads,  # GQA: heads share K_j, V_j
+                block_steps=Tr + sum(n for _, _, n in met.pairs()))  # line 3's, then one a tile the head visits
 
 
 # the closed form's arrays run over the query blocks: 2²¹ of them take about 3 s and 0.6 GB on this project's 2-core
@@ -209,7 +215,8 @@ def backward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gr
             for k, step in enumerate(seen):  # line 9
                 yield (kv if k == 0 else ()) + step + (out if k == len(seen) - 1 else ())
 
-    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
+    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads,  # GQA: heads share K_j, V_j
+                block_steps=Tr + sum(n for _, _, n in met.pairs()))  # line 3's, then one a tile the head visits
 
 
 def backward_smem(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
