@@ -5,6 +5,7 @@ import io
 import json
 import os
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,6 +185,34 @@ def test_a_write_that_fails_names_the_option_and_the_path(capsys, argv, option):
     assert main([*argv, option, "/dev/full"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"cannot write the {option} records to /dev/full: No space left on device" in err[0], err
+
+
+def test_a_link_is_probed_beside_itself_too_where_the_journal_goes(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from iosim.reports import records
+
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "ro").mkdir()
+    link = tmp_path / "ro" / "link.json"
+    link.symlink_to(tmp_path / "rw" / "out.json")
+    make = tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):  # the link's folder refuses new files, as a read-only mount does
+        if Path(dir) == tmp_path / "ro":
+            raise OSError(30, "Read-only file system")
+        return make(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(records.tempfile, "mkstemp", read_only)
+    assert main(["sweep", "--N", "256", "--d", "64", "--algo", "flash", "--json", str(link)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot create a file in {str(tmp_path / 'ro')!r} (Read-only file system)" in err[0]
+
+
+def test_a_long_file_name_the_outputs_can_take_is_not_refused_by_the_probe(tmp_path):
+    path = tmp_path / ("b" * 240 + ".json")  # 245 characters: the journal's name (.partial) still fits in 255
+    run(parse("sweep", "--N", "256", "--d", "64", "--algo", "flash", "--json", str(path)))
+    assert json.loads(path.read_text())[0]["algorithm"] == "flash"
 
 
 def test_a_plot_that_cannot_be_written_names_its_option(capsys, tmp_path, monkeypatch):

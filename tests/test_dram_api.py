@@ -262,6 +262,9 @@ def test_flash_s_grid_knows_its_block_s_steps_without_walking_them(n_q, n_k, d, 
     for tiling in (iosim.Tiling(16, 16), iosim.Tiling(32, 8), iosim.Tiling(7, 50)):
         grid = flash.forward(pb, tiling, 1)
         assert all(grid.block_steps == len(list(grid.steps(b))) for b in range(grid.blocks))
+        # the backward's blocks may make steps of key blocks no query meets: it claims no count it cannot keep
+        if tiling.Br == tiling.Bc:  # the backward kernel's tiles are square
+            assert flash.backward(pb, tiling, 1).block_steps is None
 
 
 def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):
@@ -330,12 +333,16 @@ def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_on
 
 
 @pytest.mark.parametrize("flags, why", [
-    (["--algo", "flash-swapped", "--dtype", "float8_e4m3"], "the L2 model has no grid for it: dtype='float8_e4m3': "
-                                                            "this kernel has no FP8 build"),
-    (["--algo", "flash", "--window", "16"], "the L2 model has no grid for it: window=(16, 0)"),
-    (["--algo", "standard"], "the L2 model has no grid for it: algorithm 'standard' has no GPU kernel"),
+    (["--algo", "flash-swapped", "--dtype", "float8_e4m3"], "dtype='float8_e4m3': this kernel has no FP8 build"),
+    (["--algo", "flash-swapped", "--dtype", "bfloat16"], "dtype='bfloat16': kernel='flash-swapped' is built for"),
+    (["--algo", "flash", "--window", "16"], "window=(16, 0): no GPU kernel of iosim takes a sliding window"),
+    (["--algo", "standard"], "algorithm 'standard' has no GPU kernel"),
     (["--algo", "flash-swapped", "--pass", "bwd"], "run gives the DRAM bytes of a forward pass only; `iosim sweep "
-                                                   "--pass bwd`"),
+                                                   "--pass bwd` with the same options gives the backward kernels' "
+                                                   "DRAM bytes"),
+    (["--algo", "flash-swapped", "--pass", "fwd+bwd"], "run gives the DRAM bytes of a forward pass only; `iosim "
+                                                       "sweep --pass fwd+bwd` with the same options gives both "
+                                                       "passes' DRAM bytes"),
 ])
 def test_a_run_without_dram_bytes_says_why_where_its_one_algorithm_has_no_grid(tmp_path, capsys, flags, why):
     # a sweep over many algorithms leaves a row of the default kernel silent (the test above); a run of one says why
@@ -373,12 +380,18 @@ def test_the_api_refuses_by_name_what_the_command_line_refuses(given, message):
         iosim.dram("flash-swapped", N=64, d=64, M="100k", gpu="h100", **given)
 
 
-def test_the_api_takes_the_l2_bytes_with_their_unit_as_the_command_line_does():
-    problem = dict(N=64, d=64, M="100k", gpu="h100", heads=8)
-    assert (iosim.dram("flash-swapped", l2_bytes="25MB", **problem).dram
-            == iosim.dram("flash-swapped", l2_bytes=25 * 10**6, **problem).dram)
-    assert iosim.dram("flash-swapped", l2_bytes="32MiB", **problem).dram == iosim.dram(
-        "flash-swapped", l2_bytes=2**25, **problem).dram
+def test_the_api_takes_the_l2_bytes_with_their_unit_as_the_command_line_does(monkeypatch):
+    from iosim.cli.common import bytes_arg
+    from iosim.gpu import dram
+
+    for text, value in (("25MB", 25 * 10**6), ("32MiB", 2**25), ("4096B", 4096), ("25M", 25 * 10**6)):
+        assert hardware("h100", l2_bytes=text).l2_bytes == value == bytes_arg(text)
+    seen = []  # the capacity iosim.dram's count runs under
+    at_spreads = dram.at_spreads
+    monkeypatch.setattr(dram, "at_spreads", lambda plans, hw, *rest: seen.append(hw.l2_bytes) or at_spreads(
+        plans, hw, *rest))
+    iosim.dram("flash-swapped", N=64, d=64, M="100k", gpu="h100", l2_bytes="25MB")
+    assert seen == [25 * 10**6]
 
 
 def test_the_sweep_counts_the_backward_s_dram_bytes_and_run_the_forward_s(tmp_path):

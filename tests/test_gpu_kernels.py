@@ -184,7 +184,7 @@ def test_a_sweep_in_a_dtype_a_kernel_lacks_says_which_rows_have_no_dram_bytes(ca
                                              "bfloat16", "--algo", "flash", "flash-swapped"]))
     assert [r.dram for r in outcome.rows] == [None, None]
     assert ("--dtype bfloat16: the kernels of flash, flash-swapped have no bfloat16 build, so their rows have no DRAM "
-            "bytes; --kernel flash-swapped-tc has one") in outcome.notes
+            "bytes and their times are from HBM bytes; --kernel flash-swapped-tc has one") in outcome.notes
     tc = run(build_parser().parse_args(["sweep", "--gpu", "h100", "--N", "64", "--d", "64", "--dtype", "bfloat16",
                                         "--algo", "flash-swapped", "--kernel", "flash-swapped-tc"]))
     assert tc.rows[0].dram is not None and not any("build" in note for note in tc.notes)

@@ -400,4 +400,21 @@ def test_model_plot_draws_each_phase_and_a_bad_suffix_is_refused_before_any_work
                  str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["model", "gemma-3-27b", "--plot", str(tmp_path / "x.bogus")]) == 2
-    assert "--plot='" in capsys.readouterr().err and not (tmp_path / "x.bogus").exists()
+    assert "plot='" in capsys.readouterr().err and not (tmp_path / "x.bogus").exists()
+
+
+def test_a_model_in_a_dtype_its_kernels_lack_says_its_rows_have_no_dram_bytes():
+    bf16 = iosim.model("llama-3-8b", N=1024, gpu="h100", dtype="bfloat16", algorithms=["flash", "flash-swapped"],
+                       phases=["prefill"])
+    note = ("bfloat16: the kernels of flash, flash-swapped have no bfloat16 build, so their rows have no DRAM bytes "
+            "and their times are from HBM bytes")
+    assert note in bf16.notes
+
+    def layers(report):
+        return [c for pc in report.phases for a in pc.ran for c in a.layers]
+
+    assert len(layers(bf16)) == 2 and all(c.dram is None for c in layers(bf16))
+    fp16 = iosim.model("llama-3-8b", N=1024, gpu="h100", dtype="float16", algorithms=["flash", "flash-swapped"],
+                       phases=["prefill"])
+    assert not any("build" in n for n in fp16.notes)
+    assert len(layers(fp16)) == 2 and all(c.dram is not None for c in layers(fp16))

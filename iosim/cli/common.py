@@ -210,7 +210,8 @@ def kernel_reach(args: argparse.Namespace, algorithms: list[str]) -> str | None:
         return None
     implements = KERNELS[args.kernel].algorithm
     if implements not in algorithms:
-        fitting = sorted(k.name for k in KERNELS.values() if k.algorithm in algorithms)
+        fitting = sorted(k.name for k in KERNELS.values() if k.algorithm in algorithms
+                         and (k.runs_on is None or args.gpu is not None and GPUS[args.gpu].name in k.runs_on))
         raise InputError(f"--kernel {args.kernel} implements {implements}, which is not counted here "
                          f"({', '.join(algorithms)}); allowed: "
                          + (f"--kernel one of {', '.join(fitting)}; " if fitting else "") + f"--algo {implements}; "

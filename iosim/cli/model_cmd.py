@@ -74,7 +74,7 @@ def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None
     """Count the model; ``on_row`` sees each (phase, algorithm) as it is done; ``--plot`` draws it."""
     cfg = config_of(args)
     if args.plot is not None:
-        check_plot_path(args.plot, "--plot")
+        check_plot_path(args.plot, "plot")
     with RecordWriter(args.json, args.csv) as writer:  # the paths are checked before any work
         report = model(cfg, N=args.N, context=args.context, batch=args.batch, gpu=args.gpu, dtype=args.dtype,
                        M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row)

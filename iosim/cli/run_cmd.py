@@ -182,8 +182,9 @@ def run(args: argparse.Namespace, on_simulated: Callable[[SimResult | GradResult
     dram, band, dram_note = (covered_dram_or_why(result.plans, hw, args.algo, args.kernel, band=True, explain=True)
                              if hw is not None and args.pass_ == "fwd" else (None, None, None))
     if hw is not None and args.pass_ != "fwd":
+        which = "the backward kernels'" if args.pass_ == "bwd" else "both passes'"
         dram_note = (f"run gives the DRAM bytes of a forward pass only; `iosim sweep --pass {args.pass_}` with the "
-                     f"same options gives the backward kernels'")
+                     f"same options gives {which} DRAM bytes")
     padded = None if docs is None else count(
         args.algo, seqlens=docs, d=args.d, d_v=args.d_v, latent=args.latent, M=M, heads=args.heads,
         kv_heads=args.kv_heads,

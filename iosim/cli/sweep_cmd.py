@@ -28,7 +28,7 @@ from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.gpu.kernel import check_launchable
-from iosim.gpu.kernels import KERNELS, get_kernel, kernel_for, named_for
+from iosim.gpu.kernels import get_kernel, no_build
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import RecordWriter
 from iosim.reports.sweep import (
@@ -99,13 +99,9 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
         except InputError as err:
             out.append(f"--gpu {args.gpu}: the rows counted with this option have no DRAM bytes, their time is from "
                        f"HBM bytes ({err})")
-        unbuilt = [a for a in algorithms if a in {k.algorithm for k in KERNELS.values()}
-                   and args.dtype not in (kernel_for(a, named_for(a, args.kernel)).dtypes or (args.dtype,))]
-        if unbuilt:
-            built = sorted(k.name for k in KERNELS.values()
-                           if k.algorithm in unbuilt and args.dtype in (k.dtypes or ()))
-            out.append(f"--dtype {args.dtype}: the kernels of {', '.join(unbuilt)} have no {args.dtype} build, so "
-                       f"their rows have no DRAM bytes" + (f"; --kernel {' or '.join(built)} has one" if built else ""))
+        lacking = no_build(algorithms, args.dtype, args.kernel)
+        if lacking is not None:
+            out.append(f"--dtype {lacking}")
     square = {"flash", "flash-swapped"} & set(args.algo or ALGORITHMS)  # their default kernels' tiles are square
     if args.gpu is not None and args.pass_ != "fwd" and args.kernel is None and square:
         out.append(f"--gpu {args.gpu} --pass {args.pass_}: the backward kernels of {' and '.join(sorted(square))} "

@@ -16,6 +16,7 @@ lockstep schedule's; the timed one is always simulated. The model, its sources a
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -269,7 +270,7 @@ def dram(algorithm, *, N, d, M, N_k=None, d_v=None, batch=1, heads=1, causal=Fal
     """
     if gpu is None:
         raise InputError("gpu=None: the DRAM level needs a GPU preset, such as gpu='h100'")
-    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real)
                                  or not math.isfinite(budget_s) or budget_s <= 0):
         raise InputError(f"budget_s={budget_s!r} is not a number of seconds; allowed: a finite number > 0, or None "
                          f"(no limit)")
@@ -351,8 +352,8 @@ def covered_dram_or_why(plans: tuple[Plan, ...], hw: Hardware, algorithm: str, k
     except OverrideError:
         raise
     except InputError as err:  # the named kernel's refusal, or with ``explain`` the default's (covered_at)
-        if named_for(algorithm, kernel) is None:
-            return None, None, f"the L2 model has no grid for it: {err}"
+        if named_for(algorithm, kernel) is None:  # the refusal says why the L2 model has no grid
+            return None, None, str(err)
         return None, None, f"kernel {kernel} refuses {algorithm} here: {err}"
     if found is None:
         return None, None, None

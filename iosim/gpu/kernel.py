@@ -114,8 +114,8 @@ def check_launchable(pb: Problem, takes: tuple[str, ...] = ()) -> None:
     if pb.latent:
         raise InputError("latent: no kernel the L2 model describes reads MLA's latent cache; allowed: latent=False")
     if pb.fp8 and "fp8" not in takes:
-        raise InputError(f"dtype={pb.dtype!r}: this kernel has no FP8 build; allowed: float16, bfloat16, float32, or "
-                         f"a kernel that takes FP8 (`iosim kernels`: fa3)")
+        raise InputError(f"dtype={pb.dtype!r}: this kernel has no FP8 build; allowed: a dtype it is built for "
+                         f"(`iosim kernels`), or a kernel that takes FP8 (fa3)")
     if pb.shape.d_v != pb.shape.d and "d_v" not in takes:
         raise InputError(f"d_v={pb.shape.d_v} beside d={pb.shape.d}: this kernel takes one head size for Q, K and V, "
                          f"as its grids and the resource report do; allowed: d_v = d, or a kernel that takes two "

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from iosim.core.errors import InputError
+from iosim.core.units import FP8_DTYPES
 from iosim.gpu import call1
 from iosim.gpu.grids import _device, fa3, fa3_backward, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
 from iosim.gpu.kernel import Kernel, Launch, code, measured
@@ -195,3 +196,20 @@ def kernel_for(algorithm: str, kernel: str | None) -> Kernel:
         raise InputError(f"kernel={kernel!r} implements {found.algorithm!r}, not algorithm {algorithm!r}; allowed: "
                          f"{sorted(k.name for k in KERNELS.values() if k.algorithm == algorithm)}")
     return found
+
+
+def no_build(algorithms: list[str], dtype: str, kernel: str | None = None, suggest: bool = True) -> str | None:
+    """What a report over ``algorithms`` in ``dtype`` says where the kernels it runs (``kernel`` for the algorithm it
+    implements, else each algorithm's own) have no build in that dtype, so their rows have no DRAM bytes, and (with
+    ``suggest``, for a command that takes --kernel) which kernel has one; None where none lacks it. FP8 dtypes are
+    left to the refusal that names them (check_launchable)."""
+    if dtype in FP8_DTYPES:
+        return None
+    lacking = [a for a in algorithms if a in {k.algorithm for k in KERNELS.values()}
+               and dtype not in (kernel_for(a, named_for(a, kernel)).dtypes or (dtype,))]
+    if not lacking:
+        return None
+    built = sorted(k.name for k in KERNELS.values() if k.algorithm in lacking and dtype in (k.dtypes or ()))
+    hint = f"; --kernel {' or '.join(built)} has one" if built and suggest else ""
+    return (f"{dtype}: the kernels of {', '.join(lacking)} have no {dtype} build, so their rows have no DRAM bytes and "
+            f"their times are from HBM bytes{hint}")

@@ -49,6 +49,7 @@ from iosim.core.tiling import Tiling, tiling_record
 from iosim.core.units import FP8_DTYPES, check_dtype, parse_count
 from iosim.gpu.dram import covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
+from iosim.gpu.kernels import no_build
 from iosim.gpu.l2 import DramCounts, dram_record
 from iosim.models.config import LayerKind, ModelConfig
 from iosim.models.presets import get_model
@@ -316,6 +317,9 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase], dty
         notes.append("split-kv is a decoding kernel: it skips the key blocks a causal mask hides only inside a "
                      "sliding window (iosim.algorithms.split_kv), so on global layers its prefill reads every key "
                      "block, where the FlashAttention family skips the hidden half")
+    lacking = no_build(algorithms, dtype, suggest=False)  # the model command takes no --kernel
+    if lacking is not None and any(p.name != "training" for p in plan):
+        notes.append(lacking)
     if dtype in FP8_DTYPES:
         notes.append(f"{dtype}: Q, K and V one byte an element, with three float32 descales per K/V head that every "
                      f"thread block reads, O returned in bfloat16, as FlashAttention-3's FP8 forward; only the "

@@ -38,15 +38,16 @@ def check_output_path(what: str, path: str | None) -> Path | None:
     if p.exists() and not (is_stream(p) or p.is_file()):
         raise InputError(f"{what}={path!r} is {_kind(p)}, not a regular file, a character device or a FIFO; "
                          f"give a file name")
-    if not is_stream(p):  # a file made and removed beside it: what permissions alone miss (root, /sys, /proc)
-        folder = Path(os.path.realpath(p)).parent
-        try:
-            handle, probe = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".probe")
-        except OSError as err:
-            raise InputError(f"{what}={path!r}: cannot create a file in {str(folder)!r} "
-                             f"({err.strerror or err})") from None
-        os.close(handle)
-        os.unlink(probe)
+    if not is_stream(p):  # a file made and removed: what permissions alone miss (root, /sys, /proc)
+        # beside the target, which is replaced, and beside the path itself, where a journal goes (a link's folder)
+        for folder in dict.fromkeys((Path(os.path.realpath(p)).parent, p.parent)):
+            try:
+                handle, probe = tempfile.mkstemp(dir=folder, prefix=".iosim-")
+            except OSError as err:
+                raise InputError(f"{what}={path!r}: cannot create a file in {str(folder)!r} "
+                                 f"({err.strerror or err})") from None
+            os.close(handle)
+            os.unlink(probe)
     return p
 
 

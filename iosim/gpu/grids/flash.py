@@ -215,8 +215,7 @@ def backward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound) -> Gr
             for k, step in enumerate(seen):  # line 9
                 yield (kv if k == 0 else ()) + step + (out if k == len(seen) - 1 else ())
 
-    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads,  # GQA: heads share K_j, V_j
-                block_steps=Tr + sum(n for _, _, n in met.pairs()))  # line 3's, then one a tile the head visits
+    return Grid(s.bh, steps, tiles, per_sm, uniform=s.kv_heads == s.heads)  # GQA: heads share K_j, V_j
 
 
 def backward_smem(pb: Problem, tiling: Tiling) -> SharedMemoryBound:
