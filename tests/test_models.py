@@ -418,3 +418,19 @@ def test_a_model_in_a_dtype_its_kernels_lack_says_its_rows_have_no_dram_bytes():
                        phases=["prefill"])
     assert not any("build" in n for n in fp16.notes)
     assert len(layers(fp16)) == 2 and all(c.dram is not None for c in layers(fp16))
+
+
+def test_a_plot_of_a_model_with_nothing_counted_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "f.png"
+    assert main(["model", "llama-3-8b", "--N", "1Ki", "--algo", "small-cache", "split-kv", "--phase", "training",
+                 "--plot", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no algorithm was counted in any phase" in err[0] and not path.exists()
+
+
+def test_the_plot_and_the_records_may_not_name_one_file(tmp_path, capsys):
+    path = tmp_path / "p.png"
+    assert main(["model", "llama-3-8b", "--N", "1Ki", "--phase", "decode", "--plot", str(path), "--json",
+                 str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "json and plot name the same file" in err[0] and not path.exists()

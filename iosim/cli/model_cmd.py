@@ -29,7 +29,7 @@ from iosim.models.presets import PRESETS, get_model
 from iosim.registry import ALGORITHMS
 from iosim.reports.bound import check_plot_path
 from iosim.reports.model_plot import plot
-from iosim.reports.records import RecordWriter, writing
+from iosim.reports.records import RecordWriter, check_distinct, writing
 
 WIDTH, WIDE = 80, 130  # the tables' width by default (piped output gets it too) and with --wide
 
@@ -75,12 +75,17 @@ def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None
     cfg = config_of(args)
     if args.plot is not None:
         check_plot_path(args.plot, "plot")
+        check_distinct({what: None if path is None else Path(path)
+                        for what, path in (("json", args.json), ("csv", args.csv), ("plot", args.plot))})
     with RecordWriter(args.json, args.csv) as writer:  # the paths are checked before any work
         report = model(cfg, N=args.N, context=args.context, batch=args.batch, gpu=args.gpu, dtype=args.dtype,
                        M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row)
         for record in records(report):
             writer.add(record)
     if args.plot is not None:
+        if not any(pc.ran for pc in report.phases):
+            raise InputError(f"plot={str(args.plot)!r}: no algorithm was counted in any phase (the records say "
+                             f"why), so there is nothing to draw; allowed: --algo and --phase that count something")
         with writing("the --plot figure", args.plot):
             plot(report, args.plot)
     return report
