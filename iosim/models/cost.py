@@ -170,6 +170,8 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
     per SM; ``algorithms`` to every registered one that needs no block mask. ``on_step`` sees each
     (phase, algorithm) as it is done."""
     cfg = name if isinstance(name, ModelConfig) else get_model(name)
+    if on_step is not None and not callable(on_step):
+        raise InputError(f"on_step={on_step!r} is not callable; allowed: a function of each AlgorithmCost, or None")
     check_dtype(dtype)
     preset = get_gpu(gpu)
     preset.peak(dtype)  # a dtype without a peak FLOP/s on this GPU is refused before anything runs
@@ -197,10 +199,20 @@ def default_algorithms() -> list[str]:
 
 def check_algorithms(algorithms: Iterable[str] | None) -> list[str]:
     """The algorithms named, each registered, or by default ``default_algorithms()``."""
-    names = default_algorithms() if algorithms is None else list(algorithms)
+    names = default_algorithms() if algorithms is None else name_list("algorithms", algorithms)
     for a in names:
         if a not in ALGORITHMS:
             raise InputError(f"algorithm={a!r} is not one of {sorted(ALGORITHMS)}")
+    return names
+
+
+def name_list(what: str, given) -> list[str]:
+    """``given`` names as a list: one name alone is a list of it; anything but names, or none, is refused by name."""
+    names = [given] if isinstance(given, str) else given
+    if isinstance(names, Iterable):
+        names = list(names)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{what}={given!r}: give one name or a non-empty list of names")
     return names
 
 
@@ -211,7 +223,7 @@ def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = 
         raise InputError(f"N=None: {cfg.name} states no max_position_embeddings to default to; give N (--N)")
     Ns = _lengths("N", cfg.max_context if N is None else N)
     contexts = Ns if context is None else _lengths("context", context)
-    chosen = list(phases)
+    chosen = name_list("phases", phases)
     for p in chosen:
         if p not in PHASES:
             raise InputError(f"phase={p!r} is not one of {list(PHASES)}")
