@@ -167,6 +167,16 @@ def test_a_failure_before_any_row_leaves_the_file_as_it_was(tmp_path):
     assert path.read_text() == "[]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
 
 
+def test_an_interrupt_before_any_row_leaves_the_file_as_it_was(tmp_path):
+    # a command that adds its records at its end (model) interrupted before it: its old file is not emptied
+    path = tmp_path / "rows.json"
+    path.write_text('[{"kept": 1}]\n')
+    with pytest.raises(KeyboardInterrupt):
+        with RecordWriter(str(path)):
+            raise KeyboardInterrupt
+    assert path.read_text() == '[{"kept": 1}]\n' and sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
+
+
 def test_a_killed_run_leaves_a_journal_that_resume_reads(tmp_path):
     path = tmp_path / "rows.json"
     first = run(parse("sweep", "--N", "256", "--d", "64", "--algo", "flash", "standard", "--json", str(path)))

@@ -143,9 +143,9 @@ class RecordWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None or exc_type is KeyboardInterrupt or self.new:
+        if exc_type is None or self.new:
             self.close()
-        else:  # failed before a record finished: leave every file as it was
+        else:  # failed or interrupted before a record finished: leave every file as it was
             self._close_journal()
 
     def add(self, record: dict) -> None:
