@@ -181,6 +181,7 @@ def test_cli_sweeps_chunk_sizes_and_saves_one_record_each(tmp_path):
     records = json.loads(js.read_text())
     assert [r["chunks"] for r in records[:3]] == [16, 5, 1] and records[1]["last_chunk"] == 96
     assert records[2]["ratio"] == 1.0 and records[1]["total"] == api.traffic.total
+    assert {(r["gpu"], r["block_policy"]) for r in records} == {(None, "fit")}  # what else sets the counts
     with cs.open() as f:
         assert [int(r["total"]) for r in csv.DictReader(f)] == [r["total"] for r in records]
 

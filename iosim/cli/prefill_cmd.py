@@ -64,7 +64,8 @@ def run(args: argparse.Namespace, on_row: Callable[[ChunkedPrefill], None] | Non
                                            dtype=args.dtype, block_policy=args.block_policy, gpu=args.gpu))
             if on_row is not None:
                 on_row(results[-1])
-    write_records(args.json, args.csv, [r.record() for r in results])
+    setting = dict(gpu=args.gpu, block_policy=args.block_policy)  # options that change the counts
+    write_records(args.json, args.csv, [dict(r.record(), **setting) for r in results])
     return PrefillOutcome(results, notes)
 
 
