@@ -444,3 +444,13 @@ def test_the_model_api_takes_one_name_as_a_list_and_refuses_no_names_by_name():
                            (dict(on_step=5), "on_step=5 is not callable")):
         with pytest.raises(iosim.InputError, match=message):
             iosim.model("llama-3-8b", N=1024, **given)
+
+
+@pytest.mark.parametrize("phases, message", [
+    (["training"], "context=[100] with phases=['training']: only decoding reads a context"),
+    (["training", "prefill"], "context=[100] with phases=['training', 'prefill']: only decoding reads a context"),
+])
+def test_a_context_no_phase_counted_reads_is_refused_not_ignored(capsys, phases, message):
+    assert main(["model", "llama-3-8b", "--N", "4Ki", "--context", "100", "--phase", *phases]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

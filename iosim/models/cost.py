@@ -227,6 +227,9 @@ def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = 
     for p in chosen:
         if p not in PHASES:
             raise InputError(f"phase={p!r} is not one of {list(PHASES)}")
+    if context is not None and "decode" not in chosen:
+        raise InputError(f"context={context!r} with phases={chosen}: only decoding reads a context; allowed: phases "
+                         f"with 'decode', or context=None")
     return [Phase(p, "fwd+bwd" if p == "training" else "fwd", n, n) for n in Ns for p in ("training", "prefill")
             if p in chosen] + [Phase("decode", "fwd", 1, c) for c in contexts if "decode" in chosen]
 
