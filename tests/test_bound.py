@@ -68,3 +68,12 @@ def test_bound_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert main(["bound", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_an_fp8_bound_names_the_algorithms_it_leaves_out(capsys):
+    assert main(["bound", "--N", "256", "--d", "32", "--points", "3", "--dtype", "float8_e4m3"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--dtype float8_e4m3 leaves out standard, flash, standard-eager, small-cache: no FP8 path" in out
+    sweep = run(build_parser().parse_args(["bound", "--N", "256", "--d", "32", "--points", "3", "--dtype",
+                                           "float8_e4m3"]))
+    assert "flash" not in sweep.points[0].traffic and "flash-swapped" in sweep.points[0].traffic

@@ -9,6 +9,7 @@ from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
+from iosim.core.units import FP8_DTYPES
 from iosim.registry import ALGORITHMS
 from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
 from iosim.reports.records import check_distinct, check_output_path, write_records, writing
@@ -60,6 +61,9 @@ def main(args: argparse.Namespace, console) -> None:
     with progress_bar(console, "bound", args.points) as step:
         sweep = run(args, on_row=step)
     render(console, sweep)
+    if args.algo is None and args.dtype in FP8_DTYPES:
+        left = [n for n, a in ALGORITHMS.items() if a.listed_by_default(()) and not a.listed_by_default(("fp8",))]
+        console.print(f"[yellow]--dtype {args.dtype} leaves out {', '.join(left)}: no FP8 path[/]")
 
 
 def render(console, sweep: BoundSweep) -> None:
