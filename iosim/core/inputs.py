@@ -9,6 +9,7 @@ A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -131,3 +132,13 @@ def check_dout(dout, shape: AttentionShape, name: str = "dout") -> None:
     if tuple(getattr(dout, "shape", ())) != want:
         raise InputError(f"{name} must have shape {want} (batch, heads, N_q, d_v), the output's; "
                          f"got {tuple(getattr(dout, 'shape', ()))}")
+
+
+def name_list(what: str, given) -> list[str]:
+    """``given`` names as a list: one name alone is a list of it; anything but names, or none, is refused by name."""
+    names = [given] if isinstance(given, str) else given
+    if isinstance(names, Iterable):
+        names = list(names)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{what}={given!r}: give one name or a non-empty list of names")
+    return names

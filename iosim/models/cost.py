@@ -45,6 +45,7 @@ from iosim.core.counts import Counts
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
+from iosim.core.inputs import name_list
 from iosim.core.tiling import Tiling, tiling_record
 from iosim.core.units import FP8_DTYPES, check_dtype, parse_count
 from iosim.gpu.dram import covered_dram_or_why
@@ -203,16 +204,6 @@ def check_algorithms(algorithms: Iterable[str] | None) -> list[str]:
     for a in names:
         if a not in ALGORITHMS:
             raise InputError(f"algorithm={a!r} is not one of {sorted(ALGORITHMS)}")
-    return names
-
-
-def name_list(what: str, given) -> list[str]:
-    """``given`` names as a list: one name alone is a list of it; anything but names, or none, is refused by name."""
-    names = [given] if isinstance(given, str) else given
-    if isinstance(names, Iterable):
-        names = list(names)
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise InputError(f"{what}={given!r}: give one name or a non-empty list of names")
     return names
 
 
