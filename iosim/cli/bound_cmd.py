@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg
+from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg, left_out_by
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
@@ -62,8 +62,7 @@ def main(args: argparse.Namespace, console) -> None:
         sweep = run(args, on_row=step)
     render(console, sweep)
     if args.algo is None and args.dtype in FP8_DTYPES:
-        left = [n for n, a in ALGORITHMS.items() if a.listed_by_default(()) and not a.listed_by_default(("fp8",))]
-        console.print(f"[yellow]--dtype {args.dtype} leaves out {', '.join(left)}: no FP8 path[/]")
+        console.print(f"[yellow]--dtype {args.dtype} leaves out {', '.join(left_out_by('fp8'))}: no FP8 path[/]")
 
 
 def render(console, sweep: BoundSweep) -> None:

@@ -184,12 +184,17 @@ def add_l2_options(p: argparse.ArgumentParser) -> None:
                         "them)")
 
 
+def l2_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The L2 model's options (``add_l2_options``) the user set, by flag: those left at their defaults are not in it."""
+    given = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm,
+             "--schedule": None if args.schedule == "lockstep" else args.schedule, "--kernel": args.kernel}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def hardware_of(args: argparse.Namespace) -> Hardware | None:
     """--gpu with --l2-bytes, --blocks-per-sm and --schedule, resolved once; None without --gpu. The overrides (and
     --kernel) are refused without --gpu, whose L2 they change, and a --kernel built for other GPUs than --gpu."""
-    given = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm,
-             "--schedule": None if args.schedule == "lockstep" else args.schedule, "--kernel": args.kernel}
-    given = {name: value for name, value in given.items() if value is not None}
+    given = l2_overrides(args)
     if args.gpu is None:
         if given:
             name, value = next(iter(given.items()))
@@ -201,6 +206,13 @@ def hardware_of(args: argparse.Namespace) -> Hardware | None:
     if args.kernel is not None:
         KERNELS[args.kernel].check_gpu(hw.gpu.name)
     return hw
+
+
+def left_out_by(option: str, pass_: str = "fwd") -> list[str]:
+    """The algorithms a command that names none lists in ``pass_`` (``algorithms_of``) but leaves out once ``option``
+    (one of the OPTIONS: a window, packed documents, an FP8 dtype, ...) is set."""
+    return [name for name, a in ALGORITHMS.items() if a.listed_by_default((), pass_)
+            and not a.listed_by_default((option,), pass_) and (a.backward is not None or pass_ == "fwd")]
 
 
 def kernel_reach(args: argparse.Namespace, algorithms: list[str]) -> str | None:

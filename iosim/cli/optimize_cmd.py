@@ -20,6 +20,7 @@ from iosim.cli.common import (
     count_arg,
     hardware_of,
     kernel_reach,
+    l2_overrides,
     window_of,
 )
 from iosim.cli.progress import progress_bar
@@ -101,12 +102,11 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
         raise InputError(f"--objective dram{'' if args.gpu else ' without --gpu'}"
                          f"{'' if args.pass_ == 'fwd' else f' with --pass {args.pass_}'}: the DRAM bytes are those "
                          f"behind a GPU preset's L2, for forward passes; allowed: --gpu NAME --pass fwd")
-    l2_options = {"--l2-bytes": args.l2_bytes, "--blocks-per-sm": args.blocks_per_sm, "--kernel": args.kernel,
-                  "--schedule": None if args.schedule == "lockstep" else args.schedule}
-    given = [f"{name} {value}" for name, value in l2_options.items() if value is not None]
+    given = l2_overrides(args)
     if args.objective != "dram" and given:
-        raise InputError(f"{given[0]} with --objective {args.objective}: it changes the DRAM bytes behind the L2, "
-                         f"which only --objective dram counts; allowed: --objective dram, or no {given[0].split()[0]}")
+        name, value = next(iter(given.items()))
+        raise InputError(f"{name} {value} with --objective {args.objective}: it changes the DRAM bytes behind the L2, "
+                         f"which only --objective dram counts; allowed: --objective dram, or no {name}")
     reach = kernel_reach(args, algorithms)
     outcome = OptimizeOutcome(optimize(passes, N=args.N, N_k=args.N_k,
                                        d=args.d, M=M, batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,

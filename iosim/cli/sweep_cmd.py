@@ -18,6 +18,7 @@ from iosim.cli.common import (
     flex_mask_for,
     hardware_of,
     kernel_reach,
+    left_out_by,
     lengths_of,
     score_mod_of,
     window_of,
@@ -74,9 +75,7 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                                     ("latent", "--latent", args.latent or None),
                                     ("fp8", f"--dtype {args.dtype}", args.dtype if args.dtype in FP8_DTYPES else None)):
             if value is not None:
-                left = [name for name, a in ALGORITHMS.items() if a.listed_by_default((), args.pass_)
-                        and not a.listed_by_default((option,), args.pass_)
-                        and (a.backward is not None or args.pass_ == "fwd")]
+                left = left_out_by(option, args.pass_)
                 what = {"window": "sliding window", "seqlens": "packed documents",
                         "sinks": "attention sinks" + (" in that pass" if args.pass_ != "fwd" else ""),
                         "latent": "latent cache" + (" in that pass" if args.pass_ != "fwd" else ""),

@@ -223,21 +223,19 @@ def _replace(path: Path, text: str, what: str) -> None:
     """Write ``text`` to ``path``, the option ``what``'s: a regular file atomically (a reader sees the old file or
     the new, never half of one), through a symbolic link to its target (the link stays), to a character device or
     FIFO as a stream."""
-    if is_stream(path):
-        try:
+    with writing(f"the --{what} records", path):
+        if is_stream(path):
             with path.open("w") as stream:
                 stream.write(text)
-        except OSError as err:
-            raise OSError(f"cannot write the --{what} records to {path}: {err.strerror or err}") from None
-        return
-    target = Path(os.path.realpath(path))
-    tmp = target.with_name(target.name + ".tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, target)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise OSError(f"cannot write the --{what} records to {path}: {err.strerror or err}") from None
+            return
+        target = Path(os.path.realpath(path))
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def _read_all(outputs: dict[str, Path | None], journal: Path | None, required: tuple[str, ...] = ()) -> list[dict]:
