@@ -299,6 +299,30 @@ def test_tiles_read_in_pairs_are_counted_as_the_loops_written_out_count_them(cas
     assert simulate_timed(grid, config, timing, 2) == timed_by_hand(grid, config, timing, 2)
 
 
+def test_flatten_shows_its_watch_the_steps_walked_and_flattens_the_same(monkeypatch):
+    # flash's grouped heads, each block its own steps (walked in chunks of WATCH_EVERY, here 7), and flash-swapped's
+    # shared runs (a block's run counted once per block that makes it): the last count is every step the blocks make
+    monkeypatch.setattr(timed_engine, "WATCH_EVERY", 7)
+    grouped = Problem(AttentionShape(1, 4, 300, 300, 16, kv_heads=2), tau=1.0, dtype="float16")
+    grids = [KERNELS["flash"].grids(Launch(grouped, Tiling(32, 16), sms=1))[0],
+             KERNELS["flash-swapped"].grids(Launch(problem(d=16), Tiling(32, 16), sms=1))[0]]
+    for g in grids:
+        seen: list[int] = []
+        flat = timed_engine.flatten(g, seen.append)
+        assert seen == sorted(seen) and seen[-1] == sum(1 for b in range(g.blocks) for _ in g.steps(b))
+        plain = timed_engine.flatten(g)
+        assert all(np.array_equal(x, y) for x, y in zip(vars(flat).values(), vars(plain).values()))
+    walked: list[int] = []
+
+    def stop(n: int) -> None:  # a watch that raises stops the walk where it is
+        walked.append(n)
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        timed_engine.flatten(grids[0], stop)
+    assert walked == [7]
+
+
 def test_k_and_v_are_joined_where_the_pair_fits_and_left_apart_where_it_does_not():
     # flash-swapped, 3 heads of 300 rows, d = 16 in float16, at (32, 16): K_j and V_j, 512 B each (the last, of 12
     # rows, 384 B), read together at every step, join. A head's distinct steps hold 39 such pairs: the 19 of its shared

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -66,6 +68,13 @@ TIMED_VISITS_PER_S = 1.3e7
 # the lockstep schedule's compiled loop (simulate_rounds), its grid flattened first: about 4·10⁷ tile visits a second
 # on 16 causal heads of N = 65,536 (the same record), taken at a third
 ROUNDS_VISITS_PER_S = 1.3e7
+# how long the walk of a grid's steps runs before its pace is taken to judge the rest (walk_watch), and the share of
+# the count it is taken to be: on flash's grid of 32 heads grouped by 8 (d = 128, causal, H100), the walk took 0.38
+# to 0.41 of the count decoding over 4Mi and 16Mi keys (3.5·10⁵ and 1.4·10⁶ steps in 1.1 and 3.6 s), and 0.63 to
+# 0.68 in prefills of 2,048 queries over 1Mi keys and 4,096 over 512Ki (3.1·10⁶ steps in about 1 s), on this
+# project's 2-core container (2026-12-03), taken at a third
+WATCH_AFTER_S = 1.0
+WALK_SHARE = 1 / 3
 # the timed schedule's reads are a band, not a prediction, where the blocks' spread moves them by more than this
 BRACKET = 0.10
 
@@ -95,15 +104,43 @@ def check_budget(kernel: Kernel, launch: Launch, grid: Grid, lockstep_path: bool
         work, rate, unit = tile_visits(launch) * launch.problem.shape.bh, per_s, "tile visits"
     seconds = work / rate
     if seconds > budget_s:
-        s = launch.problem.shape
         how = "the lockstep count" if lockstep_path else "the simulation"
-        raise DramTooLong(
-            f"the DRAM level of {kernel.name} at N={s.n_q:,}, N_k={s.n_k:,}, batch·heads={s.bh:,}: {how} of its "
-            f"{work:,} {unit} would take about {seconds:,.0f} s (more than {budget_s:g} s); closed forms answer "
-            f"at once for the forward without a mask or grouped heads of flash-swapped (any N) and of flash (up to "
-            f"{FORM_MAX_QUERY_BLOCKS:,} query blocks), and for the backward's main kernels of flash-swapped, "
-            f"flash-swapped-tc, sdpa-flash and fa3 without them (up to {head_waves.MOST_LISTED:,} query and key blocks "
-            f"a head)")
+        raise too_long(kernel, launch, f"{how} of its {work:,} {unit} would take about {seconds:,.0f} s", budget_s)
+
+
+def too_long(kernel: Kernel, launch: Launch, estimate: str, budget_s: float) -> DramTooLong:
+    """The refusal of a DRAM count of ``launch`` on ``kernel`` whose ``estimate`` passes ``budget_s``, naming the
+    closed forms that answer at once."""
+    s = launch.problem.shape
+    return DramTooLong(
+        f"the DRAM level of {kernel.name} at N={s.n_q:,}, N_k={s.n_k:,}, batch·heads={s.bh:,}: {estimate} (more than "
+        f"{budget_s:g} s); closed forms answer at once for the forward without a mask or grouped heads of "
+        f"flash-swapped (any N) and of flash (up to {FORM_MAX_QUERY_BLOCKS:,} query blocks), and for the backward's "
+        f"main kernels of flash-swapped, flash-swapped-tc, sdpa-flash and fa3 without them (up to "
+        f"{head_waves.MOST_LISTED:,} query and key blocks a head)")
+
+
+def walk_watch(kernel: Kernel, launch: Launch, budget_s: float | None) -> Callable[[int], None] | None:
+    """What ``timed_engine.flatten`` calls with the steps it has walked so far: once it has walked for
+    ``WATCH_AFTER_S``, it raises ``DramTooLong`` where the count, at the walk's pace so far over the pass's tile
+    visits and the walk ``WALK_SHARE`` of it, would take longer than ``budget_s`` (None: no limit). check_budget's
+    rates hold for grids whose blocks share their steps; a grid of a block per head's own steps (flash's grouped
+    heads at long contexts) walks each step in Python, at a pace its tile visits do not tell, so it is timed as it
+    walks."""
+    if budget_s is None:
+        return None
+    visits = tile_visits(launch) * launch.problem.shape.bh
+    began = time.perf_counter()
+
+    def watch(walked: int) -> None:
+        elapsed = time.perf_counter() - began
+        seconds = elapsed * visits / walked / WALK_SHARE
+        if elapsed >= WATCH_AFTER_S and walked < visits and seconds > budget_s:
+            raise too_long(kernel, launch, f"the simulation of its {visits:,} tile visits would take about "
+                           f"{seconds:,.0f} s (its walk of their steps, a third of it, paced over the first "
+                           f"{walked:,} in {elapsed:.1f} s)", budget_s)
+
+    return watch
 
 
 def timing_of(kernel: Kernel, launch: Launch, hw: Hardware, kernels: int) -> Timing:
@@ -147,7 +184,8 @@ def kernel_counts_at(kernel: Kernel, launch: Launch, hw: Hardware, spreads: tupl
         if config.schedule == "timed":
             timings = tuple(timing_of(kernel, launch, replace(hw, block_spread=s), len(grids)) for s in spreads)
             check_budget(kernel, launch, g, False, budget_s, TIMED_VISITS_PER_S)
-            for part, counts in zip(parts, simulate_timed_each(g, config, timings, hw.sms)):
+            each = simulate_timed_each(g, config, timings, hw.sms, walk_watch(kernel, launch, budget_s))
+            for part, counts in zip(parts, each):
                 part.append(counts)
             continue
         counts = None
@@ -165,7 +203,7 @@ def kernel_counts_at(kernel: Kernel, launch: Launch, hw: Hardware, spreads: tupl
             # loop of the lockstep schedule is the same count, and faster
             rounds = launch.problem.causal
             check_budget(kernel, launch, g, False, budget_s, ROUNDS_VISITS_PER_S if rounds else SIMULATION_VISITS_PER_S)
-            counts = simulate_rounds(g, config) if rounds else simulate(g, config)
+            counts = simulate_rounds(g, config, walk_watch(kernel, launch, budget_s)) if rounds else simulate(g, config)
         for part in parts:
             part.append(counts)
     return parts

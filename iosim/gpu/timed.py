@@ -24,6 +24,7 @@ a step that repeats the one just run, and fits, skipped as all hits. The queue's
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,14 +65,16 @@ def simulate_timed(grid: Grid, config: L2Config, timing: Timing, sms: int) -> Dr
     return simulate_timed_each(grid, config, (timing,), sms)[0]
 
 
-def simulate_timed_each(grid: Grid, config: L2Config, timings: tuple[Timing, ...], sms: int) -> list[DramCounts]:
-    """``simulate_timed`` under each of ``timings``, the grid flattened once and the event loops side by side in
-    threads (what the blocks' spread band runs: iosim.gpu.dram.at_spreads)."""
+def simulate_timed_each(grid: Grid, config: L2Config, timings: tuple[Timing, ...], sms: int,
+                        watch: Callable[[int], None] | None = None) -> list[DramCounts]:
+    """``simulate_timed`` under each of ``timings``, the grid flattened once (``watch`` as ``timed_engine.flatten``
+    takes it) and the event loops side by side in threads (what the blocks' spread band runs:
+    iosim.gpu.dram.at_spreads)."""
     if sms < 1 or config.concurrent < 1:
         raise InputError(f"sms={sms}, concurrent={config.concurrent}; allowed: at least 1 each")
     if config.capacity < SECTOR:
         raise InputError(f"L2 capacity={config.capacity} bytes; allowed: at least one {SECTOR}-byte sector")
-    found = timed_engine.run_each(timed_engine.flatten(grid), len(grid.tiles.tensors), config.capacity,
+    found = timed_engine.run_each(timed_engine.flatten(grid, watch), len(grid.tiles.tensors), config.capacity,
                                   config.concurrent, [draws(grid.blocks, timing, sms) for timing in timings])
     return [_counts(grid, config, f) for f in found]
 
@@ -85,10 +88,11 @@ def draws(blocks: int, timing: Timing, sms: int) -> tuple[np.ndarray, np.ndarray
     return sm_speed, block_speed, 0.0 if math.isinf(timing.miss_bytes_per_step) else 1.0 / timing.miss_bytes_per_step
 
 
-def simulate_rounds(grid: Grid, config: L2Config) -> DramCounts:
+def simulate_rounds(grid: Grid, config: L2Config, watch: Callable[[int], None] | None = None) -> DramCounts:
     """``iosim.gpu.schedule.simulate``'s counts (the lockstep schedule), by the compiled loop round by round: faster
-    where blocks run no cohorts (a causal mask), and equal (tests/test_timed.py)."""
-    return _counts(grid, config, timed_engine.run_rounds(timed_engine.flatten(grid), len(grid.tiles.tensors),
+    where blocks run no cohorts (a causal mask), and equal (tests/test_timed.py). ``watch``: as
+    ``timed_engine.flatten`` takes it."""
+    return _counts(grid, config, timed_engine.run_rounds(timed_engine.flatten(grid, watch), len(grid.tiles.tensors),
                                                          config.capacity, config.concurrent))
 
 

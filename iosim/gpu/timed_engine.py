@@ -12,13 +12,18 @@ tests/test_timed.py holds the counts equal to the event loop written out in Pyth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import islice
 
 import numpy as np
 
 from iosim.gpu import _loops
 from iosim.gpu.l2 import READ, WRITE, Grid, SharedSteps
+
+# how many of a block's own steps ``flatten`` walks between calls of its ``watch``
+WATCH_EVERY = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,11 @@ class FlatGrid:
     partner_tensor: np.ndarray
 
 
-def flatten(grid: Grid) -> FlatGrid:
+def flatten(grid: Grid, watch: Callable[[int], None] | None = None) -> FlatGrid:
     """``grid``'s blocks and steps as arrays; the step objects are held while it runs, so that their identities stay
-    distinct."""
+    distinct. ``watch``, where given, is called with the steps the blocks have made so far (a shared run's counted
+    once per block that makes it) after each block, and every ``WATCH_EVERY`` steps within a block of its own steps:
+    it may raise to stop a walk that would take too long (iosim.gpu.dram.walk_watch)."""
     ids: dict[int, int] = {}
     held: list = []  # every step object seen, in id order: alive, so that no two share an id()
     bodies: dict[int, int] = {}
@@ -61,10 +68,24 @@ def flatten(grid: Grid) -> FlatGrid:
             held.append(step)
         return found
 
+    walked = 0
+
+    def own(steps) -> list[int]:  # a block's own steps, walked in chunks that ``watch`` is shown
+        nonlocal walked
+        if watch is None:
+            return [step_id(s) for s in steps]
+        made, steps = [], iter(steps)
+        while chunk := [step_id(s) for s in islice(steps, WATCH_EVERY)]:
+            made += chunk
+            walked += len(chunk)
+            watch(walked)
+        return made
+
     pre, post, body, start, stop = [], [], [], [], []
     for b in range(grid.blocks):
         steps = grid.steps(b)
         if isinstance(steps, SharedSteps):
+            walked += steps.total
             pre.append([step_id(s) for s in steps.head])
             post.append([step_id(s) for s in steps.tail])
             index = bodies.get(id(steps.body))
@@ -75,8 +96,10 @@ def flatten(grid: Grid) -> FlatGrid:
             body.append(index)
             start.append(steps.start)
             stop.append(steps.stop)
+            if watch is not None:
+                watch(walked)
         else:
-            pre.append([step_id(s) for s in steps])
+            pre.append(own(steps))
             post.append([])
             body.append(-1)
             start.append(0)
