@@ -280,6 +280,26 @@ def test_counts_take_units_and_whole_floats_everywhere():
         iosim.count("flash", N=1024.5, d=64, M="100k")
 
 
+@pytest.mark.parametrize("argv, dest, values", [
+    (["sweep", "--N", "4Ki", "1024", "4096"], "N", [4096, 1024]),  # one value in two spellings is one row
+    (["sweep", "--d", "64", "64", "128"], "d", [64, 128]),
+    (["sweep", "--algo", "flash", "standard", "flash"], "algo", ["flash", "standard"]),
+    (["optimize", "--N", "4096", "--d", "64", "--algo", "flash", "flash"], "algo", ["flash"]),
+    (["bound", "--N", "4096", "--d", "64", "--algo", "flash", "flash"], "algo", ["flash"]),
+    (["model", "--N", "1Ki", "1024", "--context", "4Ki", "4096", "--phase", "decode", "decode"], "context", [4096]),
+    (["model", "--N", "1Ki", "1024", "--algo", "flash", "flash", "--phase", "decode", "decode"], "phase",
+     ["decode"]),
+    (["model", "--N", "1Ki", "1024", "--algo", "flash", "flash"], "N", [1024]),
+    (["prefill", "--N", "4096", "--d", "64", "--chunk", "256", "256", "--algo", "flash", "flash"], "chunk", [256]),
+    (["cascade", "--d", "64", "--prefix", "4Ki", "4096", "--suffix", "16"], "prefix", [4096]),
+    (["cascade", "--d", "64", "--prefix", "4096", "--algo", "flash", "flash", "--suffix", "16"], "algo", ["flash"]),
+    (["cascade", "--d", "64", "--prefix", "4096", "--suffix", "16", "--batch", "8", "1", "8"], "batch", [8, 1]),
+    (["sweep", "--seqlens", "100", "100"], "seqlens", [100, 100]),  # documents of one length are two documents
+])
+def test_a_value_given_twice_in_a_list_option_counts_once(argv, dest, values):
+    assert getattr(parse(*argv), dest) == values
+
+
 @pytest.mark.parametrize("argv, message", [
     (["run", "--seed", "-1"], "argument --seed: '-1' is not an integer in [0, 2**64)"),
     (["run", "--scale", "1e308", "--N", "20", "--d", "4"], "--scale 1e+308: tau·QKᵀ overflows float64"),

@@ -439,6 +439,8 @@ def test_the_plot_and_the_records_may_not_name_one_file(tmp_path, capsys):
 def test_the_model_api_takes_one_name_as_a_list_and_refuses_no_names_by_name():
     one = iosim.model("llama-3-8b", N=1024, algorithms="flash", phases="decode")
     assert [(pc.phase.name, a.algorithm) for pc in one.phases for a in pc.ran] == [("decode", "flash")]
+    twice = iosim.model("llama-3-8b", N=1024, algorithms=["flash", "flash"], phases=["decode", "decode"])
+    assert [(pc.phase.name, a.algorithm) for pc in twice.phases for a in pc.ran] == [("decode", "flash")]
     for given, message in ((dict(phases=None), "phases=None: give one name"), (dict(phases=[]), "phases=\\[\\]"),
                            (dict(algorithms=[]), "algorithms=\\[\\]"), (dict(algorithms=[1]), "algorithms=\\[1\\]"),
                            (dict(on_step=5), "on_step=5 is not callable")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from iosim.cli.common import add_outputs, add_problem, algorithms_of, count_arg, left_out_by
+from iosim.cli.common import Distinct, add_outputs, add_problem, algorithms_of, count_arg, left_out_by
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--N", type=count_arg, required=True, help="query length N_q")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
     p.add_argument("--d", type=count_arg, required=True)
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
                    help="default: every algorithm but the block-sparse ones")
     add_problem(p, grouped=False, windowed=False)  # the lower bound is for full multi-head attention: no window
     p.add_argument("--points", type=count_arg, default=POINTS_DEFAULT,

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import add_outputs, add_problem, count_arg, tokens_arg
+from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
 from iosim.core.gpus import GPUS, resolve_M
@@ -27,7 +27,7 @@ class CascadeOutcome:
 def add_parser(sub) -> None:
     p = sub.add_parser("cascade", help="decoding a batch whose requests share a prompt prefix: cascade attention "
                                        "reads the shared K/V once; against decoding each request on its own")
-    p.add_argument("--prefix", type=count_arg, nargs="+", required=True,
+    p.add_argument("--prefix", type=count_arg, nargs="+", action=Distinct, required=True,
                    help="shared prefix lengths P in tokens, e.g. 4Ki 32Ki (whole pages with --page-size)")
     p.add_argument("--suffix", type=tokens_arg, default=0,
                    help="tokens of each request's own after the prefix (default 0: the whole context is shared)")
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and the SMs the default K/V splits fill, as for sweep")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=list(DEFAULT_ALGOS),
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=list(DEFAULT_ALGOS),
                    help=f"algorithm of each level and of the separate decode (default: {' '.join(DEFAULT_ALGOS)})")
     add_problem(p, windowed=False, batches=True)
     p.add_argument("--page-size", type=count_arg, default=None,

@@ -33,6 +33,14 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class Distinct(argparse.Action):
+    """A list option whose values are a set (--algo, --N, --d, --chunk, ...): each value once, in the order given, so
+    that ``--algo flash flash`` or ``--N 4Ki 4096`` count one row, not two alike."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+
+
 def count_arg(text: str) -> int:
     """A whole number ≥ 1 with an optional suffix (4096, 4Ki, 1e5), for argparse."""
     try:
@@ -68,7 +76,8 @@ def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool
     """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too;
     ``windowed``: --window too; ``batches``: --batch takes a list)."""
     if batches:
-        p.add_argument("--batch", type=count_arg, nargs="+", default=[1], help="batch sizes, e.g. 1 8 64 (default 1)")
+        p.add_argument("--batch", type=count_arg, nargs="+", action=Distinct, default=[1],
+                       help="batch sizes, e.g. 1 8 64 (default 1)")
     else:
         p.add_argument("--batch", type=count_arg, default=1)
     p.add_argument("--heads", type=count_arg, default=1)

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from iosim.cli.common import add_outputs, count_arg
+from iosim.cli.common import Distinct, add_outputs, count_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes, seconds
 from iosim.core.errors import InputError
@@ -41,9 +41,9 @@ def add_parser(sub) -> None:
                    help="a preset, its numbers from the model's published config.json (or --config)")
     p.add_argument("--config", metavar="FILE.json",
                    help="a Hugging Face config.json of your own (read, never downloaded) instead of a preset")
-    p.add_argument("--N", type=count_arg, nargs="+", default=None,
+    p.add_argument("--N", type=count_arg, nargs="+", action=Distinct, default=None,
                    help="sequence lengths of training and prefill, e.g. 4Ki 32Ki (default: max_position_embeddings)")
-    p.add_argument("--context", type=count_arg, nargs="+", default=None,
+    p.add_argument("--context", type=count_arg, nargs="+", action=Distinct, default=None,
                    help="context lengths of decoding, one token against that many keys (default: each --N)")
     p.add_argument("--batch", type=count_arg, default=1)
     p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT,
@@ -53,9 +53,10 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None,
                    help="SRAM capacity, e.g. 100k elements or 192KiB (default: the --gpu preset's shared memory per "
                         "SM; an --M up to that wins)")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
                    help="algorithms to count (default: all but the block-sparse ones, which need a block mask)")
-    p.add_argument("--phase", choices=PHASES, nargs="+", default=list(PHASES), help="phases to count (default: all)")
+    p.add_argument("--phase", choices=PHASES, nargs="+", action=Distinct, default=list(PHASES),
+                   help="phases to count (default: all)")
     p.add_argument("--plot", metavar="PNG", type=Path, default=None,
                    help="draw each phase's bytes and FLOPs per algorithm, stacked by kind of layer")
     p.add_argument("--wide", action="store_true",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from iosim.api import backward_of
 from iosim.cli.common import (
     PASS_TITLES,
+    Distinct,
     add_block_mask,
     add_l2_options,
     add_outputs,
@@ -75,7 +76,7 @@ def add_parser(sub) -> None:
                         f"--gpu's L2, over the {DRAM_CANDIDATES} tilings of least HBM traffic (forward passes)")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                    help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
                    help="default: every algorithm but the block-sparse ones")
     add_problem(p)
     p.add_argument("--page-size", type=count_arg, default=None,

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import add_outputs, count_arg, tokens_arg
+from iosim.cli.common import Distinct, add_outputs, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.core.gpus import GPUS, resolve_M
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("prefill", help="HBM traffic of prefilling a prompt of N tokens in chunks of C, for each C "
                                        "(chunked prefill against the cached K/V of the chunks before)")
     p.add_argument("--N", type=count_arg, required=True, help="prompt length: new tokens to prefill, e.g. 32Ki")
-    p.add_argument("--chunk", type=count_arg, nargs="+", required=True,
+    p.add_argument("--chunk", type=count_arg, nargs="+", action=Distinct, required=True,
                    help="chunk sizes C, e.g. 256 512 2Ki (a C of N or more is one plain causal prefill)")
     p.add_argument("--prefix", type=tokens_arg, default=0,
                    help="cached tokens before the prompt (a prefix-cache hit), read by every chunk (default 0)")
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
                    help=f"algorithms to count (default: {' '.join(DEFAULT_ALGOS)}, those of them with an FP8 path "
                         f"in an FP8 dtype)")
     p.add_argument("--batch", type=count_arg, default=1)

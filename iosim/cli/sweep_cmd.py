@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from iosim.api import count_problem
 from iosim.cli.common import (
     PASS_TITLES,
+    Distinct,
     add_simulation,
     algorithms_of,
     block_sparsity,
@@ -118,11 +119,11 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="count-only traffic of every algorithm over a grid of N and d")
     add_simulation(p)
-    p.add_argument("--N", type=count_arg, nargs="+", default=None,
+    p.add_argument("--N", type=count_arg, nargs="+", action=Distinct, default=None,
                    help="sequence lengths, e.g. 1024 4Ki (default 256 … 65536)")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length of every row (default: its N)")
-    p.add_argument("--d", type=count_arg, nargs="+", default=list(DEFAULT_D), help="head dimensions")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", default=None,
+    p.add_argument("--d", type=count_arg, nargs="+", action=Distinct, default=list(DEFAULT_D), help="head dimensions")
+    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
                    help="algorithms to count (default: all; the block-sparse ones only with --sparsity)")
     p.add_argument("--resume", action="store_true",
                    help="keep the records already in the --json/--csv file and skip their configurations")

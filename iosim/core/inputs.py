@@ -135,10 +135,11 @@ def check_dout(dout, shape: AttentionShape, name: str = "dout") -> None:
 
 
 def name_list(what: str, given) -> list[str]:
-    """``given`` names as a list: one name alone is a list of it; anything but names, or none, is refused by name."""
+    """``given`` names as a list, each once in the order given: one name alone is a list of it; anything but names,
+    or none, is refused by name."""
     names = [given] if isinstance(given, str) else given
     if isinstance(names, Iterable):
         names = list(names)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise InputError(f"{what}={given!r}: give one name or a non-empty list of names")
-    return names
+    return list(dict.fromkeys(names))
