@@ -160,7 +160,8 @@ def test_what_does_not_fit_is_refused_by_name(capsys):
     bm = iosim.block_mask(F.causal(64, 64), 64, block=(32, 32))
     with pytest.raises(iosim.InputError, match=r"block_mask for flash, pass 'fwd'"):
         iosim.count("flash", N=64, d=8, M=10_000, block_mask=bm)
-    with pytest.raises(iosim.InputError, match="flex with block_mask=None.*it needs one"):
+    with pytest.raises(iosim.InputError, match="flex with block_mask=None: it runs over a FlexAttention block mask "
+                                               "and has none"):
         iosim.count("flex", N=64, d=8, M=10_000)
     with pytest.raises(iosim.InputError, match="its block mask is its only mask"):
         iosim.count("flex", N=64, d=8, M=10_000, block_mask=bm, causal=True)

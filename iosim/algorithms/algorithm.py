@@ -232,11 +232,13 @@ class Algorithm:
             raise InputError(f"block_mask for {self.name}, pass {pass_!r}: it runs over no FlexAttention block mask; "
                              f"allowed: block_mask=None, or one that does in that pass: "
                              f"{[a.name for a in algorithms if a.takes_flex(pass_)]}")
-        if self.accepts("block_mask") and (pb.flex is None or pb.causal or pb.has_mask):
-            why = ("it needs one (iosim.block_mask)" if pb.flex is None else
-                   "its block mask is its only mask (iosim.variants.flex.causal makes a causal one)")
-            raise InputError(f"{self.name} with block_mask={getattr(pb.flex, 'name', None)!r}, causal={pb.causal}, "
-                             f"an explicit mask {pb.has_mask}: {why}; allowed: a block mask, causal=False, no mask")
+        if self.accepts("block_mask") and pb.flex is None:
+            raise InputError(f"{self.name} with block_mask=None: it runs over a FlexAttention block mask and has none; "
+                             f"allowed: a block mask (iosim.block_mask; --flex-mask in sweep, run and optimize)")
+        if self.accepts("block_mask") and (pb.causal or pb.has_mask):
+            raise InputError(f"{self.name} with block_mask={pb.flex.name!r}, causal={pb.causal}, an explicit mask "
+                             f"{pb.has_mask}: its block mask is its only mask (iosim.variants.flex.causal makes a "
+                             f"causal one); allowed: causal=False and no explicit mask")
         if pb.score_mod is not None and not (self.accepts("score_mod")
                                              and (pass_ == "fwd" or pb.score_mod.grad is not None)):
             takers = [a.name for a in algorithms if a.accepts("score_mod")]

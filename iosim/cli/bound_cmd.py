@@ -5,12 +5,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from iosim.cli.common import Distinct, add_outputs, add_problem, algorithms_of, count_arg, left_out_by
+from iosim.cli.common import (
+    Distinct,
+    add_outputs,
+    add_problem,
+    algorithms_of,
+    count_arg,
+    left_out_by,
+    maskless_algorithms,
+)
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
 from iosim.core.units import FP8_DTYPES
-from iosim.registry import ALGORITHMS
 from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
 from iosim.reports.records import check_distinct, check_output_path, write_records, writing
 
@@ -21,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--N", type=count_arg, required=True, help="query length N_q")
     p.add_argument("--N-k", type=count_arg, default=None, help="key/value length (default: N)")
     p.add_argument("--d", type=count_arg, required=True)
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
+    p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help="default: every algorithm but the block-sparse ones")
     add_problem(p, grouped=False, windowed=False)  # the lower bound is for full multi-head attention: no window
     p.add_argument("--points", type=count_arg, default=POINTS_DEFAULT,

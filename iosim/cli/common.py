@@ -41,6 +41,12 @@ class Distinct(argparse.Action):
         setattr(namespace, self.dest, list(dict.fromkeys(values)))
 
 
+def maskless_algorithms() -> list[str]:
+    """The ``--algo`` choices of a command without ``--flex-mask`` (model, prefill, cascade, bound): every algorithm but
+    those that run only over a FlexAttention block mask."""
+    return [name for name, algorithm in ALGORITHMS.items() if not algorithm.accepts("block_mask")]
+
+
 def count_arg(text: str) -> int:
     """A whole number ≥ 1 with an optional suffix (4096, 4Ki, 1e5), for argparse."""
     try:

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from iosim.cli.common import Distinct, add_outputs, count_arg
+from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng, nbytes, seconds
 from iosim.core.errors import InputError
@@ -26,7 +26,6 @@ from iosim.models.cost import (
 )
 from iosim.models.hf_config import load_config
 from iosim.models.presets import PRESETS, get_model
-from iosim.registry import ALGORITHMS
 from iosim.reports.bound import check_plot_path
 from iosim.reports.model_plot import plot
 from iosim.reports.records import RecordWriter, check_distinct, writing
@@ -53,7 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None,
                    help="SRAM capacity, e.g. 100k elements or 192KiB (default: the --gpu preset's shared memory per "
                         "SM; an --M up to that wins)")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
+    p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help="algorithms to count (default: all but the block-sparse ones, which need a block mask)")
     p.add_argument("--phase", choices=PHASES, nargs="+", action=Distinct, default=list(PHASES),
                    help="phases to count (default: all)")

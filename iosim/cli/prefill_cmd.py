@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import Distinct, add_outputs, count_arg, tokens_arg
+from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.core.gpus import GPUS, resolve_M
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
+    p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help=f"algorithms to count (default: {' '.join(DEFAULT_ALGOS)}, those of them with an FP8 path "
                         f"in an FP8 dtype)")
     p.add_argument("--batch", type=count_arg, default=1)
