@@ -436,6 +436,17 @@ def test_the_plot_and_the_records_may_not_name_one_file(tmp_path, capsys):
     assert len(err) == 1 and "json and plot name the same file" in err[0] and not path.exists()
 
 
+def test_a_model_run_that_counts_nothing_says_so_and_exits_2(capsys):
+    # M = 1 element fits no algorithm's working set: every row is refused, each with its reason printed
+    argv = ["model", "llama-3-8b", "--N", "1Ki", "--algo", "flash", "standard", "--phase", "decode"]
+    assert main([*argv, "--M", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert "not counted: flash: M=1 is below the smallest working set" in " ".join(out.split())
+    err = err.strip().splitlines()
+    assert len(err) == 1 and "no algorithm was counted in any phase" in err[0], err
+    assert main([*argv, "--M", "1Ki"]) == 0
+
+
 def test_the_model_api_takes_one_name_as_a_list_and_refuses_no_names_by_name():
     one = iosim.model("llama-3-8b", N=1024, algorithms="flash", phases="decode")
     assert [(pc.phase.name, a.algorithm) for pc in one.phases for a in pc.ran] == [("decode", "flash")]

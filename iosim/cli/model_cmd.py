@@ -100,6 +100,9 @@ def main(args: argparse.Namespace, console) -> None:
     with progress_bar(console, "model", steps) as step:
         report = run(args, on_row=step)
     render(console, report, wide=args.wide)
+    if not any(pc.ran for pc in report.phases):
+        raise InputError("no algorithm was counted in any phase (each 'not counted' line above says why); allowed: "
+                         "--M, --algo and --phase that count something")
 
 
 def render(console, report: ModelReport, wide: bool = False) -> None:
