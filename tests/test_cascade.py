@@ -2,6 +2,7 @@
 shared K/V read once."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -153,13 +154,15 @@ def test_the_shared_keys_are_read_once_per_query_block(case):
     (dict(prefix=0), "prefix=0"),
     (dict(prefix=100, page_size=16), "only whole pages are shared; allowed: a multiple of 16"),
     (dict(suffix=1, N=4, causal=True), "allowed: suffix >= 3"),
-    (dict(suffix=-1), "suffix=-1"),
+    (dict(suffix=-1), "suffix=-1 is outside the allowed range [0, 2**62]"),
+    (dict(prefix=2**62 - 1, suffix=16), "prefix=4,611,686,018,427,387,903 with suffix=16: their keys, "
+                                        "4,611,686,018,427,387,919, pass the allowed 2**62"),
     (dict(algorithm="standard"), "writes no softmax statistics"),
     (dict(algorithm="flash", page_size=16), "reads no paged K/V cache"),
 ])
 def test_refusals_name_the_parameter(kwargs, message):
     args = dict(algorithm="split-kv", batch=2, prefix=64, suffix=8, d=8, M=2000) | kwargs
-    with pytest.raises(iosim.InputError, match=message.replace("(", r"\(").replace("+", r"\+")):
+    with pytest.raises(iosim.InputError, match=re.escape(message)):
         iosim.cascade(args.pop("algorithm"), **args)
 
 

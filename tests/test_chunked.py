@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -159,11 +160,22 @@ def test_the_optimal_policy_refuses_more_chunks_than_it_can_search():
         iosim.chunked_prefill("flash-swapped", N=10**6, C=16, d=64, M="100k", block_policy="optimal")
 
 
-@pytest.mark.parametrize("bad, message", [(dict(C=0), "C=0"), (dict(prefix=-1), "prefix=-1"),
-                                          (dict(prefix=True), "prefix=True"), (dict(N=0), "N=0")])
+@pytest.mark.parametrize("bad, message", [
+    (dict(C=0), "C=0"), (dict(prefix=-1), "prefix=-1 is outside the allowed range [0, 2**62]"),
+    (dict(prefix=True), "prefix=True"), (dict(N=0), "N=0"),
+    (dict(prefix=2**70), "prefix=1180591620717411303424 is outside the allowed range [0, 2**62]"),
+    (dict(prefix=2**62), "prefix=4,611,686,018,427,387,904 with N=100: their keys, 4,611,686,018,427,388,004, pass "
+                         "the allowed 2**62"),  # where the problem would have named only N_k
+])
 def test_bad_input_is_refused_by_name(bad, message):
-    with pytest.raises(iosim.InputError, match=message):
+    with pytest.raises(iosim.InputError, match=re.escape(message)):
         iosim.chunked_prefill("flash", **{**dict(N=100, C=10, d=16, M="20k"), **bad})
+
+
+def test_the_prefix_takes_units_as_the_cli_does():
+    a = iosim.chunked_prefill("flash", N=100, C=10, d=16, M="20k", prefix="1Ki")
+    b = iosim.chunked_prefill("flash", N=100, C=10, d=16, M="20k", prefix=1024)
+    assert a.prefix == 1024 and a.traffic == b.traffic
 
 
 def parse(*argv):

@@ -15,7 +15,7 @@ import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
 from iosim.core.problem import AttentionShape
-from iosim.core.units import parse_count
+from iosim.core.units import MAX_COUNT, parse_count
 
 
 def check_positive_int(name: str, value) -> int:
@@ -31,8 +31,18 @@ def check_tokens(name: str, value) -> int:
         return 0
     try:
         return parse_count(name, value)
-    except InputError:
+    except InputError as err:
+        if "outside the allowed range" in str(err):  # a whole number, too large
+            raise InputError(f"{name}={value!r} is outside the allowed range [0, 2**62] (about 4.6e18)") from None
         raise InputError(f"{name}={value!r} must be a whole number of tokens >= 0, such as 0, 256 or 4Ki") from None
+
+
+def check_keys_after(prefix: int, rest: int, rest_name: str) -> None:
+    """Refuse a cached ``prefix`` whose keys, with the ``rest`` after it, pass the largest count (2**62), naming
+    both, where the problem it makes would name only their sum, N_k."""
+    if prefix + rest > MAX_COUNT:
+        raise InputError(f"prefix={prefix:,} with {rest_name}={rest:,}: their keys, {prefix + rest:,}, pass the "
+                         f"allowed 2**62 (about 4.6e18); allowed: prefix + {rest_name} <= 2**62")
 
 
 def check_flag(name: str, value) -> bool:

@@ -45,7 +45,7 @@ from iosim.api import count_problem, measure, plan, simulate
 from iosim.core.counts import Counts, TensorCounts, combined
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
-from iosim.core.inputs import check_flag, check_positive_int, check_qkv, check_tokens
+from iosim.core.inputs import check_flag, check_keys_after, check_positive_int, check_qkv, check_tokens
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.units import parse_size
@@ -151,6 +151,7 @@ def check_split(prefix, suffix, n_q: int, causal: bool, page_size: int | None) -
     """P ≥ 1 shared keys (whole pages when paged) and U ≥ 0 own keys, U ≥ N_q − 1 when causal."""
     P = check_positive_int("prefix", prefix)
     U = check_tokens("suffix", suffix)
+    check_keys_after(P, U, "suffix")
     if page_size is not None and P % page_size:
         raise InputError(f"prefix={P} with page_size={page_size}: only whole pages are shared; allowed: a multiple "
                          f"of {page_size}")

@@ -35,7 +35,7 @@ from iosim.api import count_problem, plan
 from iosim.core.counts import Counts, TensorCounts, combined
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
-from iosim.core.inputs import check_positive_int
+from iosim.core.inputs import check_keys_after, check_positive_int, check_tokens
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.plans import Plan
@@ -105,9 +105,8 @@ def chunked_prefill(algorithm, *, N, C, d, M, prefix=0, batch=1, heads=1, kv_hea
     Every chunk is causal (bottom-right); the other arguments are ``iosim.count``'s. A C of
     N or more is one chunk: the plain causal prefill.
     """
-    N, C = check_positive_int("N", N), check_positive_int("C", C)
-    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
-        raise InputError(f"prefix={prefix!r} must be a whole number of cached tokens >= 0")
+    N, C, prefix = check_positive_int("N", N), check_positive_int("C", C), check_tokens("prefix", prefix)
+    check_keys_after(prefix, N, "N")
     C = min(C, N)
     first = count_problem(C, d, prefix + C, batch, heads, causal=True, dtype=dtype, kv_heads=kv_heads)
 
