@@ -176,6 +176,21 @@ def test_numeric_run_refuses_prefixes_that_differ():
         iosim.simulate_cascade("split-kv", q, k, v, prefix=14, M=500)
 
 
+def test_numeric_run_takes_the_values_simulate_takes(recwarn):
+    # complex values are refused as simulate refuses them, not cast with a warning; NaN is refused by name unless
+    # allow_nonfinite asks to propagate it, when the prefix's NaN matches in every request
+    rng = np.random.default_rng(0)
+    q, k, v = shared_qkv(rng, 2, 1, 1, 1, 10, 3, 4)
+    with pytest.raises(iosim.InputError, match="complex, object and string arrays are refused"):
+        iosim.simulate_cascade("split-kv", q.astype(complex), k, v, prefix=10, M=500)
+    assert not [w for w in recwarn if "ComplexWarning" in str(w.category)]
+    k[:, 0, 2, 1] = np.nan  # in the shared prefix of both requests
+    with pytest.raises(iosim.InputError, match="allow_nonfinite=True to propagate them"):
+        iosim.simulate_cascade("split-kv", q, k, v, prefix=10, M=500)
+    r = iosim.simulate_cascade("split-kv", q, k, v, prefix=10, M=500, allow_nonfinite=True)
+    assert np.isnan(r.out).any()
+
+
 def test_cli_table_and_records(tmp_path, capsys):
     path = tmp_path / "c.json"
     args = build_parser().parse_args(["cascade", "--prefix", "4Ki", "--suffix", "256", "--batch", "1", "8", "--d",

@@ -45,7 +45,7 @@ from iosim.api import count_problem, measure, plan, simulate
 from iosim.core.counts import Counts, TensorCounts, combined
 from iosim.core.errors import InputError
 from iosim.core.flops import Flops
-from iosim.core.inputs import check_flag, check_keys_after, check_positive_int, check_qkv, check_tokens
+from iosim.core.inputs import check_flag, check_keys_after, check_positive_int, check_qkv, check_tokens, check_values
 from iosim.core.memory import Memory
 from iosim.core.problem import Problem
 from iosim.core.units import parse_size
@@ -193,12 +193,13 @@ def cascade(algorithm="split-kv", *, batch, prefix, suffix=0, d, M, N=1, heads=1
 
 
 def simulate_cascade(algorithm, q, k, v, *, prefix, M, causal=False, scale=None, dtype="float16", page_size=None,
-                     block_policy="fit", gpu=None) -> Cascade:
+                     block_policy="fit", gpu=None, allow_nonfinite=False) -> Cascade:
     """Run cascade decoding numerically on q (batch, heads, N_q, d) and k, v (batch, kv_heads, N_k, d) whose first
-    ``prefix`` keys and values are the same in every request; ``out`` is the attention output. The other
-    arguments are ``iosim.simulate``'s."""
+    ``prefix`` keys and values are the same in every request (NaN matching NaN where ``allow_nonfinite``); ``out`` is
+    the attention output. The other arguments are ``iosim.simulate``'s."""
     name = check_algorithm(algorithm)
     shape = check_qkv(q, k, v)
+    check_values({"q": q, "k": k, "v": v}, allow_nonfinite)
     if shape.d_v != shape.d:
         raise InputError(f"v of head size d_v={shape.d_v} beside q, k of d={shape.d}: cascade decoding merges outputs "
                          f"of one head size here; allowed: d_v = d")
@@ -211,12 +212,14 @@ def simulate_cascade(algorithm, q, k, v, *, prefix, M, causal=False, scale=None,
                          f"; allowed: 1 to {last}")
     P, U = check_split(P, shape.n_k - P, shape.n_q, causal, page_size)
     for name_, x in (("k", k), ("v", v)):
-        differs = [b for b in range(shape.batch) if not np.array_equal(x[b, :, :P], x[0, :, :P])]
+        differs = [b for b in range(shape.batch)
+                   if not np.array_equal(x[b, :, :P], x[0, :, :P], equal_nan=bool(allow_nonfinite))]
         if differs:
             raise InputError(f"{name_}[{differs[0]}, :, :{P}] differs from {name_}[0, :, :{P}]: the shared prefix "
                              f"must be the same keys and values in every request")
     B, H, n, dd = q.shape
-    options = dict(M=M, scale=scale, dtype=dtype, page_size=page_size, block_policy=block_policy, gpu=gpu)
+    options = dict(M=M, scale=scale, dtype=dtype, page_size=page_size, block_policy=block_policy, gpu=gpu,
+                   allow_nonfinite=allow_nonfinite)
     # every request's queries as the rows of one head: (1, heads, B·N_q, d)
     q_all = q.transpose(1, 0, 2, 3).reshape(1, H, B * n, dd)
     first = simulate(name, q_all, k[:1, :, :P], v[:1, :, :P], **options)
