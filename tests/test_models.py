@@ -267,6 +267,16 @@ def test_bad_config_fields_are_named(tmp_path, change, message):
     assert message in str(err.value)
 
 
+def test_a_model_config_made_in_python_is_checked_as_a_file_is():
+    from iosim.models.config import ModelConfig
+
+    with pytest.raises(iosim.InputError, match="sinks='no' must be True or False"):
+        ModelConfig("m", 2, 4, 2, 64, None, "here", sinks="no")
+    with pytest.raises(iosim.InputError, match="attention_dropout='0.1' is outside the allowed range"):
+        ModelConfig("m", 2, 4, 2, 64, None, "here", dropout_p="0.1")  # a TypeError before
+    assert ModelConfig("m", 2, 4, 2, 64, None, "here", sinks=True).sinks
+
+
 def test_a_file_that_is_not_a_config(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(iosim.InputError, match="is not JSON"):

@@ -12,10 +12,12 @@ models, ``iosim.models.hf_config`` reads Hugging Face config files into the same
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 
 from iosim.core.errors import InputError
+from iosim.core.inputs import check_flag
 from iosim.core.units import DTYPE_ITEMSIZE
 
 # Hugging Face's names of a layer's attention (layer_types)
@@ -95,8 +97,10 @@ class ModelConfig:
             check_count("sliding_window", self.sliding_window)
         if CHUNKED in self.layer_types:
             check_count("attention_chunk_size", self.attention_chunk)
-        if not 0 <= self.dropout_p < 1:
+        if (isinstance(self.dropout_p, bool) or not isinstance(self.dropout_p, numbers.Real)
+                or not 0 <= self.dropout_p < 1):
             raise InputError(f"attention_dropout={self.dropout_p!r} is outside the allowed range [0, 1)")
+        check_flag("sinks", self.sinks)
 
     def kinds(self) -> tuple[LayerKind, ...]:
         """The distinct kinds of layer and how many layers each: what is counted once and multiplied."""
