@@ -139,7 +139,12 @@ def test_iosim_kernels_writes_one_record_per_kernel_and_marks_the_defaults(tmp_p
     assert {r["kernel"] for r in records if r["default"]} == {"flash", "flash-swapped", "split-kv"}
     assert {r["algorithm"] for r in records} == {"flash", "flash-swapped", "split-kv"}
     assert [r["kernel"] for r in records if r["own_tile"]] == ["fa3", "sdpa-flash"]
-    assert {r["kernel"]: r["takes"] for r in records if r["takes"]} == {"fa3": "fp8 d_v"}
+    assert {r["kernel"]: r["takes"] for r in records if r["takes"]} == {"fa3": ["fp8", "d_v"]}
+    for r in records:  # lists, as every command's records hold them
+        kernel = KERNELS[r["kernel"]]
+        assert r["passes"] == (["fwd", "bwd"] if kernel.backward else ["fwd"]), r
+        assert r["dtypes"] == (list(kernel.dtypes) if kernel.dtypes else None), r
+        assert r["options"] == list(kernel.options), r
     assert {r["kernel"] for r in records if r["timed"]} == {"flash-swapped", "flash-swapped-tc", "sdpa-flash"}
 
 

@@ -19,12 +19,13 @@ def add_parser(sub) -> None:
 
 
 def records() -> list[dict]:
-    """One record per kernel description, the default of its algorithm first."""
+    """One record per kernel description, the default of its algorithm first; its passes, options, what it takes
+    and its builds' dtypes (None: those its source names) as lists."""
     rows = []
     for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
         rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
-                         passes="fwd, bwd" if k.backward else "fwd", options=" ".join(k.options) or None,
-                         takes=" ".join(k.takes) or None, dtypes=" ".join(k.dtypes) if k.dtypes else None,
+                         passes=["fwd", "bwd"] if k.backward else ["fwd"], options=list(k.options),
+                         takes=list(k.takes), dtypes=list(k.dtypes) if k.dtypes else None,
                          closed_form=k.forward_dram is not None, own_tile=k.tile is not None,
                          timed=k.rate is not None, source=k.source))
     return rows
@@ -41,12 +42,12 @@ def main(args: argparse.Namespace, console) -> None:
     rows = run(args)
     table = compact_table(("kernel", "algorithm", "default", "passes", "options", "takes"), left="kernel")
     for r in rows:
-        table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", r["passes"], r["options"] or "",
-                      r["takes"] or "")
+        table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", ", ".join(r["passes"]),
+                      " ".join(r["options"]), " ".join(r["takes"]))
     console.print(table)
     builds = {}
     for r in rows:
-        builds.setdefault(r["dtypes"], []).append(r["kernel"])
+        builds.setdefault(" ".join(r["dtypes"] or ()), []).append(r["kernel"])
     console.print("built for (DRAM bytes are refused in any other dtype): " + "; ".join(
         f"{dtypes or 'the dtypes their sources below name'}: {', '.join(names)}" for dtypes, names in builds.items()))
     console.print("launch their own tiles, whatever the request's: "
