@@ -37,7 +37,8 @@ from pathlib import Path
 
 from experiments import ncu_traffic, predict_next_call
 from experiments.call3 import RAW, ncu_rows
-from iosim.gpu.dram import tile_visits, timing_of
+from iosim.gpu.budget import tile_visits
+from iosim.gpu.dram import timing_of
 from iosim.gpu.hardware import BLOCK_SPREADS, hardware
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.timed import simulate_timed

@@ -254,13 +254,13 @@ def test_a_count_that_would_take_too_long_is_refused_with_its_estimate():
 def test_a_walk_of_steps_slower_than_the_rates_say_is_refused_as_it_walks(monkeypatch):
     # flash's decode of 32 heads grouped by 8: each head's steps are its own, walked in Python. The rate of the
     # compiled loop passes it, and it is refused once the walk's pace shows how long the whole would take
-    from iosim.gpu import dram
+    from iosim.gpu import budget
 
-    monkeypatch.setattr(dram, "WATCH_AFTER_S", 0.0)
+    monkeypatch.setattr(budget, "WATCH_AFTER_S", 0.0)
     args = dict(N=1, N_k=2**18, d=128, heads=32, kv_heads=8, causal=True, M="100k")
     t = iosim.count("flash", **args).forward_tiling
-    assert 32 * -(-2**18 // t.Bc) / dram.ROUNDS_VISITS_PER_S < 0.01  # what the rate alone would let through
-    with pytest.raises(dram.DramTooLong, match=r"the simulation of its [\d,]+ tile visits would take about [\d,]+ s "
+    assert 32 * -(-2**18 // t.Bc) / budget.ROUNDS_VISITS_PER_S < 0.01  # what the rate alone would let through
+    with pytest.raises(budget.DramTooLong, match=r"the simulation of its [\d,]+ tile visits would take about [\d,]+ s "
                                                r"\(its walk of their steps, a third of it, paced over the first"):
         iosim.dram("flash", **args, budget_s=0.01)
     assert iosim.dram("flash", **args).dram.reads > 0  # the default budget lets it through
