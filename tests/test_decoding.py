@@ -155,10 +155,20 @@ def test_splits_cost_only_the_partials():
     (dict(algorithm="split-kv", splits=-2), r"splits=-2"),
     (dict(algorithm="split-kv", splits=9), r"splits=9 for split-kv at N_k=64; allowed: 1 to 8"),
     (dict(algorithm="flash", splits=2), r"splits=2 for flash at N_k=64; allowed: 1"),
+    (dict(algorithm="split-kv", splits=2.5), r"splits=2.5 is 2.5, not a whole number"),  # not "allowed: 1 to 8"
+    (dict(algorithm="split-kv", splits=True), r"splits=True must be a whole number"),
+    (dict(algorithm="split-kv", splits=1e30), r"splits=1e\+30 for split-kv at N_k=64; allowed: 1 to 8"),
 ])
 def test_bad_splits_are_refused(kwargs, message):
     with pytest.raises(iosim.InputError, match=message):
         iosim.count(kwargs.pop("algorithm"), N=1, N_k=64, d=8, M=10**5, tiling=iosim.Tiling(1, 8), **kwargs)
+
+
+def test_splits_are_taken_as_counts_are():
+    one = iosim.count("split-kv", N=1, N_k=64, d=8, M=10**5, tiling=iosim.Tiling(1, 8), splits=4)
+    for spelled in (4.0, "4"):
+        other = iosim.count("split-kv", N=1, N_k=64, d=8, M=10**5, tiling=iosim.Tiling(1, 8), splits=spelled)
+        assert other.tiling == one.tiling and other.traffic == one.traffic
 
 
 def test_split_kv_has_no_backward_pass():

@@ -16,6 +16,7 @@ from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.problem import ELEMENTS, Problem
 from iosim.core.tiling import Tiling, ceil_div
+from iosim.core.units import parse_count
 
 if TYPE_CHECKING:
     from iosim.core.memory import Memory
@@ -332,6 +333,11 @@ class Algorithm:
             splits = rule.default(pb, tiling, sms)
         if splits is None:
             return tiling
+        try:  # a count as counts are taken (4, 4.0, "4"); one out of every range is named with this one's below
+            splits = parse_count("splits", splits)
+        except InputError as err:
+            if "outside the allowed range" not in str(err):
+                raise
         keys = rule.keys(pb, tiling) if rule is not None else n_k
         blocks = ceil_div(keys, tiling.Bc)  # a run of K keys meets at least ⌈K/B_c⌉ blocks
         most = (blocks if fixed else keys) if rule is not None else 1
