@@ -14,7 +14,7 @@ from rich.console import Console
 
 import iosim
 from iosim.cli import build_parser, main, run, run_cmd, sweep_cmd
-from iosim.cli.render import eng, nbytes
+from iosim.cli.render import eng, nbytes, seconds
 from iosim.cli.run_cmd import check_against_reference
 from iosim.core.units import parse_size
 
@@ -111,6 +111,16 @@ def test_sweep_table_fits_80_columns_with_every_option(options):
                                      (3.8e18, "3.8E"), (3.8e24, "3.80e+24"), (65536, "65.5k")])
 def test_compact_units_never_overflow(x, text):
     assert eng(x) == text and len(text) <= 8
+
+
+@pytest.mark.parametrize("t, text", [(41.7e-3, "41.7ms"), (730e-6, "730µs"), (3e-9, "3ns"), (157, "157s"),
+                                     (999, "999s"), (5000, "1.39h"), (1.73e7, "200d"), (2.63e9, "83.3y")])
+def test_times_past_a_thousand_seconds_are_told_in_hours_days_or_years(t, text):
+    assert seconds(t) == text
+
+
+def test_bytes_past_an_exabyte_keep_a_prefix():
+    assert nbytes(8.8e21) == "8.8ZB" and nbytes(3e24) == "3YB" and nbytes(275e18) == "275EB"
 
 
 # --- 4, 5. records -------------------------------------------------------------------------

@@ -19,11 +19,15 @@ def eng(x: float | None, prefixes: tuple[str, ...] = _PREFIXES) -> str:
 
 
 def nbytes(x: float | None) -> str:
-    return "—" if x is None else eng(x, ("", "K", "M", "G", "T", "P", "E")) + "B"
+    return "—" if x is None else eng(x, ("", "K", "M", "G", "T", "P", "E", "Z", "Y")) + "B"
 
 
 def seconds(t: float) -> str:
-    """A time in the unit that keeps it between 1 and 1000: 41.7ms, 730µs."""
+    """A time in the unit that keeps it between 1 and 1000 (41.7ms, 730µs); past 1000 s, in hours, days or years
+    (1.39h, 200d, 83.3y)."""
+    if t >= 1000:
+        unit, scale = next((u, x) for u, x in (("y", 365.25 * 86400), ("d", 86400.0), ("h", 3600.0)) if t >= x)
+        return f"{t / scale:.3g}{unit}"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if t >= scale:
             return f"{t / scale:.3g}{unit}"
