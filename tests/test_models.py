@@ -446,6 +446,29 @@ def test_the_plot_and_the_records_may_not_name_one_file(tmp_path, capsys):
     assert len(err) == 1 and "json and plot name the same file" in err[0] and not path.exists()
 
 
+def test_a_cut_model_run_keeps_the_records_of_the_phases_it_finished(tmp_path, monkeypatch):
+    # the run is cut in its second phase (decode); the first (prefill) is finished, and its records are in the file
+    from iosim.cli import model_cmd
+
+    path = tmp_path / "m.json"
+    args = build_parser().parse_args(["model", "llama-3-8b", "--N", "1Ki", "--phase", "prefill", "decode", "--algo",
+                                      "flash", "standard", "--json", str(path)])
+    seen = []
+
+    def cut(cost):
+        seen.append(cost)
+        if len(seen) == 3:  # the first algorithm of the second phase
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model_cmd.run(args, on_row=cut)
+    kept = json.loads(path.read_text())
+    assert {(r["phase"], r["algorithm"]) for r in kept} == {("prefill", "flash"), ("prefill", "standard")}
+    whole = model_cmd.run(build_parser().parse_args(["model", "llama-3-8b", "--N", "1Ki", "--phase", "prefill",
+                                                     "--algo", "flash", "standard"]))
+    assert kept == json.loads(json.dumps(records(whole)))  # the same records as the phase run alone
+
+
 def test_a_model_run_that_counts_nothing_says_so_and_exits_2(capsys):
     # M = 1 element fits no algorithm's working set: every row is refused, each with its reason printed
     argv = ["model", "llama-3-8b", "--N", "1Ki", "--algo", "flash", "standard", "--phase", "decode"]
@@ -464,7 +487,11 @@ def test_the_model_api_takes_one_name_as_a_list_and_refuses_no_names_by_name():
     assert [(pc.phase.name, a.algorithm) for pc in twice.phases for a in pc.ran] == [("decode", "flash")]
     for given, message in ((dict(phases=None), "phases=None: give one name"), (dict(phases=[]), "phases=\\[\\]"),
                            (dict(algorithms=[]), "algorithms=\\[\\]"), (dict(algorithms=[1]), "algorithms=\\[1\\]"),
-                           (dict(on_step=5), "on_step=5 is not callable")):
+                           (dict(on_step=5), "on_step=5 is not callable"),
+                           (dict(on_phase=5), "on_phase=5 is not callable"),
+                           (dict(phases=["decode", "serve"]), r"phase='serve' is not one of \['decode', 'prefill', "
+                                                              r"'training'\]"),
+                           (dict(algorithms=["flash3"]), "algorithm='flash3' is not one of")):
         with pytest.raises(iosim.InputError, match=message):
             iosim.model("llama-3-8b", N=1024, **given)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms
@@ -78,10 +79,13 @@ def run(args: argparse.Namespace, on_row: Callable[[AlgorithmCost], None] | None
         check_distinct({what: None if path is None else Path(path)
                         for what, path in (("json", args.json), ("csv", args.csv), ("plot", args.plot))})
     with RecordWriter(args.json, args.csv) as writer:  # the paths are checked before any work
+
+        def keep(done: ModelReport) -> None:  # each phase's records as it ends: a cut run keeps the phases finished
+            for record in records(replace(done, phases=done.phases[-1:])):
+                writer.add(record)
+
         report = model(cfg, N=args.N, context=args.context, batch=args.batch, gpu=args.gpu, dtype=args.dtype,
-                       M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row)
-        for record in records(report):
-            writer.add(record)
+                       M=args.M, algorithms=args.algo, phases=args.phase, on_step=on_row, on_phase=keep)
     if args.plot is not None:
         if not any(pc.ran for pc in report.phases):
             raise InputError(f"plot={str(args.plot)!r}: no algorithm was counted in any phase (the records say "

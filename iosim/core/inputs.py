@@ -9,7 +9,7 @@ A boolean ``mask`` broadcasts to (batch, heads, N_q, N_k); True means "attend".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
@@ -144,12 +144,15 @@ def check_dout(dout, shape: AttentionShape, name: str = "dout") -> None:
                          f"got {tuple(getattr(dout, 'shape', ()))}")
 
 
-def name_list(what: str, given) -> list[str]:
+def name_list(what: str, given, allowed: Collection[str]) -> list[str]:
     """``given`` names as a list, each once in the order given: one name alone is a list of it; anything but names,
-    or none, is refused by name."""
+    none, or a name not ``allowed`` (each named as ``what`` without its plural s), is refused by name."""
     names = [given] if isinstance(given, str) else given
     if isinstance(names, Iterable):
         names = list(names)
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
         raise InputError(f"{what}={given!r}: give one name or a non-empty list of names")
+    for name in names:
+        if name not in allowed:
+            raise InputError(f"{what.removesuffix('s')}={name!r} is not one of {sorted(allowed)}")
     return list(dict.fromkeys(names))

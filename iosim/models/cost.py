@@ -164,15 +164,18 @@ class ModelReport:
 
 def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = DEFAULT, dtype="float16", M=None,
           algorithms: Iterable[str] | None = None, phases: Iterable[str] = PHASES,
-          on_step: Callable[[AlgorithmCost], None] | None = None) -> ModelReport:
+          on_step: Callable[[AlgorithmCost], None] | None = None,
+          on_phase: Callable[[ModelReport], None] | None = None) -> ModelReport:
     """Count a model's attention in each phase, at each N (an int or a list; default its max context) and decode
     context (default: each N). ``name`` is a preset (``iosim.models.presets.PRESETS``) or a ``ModelConfig``
     (``iosim.models.hf_config.load_config`` reads a Hugging Face config.json). M defaults to the preset's shared memory
     per SM; ``algorithms`` to every registered one that needs no block mask. ``on_step`` sees each
-    (phase, algorithm) as it is done."""
+    (phase, algorithm) as it is done, ``on_phase`` the report of the phases done so far as each ends (what a run
+    that may be cut keeps)."""
     cfg = name if isinstance(name, ModelConfig) else get_model(name)
-    if on_step is not None and not callable(on_step):
-        raise InputError(f"on_step={on_step!r} is not callable; allowed: a function of each AlgorithmCost, or None")
+    for what, f, arg in (("on_step", on_step, "each AlgorithmCost"), ("on_phase", on_phase, "each ModelReport")):
+        if f is not None and not callable(f):
+            raise InputError(f"{what}={f!r} is not callable; allowed: a function of {arg}, or None")
     check_dtype(dtype)
     preset = get_gpu(gpu)
     preset.peak(dtype)  # a dtype without a peak FLOP/s on this GPU is refused before anything runs
@@ -181,7 +184,7 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
     names = check_algorithms(algorithms)
     plan = plan_phases(cfg, N, context, phases)
     hw = hardware(preset)  # the DRAM level's GPU, resolved once
-    out = []
+    report = ModelReport(cfg, batch, preset.name, dtype, M, (), report_notes(cfg, names, plan, dtype))
     for phase in plan:
         costs = []
         for a in names:
@@ -189,8 +192,10 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
             costs.append(cost)
             if on_step is not None:
                 on_step(cost)
-        out.append(PhaseCost(phase, tuple(costs)))
-    return ModelReport(cfg, batch, preset.name, dtype, M, tuple(out), report_notes(cfg, names, plan, dtype))
+        report = replace(report, phases=report.phases + (PhaseCost(phase, tuple(costs)),))
+        if on_phase is not None:
+            on_phase(report)
+    return report
 
 
 def default_algorithms() -> list[str]:
@@ -200,11 +205,7 @@ def default_algorithms() -> list[str]:
 
 def check_algorithms(algorithms: Iterable[str] | None) -> list[str]:
     """The algorithms named, each registered, or by default ``default_algorithms()``."""
-    names = default_algorithms() if algorithms is None else name_list("algorithms", algorithms)
-    for a in names:
-        if a not in ALGORITHMS:
-            raise InputError(f"algorithm={a!r} is not one of {sorted(ALGORITHMS)}")
-    return names
+    return default_algorithms() if algorithms is None else name_list("algorithms", algorithms, ALGORITHMS)
 
 
 def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = PHASES) -> list[Phase]:
@@ -214,10 +215,7 @@ def plan_phases(cfg: ModelConfig, N=None, context=None, phases: Iterable[str] = 
         raise InputError(f"N=None: {cfg.name} states no max_position_embeddings to default to; give N (--N)")
     Ns = _lengths("N", cfg.max_context if N is None else N)
     contexts = Ns if context is None else _lengths("context", context)
-    chosen = name_list("phases", phases)
-    for p in chosen:
-        if p not in PHASES:
-            raise InputError(f"phase={p!r} is not one of {list(PHASES)}")
+    chosen = name_list("phases", phases, PHASES)
     if context is not None and "decode" not in chosen:
         raise InputError(f"context={context!r} with phases={chosen}: only decoding reads a context; allowed: phases "
                          f"with 'decode', or context=None")
