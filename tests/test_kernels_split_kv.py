@@ -87,12 +87,20 @@ def test_default_splits_are_iosim_s_for_the_device_s_sms_and_at_most_the_kv_bloc
 @pytest.mark.parametrize("splits, match", [
     (0, r"splits=0 for split-kv at N_k=40; allowed: 1 to 3 \(the number of K/V blocks of B_c=16\)"),
     (4, r"splits=4 for split-kv at N_k=40; allowed: 1 to 3"),
-    (2.0, r"splits=2.0 for split-kv"),
+    (2.5, r"splits=2.5 is 2.5, not a whole number"),
+    (True, r"splits=True must be a whole number"),
 ])
 def test_bad_splits_are_refused_naming_the_range(splits, match):
     q, k, v = grouped_inputs(1, 2, 1, 1, 40, 8, np.float32)
     with pytest.raises(iosim.InputError, match=match):
         kernels.attention(q, k, v, impl="split-kv", config=CONFIG, splits=splits)
+
+
+def test_splits_are_taken_as_iosim_takes_counts_and_launched_as_an_int():
+    shape = AttentionShape(1, 2, 1, 40, 8, kv_heads=1)
+    for spelled in (2, 2.0, "2"):
+        found = split_kv.resolve_splits(spelled, shape, False, CONFIG)
+        assert found == 2 and type(found) is int
 
 
 def test_splits_are_refused_where_the_impl_does_not_split_and_backward_where_there_is_none():
