@@ -116,7 +116,7 @@ def test_a_sweep_with_the_latent_cache_counts_its_takers_and_says_which_it_left_
 
 
 def test_a_model_with_latent_attention_reports_its_latent_cache_bytes(capsys):
-    from iosim.models.cost import records
+    from iosim.models.records import records
 
     # DeepSeek-V3: one latent of 512 and a RoPE key of 64 a token a layer, float16, over 61 layers; a GQA model of the
     # same heads would keep 2·kv_heads·head_dim

@@ -11,9 +11,10 @@ import iosim
 from iosim.cli import build_parser, main, run
 from iosim.core.gpus import resolve_M
 from iosim.models.config import GLOBAL, LOCAL, LayerKind
-from iosim.models.cost import layer_window, records
+from iosim.models.cost import layer_window
 from iosim.models.hf_config import from_hf_config, load_config
 from iosim.models.presets import PRESETS
+from iosim.models.records import records
 
 ROOT = Path(__file__).resolve().parent.parent
 H100_M = resolve_M(None, "h100", "float16")  # 228 KiB of float16: 116,736 elements
@@ -467,6 +468,19 @@ def test_a_cut_model_run_keeps_the_records_of_the_phases_it_finished(tmp_path, m
     whole = model_cmd.run(build_parser().parse_args(["model", "llama-3-8b", "--N", "1Ki", "--phase", "prefill",
                                                      "--algo", "flash", "standard"]))
     assert kept == json.loads(json.dumps(records(whole)))  # the same records as the phase run alone
+
+
+def test_the_block_mask_note_names_only_what_is_left_out_or_counted_dense(capsys):
+    # by default the block-sparse ones and flex are left out, and the note says so; asked for, block-sparse is
+    # counted dense (a model has no block mask), and the note says that instead of "not counted"
+    assert main(["model", "llama-3-8b", "--N", "1Ki", "--phase", "decode", "--algo", "flash"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "need a block mask" not in out and "counted without a block mask" not in out
+    assert main(["model", "llama-3-8b", "--N", "1Ki", "--phase", "decode", "--algo", "block-sparse", "flash"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "block-sparse: counted without a block mask" in out and "not counted, they need" not in out
+    default = iosim.model("llama-3-8b", N=1024, phases="decode").notes
+    assert any("block-sparse, block-sparse-skip, flex: not counted" in n for n in default)
 
 
 def test_a_model_run_that_counts_nothing_says_so_and_exits_2(capsys):

@@ -132,7 +132,8 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "iosim.variants.score_mods.score_mod(...)")
     p.add_argument("--latent", action="store_true",
                    help="multi-head latent attention's cache, projections absorbed (DeepSeek-V3 decoding, FlashMLA): "
-                        "V is the first --d-v columns of K, which alone is read; split-kv and flash-swapped take it")
+                        "V is the first --d-v columns of K, which alone is read; split-kv, flash-swapped and flex "
+                        "take it")
     add_l2_options(p)
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "

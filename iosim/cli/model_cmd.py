@@ -23,10 +23,10 @@ from iosim.models.cost import (
     check_algorithms,
     model,
     plan_phases,
-    records,
 )
 from iosim.models.hf_config import load_config
 from iosim.models.presets import PRESETS, get_model
+from iosim.models.records import records
 from iosim.reports.bound import check_plot_path
 from iosim.reports.model_plot import plot
 from iosim.reports.records import RecordWriter, check_distinct, writing

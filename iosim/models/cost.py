@@ -46,12 +46,12 @@ from iosim.core.errors import InputError
 from iosim.core.flops import Flops
 from iosim.core.gpus import DEFAULT, Roofline, get_gpu, resolve_M, roofline
 from iosim.core.inputs import name_list
-from iosim.core.tiling import Tiling, tiling_record
+from iosim.core.tiling import Tiling
 from iosim.core.units import FP8_DTYPES, check_dtype, parse_count
 from iosim.gpu.dram import covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
 from iosim.gpu.kernels import no_build
-from iosim.gpu.l2 import DramCounts, dram_record
+from iosim.gpu.l2 import DramCounts
 from iosim.models.config import LayerKind, ModelConfig
 from iosim.models.presets import get_model
 from iosim.registry import ALGORITHMS
@@ -184,7 +184,8 @@ def model(name: str | ModelConfig, *, N=None, context=None, batch=1, gpu: str = 
     names = check_algorithms(algorithms)
     plan = plan_phases(cfg, N, context, phases)
     hw = hardware(preset)  # the DRAM level's GPU, resolved once
-    report = ModelReport(cfg, batch, preset.name, dtype, M, (), report_notes(cfg, names, plan, dtype))
+    notes = report_notes(cfg, names, plan, dtype, algorithms is None)
+    report = ModelReport(cfg, batch, preset.name, dtype, M, (), notes)
     for phase in plan:
         costs = []
         for a in names:
@@ -301,13 +302,18 @@ def layer_window(kind: LayerKind, n_k: int) -> tuple[int, int] | None:
     return kind.window - 1, 0
 
 
-def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase], dtype: str) -> tuple[str, ...]:
+def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase], dtype: str, default: bool = True
+                 ) -> tuple[str, ...]:
+    """What the report leaves out or assumes; ``default``: ``algorithms`` are the default ones, not those asked for."""
     notes = [ATTENTION_ONLY + "; roofline times from the L2 model's DRAM bytes where it covers a layer (a forward "
                               "pass of an algorithm with a kernel: prefill and decoding), else from the two-level HBM "
                               "bytes (training), summed over the layers"]
-    left = [a for a in ALGORITHMS if a not in algorithms and not ALGORITHMS[a].listed_by_default(())]
-    if left:
-        notes.append(f"{', '.join(left)}: not counted, they need a block mask and a model's attention has none")
+    masked = [a for a in ALGORITHMS if not ALGORITHMS[a].listed_by_default(())]
+    if default:
+        notes.append(f"{', '.join(masked)}: not counted, they need a block mask and a model's attention has none")
+    elif set(masked) & set(algorithms):
+        notes.append(f"{', '.join(a for a in algorithms if a in masked)}: counted without a block mask, which a "
+                     f"model's attention has none of: dense")
     if cfg.grouped and any(p.name == "training" for p in plan):
         notes.append(f"training: K/V counted for all {cfg.heads} query heads (iosim's backward passes take no K/V "
                      f"groups; as transformers' repeat_kv expands them); the group sum of dK, dV is not counted")
@@ -354,39 +360,6 @@ def report_notes(cfg: ModelConfig, algorithms: list[str], plan: list[Phase], dty
                      f"times from them) are the layer's without its sinks, which no kernel the L2 model describes "
                      f"reads")
     return tuple(notes)
-
-
-def records(report: ModelReport) -> list[dict]:
-    """One record per (phase, algorithm, kind of layer): the layer's counts, and the model's totals beside them.
-
-    A skipped algorithm has one record per phase, its reason under ``status``.
-    """
-    cfg, out = report.model, []
-    kv = cfg.kv_cache_bytes(report.dtype)
-    base = dict(model=cfg.name, source=cfg.source, batch=report.batch, heads=cfg.heads, d=cfg.head_dim, d_v=cfg.d_v,
-                gpu=report.gpu, dtype=report.dtype, M=report.M, kv_cache_bytes_per_token=kv["per_token"],
-                kv_cache_bytes_per_token_layer=kv["per_layer"])
-    for pc in report.phases:
-        ph = pc.phase
-        for a in pc.algorithms:
-            head = dict(base, phase=ph.name, **{"pass": ph.pass_}, N=ph.n_q, N_k=ph.n_k, algorithm=a.algorithm)
-            model_totals = dict(model_total_bytes=a.total_bytes, model_matmul_flops=getattr(a.flops, "matmul", None),
-                                model_roofline_s=a.seconds, ratio_to_least=pc.ratio(a),
-                                least=pc.least is not None and pc.least.algorithm == a.algorithm)
-            if a.skipped:
-                out.append(dict(head, **model_totals, status=a.skipped))
-            for c in a.layers:
-                f, b = c.forward_tiling, c.backward_tiling
-                out.append(dict(head, layer_kind=c.kind.label, layers=c.kind.layers, window=c.kind.window,
-                                chunk=c.kind.chunk,
-                                counted_window=None if c.window is None else list(c.window), kv_heads=c.kv_heads,
-                                counted_d=c.d, counted_d_v=c.d_v, latent=c.latent,
-                                **tiling_record(f), **tiling_record(b, "bwd_"),
-                                **c.counts.as_dict(), exact=c.exact, matmul_flops=c.flops.matmul, exp=c.flops.exp,
-                                roofline_s=c.roofline.seconds, bound=c.roofline.bound,
-                                intensity=c.roofline.intensity, time_from=c.time_from, **dram_record(c.dram),
-                                dram_note=c.dram_note, **model_totals, status="ok"))
-    return out
 
 
 def _lengths(name: str, value) -> list[int]:
