@@ -391,6 +391,19 @@ def test_a_score_mod_is_applied_and_counted_as_declared():
         S.softcap(0)
 
 
+@pytest.mark.parametrize("spec, message", [
+    (["math:sqrt"], "--score-mod math:sqrt: <built-in function sqrt> takes arguments"),  # was a TypeError
+    (["softcap", "inf"], "softcap T=inf must be a finite number > 0"),  # was blamed on --scale
+    (["relative_bias", "nan"], "relative_bias w=nan must be a finite number"),
+    (["relative_bias", "inf"], "relative_bias w=inf must be a finite number"),
+])
+def test_a_score_mod_that_cannot_run_is_refused_in_one_line(capsys, spec, message):
+    for argv in (["sweep", "--N", "64", "--d", "8"], ["run", "--N", "64", "--d", "8", "--algo", "flex"]):
+        assert cli_main([*argv, "--flex-mask", "causal", "--score-mod", *spec]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
 def test_the_command_line_applies_a_score_mod_in_both_passes_and_records_it(tmp_path, monkeypatch, capsys):
     out = tmp_path / "rows.json"
     assert cli_main(["sweep", "--N", "300", "--d", "16", "--flex-mask", "causal", "--flex-block", "64", "64",

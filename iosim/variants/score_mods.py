@@ -9,6 +9,8 @@ one entry per query row and key row of every block visited; a backward pass need
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -83,8 +85,8 @@ def score_mod(fn: Callable, *, flops: int, reads: Sequence[str] = (), name: str 
 def softcap(T: float) -> ScoreMod:
     """Gemma 2's attention logit softcapping, T·tanh(s/T): a division, a tanh and a product per score; its derivative
     1 − tanh²(s/T), a division, a tanh, a square and a difference."""
-    if isinstance(T, bool) or not isinstance(T, (int, float)) or not T > 0:
-        raise InputError(f"softcap T={T!r} must be a number > 0")
+    if isinstance(T, bool) or not isinstance(T, (int, float)) or not 0 < T < math.inf:
+        raise InputError(f"softcap T={T!r} must be a finite number > 0")
     return score_mod(lambda s, b, h, q, kv: T * np.tanh(s / T), flops=3, name=f"softcap {T:g}",
                      grad=lambda s, b, h, q, kv: 1.0 - np.tanh(s / T) ** 2, grad_flops=4)
 
@@ -94,6 +96,8 @@ def relative_bias(w: float) -> ScoreMod:
     derivative is 1, no FLOP."""
     if isinstance(w, bool) or not isinstance(w, (int, float)):
         raise InputTypeError(f"relative_bias w={w!r} must be a number")
+    if not math.isfinite(w):
+        raise InputError(f"relative_bias w={w!r} must be a finite number")
     return score_mod(lambda s, b, h, q, kv: s - w * np.abs(q - kv), flops=4, name=f"relative_bias {w:g}",
                      grad=lambda s, b, h, q, kv: np.ones_like(s), grad_flops=0)
 
@@ -118,11 +122,23 @@ def named_score_mod(spec: Sequence[str]) -> ScoreMod:
         raise InputError(f"--score-mod {' '.join(spec)}: allowed: one of {sorted(SCORE_MODS)} with its number, or "
                          f"module:name of an iosim.variants.score_mods.score_mod(...)")
     found = import_named("--score-mod", name)
+    if callable(found) and not isinstance(found, ScoreMod) and needs_arguments(found):
+        raise InputTypeError(f"--score-mod {name}: {found!r} takes arguments; allowed: an iosim.variants."
+                             f"score_mods.score_mod(...), or a function of no arguments that returns one")
     made = found if isinstance(found, ScoreMod) else found() if callable(found) else found
     if not isinstance(made, ScoreMod):
         raise InputTypeError(f"--score-mod {name}: {made!r} is not an iosim.variants.score_mods.score_mod(...), nor a "
                              f"function of no arguments that returns one")
     return made
+
+
+def needs_arguments(f) -> bool:
+    """Whether calling ``f`` with no arguments would lack one it requires (False where its signature is not known)."""
+    try:
+        return any(p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                   for p in inspect.signature(f).parameters.values())
+    except (TypeError, ValueError):
+        return False
 
 
 def check_score_mod(value) -> ScoreMod | None:
