@@ -312,9 +312,10 @@ def test_a_value_given_twice_in_a_list_option_counts_once(argv, dest, values):
 
 @pytest.mark.parametrize("argv", [["model", "llama-3-8b", "--N", "1Ki"], ["bound", "--N", "4096", "--d", "64"],
                                   ["prefill", "--N", "4096", "--d", "64", "--chunk", "256"],
-                                  ["cascade", "--d", "64", "--prefix", "4096", "--suffix", "16"]])
+                                  ["cascade", "--d", "64", "--prefix", "4096", "--suffix", "16"],
+                                  ["optimize", "--N", "1024", "--d", "64"]])
 def test_a_command_without_a_block_mask_option_does_not_offer_flex(capsys, argv):
-    # flex runs only over a FlexAttention block mask, which only sweep, run and optimize take (--flex-mask)
+    # flex runs only over a FlexAttention block mask, which only sweep and run take (--flex-mask)
     assert main([*argv, "--algo", "flex"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "argument --algo: invalid choice: 'flex'" in err[0], err

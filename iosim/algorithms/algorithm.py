@@ -235,7 +235,7 @@ class Algorithm:
                              f"{[a.name for a in algorithms if a.takes_flex(pass_)]}")
         if self.accepts("block_mask") and pb.flex is None:
             raise InputError(f"{self.name} with block_mask=None: it runs over a FlexAttention block mask and has none; "
-                             f"allowed: a block mask (iosim.block_mask; --flex-mask in sweep, run and optimize)")
+                             f"allowed: a block mask (iosim.block_mask; --flex-mask in sweep and run)")
         if self.accepts("block_mask") and (pb.causal or pb.has_mask):
             raise InputError(f"{self.name} with block_mask={pb.flex.name!r}, causal={pb.causal}, an explicit mask "
                              f"{pb.has_mask}: its block mask is its only mask (iosim.variants.flex.causal makes a "

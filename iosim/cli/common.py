@@ -42,8 +42,8 @@ class Distinct(argparse.Action):
 
 
 def maskless_algorithms() -> list[str]:
-    """The ``--algo`` choices of a command without ``--flex-mask`` (model, prefill, cascade, bound): every algorithm but
-    those that run only over a FlexAttention block mask."""
+    """The ``--algo`` choices of a command without ``--flex-mask`` (optimize, model, prefill, cascade, bound): every
+    algorithm but those that run only over a FlexAttention block mask."""
     return [name for name, algorithm in ALGORITHMS.items() if not algorithm.accepts("block_mask")]
 
 

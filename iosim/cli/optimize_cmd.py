@@ -22,6 +22,7 @@ from iosim.cli.common import (
     hardware_of,
     kernel_reach,
     l2_overrides,
+    maskless_algorithms,
     window_of,
 )
 from iosim.cli.progress import progress_bar
@@ -76,7 +77,7 @@ def add_parser(sub) -> None:
                         f"--gpu's L2, over the {DRAM_CANDIDATES} tilings of least HBM traffic (forward passes)")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd",
                    help="the pass whose tilings to search: fwd (default) or bwd (each pass has its own tiling)")
-    p.add_argument("--algo", choices=list(ALGORITHMS), nargs="+", action=Distinct, default=None,
+    p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help="default: every algorithm but the block-sparse ones")
     add_problem(p)
     p.add_argument("--page-size", type=count_arg, default=None,
