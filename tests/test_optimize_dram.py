@@ -62,3 +62,22 @@ def test_the_command_shows_and_saves_the_dram_bytes(tmp_path, capsys):
     assert records[0]["dram_read_bytes"] == first.dram[0].reads
     assert main(["optimize", "--N", "600", "--d", "32", "--objective", "dram"]) == 2
     assert "--objective dram without --gpu" in capsys.readouterr().err
+
+
+def test_the_records_say_what_they_were_searched_under(tmp_path):
+    # two searches that differ only in the L2 capacity move different DRAM bytes: their records tell them apart
+    saved = {}
+    for l2 in (None, "100KB"):
+        out = tmp_path / f"{l2}.json"
+        argv = ["optimize", "--N", "600", "--d", "32", "--M", "40k", "--gpu", "h100", "--objective", "dram",
+                "--algo", "flash", "--top", "1", "--json", str(out)] + (["--l2-bytes", l2] if l2 else [])
+        run(build_parser().parse_args(argv))
+        (saved[l2],) = json.loads(out.read_text())
+    for l2, record in saved.items():
+        assert (record["objective"], record["pass"], record["gpu"], record["kernel"]) == ("dram", "fwd", "H100", None)
+        assert record["l2_bytes"] == (None if l2 is None else 100_000)
+    out = tmp_path / "hbm.json"
+    run(build_parser().parse_args(["optimize", "--N", "600", "--d", "32", "--M", "40k", "--algo", "flash",
+                                   "--pass", "bwd", "--top", "1", "--json", str(out)]))
+    (record,) = json.loads(out.read_text())
+    assert (record["objective"], record["pass"], record["gpu"]) == ("hbm", "bwd", None)

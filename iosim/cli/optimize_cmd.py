@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from iosim.api import backward_of
 from iosim.cli.common import (
@@ -40,6 +40,7 @@ from iosim.reports.records import check_distinct, check_output_path, write_recor
 class OptimizeOutcome:
     results: list  # per algorithm: an Optimum, or the error (no fit, search too large) in its place
     notes: tuple[str, ...] = ()  # options that some of the algorithms ignore (a --kernel of another algorithm)
+    settings: dict = field(default_factory=dict)  # what every record was searched under: objective, pass, GPU, L2
 
     def records(self) -> list[dict]:
         """One record per tiling shown: the problem, the rank, the tiling and its traffic, and the policies'."""
@@ -48,7 +49,7 @@ class OptimizeOutcome:
             if not isinstance(r, Optimum):
                 continue
             bs = r.problem.block_sparsity
-            config = dict(algorithm=r.algorithm, **r.problem.record(), M=r.M, searched=r.searched,
+            config = dict(algorithm=r.algorithm, **r.problem.record(), M=r.M, **self.settings, searched=r.searched,
                           sparsity=getattr(bs, "sparsity", None), sparsity_pattern=getattr(bs, "pattern", None),
                           sparsity_seed=getattr(bs, "seed", None))
             policies = {f"{name}_{key}": getattr(getattr(r, name), key, None)
@@ -116,7 +117,12 @@ def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None
                                        gpu=args.gpu, on_done=on_row, window=window_of(args),
                                        page_size=args.page_size, hw=hw, kernel=args.kernel,
                                        block_sparsity=block_sparsity(args), d_v=args.d_v),
-                             () if reach is None else (reach,))
+                             () if reach is None else (reach,),
+                             {"objective": args.objective, "pass": args.pass_,
+                              "gpu": None if hw is None else hw.gpu.name,
+                              **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None,
+                                                                          "schedule": None}),
+                              "kernel": args.kernel})
     write_records(args.json, args.csv, outcome.records())
     return outcome
 
