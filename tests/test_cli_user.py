@@ -310,6 +310,23 @@ def test_a_value_given_twice_in_a_list_option_counts_once(argv, dest, values):
     assert getattr(parse(*argv), dest) == values
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "--N", "1024", "--d", "64", "--sparsity-seed", "3"], "--sparsity-seed 3 without --sparsity"),
+    (["run", "--algo", "flash", "--N", "256", "--d", "16", "--sparsity-pattern", "local"],
+     "--sparsity-pattern local without --sparsity"),
+    (["optimize", "--N", "1024", "--d", "64", "--sparsity-seed", "2"], "--sparsity-seed 2 without --sparsity"),
+    (["sweep", "--N", "1024", "--d", "64", "--flex-block", "64", "64", "--algo", "flash"],
+     "--flex-block 64 64 without --flex-mask"),
+    (["run", "--N", "256", "--d", "16", "--algo", "flash", "--flex-block", "64", "64"],
+     "--flex-block 64 64 without --flex-mask"),
+])
+def test_an_option_of_a_mask_not_given_is_refused_not_ignored(capsys, argv, message):
+    # each ran before with exit 0, the option without effect
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
 @pytest.mark.parametrize("argv", [["model", "llama-3-8b", "--N", "1Ki"], ["bound", "--N", "4096", "--d", "64"],
                                   ["prefill", "--N", "4096", "--d", "64", "--chunk", "256"],
                                   ["cascade", "--d", "64", "--prefix", "4096", "--suffix", "16"],

@@ -21,6 +21,7 @@ from iosim.variants.flex import FlexBlockMask, named_mask
 from iosim.variants.score_mods import ScoreMod, named_score_mod
 from iosim.variants.sparsity import PATTERNS, BlockSparsity
 
+FLEX_BLOCK = [128, 128]  # FlexAttention's blocks, where --flex-block gives none
 PASS_TITLES = {"fwd": "forward pass", "bwd": "backward pass", "fwd+bwd": "forward + backward (blocks of each)"}
 
 
@@ -121,8 +122,8 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="a FlexAttention block mask, which flex runs over: causal, window W, document (of --seqlens), "
                         "prefix_lm P, sinks_window K W (StreamingLLM), or module:function, a mask function of (b, h, "
                         "q_idx, kv_idx)")
-    p.add_argument("--flex-block", type=count_arg, nargs=2, default=[128, 128], metavar=("B_r", "B_c"),
-                   help="the block mask's blocks (default 128 128, FlexAttention's)")
+    p.add_argument("--flex-block", type=count_arg, nargs=2, default=None, metavar=("B_r", "B_c"),
+                   help="with --flex-mask: the block mask's blocks (default 128 128, FlexAttention's)")
     p.add_argument("--flex-heads", action="store_true",
                    help="evaluate a --flex-mask module:function for every batch entry and head (FlexAttention's B "
                         "and H), each head running over its own blocks (default: once, at b = h = 0, for all)")
@@ -161,9 +162,10 @@ def add_block_mask(p: argparse.ArgumentParser) -> None:
     """The block mask of the block-sparse algorithms (sweep, run, optimize)."""
     p.add_argument("--sparsity", type=float, default=None,
                    help="block-sparse algorithms: the fraction of nonzero tiles in (0, 1] (default: dense)")
-    p.add_argument("--sparsity-pattern", choices=PATTERNS, default="random",
-                   help="random, local (banded) or strided block mask (default random)")
-    p.add_argument("--sparsity-seed", type=seed_arg, default=0, help="seed of a random block mask")
+    p.add_argument("--sparsity-pattern", choices=PATTERNS, default=None,
+                   help="with --sparsity: random, local (banded) or strided block mask (default random)")
+    p.add_argument("--sparsity-seed", type=seed_arg, default=None, help="with --sparsity: seed of a random block "
+                                                                          "mask (default 0)")
 
 
 def bytes_arg(text: str) -> int:
@@ -300,13 +302,16 @@ def flex_mask_for(args: argparse.Namespace) -> Callable[[int, int], FlexBlockMas
         if getattr(args, "flex_heads", False):
             raise InputError("--flex-heads without --flex-mask: it evaluates a mask function for every head; allowed: "
                              "--flex-mask module:function --flex-heads")
+        if getattr(args, "flex_block", None) is not None:
+            raise InputError(f"--flex-block {' '.join(map(str, args.flex_block))} without --flex-mask: it sets the "
+                             f"blocks of a FlexAttention block mask; allowed: --flex-mask NAME --flex-block B_r B_c")
         return None
     if documents(args) is not None:
         raise InputError(f"--seqlens with --flex-mask {' '.join(args.flex_mask)}: a block mask keeps packed documents "
                          f"apart itself; allowed: --flex-mask document with --seqlens, or no --seqlens")
     heads = (args.batch, args.heads) if getattr(args, "flex_heads", False) else None
-    return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=args.flex_block, seqlens=args.seqlens,
-                                       per_head=heads)
+    block = args.flex_block or FLEX_BLOCK
+    return lambda n_q, n_k: named_mask(args.flex_mask, n_q, n_k, block=block, seqlens=args.seqlens, per_head=heads)
 
 
 def band_title(pb: Problem) -> str:
@@ -319,7 +324,15 @@ def band_title(pb: Problem) -> str:
 
 
 def block_sparsity(args: argparse.Namespace) -> BlockSparsity | None:
-    return None if args.sparsity is None else BlockSparsity(args.sparsity, args.sparsity_pattern, args.sparsity_seed)
+    """--sparsity's block mask; --sparsity-pattern or --sparsity-seed without it is refused, not ignored."""
+    if args.sparsity is None:
+        for flag, value in (("--sparsity-pattern", args.sparsity_pattern), ("--sparsity-seed", args.sparsity_seed)):
+            if value is not None:
+                raise InputError(f"{flag} {value} without --sparsity: it shapes the block-sparse algorithms' block "
+                                 f"mask, which --sparsity makes; allowed: --sparsity S {flag} {value}")
+        return None
+    return BlockSparsity(args.sparsity, args.sparsity_pattern or "random",
+                         0 if args.sparsity_seed is None else args.sparsity_seed)
 
 
 def algorithms_of(args: argparse.Namespace) -> list[str]:
