@@ -283,6 +283,10 @@ def test_common_spellings_of_M(text, elements):
 
 def test_counts_take_units_and_whole_floats_everywhere():
     assert parse("sweep", "--N", "4Ki", "1e3").N == [4096, 1000]
+    assert parse("sweep", "--window", "1Ki").window == [1024] and parse("run", "--window", "-1", "4Ki").window == [
+        -1, 4096]  # -1 is still unbounded
+    assert parse("run", "--splits", "2Ki").splits == 2048 and parse("run", "--splits", "0").splits == 0  # 0: refused
+    # by split-kv's own range check, which names it
     a = iosim.count("flash", N=1024.0, d="64", M="100k")
     b = iosim.count("flash", N="1Ki", d=64, M=100_000)
     assert a.traffic == b.traffic

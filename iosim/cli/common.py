@@ -64,6 +64,15 @@ def tokens_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err).replace(f"value={text!r}", text, 1)) from None
 
 
+def signed_count_arg(text: str) -> int:
+    """An integer as written (-1, 0, 7), else a count with units (4Ki, 1e3), for argparse: the options whose range
+    their check names (--window's -1 unbounded, --splits' 1 to the K/V blocks)."""
+    try:
+        return int(text)
+    except ValueError:
+        return count_arg(text)
+
+
 def seed_arg(text: str) -> int:
     try:
         return check_seed(int(text))
@@ -94,7 +103,7 @@ def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool
                             "1 is MQA (default: --heads)")
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     if windowed:
-        p.add_argument("--window", type=int, nargs="+", metavar="L R", default=None,
+        p.add_argument("--window", type=signed_count_arg, nargs="+", metavar="L R", default=None,
                        help="sliding window as flash-attn's window_size: L keys back and R ahead of the diagonal, "
                             "-1 unbounded; one number W is (W, 0). Algorithms that take none are left out")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
@@ -136,7 +145,7 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                         "V is the first --d-v columns of K, which alone is read; split-kv, flash-swapped and flex "
                         "take it")
     add_l2_options(p)
-    p.add_argument("--splits", type=int, default=None,
+    p.add_argument("--splits", type=signed_count_arg, default=None,
                    help="split-kv: K/V splits, 1 to the number of K/V blocks (default: enough to fill the SMs "
                         "of the --gpu preset, an H100's 132 without one)")
     p.add_argument("--page-size", type=count_arg, default=None,
