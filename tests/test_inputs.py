@@ -35,6 +35,16 @@ def test_nonpositive_sizes(field, value):
         iosim.count("flash", **kwargs)
 
 
+def test_a_tiling_takes_its_blocks_as_counts_are_taken_and_holds_ints():
+    # Tiling("4", 4) and Tiling(4.0, 4) were kept as given, and count failed on them with a bare TypeError
+    plain = iosim.count("flash", N=100, d=8, M=10_000, tiling=iosim.Tiling(4, 8))
+    for tiling in (iosim.Tiling("4", 8), iosim.Tiling(4.0, "8"), iosim.Tiling(4, 8, 1.0)):
+        assert tiling == iosim.Tiling(4, 8) and all(type(x) is int for x in (tiling.Br, tiling.Bc, tiling.splits))
+        assert iosim.count("flash", N=100, d=8, M=10_000, tiling=tiling).traffic == plain.traffic
+    with pytest.raises(iosim.InputError, match="Br='4.5' is 4.5, not a whole number"):
+        iosim.Tiling("4.5", 8)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 def test_M_below_smallest_working_set(algorithm):
     with pytest.raises(iosim.BlockSizeError, match="M=4 is below the smallest working set.*allowed range M >="):

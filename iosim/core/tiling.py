@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from iosim.core.units import parse_count
+from iosim.core.units import MAX_COUNT, parse_count
 
 if TYPE_CHECKING:
     from iosim.core.problem import Problem
@@ -36,10 +36,11 @@ class Tiling:
     Bc: int
     splits: int = 1
 
-    def __post_init__(self):
-        parse_count("Br", self.Br)
-        parse_count("Bc", self.Bc)
-        parse_count("splits", self.splits)
+    def __post_init__(self):  # a count as counts are taken (4, 4.0, "4"), kept as an int; an int passes cheaply
+        for name in ("Br", "Bc", "splits"):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= MAX_COUNT:
+                object.__setattr__(self, name, parse_count(name, value))
 
     def capped(self, pb: Problem) -> Tiling:
         """The same tiling with no block longer than the sequence it splits."""
