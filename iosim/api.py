@@ -32,6 +32,7 @@ from iosim.core.inputs import (
     check_scale,
     check_sinks,
     check_values,
+    listed_array,
 )
 from iosim.core.memory import Memory
 from iosim.core.problem import AttentionShape, Problem, check_window
@@ -242,7 +243,7 @@ def numeric_inputs(q, k, v, *, causal, mask, scale, dropout_p, seed, dtype, bloc
                    block_mask=None, score_mod=None) -> tuple[Problem, dict]:
     """The problem of a numeric run, and its HBM inputs by tensor name (Q, K, V, the mask and the sinks); with packed
     documents (iosim.variants.varlen), q, k, v are (1, heads, Σ L_b, d)."""
-    q, k, v = (np.asarray(x) if isinstance(x, (list, tuple)) else x for x in (q, k, v))
+    q, k, v = (listed_array(name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     shape = check_qkv(q, k, v)
     q, k, v = (np.asarray(x) for x in (q, k, v))
     check_values({"q": q, "k": k, "v": v}, allow_nonfinite)

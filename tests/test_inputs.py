@@ -58,6 +58,13 @@ def test_dropout_out_of_range(p):
         iosim.simulate("flash", q, k, v, M=1000, dropout_p=p)
 
 
+def test_a_ragged_nested_list_is_refused_by_name():
+    k = np.ones((1, 1, 2, 2))
+    with pytest.raises(iosim.InputTypeError, match="q is a nested list whose rows differ in length"):
+        iosim.simulate("flash", [[[[1.0, 2.0], [1.0]]]], k, k, M="100k")  # a bare ValueError of numpy's before
+    assert iosim.simulate("flash", [[[[1.0, 2.0], [1.0, 0.5]]]], k, k, M="100k").out.shape == (1, 1, 2, 2)
+
+
 def test_mismatched_shapes():
     rng = np.random.default_rng(0)
     q, k, v = random_qkv(rng, 1, 2, 8, 8, 4)

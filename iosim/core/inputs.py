@@ -82,6 +82,17 @@ def check_sinks(sinks, heads: int) -> np.ndarray:
     return arr
 
 
+def listed_array(name: str, x):
+    """``x`` as an array where it is a (nested) list or tuple, refused by name where its rows are ragged; else as
+    given."""
+    if not isinstance(x, (list, tuple)):
+        return x
+    try:
+        return np.asarray(x)
+    except ValueError as err:
+        raise InputTypeError(f"{name} is a nested list whose rows differ in length, not an array: {err}") from None
+
+
 def check_qkv(q, k, v) -> AttentionShape:
     """Check that q, k, v are (batch, heads, N, d) arrays that fit together: q and k of one head size d, v of its
     own, d_v."""
