@@ -69,6 +69,14 @@ def test_run_prints_traffic_before_checking(capsys, monkeypatch):
     assert order == ["traffic", "check"]
 
 
+def test_run_s_title_says_what_was_counted(capsys):
+    # the mask, the dtype and the variants: the title gave the sizes alone
+    assert main(["run", "--N", "64", "--d", "8", "--algo", "flash", "--causal", "--window", "10", "--dropout", "0.1",
+                 "--sinks", "--dtype", "float32", "--heads", "2", "--kv-heads", "1", "--no-check"]) == 0
+    title = " ".join(capsys.readouterr().out.split())
+    assert "causal, window (10, 0), float32, dropout 0.1, sinks, 1 K/V heads" in title, title
+
+
 def test_no_check_skips_the_reference(capsys, monkeypatch):
     monkeypatch.setattr(run_cmd, "check_against_reference", lambda *a, **k: pytest.fail("the check ran"))
     out = run(parse("run", "--N", "50", "--d", "8", "--M", "5k", "--no-check"))

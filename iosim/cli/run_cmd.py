@@ -14,6 +14,7 @@ import numpy as np
 from iosim.api import Progress, backward_of, count, simulate, simulation_bytes
 from iosim.cli.common import (
     add_simulation,
+    band_title,
     block_sparsity,
     check_backward,
     count_arg,
@@ -275,14 +276,16 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
     from rich.table import Table
 
     pb = r.problem
-    sizes = (f"FlexAttention mask {pb.flex.label}, " if pb.flex is not None else "") + (
-        f"score_mod {pb.score_mod.name}, " if pb.score_mod is not None else "") + (
-        f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else
-        f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), ")
+    sizes = (f"N_q={pb.shape.n_q}, N_k={pb.shape.n_k}, " if pb.seqlens is None else
+             f"{len(pb.seqlens)} packed documents of {sum(pb.seqlens):,} tokens (longest {pb.shape.n_q}), ")
+    what_ran = [band_title(pb), *([f"score_mod {pb.score_mod.name}"] if pb.score_mod is not None else []), pb.dtype,
+                *([f"dropout {pb.dropout_p:g}"] if pb.dropout_p else []), *(["sinks"] if pb.sinks else []),
+                *([f"{pb.shape.kv_heads} K/V heads"] if pb.shape.kv_heads != pb.shape.heads else []),
+                *([f"pages of {pb.page_size}"] if pb.page_size else []), *(["latent K/V"] if pb.latent else [])]
     table = Table(title=f"{r.algorithm}{f' ({what})' if what else ''}: {sizes}"
                         f"d={pb.shape.d}{f', d_v={pb.shape.d_v}' if pb.shape.d_v != pb.shape.d else ''}, "
-                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}",
-                  header_style="bold")
+                        f"batch·heads={pb.shape.bh}, M={r.M:,}, B_r={tiling.Br}, B_c={tiling.Bc}; "
+                        f"{', '.join(what_ran)}", header_style="bold")
     for col in ("tensor", "reads", "writes", "read bytes", "write bytes"):
         table.add_column(col, justify="left" if col == "tensor" else "right", no_wrap=True)
     for x in t.tensors:
