@@ -199,7 +199,7 @@ def test_cli_table_and_records(tmp_path, capsys):
     outcome = run(args)
     records = json.loads(path.read_text())
     assert [(r["batch"], r["prefix"]) for r in records] == [(1, 4096), (8, 4096)]
-    assert {(r["gpu"], r["block_policy"]) for r in records} == {("h100", "fit")}  # what else sets the counts
+    assert {(r["gpu"], r["block_policy"]) for r in records} == {("H100", "fit")}  # what else sets the counts
     for rec, r in zip(records, outcome.results):
         api = iosim.cascade(batch=rec["batch"], prefix=4096, suffix=256, d=128, M=r.M, heads=32, kv_heads=8,
                             page_size=16, gpu="h100")

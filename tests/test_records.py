@@ -247,3 +247,18 @@ def test_resume_refuses_a_file_that_is_not_iosims_records(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "its records lack ['M', 'd', 'status']" in err and "Traceback" not in err
     assert junk.read_text() == 'algorithm,N\nflash,"unterminated\n'  # left as it was
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--N", "256", "--d", "64", "--algo", "flash"],
+    ["run", "--N", "64", "--d", "16", "--algo", "flash"],
+    ["optimize", "--N", "256", "--d", "64", "--algo", "flash"],
+    ["prefill", "--N", "256", "--chunk", "128", "--d", "64"],
+    ["cascade", "--prefix", "256", "--suffix", "16", "--batch", "2", "--d", "64"],
+    ["model", "llama-3-8b", "--N", "256", "--algo", "flash"],
+])
+def test_every_command_names_the_gpu_preset_in_its_records_as_the_others_do(command, tmp_path, capsys):
+    path = tmp_path / "r.json"
+    assert main([*command, "--gpu", "h100", "--json", str(path)]) == 0
+    saved = json.loads(path.read_text())
+    assert {r["gpu"] for r in ([saved] if isinstance(saved, dict) else saved)} == {"H100"}

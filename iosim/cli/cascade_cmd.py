@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, maskless_algorithms, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
-from iosim.core.gpus import GPUS, resolve_M
+from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.reports.records import check_distinct, check_output_path, write_records
 from iosim.serving.cascade import Cascade, cascade, kv_reads
 from iosim.tilings.policies import POLICIES
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, on_row: Callable[[Cascade], None] | None = Non
                                        gpu=args.gpu))
                 if on_row is not None:
                     on_row(results[-1])
-    setting = dict(gpu=args.gpu, block_policy=args.block_policy)  # options that change the counts
+    setting = dict(gpu=preset_name(args.gpu), block_policy=args.block_policy)  # options that change the counts
     write_records(args.json, args.csv, [dict(r.record(), **setting) for r in results])
     return CascadeOutcome(results)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, eng, nbytes
-from iosim.core.gpus import GPUS, resolve_M
+from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.registry import ALGORITHMS
 from iosim.reports.records import check_distinct, check_output_path, write_records
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, on_row: Callable[[ChunkedPrefill], None] | Non
                                            dtype=args.dtype, block_policy=args.block_policy, gpu=args.gpu))
             if on_row is not None:
                 on_row(results[-1])
-    setting = dict(gpu=args.gpu, block_policy=args.block_policy)  # options that change the counts
+    setting = dict(gpu=preset_name(args.gpu), block_policy=args.block_policy)  # options that change the counts
     write_records(args.json, args.csv, [dict(r.record(), **setting) for r in results])
     return PrefillOutcome(results, notes)
 

@@ -31,7 +31,7 @@ from iosim.cli.progress import PatientBar
 from iosim.cli.render import nbytes
 from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
-from iosim.core.gpus import resolve_M
+from iosim.core.gpus import preset_name, resolve_M
 from iosim.core.tiling import Tiling, tiling_record
 from iosim.gpu.dram import bracketed, covered_dram_or_why
 from iosim.gpu.l2 import DramCounts, dram_record, read_range
@@ -226,7 +226,7 @@ def record(args: argparse.Namespace, outcome: RunOutcome) -> dict:
         "algorithm": r.algorithm, **pb.record(), "M": r.M, "seed": pb.seed, "scale": pb.tau,
         "block_policy": args.block_policy, "pass": outcome.pass_, **tiling_record(first),
         **tiling_record(backward, "bwd_"), **outcome.traffic.as_dict(),
-        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": args.gpu,
+        "max_abs_error": outcome.max_abs_error, "max_rel_error": outcome.max_rel_error, "gpu": preset_name(args.gpu),
         "l2_bytes": args.l2_bytes, "blocks_per_sm": args.blocks_per_sm,
         "schedule": None if args.schedule == "lockstep" else args.schedule, "kernel": args.kernel,
         **dram_record(outcome.dram, outcome.dram_band, None if outcome.dram is None else bracketed(

@@ -244,6 +244,11 @@ def get_gpu(name: str) -> GPU:
     return GPUS[name]
 
 
+def preset_name(gpu: str | None) -> str | None:
+    """What a record's ``gpu`` field holds: the preset's name ("H100" for gpu="h100"), None without a preset."""
+    return None if gpu is None else get_gpu(gpu).name
+
+
 @dataclass(frozen=True)
 class Roofline:
     """A run's time on a GPU by the roofline model: a lower bound, see the module docstring."""

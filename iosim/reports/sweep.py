@@ -17,7 +17,7 @@ from iosim.api import closed_form, count_problem, measure, plan, predict
 from iosim.core.counts import Counts
 from iosim.core.errors import BlockSizeError
 from iosim.core.flops import Flops
-from iosim.core.gpus import Roofline, get_gpu, roofline
+from iosim.core.gpus import Roofline, get_gpu, preset_name, roofline
 from iosim.core.inputs import check_scale
 from iosim.core.problem import check_window
 from iosim.core.tiling import Tiling, one_pass, tiling_record
@@ -280,7 +280,7 @@ def row_config(algorithm: str, N: int, d: int, *, N_k=None, batch=1, heads=1, ca
                 sparsity_seed=block_sparsity.seed if sparse else None,
                 requested_splits=splits if algo.accepts("splits") else None,
                 page_size=page_size if algo.accepts("page_size") else None,
-                gpu=None if gpu is None else get_gpu(gpu).name,
+                gpu=preset_name(gpu),
                 window_left=None if band is None else band.left, window_right=None if band is None else band.right,
                 **(hw.overrides() if hw is not None else {"l2_bytes": None, "blocks_per_sm": None, "schedule": None}),
                 kernel=named_for(algorithm, kernel) if hw is not None else None, sinks=sinks,
