@@ -54,8 +54,9 @@ PASSES = ("fwd", "bwd", "fwd+bwd")  # the forward pass, the backward pass that r
 def backward_of(algo: Algorithm) -> Algorithm:
     """The backward pass of ``algo``, or an InputError naming it when it has none."""
     if algo.backward is None:
-        raise InputError(f"algorithm={algo.name!r} has no backward pass; allowed with pass 'bwd': "
-                         f"algorithms whose backward is set")
+        with_one = [a.name for a in ALGORITHMS.values() if a.backward is not None]
+        raise InputError(f"algorithm={algo.name!r} has no backward pass; allowed with pass 'bwd' or 'fwd+bwd': "
+                         f"{', '.join(with_one)}, or an Algorithm whose backward is set")
     return algo.backward
 
 

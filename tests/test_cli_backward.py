@@ -66,11 +66,13 @@ def test_run_checks_gradients_against_the_reference(pass_, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["sweep", "run"])
-def test_a_pass_the_algorithm_lacks_exits_2_with_one_line(capsys, no_backward, command):
-    assert main([command, "--algo", no_backward.name, "--N", "64", "--d", "8", "--M", "5k", "--pass", "bwd"]) == 2
+@pytest.mark.parametrize("pass_", ["bwd", "fwd+bwd"])
+def test_a_pass_the_algorithm_lacks_exits_2_with_one_line(capsys, no_backward, command, pass_):
+    assert main([command, "--algo", no_backward.name, "--N", "64", "--d", "8", "--M", "5k", "--pass", pass_]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and f"algorithm={no_backward.name!r} has no backward pass" in lines[0], captured.err
+    assert "allowed with pass 'bwd' or 'fwd+bwd': standard, flash, flash-swapped" in lines[0]
     assert "Traceback" not in captured.err + captured.out
 
 
