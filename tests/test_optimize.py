@@ -227,9 +227,10 @@ def test_sweep_takes_the_optimal_policy():
     assert {r.algorithm: (r.tiling.Br, r.tiling.Bc) for r in out.rows}["flash"] == (1, 683)
 
 
-@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
-def test_optimize_table_fits_80_columns(pass_):
-    args = build_parser().parse_args(["optimize", "--N", "4096", "--d", "64", "--M", "100k", "--pass", pass_])
+@pytest.mark.parametrize("pass_, shape", [("fwd", ["--N", "4096"]), ("bwd", ["--N", "4096"]),
+                                          ("fwd", ["--N", "1", "--N-k", "65536"])])  # c in the thousands
+def test_optimize_table_fits_80_columns(pass_, shape):
+    args = build_parser().parse_args(["optimize", *shape, "--d", "64", "--M", "100k", "--pass", pass_])
     console = Console(width=80, file=io.StringIO(), record=True)
     optimize_cmd.render(console, run(args), pass_)
     text = console.export_text()

@@ -167,10 +167,10 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
     table = compact_table(("algorithm", "B_r×B_c", "HBM total", "bytes", "SRAM", "c", "fit c", "paper c"))
     for r in found:
         name = r.algorithm.removesuffix(" backward")  # the pass is in the title
-        policy_c = [f"{p.c:.3g}" if p else "—" for p in (r.fit, r.paper)]
+        policy_c = [eng(p.c) if p else "—" for p in (r.fit, r.paper)]
         for rank, x in enumerate(r.best, 1):
             table.add_row(name if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", eng(x.traffic),
-                          nbytes(x.traffic_bytes), eng(x.working_set), f"{x.c:.3g}",
+                          nbytes(x.traffic_bytes), eng(x.working_set), eng(x.c),
                           *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
     console.print(table)
     for r in outcome.results:
