@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--d", type=count_arg, required=True)
     p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help="default: every algorithm but the block-sparse ones")
-    add_problem(p, grouped=False, windowed=False)  # the lower bound is for full multi-head attention: no window
+    add_problem(p, grouped=False, windowed=False,  # the lower bound is for full multi-head attention: no window
+                dtype_help="the element type: an FP8 type counts the FP8 path (its scales) and leaves out the "
+                           "algorithms without one; the counts and the bound are in elements (default float16)")
     p.add_argument("--points", type=count_arg, default=POINTS_DEFAULT,
                    help=f"values of M, evenly spaced in log M (default {POINTS_DEFAULT})")
     p.add_argument("--out", metavar="PNG", help="plot every algorithm's traffic and the bound against M")

@@ -87,10 +87,10 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
-def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool = True, batches: bool = False
-                ) -> None:
+def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool = True, batches: bool = False,
+                dtype_help: str = "element size for bytes and for M given in bytes (default float16)") -> None:
     """The options of the problem itself, spelled the same by every command (``grouped``: --kv-heads too;
-    ``windowed``: --window too; ``batches``: --batch takes a list)."""
+    ``windowed``: --window too; ``batches``: --batch takes a list; ``dtype_help``: what --dtype does there)."""
     if batches:
         p.add_argument("--batch", type=count_arg, nargs="+", action=Distinct, default=[1],
                        help="batch sizes, e.g. 1 8 64 (default 1)")
@@ -106,8 +106,7 @@ def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool
         p.add_argument("--window", type=signed_count_arg, nargs="+", metavar="L R", default=None,
                        help="sliding window as flash-attn's window_size: L keys back and R ahead of the diagonal, "
                             "-1 unbounded; one number W is (W, 0). Algorithms that take none are left out")
-    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
-                   help="element size for bytes and for M given in bytes (default float16)")
+    p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help=dtype_help)
 
 
 def add_outputs(p: argparse.ArgumentParser, what: str) -> None:
