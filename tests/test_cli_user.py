@@ -322,6 +322,23 @@ def test_a_value_given_twice_in_a_list_option_counts_once(argv, dest, values):
     assert getattr(parse(*argv), dest) == values
 
 
+@pytest.mark.parametrize("argv, option", [
+    (["sweep", "--N", "256", "--N", "512"], "--N"),
+    (["sweep", "--N", "256", "--algo", "flash", "--algo", "standard"], "--algo"),
+    (["sweep", "--N", "256", "--window", "4", "--window", "8"], "--window"),
+    (["sweep", "--seqlens", "100", "--seqlens", "50"], "--seqlens"),
+    (["sweep", "--N", "256", "--flex-mask", "causal", "--flex-block", "64", "64", "--flex-block", "128", "128"],
+     "--flex-block"),
+    (["model", "--N", "1Ki", "--context", "4Ki", "--context", "8Ki"], "--context"),
+    (["cascade", "--d", "64", "--prefix", "4096", "--suffix", "16", "--batch", "8", "--batch", "1"], "--batch"),
+])
+def test_a_list_option_given_twice_is_refused_where_argparse_kept_only_the_last(capsys, argv, option):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"argument {option}: given twice" in err[0], err
+    assert f"allowed: every value after one {option}" in err[0]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "--N", "1024", "--d", "64", "--sparsity-seed", "3"], "--sparsity-seed 3 without --sparsity"),
     (["run", "--algo", "flash", "--N", "256", "--d", "16", "--sparsity-pattern", "local"],

@@ -220,10 +220,11 @@ def test_the_reviewed_edges_are_refused_or_counted_right(tmp_path, capsys):
     assert sorted(r["flex_mask"] for r in json.loads(out.read_text())) == ["causal, blocks 128x128",
                                                                          "causal, blocks 32x32"]
     capsys.readouterr()
-    for argv, words in ((["--window", "10", "0"], "no algorithm takes window, block_mask together"),
-                        (["--N", "65536"], "--flex-mask at N=65,536"),
-                        (["--flex-mask", "os:getcwd"], "must be a function of (b, h, q_idx, kv_idx)")):
-        assert cli_main(["sweep", "--N", "256", "--d", "8", "--flex-mask", "causal", *argv]) == 2
+    for argv, words in ((["--N", "256", "--flex-mask", "causal", "--window", "10", "0"],
+                         "no algorithm takes window, block_mask together"),
+                        (["--N", "65536", "--flex-mask", "causal"], "--flex-mask at N=65,536"),
+                        (["--N", "256", "--flex-mask", "os:getcwd"], "must be a function of (b, h, q_idx, kv_idx)")):
+        assert cli_main(["sweep", "--d", "8", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
     assert cli_main(["run", "--algo", "flex", "--d", "8", "--seqlens", "30", "34", "--flex-mask", "causal"]) == 2

@@ -34,12 +34,29 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-class Distinct(argparse.Action):
+class Once(argparse.Action):
+    """A list option given once (--window, --seqlens, --flex-mask, ...): argparse would keep the last of
+    ``--N 1024 --N 4096`` and drop the rest without a word, so a second one is refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, self.default) is not self.default:  # set already by an earlier one
+            raise argparse.ArgumentError(self, f"given twice ({' '.join(map(str, getattr(namespace, self.dest)))}, "
+                                               f"then {' '.join(map(str, values))}); allowed: every value after one "
+                                               f"{option_string}")
+        setattr(namespace, self.dest, self.kept(values))
+
+    @staticmethod
+    def kept(values: list) -> list:
+        return values
+
+
+class Distinct(Once):
     """A list option whose values are a set (--algo, --N, --d, --chunk, ...): each value once, in the order given, so
     that ``--algo flash flash`` or ``--N 4Ki 4096`` count one row, not two alike."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, list(dict.fromkeys(values)))
+    @staticmethod
+    def kept(values: list) -> list:
+        return list(dict.fromkeys(values))
 
 
 def maskless_algorithms() -> list[str]:
@@ -103,7 +120,7 @@ def add_problem(p: argparse.ArgumentParser, grouped: bool = True, windowed: bool
                             "1 is MQA (default: --heads)")
     p.add_argument("--causal", action="store_true", help="bottom-right aligned causal mask")
     if windowed:
-        p.add_argument("--window", type=signed_count_arg, nargs="+", metavar="L R", default=None,
+        p.add_argument("--window", type=signed_count_arg, nargs="+", action=Once, metavar="L R", default=None,
                        help="sliding window as flash-attn's window_size: L keys back and R ahead of the diagonal, "
                             "-1 unbounded; one number W is (W, 0). Algorithms that take none are left out")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16", help=dtype_help)
@@ -126,16 +143,16 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--d-v", type=count_arg, default=None,
                    help="head size of V and of the output O, apart from Q's and K's --d (MLA's heads: --d 192 --d-v "
                         "128; default: d)")
-    p.add_argument("--flex-mask", nargs="+", default=None, metavar="NAME",
+    p.add_argument("--flex-mask", nargs="+", action=Once, default=None, metavar="NAME",
                    help="a FlexAttention block mask, which flex runs over: causal, window W, document (of --seqlens), "
                         "prefix_lm P, sinks_window K W (StreamingLLM), or module:function, a mask function of (b, h, "
                         "q_idx, kv_idx)")
-    p.add_argument("--flex-block", type=count_arg, nargs=2, default=None, metavar=("B_r", "B_c"),
+    p.add_argument("--flex-block", type=count_arg, nargs=2, action=Once, default=None, metavar=("B_r", "B_c"),
                    help="with --flex-mask: the block mask's blocks (default 128 128, FlexAttention's)")
     p.add_argument("--flex-heads", action="store_true",
                    help="evaluate a --flex-mask module:function for every batch entry and head (FlexAttention's B "
                         "and H), each head running over its own blocks (default: once, at b = h = 0, for all)")
-    p.add_argument("--score-mod", nargs="+", default=None, metavar="NAME",
+    p.add_argument("--score-mod", nargs="+", action=Once, default=None, metavar="NAME",
                    help="a FlexAttention score_mod, which flex applies to every score (forward and backward): "
                         "softcap T (Gemma 2's T·tanh(s/T)), relative_bias w (s − w·|i − j|), or module:name of an "
                         "iosim.variants.score_mods.score_mod(...)")
@@ -154,7 +171,7 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
                    help="learned attention sinks (gpt-oss), one logit per query head: flash, flash-swapped and "
                         "split-kv take them forward, flash and flash-swapped backward too (run draws them from --seed "
                         "after q, k, v)")
-    p.add_argument("--seqlens", type=count_arg, nargs="+", default=None, metavar="L",
+    p.add_argument("--seqlens", type=count_arg, nargs="+", action=Once, default=None, metavar="L",
                    help="documents packed end to end, each attending only to itself (flash-attn's varlen): their "
                         "lengths, e.g. 100 2000 37, instead of --N; compared with padding each to the longest")
     p.add_argument("--block-policy", choices=list(POLICIES), default="fit",
