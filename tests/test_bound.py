@@ -7,7 +7,7 @@ import pytest
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.reports.bound import M_grid, bound, lower_bound
+from iosim.reports.bound import M_grid, bound, lower_bound, same_curves
 
 
 def test_ratio_comes_from_simulated_counts_at_the_optimal_tilings():
@@ -58,6 +58,17 @@ def test_bound_command_saves_records_and_plot(tmp_path):
     assert len(records) == 5 * len(dense) and png.stat().st_size > 10_000
     best = [r for r in records if r["best"]]
     assert [r["ratio"] for r in best] == [p.ratio for p in sweep.points]
+
+
+def test_the_plot_draws_one_line_per_curve_and_names_every_algorithm_on_it():
+    sweep = bound(512, 16, points=6)
+    groups = same_curves(sweep)
+    assert sorted(name for names in groups for name in names) == sorted(sweep.points[0].traffic)
+    curve = {names: [p.traffic[names[0]] for p in sweep.points] for names in groups}
+    for names in groups:
+        assert all([p.traffic[name] for p in sweep.points] == curve[names] for name in names)
+    assert len(set(map(tuple, curve.values()))) == len(groups)
+    assert ("flash-swapped", "split-kv") in groups  # one split of split-kv is flash-swapped: the same line
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -136,6 +136,15 @@ def check_plot_path(path: Path, option: str = "out") -> None:
                          f"write; allowed: {', '.join('.' + f for f in formats)}")
 
 
+def same_curves(sweep: BoundSweep) -> list[tuple[str, ...]]:
+    """The algorithms grouped by their traffic at every M, in the sweep's order: one line of the plot each, so that
+    one drawn over another (flash-swapped under split-kv, whose one split is flash-swapped) is named, not hidden."""
+    curves: dict[tuple, list[str]] = {}
+    for name in sweep.points[0].traffic:
+        curves.setdefault(tuple(p.traffic[name] for p in sweep.points), []).append(name)
+    return [tuple(names) for names in curves.values()]
+
+
 def plot(sweep: BoundSweep, path) -> None:
     """Every algorithm's least traffic against M, log-log, with the lower bound and M = d² marked."""
     import matplotlib
@@ -146,10 +155,10 @@ def plot(sweep: BoundSweep, path) -> None:
     s = sweep.problem.shape
     Ms = [p.M for p in sweep.points]
     fig, ax = plt.subplots(figsize=(8, 5))
-    for k, name in enumerate(sweep.points[0].traffic):
-        pts = [(p.M, p.traffic[name]) for p in sweep.points if p.traffic[name] is not None]
+    for k, names in enumerate(same_curves(sweep)):
+        pts = [(p.M, p.traffic[names[0]]) for p in sweep.points if p.traffic[names[0]] is not None]
         if pts:
-            ax.plot(*zip(*pts), "-o", ms=2.5, lw=1.2, color=f"C{k}", label=f"{name} (optimal blocks)")
+            ax.plot(*zip(*pts), "-o", ms=2.5, lw=1.2, color=f"C{k}", label=f"{' = '.join(names)} (optimal blocks)")
     ax.plot(Ms, [p.lower_bound for p in sweep.points], "k--", lw=1.5, label="lower bound min(N²d/√M, N²d²/M)")
     ax.axvline(s.d * s.d, color="grey", lw=0.8)
     ax.text(s.d * s.d * 1.05, 0.03, "M = d²", transform=ax.get_xaxis_transform(), fontsize=8, color="grey")
