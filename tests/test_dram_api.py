@@ -252,18 +252,37 @@ def test_a_count_that_would_take_too_long_is_refused_with_its_estimate():
 
 
 def test_a_walk_of_steps_slower_than_the_rates_say_is_refused_as_it_walks(monkeypatch):
-    # flash's decode of 32 heads grouped by 8: each head's steps are its own, walked in Python. The rate of the
-    # compiled loop passes it, and it is refused once the walk's pace shows how long the whole would take
+    # flash's causal prefill of 32 heads grouped by 8: each head's steps are its own, walked in Python. The rate of
+    # the compiled loop passes it, and it is refused once the walk's pace shows how long the whole would take
     from iosim.gpu import budget
 
     monkeypatch.setattr(budget, "WATCH_AFTER_S", 0.0)
-    args = dict(N=1, N_k=2**18, d=128, heads=32, kv_heads=8, causal=True, M="100k")
+    args = dict(N=1024, N_k=2**16, d=128, heads=32, kv_heads=8, causal=True, M="100k")
     t = iosim.count("flash", **args).forward_tiling
-    assert 32 * -(-2**18 // t.Bc) / budget.ROUNDS_VISITS_PER_S < 0.01  # what the rate alone would let through
+    visits = 32 * -(-1024 // t.Br) * -(-2**16 // t.Bc)
+    assert visits / budget.ROUNDS_VISITS_PER_S < 0.01  # what the rate alone would let through
     with pytest.raises(budget.DramTooLong, match=r"the simulation of its [\d,]+ tile visits would take about [\d,]+ s "
                                                r"\(its walk of their steps, a third of it, paced over the first"):
         iosim.dram("flash", **args, budget_s=0.01)
     assert iosim.dram("flash", **args).dram.reads > 0  # the default budget lets it through
+
+
+@pytest.mark.parametrize("kernel, algorithm", [("flash", "flash"), ("flash-swapped", "flash-swapped"),
+                                               ("flash-swapped-tc", "flash-swapped"), ("split-kv", "split-kv")])
+def test_a_causal_decode_streams_its_steps_as_an_unmasked_one_with_the_same_count(kernel, algorithm):
+    # one query block is the last query row's, which sees every key: the causal mask hides no tile, so the count is
+    # the unmasked one, and its steps stream (no flattened arrays of every step: 9 MB for flash at 128Ki keys before)
+    import tracemalloc
+
+    args = dict(N=1, N_k=2**17, d=128, heads=32, kv_heads=8, M="100k", kernel=kernel)
+    unmasked = iosim.dram(algorithm, **args).dram
+    tracemalloc.start()
+    try:
+        causal = iosim.dram(algorithm, **args, causal=True).dram
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert causal == unmasked and peak < 2e6, peak
 
 
 @pytest.mark.parametrize("n_q, n_k, d, heads, kv_heads, causal, window", [

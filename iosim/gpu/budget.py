@@ -39,10 +39,11 @@ TIMED_VISITS_PER_S = 1.3e7
 # on 16 causal heads of N = 65,536 (the same record), taken at a third
 ROUNDS_VISITS_PER_S = 1.3e7
 # how long the walk of a grid's steps runs before its pace is taken to judge the rest (walk_watch), and the share of
-# the count it is taken to be: on flash's grid of 32 heads grouped by 8 (d = 128, causal, H100), the walk took 0.38
-# to 0.41 of the count decoding over 4Mi and 16Mi keys (3.5·10⁵ and 1.4·10⁶ steps in 1.1 and 3.6 s), and 0.63 to
-# 0.68 in prefills of 2,048 queries over 1Mi keys and 4,096 over 512Ki (3.1·10⁶ steps in about 1 s), on this
-# project's 2-core container (2026-12-03), taken at a third
+# the count it is taken to be: on flash's grid of 32 heads grouped by 8 (d = 128, causal, H100), the walk took 0.63
+# to 0.68 of the count in prefills of 2,048 queries over 1Mi keys and 4,096 over 512Ki (3.1·10⁶ steps in about 1 s),
+# and 0.38 to 0.41 decoding over 4Mi and 16Mi keys (3.5·10⁵ and 1.4·10⁶ steps in 1.1 and 3.6 s; a decode now streams
+# its steps through the simulation instead, iosim.gpu.dram), on this project's 2-core container (2026-12-03), taken
+# at a third
 WATCH_AFTER_S = 1.0
 WALK_SHARE = 1 / 3
 
