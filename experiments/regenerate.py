@@ -185,6 +185,9 @@ OUTPUTS = (
     Output("speed_grid", "python -m experiments.speed --only grid",
            ("experiments/results/speed_grid.json",), ("--out", "{root}/experiments/results/speed_grid.json"), TIMING,
            174),
+    Output("speed_rates", "python -m experiments.speed --only rates",
+           ("experiments/results/speed_rates.json",), ("--out", "{root}/experiments/results/speed_rates.json"), TIMING,
+           25),
     # call 3's measured rows under the timed schedule: an explanation made after that run
     Output("timed_call3", "python -m experiments.timed_call3", ("experiments/results/timed_call3.json",),
            ("--out", "{root}/experiments/results/timed_call3.json"), SLOW, 2.4),

@@ -20,10 +20,14 @@ plain numpy float64 attention on the same inputs. The targets, declared as data 
   and under the timed schedule for the one-kernel forward rows of kernels with a measured rate, under 2 s each
   (``--only grid``; timed once each, the slowest bands taking several seconds). A timed row's prediction is its band:
   its counts at the blocks' spread of the preset and at the two ends (``iosim.gpu.dram.spreads_of``), made as
-  ``iosim.dram`` and the sweep make them, from one grid with the three loops side by side.
+  ``iosim.dram`` and the sweep make them, from one grid with the three loops side by side;
+- the tile visits a second that the DRAM level's budget (``iosim.gpu.budget``) takes for the simulation of a grid's
+  every block, against what its slowest grid makes (``--only rates``): flash's one block per head over 32 heads
+  grouped by 8, d = 128, decoding over 4Mi and 16Mi keys, causal or not, on the H100 preset.
 
-Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid] [--smoke]
-(``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows, each into speed_<part>.json;
+Usage: python -m experiments.speed [--repeats 3] [--out experiments/results/speed.json] [--only l2|grid|rates]
+[--smoke] (``--only l2`` measures the L2 cases alone, ``--only grid`` the short grids' rows, ``--only rates`` the
+budget's rate, each into speed_<part>.json;
 ``--smoke`` runs every part once at tiny sizes, which CI does to keep the script working: its seconds say nothing
 about the targets.)
 """
@@ -44,12 +48,15 @@ from pathlib import Path
 import numpy as np
 
 import iosim
+from iosim.core.gpus import resolve_M
 from iosim.core.problem import AttentionShape, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu import call1
+from iosim.gpu.budget import SIMULATION_VISITS_PER_S, tile_visits
 from iosim.gpu.dram import kernel_counts_at, pass_counts, spreads_of
 from iosim.gpu.hardware import hardware
 from iosim.gpu.kernel import Kernel, Launch
+from iosim.gpu.kernels import get_kernel
 
 # (name, iosim command line, target seconds): timed as fresh processes.
 COMMANDS = [
@@ -88,6 +95,10 @@ SMOKE_BACKWARD = dict(BACKWARD_CASE, heads=1, N=64)
 SMOKE_RECORDS = ["sweep", "--N", "256", "512", "--d", "64", "--algo", "flash"]
 SMOKE_L2 = [("flash-swapped", "forward", 1, 1, 1024, 64), ("flash", "backward", 1, 1, 1024, 64)]
 GRIDS = ("short-schedule", "short-rest", "call3-sdpa", "call5-sdpa")  # issue 28, item 4: the next call's rows
+# the budget's simulation rate on its slowest grid: flash's decode over grouped heads (six accesses a step)
+RATE_CASES = [dict(N=1, N_k=n_k, d=128, heads=32, kv_heads=8, causal=causal) for n_k in (2**22, 2**24)
+              for causal in (False, True)]
+SMOKE_RATES = [dict(N=1, N_k=2**16, d=128, heads=32, kv_heads=8, causal=True)]
 
 
 def numpy_attention(q, k, v):
@@ -197,6 +208,26 @@ def l2_cases(repeats: int, cases: list[tuple] = L2_CASES) -> list[dict]:
     return out
 
 
+def rate_cases(repeats: int, cases: list[dict] = RATE_CASES) -> list[dict]:
+    """``iosim.dram`` of flash on the H100 preset at each case, as the budget lets it run, and its tile visits a
+    second beside the rate the budget takes (``SIMULATION_VISITS_PER_S``)."""
+    out = []
+    M = resolve_M(None, "h100", "float16")
+    for case in cases:
+        found = []
+        seconds = best_of(repeats, lambda: found.append(iosim.dram("flash", **case, M=M, gpu="h100", budget_s=None)))
+        launch = Launch(found[-1].problem, found[-1].forward_tiling, False)
+        visits = tile_visits(launch) * launch.problem.shape.bh  # the simulation's work, as the budget counts it
+        out.append(dict(case, algorithm="flash", gpu="h100", M=M, Br=launch.tiling.Br, Bc=launch.tiling.Bc,
+                        path=l2_path(get_kernel("flash"), launch), tile_visits=visits, seconds=seconds,
+                        visits_per_s=visits / seconds, budget_visits_per_s=SIMULATION_VISITS_PER_S))
+    slowest = min(out, key=lambda r: r["visits_per_s"])
+    print(f"simulation of flash's decode over grouped heads: {slowest['visits_per_s']:.3g} tile visits/s at the "
+          f"slowest (N_k = {slowest['N_k']:,}{', causal' if slowest['causal'] else ''}); the budget takes "
+          f"{SIMULATION_VISITS_PER_S:.3g}")
+    return out
+
+
 def grid_cases(names: tuple[str, ...] = GRIDS, smoke: bool = False) -> list[dict]:
     """``kernel_counts_at`` of every row of the short grids (the first row of the first alone with ``smoke``) at the
     kernel and tile each row's prediction takes (``predict_next_call.launch``), the H100 preset, lockstep; and of its
@@ -285,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None, help="default experiments/results/speed.json (with --only, "
                                                      "speed_<part>.json); --smoke needs its own")
-    parser.add_argument("--only", choices=("l2", "grid"), help="measure only these cases")
+    parser.add_argument("--only", choices=("l2", "grid", "rates"), help="measure only these cases")
     parser.add_argument("--smoke", action="store_true", help="every part once at tiny sizes (CI): no timing")
     args = parser.parse_args(argv)
     if args.smoke and args.out is None:
@@ -297,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         args.repeats = 1
     l2 = SMOKE_L2 if smoke else L2_CASES
     if args.only is not None:
-        part = l2_cases(args.repeats, l2) if args.only == "l2" else grid_cases(smoke=smoke)
+        part = (l2_cases(args.repeats, l2) if args.only == "l2" else grid_cases(smoke=smoke) if args.only == "grid"
+                else rate_cases(args.repeats, SMOKE_RATES if smoke else RATE_CASES))
         result = {args.only: part}
         if args.only == "grid":
             result["timed_floor"] = timed_floor(part, args.repeats, smoke)

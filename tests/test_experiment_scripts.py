@@ -36,6 +36,11 @@ def test_the_speed_script_runs_every_part(tmp_path):
     (floor,) = found["timed_floor"]  # its event loop three ways: 1 head of N = 131,072 at (32, 16), 4,096 × 8,192 steps
     assert (floor["grid"], floor["index"], floor["steps"]) == (speed.GRIDS[0], 0, 4096 * 8192)
     assert all(floor[k] > 0 for k in ("loop_seconds", "zero_spread_seconds", "without_l2_seconds"))
+    rates = tmp_path / "rates.json"
+    speed.main(["--smoke", "--only", "rates", "--out", str(rates)])
+    (rate,) = json.loads(rates.read_text())["rates"]  # flash's decode over grouped heads, simulated block by block
+    assert (rate["path"], rate["N_k"], rate["causal"]) == ("simulation", speed.SMOKE_RATES[0]["N_k"], True)
+    assert rate["tile_visits"] == 32 * -(-rate["N_k"] // rate["Bc"]) and rate["visits_per_s"] > 0
 
 
 def test_the_sawtooth_orders_script_runs_its_three_orders_on_both_presets(tmp_path, monkeypatch):

@@ -21,12 +21,15 @@ class DramTooLong(InputError):
 
 
 BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
-# tile visits (query block, key block) a second, measured on this project's 2-core container: the lockstep count
-# of flash's one block per head (its stack distances compiled, iosim.gpu._loops.stack) 2.4·10⁵ to 3.4·10⁵ forward
-# and 2·10⁵ backward, whose steps make more accesses (Q_i, dO_i, O_i, lse_i and dQ_i beside K_j, V_j), on one head
-# of N = 32,768 to 65,536 and 8 causal heads of 16,384 (2026-12-02), taken at half; the simulation of a grid's every
-# block, at least 500,000 (flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million,
-# 2026-11-27)
+# tile visits (query block, key block) a second, measured on this project's 2-core container: the lockstep count of
+# flash's one block per head (its stack distances compiled, iosim.gpu._loops.stack) 2.4·10⁵ to 3.4·10⁵ forward and
+# 2·10⁵ backward, whose steps make more accesses (Q_i, dO_i, O_i, lse_i and dQ_i beside K_j, V_j), on one head of N =
+# 32,768 to 65,536 and 8 causal heads of 16,384 (2026-12-02), taken at half; the simulation of a grid's every block,
+# 500,000: flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million (2026-11-27), and the
+# slowest grid, flash's one block per head over 32 heads grouped by 8 decoding (d = 128, one query block, six accesses
+# a step), at the rate itself: 4.4·10⁵ to 5.2·10⁵ over 4Mi and 16Mi keys, causal or not, on an idle container, and
+# 3.6·10⁵ to 4·10⁵ beside another job (2026-12-03, python -m experiments.speed --only rates:
+# experiments/results/speed_rates.json), so its estimate near 20 s may run to 25
 LOCKSTEP_VISITS_PER_S = 1.2e5
 LOCKSTEP_BACKWARD_VISITS_PER_S = 1e5
 SIMULATION_VISITS_PER_S = 5e5
