@@ -27,7 +27,7 @@ BUDGET_S = 20.0  # the longest a DRAM count may take before it is refused
 # 32,768 to 65,536 and 8 causal heads of 16,384 (2026-12-02), taken at half; the simulation of a grid's every block,
 # 500,000: flash-swapped's cohorts of blocks that share a head's steps run at 2 to 4 million (2026-11-27), and the
 # slowest grid, flash's one block per head over 32 heads grouped by 8 decoding (d = 128, one query block, six accesses
-# a step), at the rate itself: 4.4·10⁵ to 5.2·10⁵ over 4Mi and 16Mi keys, causal or not, on an idle container, and
+# a step), below the rate: 4.1·10⁵ to 5.2·10⁵ over 4Mi and 16Mi keys, causal or not, on an idle container, and
 # 3.6·10⁵ to 4·10⁵ beside another job (2026-12-03, python -m experiments.speed --only rates:
 # experiments/results/speed_rates.json), so its estimate near 20 s may run to 25
 LOCKSTEP_VISITS_PER_S = 1.2e5
