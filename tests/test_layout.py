@@ -200,3 +200,11 @@ def test_every_library_the_package_imports_outside_the_kernels_is_a_dependency_o
                 imported.add(node.module.partition(".")[0])
     third_party = imported - set(sys.stdlib_module_names) - {"iosim"}
     assert third_party and third_party <= declared, (third_party - declared, declared)
+
+
+def test_every_file_a_kernel_description_names_is_in_the_repository():
+    from iosim.gpu.kernels import KERNELS
+
+    named = {(k.name, path.rstrip(".,;:)")) for k in KERNELS.values()
+             for path in re.findall(r"(?:experiments|iosim|kernels|docs)/[\w/.-]+\.(?:md|json|py)", k.source)}
+    assert named and not [(name, path) for name, path in named if not (ROOT / path).exists()]

@@ -15,7 +15,7 @@ from iosim.gpu.l2 import Grid
 
 COMMIT = "d4169c1"
 SOURCE = f"the first H100 run's kernels (2026-11-22, kernels at {COMMIT}); blocks per SM from their sm_90 resource " \
-         "report (8d6aafb, at c325e6e), else as shared memory allows; their code is not counted (experiments/" \
+         "report (8d6aafb, at c325e6e), else as shared memory allows; their code is not counted (experiments/results/" \
          "code_bytes.md sets it beside the run)"
 
 # Resident blocks per H100 SM, float32, by (d, B_r, B_c) (the backward: (d, B), its tile square).
