@@ -80,3 +80,12 @@ def test_an_unknown_pass_exits_2_with_one_line(capsys):
     assert main(["sweep", "--pass", "backward"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "argument --pass: invalid choice: 'backward'" in lines[0]
+
+
+def test_a_sweep_over_a_flex_mask_names_no_algorithm_it_would_not_have_counted(capsys):
+    # with --flex-mask a sweep lists flex alone, which has a backward pass: small-cache and split-kv were never asked
+    argv = ["sweep", "--N", "256", "--d", "64", "--pass", "fwd+bwd"]
+    assert main([*argv, "--flex-mask", "window", "64", "--score-mod", "softcap", "30"]) == 0
+    assert "no backward pass" not in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "small-cache, split-kv have no backward pass and are not counted" in capsys.readouterr().out

@@ -109,8 +109,8 @@ def notes(args: argparse.Namespace, algorithms: list[str]) -> tuple[str, ...]:
                    + ("; for flash-swapped, --kernel sdpa-flash or fa3 launch their own" if "flash-swapped" in square
                       else ""))
     if args.algo is None and args.pass_ != "fwd":
-        left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(
-            ("block_sparsity",) if args.sparsity is not None else ())]
+        given = ("block_sparsity",) * (args.sparsity is not None) + ("block_mask",) * (args.flex_mask is not None)
+        left = [name for name, a in ALGORITHMS.items() if a.backward is None and a.listed_by_default(given)]
         if left:
             out.append(f"--pass {args.pass_}: {', '.join(left)} have no backward pass and are not counted")
     return tuple(out)
