@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ from hypothesis import strategies as st
 from test_l2_cohorts import grids
 
 from iosim.core.errors import InputError
-from iosim.core.problem import AttentionShape, Problem
+from iosim.core.problem import AttentionShape, Band, Problem
 from iosim.core.tiling import Tiling
 from iosim.gpu import timed_engine
+from iosim.gpu.grids import flash_swapped
 from iosim.gpu.kernel import Launch
 from iosim.gpu.kernels import KERNELS
 from iosim.gpu.l2 import LRU, READ, WRITE, DramCounts, Grid, L2Config, SharedSteps, Tiles
@@ -321,6 +323,52 @@ def test_flatten_shows_its_watch_the_steps_walked_and_flattens_the_same(monkeypa
     with pytest.raises(RuntimeError, match="stop"):
         timed_engine.flatten(grids[0], stop)
     assert walked == [7]
+
+
+def as_steps(flat: timed_engine.FlatGrid) -> list[tuple]:
+    """Every step every block of ``flat`` makes, in block order: (block, the step, its accesses as (the tile,
+    tensor, bytes, mode)), steps and tiles named by where they first appear, so that two flattenings compare equal
+    exactly when their blocks make the same steps, share the same ones and touch the same tiles."""
+    steps: dict[int, int] = {}
+    tiles: dict[int, int] = {}
+    out = []
+    for b in range(flat.body.shape[0]):
+        ids = list(flat.pre_ids[flat.pre_offsets[b]:flat.pre_offsets[b + 1]])
+        if flat.body[b] >= 0:
+            base = flat.body_offsets[flat.body[b]]
+            ids += list(flat.body_ids[base + flat.start[b]:base + flat.stop[b]])
+        ids += list(flat.post_ids[flat.post_offsets[b]:flat.post_offsets[b + 1]])
+        for s in ids:
+            span = range(flat.step_offsets[s], flat.step_offsets[s + 1])
+            out.append((b, steps.setdefault(int(s), len(steps)), tuple(
+                (tiles.setdefault(int(flat.keys[a]), len(tiles)), int(flat.key_tensor[flat.keys[a]]),
+                 int(flat.nbytes[a]), int(flat.modes[a])) for a in span)))
+    return out
+
+
+@pytest.mark.parametrize("shape, options, tiling, sawtooth", [
+    (AttentionShape(1, 2, 113, 239, 16), {}, Tiling(32, 16), False),
+    (AttentionShape(2, 2, 239, 113, 24, d_v=16), {"causal": True}, Tiling(16, 64), False),
+    (AttentionShape(1, 4, 239, 239, 16, kv_heads=2), {"causal": True}, Tiling(16, 16), True),
+    (AttentionShape(1, 2, 200, 200, 16), {}, Tiling(32, 32), True),
+    (AttentionShape(1, 2, 239, 200, 16), {"window": Band(40, 8)}, Tiling(16, 32), True),
+    (AttentionShape(1, 1, 1, 239, 16), {"causal": True}, Tiling(16, 16), False),
+    (AttentionShape(1, 3, 113, 1, 40), {}, Tiling(32, 16), True),
+    (AttentionShape(1, 2, 64, 64, 16), {"dtype": "float32"}, Tiling(64, 64), False),
+])
+def test_flash_swapped_s_forward_built_as_arrays_is_the_grid_its_blocks_walk(shape, options, tiling, sawtooth):
+    # the forward grid builds its arrays from the shape (iosim.gpu.grids.swapped_flat) instead of walking its
+    # blocks: the same steps, shared the same way, on the same tiles, and the same counts under both schedules
+    pb = Problem(shape, tau=1.0, **{"dtype": "float16", **options})
+    grid = flash_swapped.forward(pb, tiling, 2, sawtooth)  # the grid alone takes d_v != d and windows
+    assert grid.flat is not None
+    built, walked = timed_engine.flatten(grid), timed_engine.flatten(replace(grid, flat=None))
+    assert as_steps(built) == as_steps(walked)
+    for capacity, concurrent in [(6_000, 3), (60_000, 7), (10**8, 4)]:
+        for counts in (lambda f: timed_engine.run_rounds(f, 5, capacity, concurrent),
+                       lambda f: timed_engine.run(f, 5, capacity, concurrent, np.ones(2),
+                                                  np.random.default_rng(3).normal(1, 0.01, grid.blocks), 1e-4)):
+            assert all(np.array_equal(x, y) for x, y in zip(counts(built), counts(walked), strict=True))
 
 
 def test_k_and_v_are_joined_where_the_pair_fits_and_left_apart_where_it_does_not():

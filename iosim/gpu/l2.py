@@ -211,6 +211,9 @@ class Grid:
     code_bytes: int | None = None
     # the steps block 0 makes, where known without walking them (what a lockstep count's budget weighs)
     block_steps: int | None = None
+    # the grid as the compiled loops' arrays (an ``iosim.gpu.timed_engine.FlatGrid``), built without walking its
+    # blocks; None where ``timed_engine.flatten`` walks them
+    flat: Callable[[], object] | None = None
 
     def per_sm(self, gpu: GPU) -> int:
         """Blocks one SM of ``gpu`` holds at once."""

@@ -54,7 +54,13 @@ def flatten(grid: Grid, watch: Callable[[int], None] | None = None) -> FlatGrid:
     """``grid``'s blocks and steps as arrays; the step objects are held while it runs, so that their identities stay
     distinct. ``watch``, where given, is called with the steps the blocks have made so far (a shared run's counted
     once per block that makes it) after each block, and every ``WATCH_EVERY`` steps within a block of its own steps:
-    it may raise to stop a walk that would take too long (iosim.gpu.budget.walk_watch)."""
+    it may raise to stop a walk that would take too long (iosim.gpu.budget.walk_watch). A grid that builds its own
+    arrays (``Grid.flat``) is not walked: ``watch`` sees its steps once."""
+    if grid.flat is not None:
+        flat = grid.flat()
+        if watch is not None:
+            watch(int(step_counts(flat)[2].sum()))
+        return flat
     ids: dict[int, int] = {}
     held: list = []  # every step object seen, in id order: alive, so that no two share an id()
     bodies: dict[int, int] = {}

@@ -19,6 +19,7 @@ from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
 from iosim.gpu import head_waves
+from iosim.gpu.grids import swapped_flat
 from iosim.gpu.grids._device import TILES
 from iosim.gpu.l2 import (
     READ,
@@ -106,7 +107,8 @@ def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound
             j0 = len(kv) - run.stop  # the run's last key block, first in this order
         return shared_run(q, kv, j0, n, out)
 
-    return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm)
+    return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm,
+                flat=lambda: swapped_flat.forward_flat(pb, tiling, downwards))
 
 
 def downward_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound,
