@@ -146,6 +146,10 @@ def test_iosim_kernels_writes_one_record_per_kernel_and_marks_the_defaults(tmp_p
         assert r["dtypes"] == (list(kernel.dtypes) if kernel.dtypes else None), r
         assert r["options"] == list(kernel.options), r
     assert {r["kernel"] for r in records if r["timed"]} == {"flash-swapped", "flash-swapped-tc", "sdpa-flash"}
+    assert {r["kernel"]: r["runs_on"] for r in records if r["runs_on"]} == {
+        "fa3": ["H100", "H200"], "flash@d4169c1": ["H100", "H200"], "flash-swapped@d4169c1": ["H100", "H200"],
+        "flash-swapped-tc": ["A100", "H100", "H200", "B200", "GB10"], "sdpa-flash": ["A100", "H100", "H200", "B200",
+                                                                                   "GB10"]}
 
 
 @pytest.mark.parametrize("argv", [["sweep"], ["run"], ["optimize", "--N", "1024", "--d", "64"]])
@@ -170,7 +174,8 @@ def test_the_kernels_of_this_repository_are_described_with_the_dtypes_their_api_
     ("flash", None, "bfloat16", "h100", "dtype='bfloat16': kernel='flash' is built for float32, float16 only"),
     ("flash-swapped", "flash-swapped-tc", "float64", "h100", "kernel='flash-swapped-tc' is built for float32, float16,"
                                                               " bfloat16 only"),
-    ("flash-swapped", "flash-swapped-tc", "bfloat16", "t4", "dtype='bfloat16' on the T4 preset: it has no bfloat16"),
+    ("flash-swapped", "flash-swapped-tc", "bfloat16", "t4", "the T4 preset: kernel='flash-swapped-tc' is built for the "
+                                                            "A100, H100, H200, B200, GB10 only"),
 ])
 def test_no_dram_bytes_are_given_for_a_build_that_does_not_exist(algorithm, kernel, dtype, gpu, refusal):
     import iosim
@@ -180,6 +185,25 @@ def test_no_dram_bytes_are_given_for_a_build_that_does_not_exist(algorithm, kern
         iosim.dram(algorithm, kernel=kernel, N=64, d=64, M="100k", gpu=gpu, dtype=dtype)
     built = dict(dtype="float16") if dtype != "bfloat16" or gpu == "t4" else dict(kernel="flash-swapped-tc")
     assert iosim.dram("flash-swapped", N=64, d=64, M="100k", gpu=gpu, **built).dram.reads > 0
+
+
+def test_a_bfloat16_build_is_refused_on_a_preset_without_bfloat16_tensor_cores():
+    # every kernel of KERNELS with a bfloat16 build needs sm_80, so the T4 refuses it by its architecture first; a
+    # description that says nothing of its architecture still meets the T4's missing bfloat16 tensor cores
+    from dataclasses import replace
+
+    from iosim.core.errors import InputError
+    from iosim.core.problem import AttentionShape, Problem
+    from iosim.core.tiling import Tiling
+    from iosim.gpu.dram import kernel_counts
+    from iosim.gpu.hardware import hardware
+    from iosim.gpu.kernel import Launch
+
+    anywhere = replace(KERNELS["flash-swapped-tc"], runs_on=None)
+    launch = Launch(Problem(AttentionShape(1, 1, 64, 64, 64), tau=1.0, dtype="bfloat16"), Tiling(64, 64))
+    with pytest.raises(InputError, match="dtype='bfloat16' on the T4 preset: it has no bfloat16 tensor cores"):
+        kernel_counts(anywhere, launch, hardware("t4"))
+    assert kernel_counts(anywhere, launch, hardware("a100"))[0].reads > 0
 
 
 def test_a_sweep_in_a_dtype_a_kernel_lacks_says_which_rows_have_no_dram_bytes(capsys):

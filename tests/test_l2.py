@@ -7,6 +7,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import iosim
+from iosim.cli import main
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS
 from iosim.core.problem import AttentionShape, Problem
@@ -306,6 +307,22 @@ def test_call_1s_kernels_run_on_the_h100_alone_whose_blocks_per_sm_they_hold(gpu
     for kernel in (FLASH, SWAPPED):
         with pytest.raises(InputError, match="is built for the H100, H200 only"):
             pass_counts(kernel, Launch(problem(), Tiling(16, 16)), hardware(gpu))
+
+
+def test_the_tensor_core_kernels_and_sdpa_s_flash_backend_are_refused_on_a_gpu_before_sm_80(capsys):
+    # mma.sync.m16n8k16 on 16-bit data needs sm_80, and torch runs its flash backend on sm_80 to sm_121: the T4
+    # (sm_75) runs neither, the A100 (sm_80) and the GB10 (sm_121) both
+    for kernel in ("flash-swapped-tc", "sdpa-flash"):
+        kw = dict(N=1024, d=64, M="100k", heads=4, kernel=kernel)
+        with pytest.raises(InputError, match=rf"the T4 preset: kernel='{kernel}' is built for the A100, H100, H200, "
+                                             rf"B200, GB10 only"):
+            iosim.dram("flash-swapped", gpu="t4", **kw)
+        for gpu in ("a100", "gb10"):
+            assert iosim.dram("flash-swapped", gpu=gpu, **kw).dram.reads > 0
+        assert main(["sweep", "--gpu", "t4", "--kernel", kernel, "--N", "1024", "--d", "64",
+                     "--algo", "flash-swapped"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert f"kernel='{kernel}' is built for the A100" in line
 
 
 @given(bh=st.integers(1, 9), n_q=st.integers(1, 160), n_k=st.integers(1, 160), d=st.sampled_from([8, 12, 16]),

@@ -19,15 +19,15 @@ def add_parser(sub) -> None:
 
 
 def records() -> list[dict]:
-    """One record per kernel description, the default of its algorithm first; its passes, options, what it takes
-    and its builds' dtypes (None: those its source names) as lists."""
+    """One record per kernel description, the default of its algorithm first; its passes, options, what it takes,
+    its builds' dtypes (None: those its source names) and the GPU presets it runs on (None: any) as lists."""
     rows = []
     for k in sorted(KERNELS.values(), key=lambda k: (k.algorithm, default_kernel(k.algorithm) is not k, k.name)):
         rows.append(dict(kernel=k.name, algorithm=k.algorithm, default=default_kernel(k.algorithm) is k,
                          passes=["fwd", "bwd"] if k.backward else ["fwd"], options=list(k.options),
                          takes=list(k.takes), dtypes=list(k.dtypes) if k.dtypes else None,
                          closed_form=k.forward_dram is not None, own_tile=k.tile is not None,
-                         timed=k.rate is not None, source=k.source))
+                         timed=k.rate is not None, runs_on=list(k.runs_on) if k.runs_on else None, source=k.source))
     return rows
 
 
@@ -50,6 +50,12 @@ def main(args: argparse.Namespace, console) -> None:
         builds.setdefault(" ".join(r["dtypes"] or ()), []).append(r["kernel"])
     console.print("built for (DRAM bytes are refused in any other dtype): " + "; ".join(
         f"{dtypes or 'the dtypes their sources below name'}: {', '.join(names)}" for dtypes, names in builds.items()))
+    runs = {}
+    for r in rows:
+        if r["runs_on"]:
+            runs.setdefault(" ".join(r["runs_on"]), []).append(r["kernel"])
+    console.print("run on these GPU presets only (the others refuse them by name): " + "; ".join(
+        f"{gpus}: {', '.join(names)}" for gpus, names in runs.items()))
     console.print("launch their own tiles, whatever the request's: "
                   + ", ".join(r["kernel"] for r in rows if r["own_tile"]))
     console.print("takes: fp8, FP8 data (--dtype float8_e4m3); d_v, a V head size apart from d (--d-v)")

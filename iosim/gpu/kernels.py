@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from iosim.core.errors import InputError
+from iosim.core.gpus import GPUS
 from iosim.core.units import FP8_DTYPES
 from iosim.gpu import call1
 from iosim.gpu.grids import _device, fa3, fa3_backward, flash, flash_swapped, flash_swapped_tc, sdpa_flash, split_kv
@@ -146,6 +147,22 @@ TODAY = "kernels/{module} as this repository builds it; blocks per SM from the r
         "memory allows; each kernel's code from the same report where " \
         "it compiled the build a pass runs"
 
+def from_sm(low: tuple[int, int], high: tuple[int, int] = (99, 9)) -> tuple[str, ...]:
+    """The GPU presets whose compute capability lies in [low, high]: those a kernel built for them runs on."""
+    def cc(gpu) -> tuple[int, int]:
+        major, minor = gpu.sm.compute_capability.split(".")
+        return int(major), int(minor)
+
+    return tuple(g.name for g in GPUS.values() if low <= cc(g) <= high)
+
+
+# the tensor-core kernels' mma.sync.aligned.m16n8k16 with f16 or bf16 inputs needs sm_80 or later (kernels/_mma.py;
+# PTX ISA, "Warp-level matrix multiply-accumulate instructions": .m16n8k16 with .f16 and .bf16 from sm_80)
+TENSOR_CORE_SMS = from_sm((8, 0))
+# torch runs its flash backend on sm_80 to sm_121 only (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+# check_flash_attention_hardware_support: check_sm_version<sm80, sm121>)
+SDPA_SMS = from_sm((8, 0), (12, 1))
+
 # the dtypes the kernels of kernels/ take (kernels.api: float32 and float16, and bfloat16 where a module's BFLOAT16)
 OWN_DTYPES = ("float32", "float16")
 
@@ -157,10 +174,10 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
            dtypes=OWN_DTYPES),
     Kernel("flash-swapped-tc", "flash-swapped", TODAY.format(module="flash_swapped_tc.py") +
            "; float32 runs flash-swapped's kernels", _flash_swapped_tc, backward=True, rate=_tc_rate,
-           dtypes=(*OWN_DTYPES, "bfloat16")),
+           runs_on=TENSOR_CORE_SMS, dtypes=(*OWN_DTYPES, "bfloat16")),
     Kernel("split-kv", "split-kv", TODAY.format(module="split_kv.py"), _split_kv, backward=False, dtypes=OWN_DTYPES),
     Kernel("sdpa-flash", "flash-swapped", SDPA, _sdpa_flash, backward=True, forward_dram=sdpa_flash.forward_dram,
-           tile=sdpa_flash.tile, rate=lambda pb: SDPA_RATE),
+           tile=sdpa_flash.tile, rate=lambda pb: SDPA_RATE, runs_on=SDPA_SMS),
     Kernel("fa3", "flash-swapped", FA3, _fa3, backward=True, forward_dram=fa3.forward_dram, tile=fa3.tile,
            takes=("fp8", "d_v"), runs_on=("H100", "H200")),
     call1.FLASH, call1.FLASH_SWAPPED,
