@@ -81,7 +81,7 @@ def test_run_on_a_gpu_reports_and_saves_the_dram_bytes(tmp_path, capsys, algorit
     expected = iosim.dram(algorithm, N=200, d=16, heads=2, M=record["M"], gpu="h100").dram
     assert (record["dram_read_bytes"], record["dram_write_bytes"], record["dram_dirty_bytes"]) == (
         expected.reads, expected.writes, expected.dirty_at_end)
-    assert "DRAM behind the h100 preset's L2" in out
+    assert "DRAM behind the H100 preset's L2" in out
 
 
 def test_a_training_step_is_its_passes_in_sequence_each_from_a_cold_l2():

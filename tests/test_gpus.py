@@ -126,7 +126,8 @@ def test_iosim_gpus_saves_every_number_of_every_preset_with_its_source(tmp_path)
     rows = json.loads((tmp_path / "g.json").read_text())
     assert len(rows) == len(GPUS) * (len(gpus_cmd.NUMBERS) + len(gpus_cmd.SM_NUMBERS))
     by = {(r["gpu"], r["number"]): r for r in rows}
-    for name, gpu in GPUS.items():
+    for gpu in GPUS.values():
+        name = gpu.name  # as every command's records name the preset
         for field, number, _, _ in gpus_cmd.NUMBERS:
             spec = getattr(gpu, field)
             assert (by[name, number]["value"], by[name, number]["source"]) == (
@@ -147,12 +148,12 @@ def test_iosim_gpus_names_choose_the_presets_shown_saved_and_sourced(tmp_path):
     console = Console(width=120, record=True)
     gpus_cmd.main(parse("gpus", "h200", "t4", "h200", "--json", str(tmp_path / "g.json")), console)
     rows = json.loads((tmp_path / "g.json").read_text())
-    assert list(dict.fromkeys(r["gpu"] for r in rows)) == ["h200", "t4"]
+    assert list(dict.fromkeys(r["gpu"] for r in rows)) == ["H200", "T4"]
     text = " ".join(console.export_text().split())  # long sources wrap
-    assert f"h200 L2, effective: {GPUS['h200'].l2_effective.source}" in text
-    assert f"t4 resident blocks per SM, resident threads per SM, shared memory kept back per block, shared memory " \
+    assert f"H200 L2, effective: {GPUS['h200'].l2_effective.source}" in text
+    assert f"T4 resident blocks per SM, resident threads per SM, shared memory kept back per block, shared memory " \
            f"allocation unit: {GPUS['t4'].sm.source}" in text
-    assert text.count("h200 L2, effective:") == 1 and "a100" not in text, text
+    assert text.count("H200 L2, effective:") == 1 and "A100" not in text, text
 
 
 def test_iosim_gpus_refuses_a_preset_it_does_not_have_in_one_line(capsys):

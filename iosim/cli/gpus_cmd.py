@@ -34,11 +34,12 @@ def add_parser(sub) -> None:
 
 
 def records(gpus: dict[str, GPU] = GPUS) -> list[dict]:
-    """One record per preset and number: its compute capability, the number's value, unit and source; a number a
-    preset lacks (the T4's BF16 and FP8 tensor cores) has none."""
+    """One record per preset and number: the preset's name (``gpu``: "H100", as every command's records have it), its
+    compute capability, the number's value, unit and source; a number a preset lacks (the T4's BF16 and FP8 tensor
+    cores) has none."""
     rows = []
-    for name, gpu in gpus.items():
-        cc = gpu.sm.compute_capability
+    for gpu in gpus.values():
+        name, cc = gpu.name, gpu.sm.compute_capability
         for field, number, _, unit in NUMBERS:
             spec: Spec | None = getattr(gpu, field)
             rows.append(dict(gpu=name, compute_capability=cc, number=number,
@@ -85,7 +86,7 @@ def main(args: argparse.Namespace, console) -> None:
     names = list(dict.fromkeys(r["gpu"] for r in rows))
     table = compact_table(("", *names), left="")
     by = {(r["gpu"], r["number"]): r for r in rows}
-    table.add_row("compute cap.", *(GPUS[name].sm.compute_capability for name in names))
+    table.add_row("compute cap.", *(by[name, "SMs"]["compute_capability"] for name in names))
     for number, label in LABELS.items():
         table.add_row(label, *(shown(by[name, number]["value"], by[name, number]["unit"]) for name in names))
     console.print(table)

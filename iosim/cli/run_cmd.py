@@ -301,7 +301,7 @@ def render_check(console, outcome: RunOutcome) -> None:
         console.print(f"forward + backward: {outcome.traffic.total:,} elements, {nbytes(outcome.traffic.total_bytes)}")
     if outcome.dram is not None:
         d = outcome.dram
-        console.print(f"DRAM behind the {outcome.gpu} preset's L2 (iosim.gpu.l2): {nbytes(d.reads)} read, "
+        console.print(f"DRAM behind the {preset_name(outcome.gpu)} preset's L2 (iosim.gpu.l2): {nbytes(d.reads)} read, "
                       f"{nbytes(d.writes)} written during the kernel, {nbytes(d.dirty_at_end)} dirty at its end")
         if outcome.dram_band is not None:
             low, high = read_range(d, outcome.dram_band)
