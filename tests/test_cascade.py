@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import iosim
 from iosim.cli import build_parser, main, run
-from iosim.serving.cascade import merge_rows
+from iosim.serving.cascade import merge_rows, merging_algorithms
 
 MERGING = [name for name, a in iosim.ALGORITHMS.items()
            if {"l", "m"} <= set(a.outputs()) and a.listed_by_default(("block_sparsity",))]  # flex needs a block mask
@@ -164,6 +164,20 @@ def test_refusals_name_the_parameter(kwargs, message):
     args = dict(algorithm="split-kv", batch=2, prefix=64, suffix=8, d=8, M=2000) | kwargs
     with pytest.raises(iosim.InputError, match=re.escape(message)):
         iosim.cascade(args.pop("algorithm"), **args)
+
+
+def test_every_algorithm_a_refusal_offers_runs_a_cascade_and_the_command_offers_those(capsys):
+    # the refusal's allowed list, and --algo's choices, are what runs: flex, which takes a block mask a cascade's
+    # levels do not, was offered by the refusal and then refused
+    with pytest.raises(iosim.InputError, match="allowed: ") as refused:
+        iosim.cascade("standard", batch=2, prefix=64, suffix=8, d=8, M=2000)
+    offered = re.search(r"allowed: \[(.*)\]", str(refused.value)).group(1).replace("'", "").split(", ")
+    assert offered == merging_algorithms() and "flex" not in offered
+    for name in offered:
+        assert iosim.cascade(name, batch=2, prefix=64, suffix=8, d=8, M=2000).traffic.total > 0
+    assert main(["cascade", "--prefix", "64", "--batch", "2", "--d", "8", "--algo", "standard"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'standard'" in err and all(f"'{name}'" in err for name in offered) and "flex" not in err
 
 
 def test_numeric_run_refuses_prefixes_that_differ():

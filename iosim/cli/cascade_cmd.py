@@ -7,12 +7,12 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, maskless_algorithms, tokens_arg
+from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
 from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.reports.records import check_distinct, check_output_path, write_records
-from iosim.serving.cascade import Cascade, cascade, kv_reads
+from iosim.serving.cascade import Cascade, cascade, kv_reads, merging_algorithms
 from iosim.tilings.policies import POLICIES
 
 DEFAULT_ALGOS = ("split-kv",)  # Flash-Decoding: what a serving engine decodes with
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
                                              "with --gpu its shared memory per SM)")
     p.add_argument("--gpu", choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and the SMs the default K/V splits fill, as for sweep")
-    p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=list(DEFAULT_ALGOS),
+    p.add_argument("--algo", choices=merging_algorithms(), nargs="+", action=Distinct, default=list(DEFAULT_ALGOS),
                    help=f"algorithm of each level and of the separate decode (default: {' '.join(DEFAULT_ALGOS)})")
     add_problem(p, windowed=False, batches=True)
     p.add_argument("--page-size", type=count_arg, default=None,

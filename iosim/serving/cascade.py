@@ -137,10 +137,16 @@ def kv_reads(counts: Counts) -> int:
     return counts.tensor("K").reads + counts.tensor("V").reads
 
 
+def merging_algorithms() -> list[str]:
+    """The algorithms a cascade runs: those that write ℓ and m beside O, which the merge needs, and run without a
+    FlexAttention block mask, which a cascade's levels do not take."""
+    return [a.name for a in ALGORITHMS.values() if {"l", "m"} <= set(a.outputs()) and not a.accepts("block_mask")]
+
+
 def check_algorithm(algorithm) -> str:
-    """A forward algorithm that writes ℓ and m beside O, which the merge needs."""
+    """A forward algorithm a cascade runs (``merging_algorithms``)."""
     algo = get_algorithm(algorithm)
-    merging = [a.name for a in ALGORITHMS.values() if {"l", "m"} <= set(a.outputs())]
+    merging = merging_algorithms()
     if algo.name not in merging:
         raise InputError(f"algorithm={algo.name!r} for a cascade: it writes no softmax statistics to merge its "
                          f"levels with; allowed: {merging}")
