@@ -307,7 +307,7 @@ def test_a_sweep_row_whose_dram_count_is_too_long_says_why(tmp_path, capsys):
                  "--json", str(path)]) == 0
     (row,) = json.loads(path.read_text())
     assert row["dram_read_bytes"] is None and "would take about" in row["dram_note"]
-    assert "DRAM B —: the DRAM level of flash" in capsys.readouterr().out
+    assert "DRAM B — (flash): the DRAM level of flash" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [
@@ -344,15 +344,16 @@ def test_optimize_refuses_an_l2_option_its_hbm_objective_would_ignore(capsys, op
     assert f"allowed: --objective dram, or no {option[0]}" in err[0]
 
 
-def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_one_stays_silent(tmp_path, capsys):
-    # FlashAttention-3 has no float8_e5m2 kernel; flash has no kernel for a sliding window
+def test_a_kernel_that_refuses_a_row_says_why_in_its_record_and_once_below_the_table(tmp_path, capsys):
+    # FlashAttention-3 has no float8_e5m2 kernel; flash has no kernel for a sliding window, which a note above the
+    # table says for every row already; the backward of flash-swapped's own kernel takes square tiles alone
     path = tmp_path / "rows.json"
     assert main(["sweep", "--gpu", "h100", "--N", "1024", "--d", "64", "--algo", "flash-swapped", "--kernel", "fa3",
                  "--dtype", "float8_e5m2", "--json", str(path)]) == 0
     (row,) = json.loads(path.read_text())
     assert row["dram_read_bytes"] is None and row["dram_note"].startswith(
         "kernel fa3 refuses flash-swapped here: dtype='float8_e5m2': FlashAttention-3 takes")
-    assert "DRAM B —: kernel fa3 refuses flash-swapped here" in capsys.readouterr().out
+    assert "DRAM B — (flash-swapped): kernel fa3 refuses flash-swapped here" in capsys.readouterr().out
     run_path = tmp_path / "run.json"
     assert main(["run", "--gpu", "h100", "--N", "100", "--d", "64", "--algo", "flash-swapped", "--kernel", "fa3",
                  "--dtype", "float32", "--json", str(run_path)]) == 0
@@ -363,7 +364,16 @@ def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_on
     assert main(["sweep", "--gpu", "h100", "--N", "1024", "--d", "64", "--algo", "flash", "--window", "128", "0",
                  "--json", str(window)]) == 0
     (row,) = json.loads(window.read_text())
-    assert row["dram_read_bytes"] is None and row["dram_note"] is None
+    assert row["dram_read_bytes"] is None and row["dram_note"].startswith("window=(128, 0): no GPU kernel of iosim")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "window=(128, 0): no GPU kernel of iosim" in out and "DRAM B —" not in out  # said once, above the table
+    square = tmp_path / "square.json"
+    assert main(["sweep", "--gpu", "h100", "--N", "4096", "--d", "64", "--algo", "flash-swapped", "--heads", "16",
+                 "--pass", "bwd", "--schedule", "timed", "--json", str(square)]) == 0
+    (row,) = json.loads(square.read_text())
+    assert row["dram_read_bytes"] is None and row["dram_note"] == (
+        f"Br={row['Br']}, Bc={row['Bc']}: the backward kernel's tile is square; allowed: Br == Bc")
+    assert "DRAM B — (flash-swapped): Br=" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, why", [
@@ -379,7 +389,7 @@ def test_a_kernel_named_by_the_user_that_refuses_a_row_says_why_and_a_default_on
                                                        "passes' DRAM bytes"),
 ])
 def test_a_run_without_dram_bytes_says_why_where_its_one_algorithm_has_no_grid(tmp_path, capsys, flags, why):
-    # a sweep over many algorithms leaves a row of the default kernel silent (the test above); a run of one says why
+    # a run of one algorithm says why, as a sweep's records do (the test above), and why it has no grid at all
     path = tmp_path / "run.json"
     assert main(["run", "--gpu", "h100", "--N", "48", "--d", "16", *flags, "--json", str(path)]) == 0
     record = json.loads(path.read_text())

@@ -158,7 +158,7 @@ def test_a_row_the_timed_schedule_cannot_time_says_why_it_has_no_DRAM_bytes(tmp_
     assert main(["sweep", "--schedule", "timed", *grid]) == 0
     timed = {r["algorithm"]: r for r in json.loads(path.read_text())}
     out = " ".join(capsys.readouterr().out.split())
-    assert "DRAM B —: schedule='timed' with kernel='flash' forward" in out and "lockstep schedule counts" in out
+    assert "DRAM B — (flash): schedule='timed' with kernel='flash' forward" in out and "lockstep schedule counts" in out
     assert timed["flash"]["dram_read_bytes"] is None and "kernel='flash'" in timed["flash"]["dram_note"]
     assert timed["flash-swapped"]["dram_read_bytes"] > 0 and timed["flash-swapped"]["dram_note"] is None
     assert main(["sweep", *grid]) == 0  # lockstep, the default, counts flash's kernel

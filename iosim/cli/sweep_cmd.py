@@ -282,8 +282,14 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         if r.status != "ok":
             console.print(f"[yellow]{r.algorithm} N={r.N} d={r.d}: {r.status}[/]")
             break
-    for note in dict.fromkeys(r.dram_note for r in rows if r.dram_note):  # each once: "—" under DRAM B says why
-        console.print(f"[yellow]DRAM B —: {note}[/]")
+    why: dict[str, list[str]] = {}  # each note once, with the algorithms of its rows: "—" under DRAM B says why,
+    for r in rows:
+        if r.dram_note and not any(r.dram_note in said for said in outcome.notes):  # unless a note above said it
+            why.setdefault(r.dram_note, [])
+            if r.algorithm not in why[r.dram_note]:
+                why[r.dram_note].append(r.algorithm)
+    for note, algorithms in why.items():
+        console.print(f"[yellow]DRAM B — ({', '.join(algorithms)}): {note}[/]")
     bracketed = [r for r in rows if r.bracketed]
     if bracketed:
         console.print("[yellow]DRAM B *: bracketed, not predicted: the blocks' spread of speeds (0 to 1 %) moves the "

@@ -24,10 +24,12 @@ from iosim.core.tiling import Tiling, one_pass, tiling_record
 from iosim.core.units import parse_size
 from iosim.gpu.dram import bracketed, covered_dram_or_why
 from iosim.gpu.hardware import Hardware, hardware
-from iosim.gpu.kernels import named_for
+from iosim.gpu.kernels import KERNELS, named_for
 from iosim.gpu.l2 import DramCounts, dram_record, read_range
 from iosim.registry import ALGORITHMS, get_algorithm
 from iosim.variants.sparsity import BlockSparsity
+
+KERNEL_ALGORITHMS = {k.algorithm for k in KERNELS.values()}  # those the L2 model has a kernel of
 
 if TYPE_CHECKING:
     from iosim.reports.records import RecordWriter
@@ -248,7 +250,8 @@ def sweep_row(algorithm: str, N: int, d: int, M, *, N_k=None, batch=1, heads=1, 
     counts, flops = measured.traffic, measured.flops
     # on a preset, the DRAM bytes of the pass's kernels (each pass's, one after another, for fwd+bwd)
     covered = hw is not None
-    dram, band, dram_note = (covered_dram_or_why(measured.plans, hw, algorithm, kernel, band=True) if covered
+    dram, band, dram_note = (covered_dram_or_why(measured.plans, hw, algorithm, kernel, band=True,
+                                                 explain=algorithm in KERNEL_ALGORITHMS) if covered
                              else (None, None, None))
     moved = counts.total_bytes if dram is None else dram.moved
     return SweepRow(algorithm, M=measured.M, **config, forward_tiling=measured.forward_tiling,
