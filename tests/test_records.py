@@ -219,6 +219,24 @@ def test_a_character_device_is_written_through_never_replaced(capsys):
     assert "character device or a FIFO" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [
+    [*SWEEP, "--json", "/dev/stdout"], [*SWEEP, "--csv", "/dev/stdout"],
+    ["run", "--algo", "flash", "--N", "64", "--d", "16", "--json", "/dev/stdout"], ["gpus", "--json", "/dev/stdout"],
+])
+def test_records_streamed_to_standard_output_stay_a_clean_stream_and_the_table_goes_to_stderr(argv):
+    # a reviewer piped --json /dev/stdout into a JSON reader, which met the table after the records
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "iosim", *argv], capture_output=True, text=True, timeout=120,
+                          check=True)
+    if "--json" in argv:
+        assert json.loads(done.stdout)
+    else:
+        assert done.stdout.startswith("algorithm,N,") and len(done.stdout.splitlines()) == 2
+    assert "─" in done.stderr  # the table
+
+
 def test_a_symlink_keeps_its_link_and_its_target_gets_the_records(tmp_path):
     target = tmp_path / "target.json"
     target.write_text("[]\n")

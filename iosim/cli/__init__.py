@@ -34,6 +34,7 @@ from iosim.cli.run_cmd import RunOutcome
 from iosim.cli.sweep_cmd import SweepOutcome
 from iosim.core.errors import InputError
 from iosim.core.memory import CapacityError
+from iosim.reports.records import is_stdout
 
 COMMANDS = {"sweep": sweep_cmd, "run": run_cmd, "optimize": optimize_cmd, "bound": bound_cmd, "prefill": prefill_cmd,
             "cascade": cascade_cmd, "model": model_cmd, "kernels": kernels_cmd, "gpus": gpus_cmd}
@@ -58,9 +59,10 @@ def run(args: argparse.Namespace, **callbacks):
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
-    console = Console()
     try:
         args = build_parser().parse_args(argv)
+        # records streamed to standard output (--json /dev/stdout) stay a clean stream: the table goes to stderr
+        console = Console(stderr=any(is_stdout(getattr(args, name, None)) for name in ("json", "csv")))
         COMMANDS[args.command].main(args, console)
     except (UsageError, InputError, CapacityError, OSError) as err:
         print(f"iosim: error: {err}", file=sys.stderr)

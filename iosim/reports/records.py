@@ -12,6 +12,7 @@ import io
 import json
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -49,6 +50,18 @@ def check_output_path(what: str, path: str | None) -> Path | None:
             os.close(handle)
             os.unlink(probe)
     return p
+
+
+def is_stdout(path: str | None) -> bool:
+    """Whether ``path`` is this process's standard output (``/dev/stdout``, ``/dev/fd/1``, or the file or pipe it is
+    redirected to)."""
+    if not path:
+        return False
+    try:
+        found, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such file yet, or a stdout without a descriptor (captured)
+        return False
+    return (found.st_dev, found.st_ino) == (out.st_dev, out.st_ino)
 
 
 def is_stream(path: Path) -> bool:
