@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from iosim.api import count_problem
 from iosim.cli.common import (
     Distinct,
     add_outputs,
@@ -18,8 +19,8 @@ from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, eng
 from iosim.core.tiling import tiling_record
 from iosim.core.units import FP8_DTYPES
-from iosim.reports.bound import POINTS_DEFAULT, BoundSweep, bound, check_plot_path, plot
-from iosim.reports.records import check_distinct, check_output_path, write_records, writing
+from iosim.reports.bound import POINTS_DEFAULT, BoundPoint, BoundSweep, bound, check_plot_path, plot
+from iosim.reports.records import RecordWriter, check_distinct, check_output_path, writing
 
 
 def add_parser(sub) -> None:
@@ -39,27 +40,37 @@ def add_parser(sub) -> None:
     add_outputs(p, "every (M, algorithm)")
 
 
+def point_records(problem: dict, p: BoundPoint) -> list[dict]:
+    """One record per algorithm at one value of M: its optimal tiling and simulated traffic, the bound and their
+    ratio; ``problem``: the problem's record."""
+    return [dict(**problem, M=p.M, algorithm=name, **tiling_record(p.tiling[name]), traffic=traffic,
+                 lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
+                 best=name == p.best) for name, traffic in p.traffic.items()]
+
+
 def records(sweep: BoundSweep) -> list[dict]:
-    """One record per (M, algorithm): its optimal tiling and simulated traffic, the bound and their ratio."""
-    out = []
-    for p in sweep.points:
-        for name, traffic in p.traffic.items():
-            out.append(dict(**sweep.problem.record(), M=p.M, algorithm=name, **tiling_record(p.tiling[name]),
-                            traffic=traffic,
-                            lower_bound=p.lower_bound, ratio=None if traffic is None else traffic / p.lower_bound,
-                            best=name == p.best))
-    return out
+    """One record per (M, algorithm) (``point_records``)."""
+    return [r for p in sweep.points for r in point_records(sweep.problem.record(), p)]
 
 
 def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> BoundSweep:
-    """Sweep M; ``on_row`` sees each value of M as it is done."""
+    """Sweep M; ``on_row`` sees each value of M as it is done. Each value's records are journaled as it ends, so
+    an interrupted run keeps the values that finished (``RecordWriter``)."""
     paths = {what: check_output_path(what, getattr(args, what)) for what in ("json", "csv", "out")}
     check_distinct(paths)
     if paths["out"]:
         check_plot_path(paths["out"], "out")
-    sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
-                  dtype=args.dtype, points=args.points, algorithms=algorithms_of(args), on_point=on_row)
-    write_records(args.json, args.csv, records(sweep))
+    problem = count_problem(args.N, args.d, args.N_k, args.batch, args.heads, causal=args.causal,
+                            dtype=args.dtype).record()
+    with RecordWriter(args.json, args.csv) as writer:
+        def done(point: BoundPoint) -> None:
+            for record in point_records(problem, point):
+                writer.add(record)
+            if on_row is not None:
+                on_row(point)
+
+        sweep = bound(args.N, args.d, N_k=args.N_k, batch=args.batch, heads=args.heads, causal=args.causal,
+                      dtype=args.dtype, points=args.points, algorithms=algorithms_of(args), on_point=done)
     if paths["out"]:
         with writing("the --out plot", paths["out"]):
             plot(sweep, paths["out"])

@@ -11,7 +11,7 @@ from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, toke
 from iosim.cli.progress import progress_bar
 from iosim.cli.render import compact_table, count_text, nbytes
 from iosim.core.gpus import GPUS, preset_name, resolve_M
-from iosim.reports.records import check_distinct, check_output_path, write_records
+from iosim.reports.records import RecordWriter, check_distinct, check_output_path
 from iosim.serving.cascade import Cascade, cascade, kv_reads, merging_algorithms
 from iosim.tilings.policies import POLICIES
 
@@ -51,17 +51,18 @@ def run(args: argparse.Namespace, on_row: Callable[[Cascade], None] | None = Non
     check_distinct({"json": check_output_path("json", args.json), "csv": check_output_path("csv", args.csv)})
     M = resolve_M(args.M, args.gpu, args.dtype)
     results = []
-    for algo in args.algo:
-        for P in args.prefix:
-            for B in args.batch:
-                results.append(cascade(algo, batch=B, prefix=P, suffix=args.suffix, d=args.d, M=M, N=args.N,
-                                       heads=args.heads, kv_heads=args.kv_heads, causal=args.causal,
-                                       dtype=args.dtype, page_size=args.page_size, block_policy=args.block_policy,
-                                       gpu=args.gpu))
-                if on_row is not None:
-                    on_row(results[-1])
     setting = dict(gpu=preset_name(args.gpu), block_policy=args.block_policy)  # options that change the counts
-    write_records(args.json, args.csv, [dict(r.record(), **setting) for r in results])
+    with RecordWriter(args.json, args.csv) as writer:  # each row journaled as it ends: an interrupt keeps them
+        for algo in args.algo:
+            for P in args.prefix:
+                for B in args.batch:
+                    results.append(cascade(algo, batch=B, prefix=P, suffix=args.suffix, d=args.d, M=M, N=args.N,
+                                           heads=args.heads, kv_heads=args.kv_heads, causal=args.causal,
+                                           dtype=args.dtype, page_size=args.page_size,
+                                           block_policy=args.block_policy, gpu=args.gpu))
+                    writer.add(dict(results[-1].record(), **setting))
+                    if on_row is not None:
+                        on_row(results[-1])
     return CascadeOutcome(results)
 
 

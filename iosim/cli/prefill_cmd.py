@@ -12,7 +12,7 @@ from iosim.cli.render import compact_table, count_text, eng, nbytes
 from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.registry import ALGORITHMS
-from iosim.reports.records import check_distinct, check_output_path, write_records
+from iosim.reports.records import RecordWriter, check_distinct, check_output_path
 from iosim.serving.chunked import ChunkedPrefill, chunked_prefill
 from iosim.tilings.policies import POLICIES
 
@@ -57,15 +57,16 @@ def run(args: argparse.Namespace, on_row: Callable[[ChunkedPrefill], None] | Non
     M = resolve_M(args.M, args.gpu, args.dtype)
     algorithms, notes = covered(args)
     results = []
-    for algo in algorithms:
-        for C in args.chunk:
-            results.append(chunked_prefill(algo, N=args.N, C=C, d=args.d, M=M, prefix=args.prefix,
-                                           batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
-                                           dtype=args.dtype, block_policy=args.block_policy, gpu=args.gpu))
-            if on_row is not None:
-                on_row(results[-1])
     setting = dict(gpu=preset_name(args.gpu), block_policy=args.block_policy)  # options that change the counts
-    write_records(args.json, args.csv, [dict(r.record(), **setting) for r in results])
+    with RecordWriter(args.json, args.csv) as writer:  # each row journaled as it ends: an interrupt keeps them
+        for algo in algorithms:
+            for C in args.chunk:
+                results.append(chunked_prefill(algo, N=args.N, C=C, d=args.d, M=M, prefix=args.prefix,
+                                               batch=args.batch, heads=args.heads, kv_heads=args.kv_heads,
+                                               dtype=args.dtype, block_policy=args.block_policy, gpu=args.gpu))
+                writer.add(dict(results[-1].record(), **setting))
+                if on_row is not None:
+                    on_row(results[-1])
     return PrefillOutcome(results, notes)
 
 
