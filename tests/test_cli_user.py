@@ -13,7 +13,7 @@ from helpers import random_qkv
 from rich.console import Console
 
 import iosim
-from iosim.cli import build_parser, main, run, run_cmd, sweep_cmd
+from iosim.cli import COMMANDS, build_parser, main, run, run_cmd, sweep_cmd
 from iosim.cli.render import eng, nbytes, seconds
 from iosim.cli.run_cmd import check_against_reference
 from iosim.core.units import parse_size
@@ -113,6 +113,24 @@ def test_sweep_table_fits_80_columns_with_every_option(options):
     text = render(out, 80)
     assert "…" not in text, text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("width", [40, 60])
+@pytest.mark.parametrize("argv", [
+    ["sweep", "--N", "4096", "--d", "64"], ["sweep", "--N", "4096", "--d", "64", "--gpu", "h100"],
+    ["run", "--algo", "flash-swapped", "--N", "2048", "--d", "64", "--gpu", "h100", "--heads", "32", "--no-check"],
+    ["optimize", "--N", "4096", "--d", "64", "--M", "100k"], ["gpus"], ["kernels"],
+])
+def test_a_narrow_terminal_wraps_a_table_s_lines_and_never_cuts_a_number(argv, width):
+    # at COLUMNS=60 a reviewer read N=4096 as "40…" and 4,194,304 bytes as "4,194,3…": a table too wide for the
+    # terminal is printed whole, each line as wide as its cells need, and the terminal wraps it
+    console = Console(width=width, file=io.StringIO(), record=True)
+    args = parse(*argv)
+    COMMANDS[args.command].main(args, console)
+    text = console.export_text()
+    assert "…" not in text, text
+    if argv[0] == "sweep":
+        assert " 4096 " in text
 
 
 @pytest.mark.parametrize("x, text", [(0, "0"), (999, "999"), (1000, "1k"), (999_960, "1M"), (1.79e9, "1.79G"),

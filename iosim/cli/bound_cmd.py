@@ -16,7 +16,7 @@ from iosim.cli.common import (
     maskless_algorithms,
 )
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, eng
+from iosim.cli.render import compact_table, eng, print_table
 from iosim.core.tiling import tiling_record
 from iosim.core.units import FP8_DTYPES
 from iosim.reports.bound import POINTS_DEFAULT, BoundPoint, BoundSweep, bound, check_plot_path, plot
@@ -95,7 +95,7 @@ def render(console, sweep: BoundSweep) -> None:
         t = p.tiling[p.best]
         table.add_row(f"{p.M:,}", p.best, f"{t.Br}×{t.Bc}", eng(p.traffic[p.best]), eng(p.lower_bound),
                       f"{p.ratio:.2f}")
-    console.print(table)
+    print_table(console, table)
     w = sweep.worst
     console.print(f"worst ratio to the lower bound: {w.ratio:.2f} at M = {w.M:,} ({w.best}); "
                   f"M = d² = {s.d * s.d:,}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from iosim.cli.common import Distinct, add_outputs, add_problem, count_arg, tokens_arg
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, count_text, nbytes
+from iosim.cli.render import compact_table, count_text, nbytes, print_table
 from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.reports.records import RecordWriter, check_distinct, check_output_path
 from iosim.serving.cascade import Cascade, cascade, kv_reads, merging_algorithms
@@ -85,6 +85,6 @@ def render(console, outcome: CascadeOutcome) -> None:
         t, sep = r.traffic, r.separate.traffic
         table.add_row(r.algorithm, count_text(r.prefix), count_text(r.problem.shape.batch), nbytes(t.total_bytes),
                       nbytes(sep.total_bytes), f"{r.ratio:.3f}", f"{kv_reads(t) / kv_reads(sep):.3f}")
-    console.print(table)
+    print_table(console, table)
     console.print("attention only: the MLP, the KV-cache capacity and what the L2 would serve of shared pages are "
                   "not modelled")

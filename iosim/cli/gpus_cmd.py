@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from iosim.cli.common import add_outputs
-from iosim.cli.render import compact_table, eng, nbytes
+from iosim.cli.render import compact_table, eng, nbytes, print_table
 from iosim.core.gpus import GPU, GPUS, Spec, get_gpu
 from iosim.reports.records import check_distinct, check_output_path, write_records
 
@@ -89,7 +89,7 @@ def main(args: argparse.Namespace, console) -> None:
     table.add_row("compute cap.", *(by[name, "SMs"]["compute_capability"] for name in names))
     for number, label in LABELS.items():
         table.add_row(label, *(shown(by[name, number]["value"], by[name, number]["unit"]) for name in names))
-    console.print(table)
+    print_table(console, table)
     if not args.names:
         console.print("each number's source: iosim gpus NAME (e.g. iosim gpus h200), or --json / --csv")
     for name in names if args.names else ():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from iosim.cli.common import add_outputs
-from iosim.cli.render import compact_table
+from iosim.cli.render import compact_table, print_table
 from iosim.gpu.kernels import KERNELS, default_kernel
 from iosim.gpu.occupancy import report
 from iosim.reports.records import check_distinct, check_output_path, write_records
@@ -44,7 +44,7 @@ def main(args: argparse.Namespace, console) -> None:
     for r in rows:
         table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", ", ".join(r["passes"]),
                       " ".join(r["options"]), " ".join(r["takes"]))
-    console.print(table)
+    print_table(console, table)
     builds = {}
     for r in rows:
         builds.setdefault(" ".join(r["dtypes"] or ()), []).append(r["kernel"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, eng, nbytes, seconds
+from iosim.cli.render import compact_table, eng, nbytes, print_table, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import DEFAULT, GPUS
 from iosim.core.units import DTYPE_ITEMSIZE
@@ -156,7 +156,7 @@ def render_phase(console, pc: PhaseCost, wide: bool = False) -> None:
         for i, c in enumerate(a.layers):
             table.add_row(*(layer(c) if layer else total(a) if i == 0 else "" for layer, total, _ in shown.values()))
     if pc.ran:
-        console.print(table)
+        print_table(console, table)
         console.print(f"least HBM bytes (÷ least): {pc.least.algorithm}")
     for note in dict.fromkeys(c.dram_note for a in pc.ran for c in a.layers if c.dram_note):
         console.print(f"[yellow]DRAM —: {note}[/]")

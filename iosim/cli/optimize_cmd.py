@@ -26,7 +26,7 @@ from iosim.cli.common import (
     window_of,
 )
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, eng, nbytes
+from iosim.cli.render import compact_table, eng, nbytes, print_table
 from iosim.core.errors import InputError
 from iosim.core.gpus import GPUS, resolve_M
 from iosim.core.tiling import tiling_record
@@ -172,7 +172,7 @@ def render(console, outcome: OptimizeOutcome, pass_: str = "fwd") -> None:
             table.add_row(name if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", eng(x.traffic),
                           nbytes(x.traffic_bytes), eng(x.working_set), eng(x.c),
                           *(policy_c if rank == 1 else ("", "")), end_section=rank == len(r.best))
-    console.print(table)
+    print_table(console, table)
     for r in outcome.results:
         if not isinstance(r, Optimum):
             console.print(f"[yellow]{r}[/]")
@@ -197,7 +197,7 @@ def render_dram(console, outcome: OptimizeOutcome) -> None:
             table.add_row(r.algorithm if rank == 1 else "", f"{x.tiling.Br}×{x.tiling.Bc}", nbytes(x.traffic_bytes),
                           nbytes(dram.reads), nbytes(dram.writes + dram.dirty_at_end), nbytes(dram.moved),
                           f"{dram.concurrent:,}", end_section=rank == len(r.best))
-    console.print(table)
+    print_table(console, table)
     for r in outcome.results:
         if not isinstance(r, Optimum):
             console.print(f"[yellow]{r}[/]")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from iosim.cli.common import Distinct, add_outputs, count_arg, maskless_algorithms, tokens_arg
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, count_text, eng, nbytes
+from iosim.cli.render import compact_table, count_text, eng, nbytes, print_table
 from iosim.core.gpus import GPUS, preset_name, resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
 from iosim.registry import ALGORITHMS
@@ -98,6 +98,6 @@ def render(console, outcome: PrefillOutcome) -> None:
         t = r.traffic
         table.add_row(r.algorithm, count_text(r.C), count_text(r.chunks), eng(t.total), nbytes(t.total_bytes),
                       eng(t.tensor("K").reads + t.tensor("V").reads), f"{r.ratio:.3f}")
-    console.print(table)
+    print_table(console, table)
     for note in outcome.notes:
         console.print(f"[yellow]{note}[/]")

@@ -39,6 +39,28 @@ def count_text(n: int) -> str:
     return str(n) if n < 10**6 else eng(n)
 
 
+def print_table(console, table) -> None:
+    """Print ``table`` at the console's width, or as wide as its cells that do not wrap need where that is wider: a
+    narrow terminal then wraps the lines, where rich would cut each number short with "…"."""
+    from rich.measure import Measurement
+
+    wide = console.options.update_width(10**4)
+    for column in table.columns:  # a column that does not wrap is as wide as its widest cell, or rich cuts it
+        if column.no_wrap:
+            cells = (column.header, *column.cells)
+            column.min_width = max(Measurement.get(console, wide, cell).maximum for cell in cells)
+    need = Measurement.get(console, wide, table).minimum
+    if need <= console.width:
+        console.print(table)
+        return
+    width = console.width
+    console.width = need
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def compact_table(columns: tuple[str, ...] = (), left: str = "algorithm", **options):
     """The compact table of sweep, optimize and bound: a rule under the header, no outer padding; ``columns``
     are added unwrapped, each right-aligned but ``left``."""

@@ -28,7 +28,7 @@ from iosim.cli.common import (
     window_of,
 )
 from iosim.cli.progress import PatientBar
-from iosim.cli.render import nbytes
+from iosim.cli.render import nbytes, print_table
 from iosim.core.counts import Counts, combined
 from iosim.core.errors import InputError
 from iosim.core.gpus import preset_name, resolve_M
@@ -291,7 +291,7 @@ def _render_pass(console, r: SimResult | GradResult, t: Counts, tiling: Tiling, 
     for x in t.tensors:
         table.add_row(x.name, f"{x.reads:,}", f"{x.writes:,}", nbytes(x.read_bytes), nbytes(x.write_bytes))
     table.add_row("total", f"{t.reads:,}", f"{t.writes:,}", nbytes(t.read_bytes), nbytes(t.write_bytes), style="bold")
-    console.print(table)
+    print_table(console, table)
     console.print(f"peak SRAM {t.peak_sram:,} of M = {r.M:,} elements ({t.peak_sram / r.M:.3f}); "
                   f"{nbytes(t.total_bytes)} moved in all")
 

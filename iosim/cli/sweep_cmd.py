@@ -25,7 +25,7 @@ from iosim.cli.common import (
     window_of,
 )
 from iosim.cli.progress import progress_bar
-from iosim.cli.render import compact_table, count_text, eng, nbytes, seconds
+from iosim.cli.render import compact_table, count_text, eng, nbytes, print_table, seconds
 from iosim.core.errors import InputError
 from iosim.core.gpus import resolve_M
 from iosim.core.units import DTYPE_ITEMSIZE, FP8_DTYPES
@@ -275,7 +275,7 @@ def render(console, outcome: SweepOutcome, wide: bool) -> None:
         table.add_column(name, justify="left" if name in ("algorithm", "bound") else "right", no_wrap=True)
     for r in rows:
         table.add_row(*(cell(r) for _, cell in columns))
-    console.print(table)
+    print_table(console, table)
     if packed and rows[0].roofline is not None:
         console.print("÷ padded: " + ", ".join(f"{r.algorithm} (d={r.d}) {packing[1](r)}" for r in rows))
     for r in rows:
@@ -318,4 +318,4 @@ def _render_ranking(console, records: list[dict]) -> None:
         others = ", ".join(f"{a} {ratio:.2f}×" for a, ratio in sorted(x.ratios.items(), key=lambda kv: kv[1])
                            if a != x.best)
         table.add_row(count_text(x.N), str(x.d), x.best, others or "—")
-    console.print(table)
+    print_table(console, table)
