@@ -316,7 +316,7 @@ def test_counts_take_units_and_whole_floats_everywhere():
     a = iosim.count("flash", N=1024.0, d="64", M="100k")
     b = iosim.count("flash", N="1Ki", d=64, M=100_000)
     assert a.traffic == b.traffic
-    with pytest.raises(iosim.InputError, match="N=1024.5 is 1024.5, not a whole number"):
+    with pytest.raises(iosim.InputError, match="N=1024.5 is not a whole number"):
         iosim.count("flash", N=1024.5, d=64, M="100k")
 
 
@@ -389,6 +389,13 @@ def test_a_command_without_a_block_mask_option_does_not_offer_flex(capsys, argv)
     (["run", "--seed", "-1"], "argument --seed: '-1' is not an integer in [0, 2**64)"),
     (["run", "--scale", "1e308", "--N", "20", "--d", "4"], "--scale 1e+308: tau·QKᵀ overflows float64"),
     (["sweep", "--N", "4KiB"], "argument --N: 4KiB is not a count"),
+    # a negative number is a number out of range, as 0 is, not a malformed one
+    (["sweep", "--M", "-5"], "M='-5' is outside the allowed range [1, 2**62]"),
+    (["sweep", "--N", "-1024"], "argument --N: -1024 is outside the allowed range [1, 2**62]"),
+    (["sweep", "--heads", "-3"], "argument --heads: -3 is outside the allowed range [1, 2**62]"),
+    (["sweep", "--d", "64.5"], "argument --d: 64.5 is not a whole number"),
+    (["sweep", "--M", "3001B"], "M='3001B' is 1500.5 elements of float16 (2 bytes each), not a whole number"),
+    (["sweep", "--N", "1.0005k"], "argument --N: 1.0005k is 1000.5, not a whole number"),
 ])
 def test_bad_cli_values_name_their_flag(capsys, argv, message):
     assert main(argv) == 2

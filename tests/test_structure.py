@@ -92,7 +92,7 @@ def test_explicit_tiling_is_used_and_must_fit(algorithm):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(Br=0, Bc=4), "Br=0 is outside the allowed range"),
-    (dict(Br=4, Bc=2.5), "Bc=2.5 is 2.5, not a whole number"),
+    (dict(Br=4, Bc=2.5), "Bc=2.5 is not a whole number"),
 ])
 def test_tiling_validates_itself(kwargs, message):
     with pytest.raises(iosim.InputError, match=message):

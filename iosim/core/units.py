@@ -21,7 +21,7 @@ DTYPE_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "floa
 FP8_DTYPES = ("float8_e4m3", "float8_e5m2")
 
 _POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*(?:([kKmMgGtT])([iI])?)?\s*([bB])?\s*$")
+_PATTERN = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*(?:([kKmMgGtT])([iI])?)?\s*([bB])?\s*$")
 MAX_COUNT = 2**62  # Python's ranges, over which the tiles are counted, hold at most 2**63 - 1 elements
 _RANGE = "[1, 2**62]"
 _FORMS = "an integer with an optional suffix k, M, G, T (×1000) or Ki, Mi, Gi, Ti (×1024)"
@@ -48,7 +48,11 @@ def parse_count(name: str, value, *, dtype: str | None = None) -> int:
         raise InputTypeError(f"{name}={value!r} must be a whole number >= 1 or a string such as 4Ki; "
                              f"got {type(value).__name__}")
     if number != number.to_integral_value():
-        raise InputError(f"{name}={value!r} is {number.normalize():f}, not a whole number")
+        shown = f"{number.normalize():f}"
+        if isinstance(value, str) and _PATTERN.match(value).group(4):  # bytes, in elements of the dtype
+            shown = f"{shown} elements of {dtype} ({DTYPE_ITEMSIZE[dtype]} bytes each)"
+        raise InputError(f"{name}={value!r} is not a whole number" if shown == str(value).strip() else
+                         f"{name}={value!r} is {shown}, not a whole number")
     if not 1 <= number <= MAX_COUNT:
         raise InputError(f"{name}={value!r} is outside the allowed range {_RANGE} (about 4.6e18)")
     return int(number)
