@@ -141,7 +141,12 @@ def test_a_bad_path_leaves_the_good_output_as_it_was(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]
 
 
-def test_an_interrupt_keeps_the_rows_that_finished(tmp_path):
+@pytest.mark.parametrize("argv, key", [
+    (["sweep", "--d", "64", "--algo", "flash", "--N", "256", "512", "1024"], "N"),
+    (["prefill", "--N", "512", "--d", "16", "--algo", "flash", "--chunk", "64", "128", "256"], "chunk"),
+    (["cascade", "--batch", "2", "--d", "16", "--algo", "flash", "--prefix", "256", "512", "1024"], "prefix"),
+])
+def test_an_interrupt_keeps_the_rows_that_finished(tmp_path, argv, key):
     path = tmp_path / "rows.json"
     path.write_text("[]\n")
     seen = []
@@ -152,9 +157,8 @@ def test_an_interrupt_keeps_the_rows_that_finished(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run(parse("sweep", "--N", "256", "512", "1024", "--d", "64", "--algo", "flash", "--json", str(path)),
-            on_row=stop_after_two)
-    assert [r["N"] for r in records(path)] == [256, 512]
+        run(parse(*argv, "--json", str(path)), on_row=stop_after_two)
+    assert [r[key] for r in records(path)] == [int(x) for x in argv[-3:-1]]  # the first two of the three
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
 
 
@@ -180,25 +184,6 @@ def test_an_interrupted_bound_keeps_the_values_of_M_that_finished(tmp_path):
     sweep = run(parse("bound", "--N", "512", "--d", "16", "--points", "10", "--algo", "flash", "standard",
                       "--json", str(whole)))
     assert records(whole)[:6] == records(json_path) and len(records(whole)) == 2 * len(sweep.points)
-
-
-@pytest.mark.parametrize("argv, key", [
-    (["prefill", "--N", "512", "--d", "16", "--algo", "flash", "--chunk", "64", "128", "256"], "chunk"),
-    (["cascade", "--batch", "2", "--d", "16", "--algo", "flash", "--prefix", "256", "512", "1024"], "prefix"),
-])
-def test_an_interrupted_prefill_or_cascade_keeps_the_rows_that_finished(tmp_path, argv, key):
-    path = tmp_path / "rows.json"
-    seen = []
-
-    def stop_after_two(row):
-        seen.append(row)
-        if len(seen) == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run(parse(*argv, "--json", str(path)), on_row=stop_after_two)
-    assert [r[key] for r in records(path)] == [int(x) for x in argv[-3:-1]]  # the first two of the three
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.json"]
 
 
 def test_a_failure_before_any_row_leaves_the_file_as_it_was(tmp_path):
