@@ -248,3 +248,14 @@ def test_a_sawtooth_prediction_simulates_the_sawtooth_grid_and_its_pair_is_the_p
     got = predict.predict(cfg)
     assert got["grid"] == "iosim.algorithms.flash_swapped.sawtooth_grid"
     assert (got["effective"]["reads"], got["effective"]["writes"]) == (want.reads, want.writes)
+
+
+def test_a_bfloat16_tensor_core_row_is_set_beside_flash_swapped_s_grid_though_that_kernel_has_no_bfloat16_build():
+    # the declared grid at the row's tiles is the grid alone: the refusal of flash-swapped's missing bfloat16 build
+    # (a dtype check added after predictions-80f2354) stopped that file's regeneration at its first bfloat16 row
+    cfg = next(c for c in ncu.GRIDS["call3"]() if c.dtype == "bfloat16" and c.impl == "flash-swapped-tc"
+               and not c.causal and c.batch * c.heads == 1 and c.n_q == 1024)
+    row = predict.predict(cfg)
+    float16 = predict.predict(replace(cfg, dtype="float16"))
+    assert row["declared_grid_effective"] == float16["declared_grid_effective"]  # 2 bytes an element either way
+    assert row["declared_grid_effective"]["reads"] > 0
