@@ -276,6 +276,18 @@ def test_a_model_config_made_in_python_is_checked_as_a_file_is():
     with pytest.raises(iosim.InputError, match="attention_dropout='0.1' is outside the allowed range"):
         ModelConfig("m", 2, 4, 2, 64, None, "here", dropout_p="0.1")  # a TypeError before
     assert ModelConfig("m", 2, 4, 2, 64, None, "here", sinks=True).sinks
+    # a window or a chunk that no layer takes was counted as global attention under notes that said local
+    with pytest.raises(iosim.InputError, match="sliding_window=8 with no 'sliding_attention' layer in layer_types"):
+        ModelConfig("m", 2, 4, 2, 64, None, "here", sliding_window=8)
+    with pytest.raises(iosim.InputError, match="attention_chunk_size=512 with no 'chunked_attention' layer"):
+        ModelConfig("m", 2, 4, 2, 64, None, "here", attention_chunk=512)
+    for window in (-3, 0, 2.5, "8"):
+        with pytest.raises(iosim.InputError, match=f"sliding_window={window!r} must be a whole number >= 1"):
+            ModelConfig("m", 2, 4, 2, 64, None, "here", sliding_window=window, layer_types=(LOCAL, GLOBAL))
+    with pytest.raises(iosim.InputError, match="attention_chunk_size=0 must be a whole number >= 1"):
+        ModelConfig("m", 2, 4, 2, 64, None, "here", attention_chunk=0)
+    local = ModelConfig("m", 2, 4, 2, 64, None, "here", sliding_window=8, layer_types=(LOCAL, GLOBAL))
+    assert {k.window for k in local.kinds()} == {8, None}
 
 
 def test_a_file_that_is_not_a_config(tmp_path):

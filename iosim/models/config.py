@@ -93,10 +93,14 @@ class ModelConfig:
         unknown = sorted(set(self.layer_types) - {GLOBAL, LOCAL, CHUNKED})
         if unknown:
             raise InputError(f"layer_types holds {unknown}; iosim counts {GLOBAL!r}, {LOCAL!r} and {CHUNKED!r} layers")
-        if LOCAL in self.layer_types:
-            check_count("sliding_window", self.sliding_window)
-        if CHUNKED in self.layer_types:
-            check_count("attention_chunk_size", self.attention_chunk)
+        for name, value, kind in (("sliding_window", self.sliding_window, LOCAL),
+                                  ("attention_chunk_size", self.attention_chunk, CHUNKED)):
+            if kind in self.layer_types or value is not None:
+                check_count(name, value)
+            if value is not None and kind not in self.layer_types:  # it would change no layer, said or not
+                raise InputError(f"{name}={value!r} with no {kind!r} layer in layer_types: it would change none; "
+                                 f"allowed: layer_types naming the layers it applies to (iosim.load_config reads "
+                                 f"them from a config's rules), or {name}=None")
         if (isinstance(self.dropout_p, bool) or not isinstance(self.dropout_p, numbers.Real)
                 or not 0 <= self.dropout_p < 1):
             raise InputError(f"attention_dropout={self.dropout_p!r} is outside the allowed range [0, 1)")
