@@ -18,6 +18,7 @@ from iosim.algorithms.algorithm import Algorithm
 from iosim.core.errors import BlockSizeError, InputError
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling, ceil_div
+from iosim.core.units import parse_count
 from iosim.tilings.search import check_fits, largest
 from iosim.tilings.search import optimal as search_optimal
 from iosim.variants import paging
@@ -116,6 +117,10 @@ def choose_tiling(algo: Algorithm, pb: Problem, M: int, policy: str = "fit", til
                              f"tiling=None, or that one")
         return algo.with_splits(pb, _checked(algo, pb, M, own), splits, default=False, sms=sms, fixed=True)
     if tiling is not None:
+        if isinstance(tiling, Tiling) and tiling.splits != 1 and splits is not None \
+                and parse_count("splits", splits) != tiling.splits:
+            raise InputError(f"splits={splits!r} with tiling={tiling}: two K/V splits; allowed: one of them, or both "
+                             f"the same")
         tiling = algo.with_splits(pb, _checked(algo, pb, M, tiling), splits, default=False, sms=sms, fixed=True)
         return paging.aligned(pb, tiling, fixed=True)
     if policy not in POLICIES:
