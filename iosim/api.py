@@ -285,7 +285,7 @@ def simulate(algorithm, q, k, v, *, M, causal=False, mask=None, scale=None, drop
     kv_heads divides heads (grouped-query attention; kv_heads = heads is multi-head
     attention). ``splits`` sets the K/V splits of an algorithm that splits K/V
     (``split-kv``), whose default policy chooses them otherwise, to fill the SMs of the
-    ``gpu`` preset (an H100 when None; when given, it is behind the result's ``dram``).
+    ``gpu`` preset (an H100 when None; ``iosim.dram`` gives the DRAM bytes behind a preset's L2).
     Computation is in float64; ``dtype`` sets the bytes per element of the traffic
     report and how a byte-sized M (e.g. "192KiB") converts to elements.
     ``block_sparsity`` (an ``iosim.BlockSparsity``) is the block mask of the
@@ -332,8 +332,8 @@ def count(algorithm, *, N=None, d, M, N_k=None, batch=1, heads=1, causal=False, 
     N is N_q; N_k defaults to N. ``mask=True`` counts the reads of an explicit mask.
     ``pass_="bwd"`` counts the backward pass alone; ``pass_="fwd+bwd"`` both, their
     traffic and arithmetic added (the peak is the larger pass's). ``gpu`` names the
-    preset whose SMs split-kv's default splits fill (an H100 when None) and, when given,
-    the one behind the result's ``dram``: the DRAM bytes its L2 lets through.
+    preset whose SMs split-kv's default splits fill (an H100 when None); ``iosim.dram`` gives the DRAM bytes a
+    preset's L2 lets through.
     ``window=(left, right)`` is a sliding window, as ``simulate`` takes it. ``page_size`` reads K and V
     from a paged cache through a block table (iosim.variants.paging). ``seqlens`` (or ``cu_seqlens``) counts documents
     packed end to end instead of N (iosim.variants.varlen); the result's ``padded`` is their traffic padded to the

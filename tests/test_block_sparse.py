@@ -123,7 +123,7 @@ def test_an_element_mask_reduces_to_its_block_mask():
 @pytest.mark.parametrize("make, message", [
     (lambda: iosim.BlockSparsity(0.0), r"sparsity=0.0 is outside the allowed range \(0, 1\]"),
     (lambda: iosim.BlockSparsity(1.5), r"sparsity=1.5 is outside the allowed range \(0, 1\]"),
-    (lambda: iosim.BlockSparsity(0.5, "diagonal"), "sparsity_pattern='diagonal' is not one of"),
+    (lambda: iosim.BlockSparsity(0.5, "diagonal"), "pattern='diagonal' is not one of"),  # its keyword
     (lambda: iosim.BlockSparsity.from_array(np.ones((2, 2))), "block mask must be boolean"),
     (lambda: iosim.count("block-sparse", N=100, d=8, M=2000, tiling=iosim.Tiling(10, 10),
                          block_sparsity=iosim.BlockSparsity.from_array(np.ones((3, 3), dtype=bool))),

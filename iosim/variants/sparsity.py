@@ -68,7 +68,7 @@ class BlockSparsity:
     def __post_init__(self):
         check_sparsity(self.sparsity)
         if self.pattern not in PATTERNS:
-            raise InputError(f"sparsity_pattern={self.pattern!r} is not one of {list(PATTERNS)}")
+            raise InputError(f"pattern={self.pattern!r} is not one of {list(PATTERNS)}")
         check_seed(self.seed)
 
     @classmethod
