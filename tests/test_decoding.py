@@ -167,14 +167,14 @@ def test_bad_splits_are_refused(kwargs, message):
 def test_splits_and_a_tiling_s_own_splits_that_differ_are_refused_in_count_predict_and_simulate():
     # splits= silently won over the tiling's: a user who asked for both got one without a word
     q = k = v = np.ones((1, 1, 64, 8))
-    for run in (lambda **kw: iosim.count("split-kv", N=1, N_k=64, d=8, M="2k", **kw),
-                lambda **kw: iosim.predict("split-kv", N=1, N_k=64, d=8, M="2k", **kw),
-                lambda **kw: iosim.simulate("split-kv", q[:, :, :1], k, v, M="2k", **kw)):
+    for call in (lambda **kw: iosim.count("split-kv", N=1, N_k=64, d=8, M="2k", **kw),
+                 lambda **kw: iosim.predict("split-kv", N=1, N_k=64, d=8, M="2k", **kw),
+                 lambda **kw: iosim.simulate("split-kv", q[:, :, :1], k, v, M="2k", **kw)):
         for splits in (1, 2, "2"):
             with pytest.raises(iosim.InputError, match=rf"splits={splits!r} with tiling=Tiling\(Br=1, Bc=8, "
                                                        rf"splits=4\): two K/V splits"):
-                run(splits=splits, tiling=iosim.Tiling(1, 8, splits=4))
-        assert run(splits=4, tiling=iosim.Tiling(1, 8, splits=4)).tiling.splits == 4
+                call(splits=splits, tiling=iosim.Tiling(1, 8, splits=4))
+        assert call(splits=4, tiling=iosim.Tiling(1, 8, splits=4)).tiling.splits == 4
 
 
 def test_splits_are_taken_as_counts_are():

@@ -160,3 +160,18 @@ def test_iosim_gpus_refuses_a_preset_it_does_not_have_in_one_line(capsys):
     assert main(["gpus", "x100"]) == 2
     err = capsys.readouterr().err
     assert "gpu='x100' is not one of ['a100', 'b200', 'gb10', 'h100', 'h200', 't4']" in err and "Traceback" not in err
+
+
+def test_the_preset_name_a_record_holds_is_taken_back_in_any_case(tmp_path):
+    # records and reports name the preset "H100", which every gpu= argument refused (only "h100" was taken)
+    import iosim
+
+    kw = dict(N=1024, d=64, M="100k")
+    assert iosim.dram("flash-swapped", gpu="H100", **kw).dram == iosim.dram("flash-swapped", gpu="h100", **kw).dram
+    report = iosim.model("llama-3-8b", N=256, phases=["prefill"], algorithms=["flash"], gpu="h100")
+    assert report.gpu == "H100" and iosim.model("llama-3-8b", N=256, phases=["prefill"], algorithms=["flash"],
+                                                gpu=report.gpu).gpu == "H100"
+    for argv in (["sweep", "--N", "1024", "--d", "64", "--algo", "flash", "--gpu", "H100"], ["gpus", "H200"]):
+        assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    with pytest.raises(iosim.InputError, match="gpu='H800' is not one of"):
+        iosim.dram("flash-swapped", gpu="H800", **kw)

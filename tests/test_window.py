@@ -187,8 +187,19 @@ def test_windowed_flash_swapped_moves_less_the_narrower_the_window():
     assert totals == sorted(totals) and totals[-1] < causal, (totals, causal)
 
 
+def test_a_window_s_sides_are_spelled_as_counts_are():
+    # N="4Ki" and N=4096.0 were taken while window=("4Ki", 0) and (3.0, 0) were refused
+    want = iosim.count("flash", N=8192, d=64, M="100k", window=(4096, 0)).traffic.total
+    for spelled in (("4Ki", 0), (4096.0, "0"), ("4096", 0.0)):
+        assert iosim.count("flash", N=8192, d=64, M="100k", window=spelled).traffic.total == want
+    window = iosim.count("flash", N=8192, d=64, M="100k", window=("-1", "0")).problem.window
+    assert (window.left, window.right) == (-1, 0)
+
+
 @pytest.mark.parametrize("window, message", [
-    ((-2, 0), "window left=-2 must be an integer >= -1"), ((0, 1.5), "window right=1.5 must be an integer >= -1"),
+    ((-2, 0), "window left=-2 must be an integer >= -1"),
+    ((0, 1.5), "window right=1.5 must be a whole number of keys >= -1"), (("-3", 0), "window left='-3' must be a"),
+    (("4Kx", 0), "window left='4Kx' must be a whole number of keys >= -1 (-1: unbounded on that side)"),
     ((True, 0), "window left=True"), ((1, 2, 3), "window=(1, 2, 3) must be a pair"), ("4096", "must be a pair"),
 ])
 def test_bad_windows_are_refused_by_name(window, message):

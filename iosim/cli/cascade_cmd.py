@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--d", type=count_arg, required=True)
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
-    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+    p.add_argument("--gpu", type=str.lower, choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and the SMs the default K/V splits fill, as for sweep")
     p.add_argument("--algo", choices=merging_algorithms(), nargs="+", action=Distinct, default=list(DEFAULT_ALGOS),
                    help=f"algorithm of each level and of the separate decode (default: {' '.join(DEFAULT_ALGOS)})")

@@ -136,7 +136,7 @@ def add_simulation(p: argparse.ArgumentParser) -> None:
     p.add_argument("--M", default=None,
                    help="SRAM capacity: 100k (×1000), 64Ki (×1024) elements, or bytes with a B: 192KiB "
                         "(default 100k, or with --gpu its shared memory per SM; an --M up to that wins)")
-    p.add_argument("--gpu", choices=sorted(GPUS), default=None,
+    p.add_argument("--gpu", type=str.lower, choices=sorted(GPUS), default=None,
                    help="hardware preset: sets M and the SMs split-kv's default splits fill; a sweep adds GB, "
                         "GFLOPs, intensity and a roofline time")
     add_problem(p)

@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=count_arg, nargs="+", action=Distinct, default=None,
                    help="context lengths of decoding, one token against that many keys (default: each --N)")
     p.add_argument("--batch", type=count_arg, default=1)
-    p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT,
+    p.add_argument("--gpu", type=str.lower, choices=sorted(GPUS), default=DEFAULT,
                    help=f"hardware preset: M, bandwidth and peak FLOP/s of the roofline (default {DEFAULT})")
     p.add_argument("--dtype", choices=sorted(DTYPE_ITEMSIZE), default="float16",
                    help="element size, and the peak FLOP/s of the roofline (default float16)")

@@ -71,7 +71,8 @@ def add_parser(sub) -> None:
                                                               "(default: d)")
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
-    p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    p.add_argument("--gpu", type=str.lower, choices=sorted(GPUS), default=None,
+                   help="hardware preset: sets M, as for sweep")
     add_l2_options(p)
     p.add_argument("--objective", choices=OBJECTIVES, default="hbm",
                    help=f"what to minimize: hbm, the two-level count (default), or dram, the DRAM bytes behind "

@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--d", type=count_arg, required=True)
     p.add_argument("--M", default=None, help="SRAM capacity, as for sweep: 100k, 64Ki, 192KiB (default 100k, or "
                                              "with --gpu its shared memory per SM)")
-    p.add_argument("--gpu", choices=sorted(GPUS), default=None, help="hardware preset: sets M, as for sweep")
+    p.add_argument("--gpu", type=str.lower, choices=sorted(GPUS), default=None,
+                   help="hardware preset: sets M, as for sweep")
     p.add_argument("--algo", choices=maskless_algorithms(), nargs="+", action=Distinct, default=None,
                    help=f"algorithms to count (default: {' '.join(DEFAULT_ALGOS)}, those of them with an FP8 path "
                         f"in an FP8 dtype)")

@@ -239,9 +239,10 @@ GPUS: dict[str, GPU] = {
 
 
 def get_gpu(name: str) -> GPU:
-    if not isinstance(name, str) or name not in GPUS:
+    """The preset of ``name``, in any case: "h100", or "H100" as records name it."""
+    if not isinstance(name, str) or name.lower() not in GPUS:
         raise InputError(f"gpu={name!r} is not one of {sorted(GPUS)}")
-    return GPUS[name]
+    return GPUS[name.lower()]
 
 
 def preset_name(gpu: str | None) -> str | None:

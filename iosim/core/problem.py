@@ -137,7 +137,21 @@ def check_window(window) -> Band | None:
         return window
     if isinstance(window, (str, bytes)) or not hasattr(window, "__len__") or len(window) != 2:
         raise InputTypeError(f"window={window!r} must be a pair (left, right) of integers >= -1, or None")
-    return Band(*window)
+    return Band(*(_window_side(side, value) for side, value in zip(("left", "right"), window)))
+
+
+def _window_side(side: str, value):
+    """A side of a window as a count is given elsewhere ("4Ki", 128.0, "0"), or -1; an int is left to ``Band``."""
+    if not isinstance(value, (str, float, np.floating)):
+        return value
+    text = value.strip() if isinstance(value, str) else None
+    if text in ("-1", "0") or value in (-1.0, 0.0):
+        return int(float(value))
+    try:
+        return parse_count(f"window {side}", value)
+    except InputError:
+        raise InputError(f"window {side}={value!r} must be a whole number of keys >= -1 (-1: unbounded on that "
+                         f"side), such as 128 or 4Ki") from None
 
 
 def band_of(causal: bool, window: Band | None) -> Band:
