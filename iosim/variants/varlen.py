@@ -31,7 +31,6 @@ refused with ``seqlens`` (the documents are the batch).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -112,9 +111,11 @@ def documents(pb: Problem) -> tuple[Problem, ...]:
     ``(pb,)`` for a problem without documents."""
     if pb.seqlens is None:
         return (pb,)
-    return tuple(replace(pb, shape=replace(pb.shape, batch=m, n_q=L, n_k=L), seqlens=None,
-                         batch_ids=tuple(b for b, length in enumerate(pb.seqlens) if length == L))
-                 for L, m in sorted(Counter(pb.seqlens).items()))
+    places: dict[int, list[int]] = {}  # each length's documents, in one pass over them
+    for b, length in enumerate(pb.seqlens):
+        places.setdefault(length, []).append(b)
+    return tuple(replace(pb, shape=replace(pb.shape, batch=len(ids), n_q=L, n_k=L), seqlens=None,
+                         batch_ids=tuple(ids)) for L, ids in sorted(places.items()))
 
 
 def padded(pb: Problem) -> Problem:
