@@ -200,10 +200,19 @@ def test_the_l2_model_leaves_packed_documents_alone():
     assert covered_dram(one.plans, hw, "flash-swapped") is not None
 
 
+def test_document_lengths_are_spelled_as_counts_are():
+    # N="1Ki" was taken while seqlens=["1Ki", 3] was refused
+    want = iosim.count("flash", seqlens=[1024, 3, 7], d=64, M="100k").traffic.total
+    assert iosim.count("flash", seqlens=["1Ki", "3", 7.0], d=64, M="100k").traffic.total == want
+    assert iosim.count("flash", cu_seqlens=["0", "1Ki", 1027, 1034.0], d=64, M="100k").traffic.total == want
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(seqlens=[3, 0]), r"seqlens\[1\]=0 must be a length >= 1"),
     (dict(seqlens=[]), r"seqlens=\[\] must hold at least one"),
-    (dict(seqlens=[3, 2.5]), r"seqlens\[1\]=2.5 must be an integer"),
+    (dict(seqlens=[3, 2.5]), r"seqlens\[1\]=2.5 is not a whole number"),
+    (dict(seqlens=[3, True]), r"seqlens\[1\]=True must be an integer"),
+    (dict(seqlens=[3, "-3"]), r"seqlens\[1\]='-3' is outside the allowed range \[1, 2\*\*62\]"),
     (dict(seqlens=[3], cu_seqlens=[0, 3]), r"give one of them"),
     (dict(cu_seqlens=[1, 3]), r"cu_seqlens=\[1, 3\] must start at 0"),
     (dict(cu_seqlens=[0, 3, 3]), r"document 1 has length 0; allowed: lengths >= 1"),

@@ -37,6 +37,7 @@ import numpy as np
 
 from iosim.core.errors import InputError, InputTypeError
 from iosim.core.problem import Problem
+from iosim.core.units import parse_count
 
 
 def check_seqlens(seqlens=None, cu_seqlens=None) -> tuple[int, ...] | None:
@@ -72,6 +73,9 @@ def _ints(name: str, values) -> tuple[int, ...]:
         raise InputTypeError(f"{name}={values!r} must be a list of integers")
     out = []
     for i, x in enumerate(values):
+        if isinstance(x, (str, float, np.floating)):  # spelled as counts are elsewhere: "1Ki", 1024.0 (0 for cu's)
+            out.append(0 if (x.strip() if isinstance(x, str) else x) in ("0", 0.0) else parse_count(f"{name}[{i}]", x))
+            continue
         if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
             raise InputTypeError(f"{name}[{i}]={x!r} must be an integer")
         out.append(int(x))
