@@ -43,7 +43,7 @@ class GradResult:
 def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None, dropout_p=0.0, seed=0,
               block_policy="fit", dtype="float16", block_sparsity=None, splits=None, window=None,
               allow_nonfinite=False, on_progress: Progress | None = None, seqlens=None, cu_seqlens=None,
-              sinks=None, block_mask=None, score_mod=None) -> GradResult:
+              sinks=None, block_mask=None, score_mod=None, tiling=None) -> GradResult:
     """dQ, dK, dV of attention for the upstream gradient ``do`` (batch, heads, N_q, d_v), on the simulator.
 
     Runs ``algorithm``'s forward pass and then its backward pass, numerically in
@@ -57,7 +57,8 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     ``seqlens`` (or ``cu_seqlens``) packs documents end to end, as ``iosim.simulate`` takes them.
     ``sinks``, one logit per query head, are learned attention sinks as ``iosim.simulate`` takes them; the result's
     ``dsinks`` is their gradient (an algorithm whose backward pass takes none refuses them). ``block_mask`` is the
-    FlexAttention block mask flex runs both passes over (``iosim.block_mask``).
+    FlexAttention block mask flex runs both passes over (``iosim.block_mask``). ``tiling`` (an ``iosim.Tiling``)
+    runs both passes, as ``iosim.count(..., pass_="fwd+bwd", tiling=...)`` counts them.
     """
     pb, data = numeric_inputs(q, k, v, causal=causal, mask=mask, scale=scale, dropout_p=dropout_p, seed=seed,
                               dtype=dtype, block_sparsity=block_sparsity, window=window,
@@ -67,7 +68,7 @@ def gradients(algorithm, q, k, v, do, *, M, causal=False, mask=None, scale=None,
     check_dout(do, replace(pb.shape, n_q=tokens(pb)), "do")  # packed documents: (1, heads, Σ L_b, d)
     do = np.asarray(do)
     check_values({"do": do}, allow_nonfinite)
-    request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy, splits=splits)
+    request = plan(algorithm, pb, M, pass_="fwd+bwd", block_policy=block_policy, splits=splits, tiling=tiling)
     forward, backward = request.forward, request.backward
     first = work(forward) if on_progress else 0
     total = first + work(backward) if on_progress else 0

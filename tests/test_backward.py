@@ -233,3 +233,22 @@ def test_awkward_shapes_causal(algorithm, n_q, n_k):
     for name, x, r in zip(("dq", "dk", "dv"), (g.dq, g.dk, g.dv), ref):
         err = relative_error(x, r)
         assert err <= TOL, f"{algorithm} N_q={n_q} N_k={n_k}: {name} error {err:.3e}, blocks {g.backward_tiling}"
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "flash-swapped"])
+def test_gradients_run_the_tiling_they_are_given_and_count_what_count_counts_at_it(algorithm):
+    # gradients took no tiling=, so a backward tiling counted with count(pass_="bwd", tiling=...) could not be checked
+    # numerically at the same tiles
+    rng = np.random.default_rng(3)
+    q, k, v = random_qkv(rng, 1, 2, 113, 70, 16)
+    do = rng.standard_normal(q.shape)
+    tiling = iosim.Tiling(16, 16)
+    kw = dict(M="20k", causal=True)
+    at = iosim.gradients(algorithm, q, k, v, do, tiling=tiling, **kw)
+    chosen = iosim.gradients(algorithm, q, k, v, do, **kw)
+    assert at.forward_tiling == at.backward_tiling == tiling != chosen.backward_tiling
+    shape = dict(N=113, N_k=70, d=16, heads=2, tiling=tiling, **kw)
+    assert at.forward_traffic == iosim.count(algorithm, pass_="fwd", **shape).traffic
+    assert at.traffic == iosim.count(algorithm, pass_="bwd", **shape).traffic
+    for got, want in ((at.dq, chosen.dq), (at.dk, chosen.dk), (at.dv, chosen.dv)):
+        assert relative_error(got, want) < 1e-12
