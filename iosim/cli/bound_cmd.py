@@ -48,11 +48,6 @@ def point_records(problem: dict, p: BoundPoint) -> list[dict]:
                  best=name == p.best) for name, traffic in p.traffic.items()]
 
 
-def records(sweep: BoundSweep) -> list[dict]:
-    """One record per (M, algorithm) (``point_records``)."""
-    return [r for p in sweep.points for r in point_records(sweep.problem.record(), p)]
-
-
 def run(args: argparse.Namespace, on_row: Callable[[object], None] | None = None) -> BoundSweep:
     """Sweep M; ``on_row`` sees each value of M as it is done. Each value's records are journaled as it ends, so
     an interrupted run keeps the values that finished (``RecordWriter``)."""

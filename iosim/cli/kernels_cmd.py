@@ -45,17 +45,17 @@ def main(args: argparse.Namespace, console) -> None:
         table.add_row(r["kernel"], r["algorithm"], "yes" if r["default"] else "", ", ".join(r["passes"]),
                       " ".join(r["options"]), " ".join(r["takes"]))
     print_table(console, table)
-    builds = {}
-    for r in rows:
-        builds.setdefault(" ".join(r["dtypes"] or ()), []).append(r["kernel"])
+    def grouped(field: str) -> dict[str, list[str]]:  # the kernels by the list ``field`` holds ("": None)
+        groups: dict[str, list[str]] = {}
+        for r in rows:
+            groups.setdefault(" ".join(r[field] or ()), []).append(r["kernel"])
+        return groups
+
     console.print("built for (DRAM bytes are refused in any other dtype): " + "; ".join(
-        f"{dtypes or 'the dtypes their sources below name'}: {', '.join(names)}" for dtypes, names in builds.items()))
-    runs = {}
-    for r in rows:
-        if r["runs_on"]:
-            runs.setdefault(" ".join(r["runs_on"]), []).append(r["kernel"])
+        f"{dtypes or 'the dtypes their sources below name'}: {', '.join(names)}"
+        for dtypes, names in grouped("dtypes").items()))
     console.print("run on these GPU presets only (the others refuse them by name): " + "; ".join(
-        f"{gpus}: {', '.join(names)}" for gpus, names in runs.items()))
+        f"{gpus}: {', '.join(names)}" for gpus, names in grouped("runs_on").items() if gpus))
     console.print("launch their own tiles, whatever the request's: "
                   + ", ".join(r["kernel"] for r in rows if r["own_tile"]))
     console.print("takes: fp8, FP8 data (--dtype float8_e4m3); d_v, a V head size apart from d (--d-v)")

@@ -123,7 +123,7 @@ class ResourceBound(SharedMemoryBound):
 
 
 def sectors(nbytes: int) -> int:
-    """Bytes rounded up to whole 32-byte sectors."""
+    """Bytes (or an array of them) rounded up to whole 32-byte sectors."""
     return -(-nbytes // SECTOR) * SECTOR
 
 

@@ -108,7 +108,7 @@ def ordered_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound
         return shared_run(q, kv, j0, n, out)
 
     return Grid(pb.shape.bh * -(-pb.shape.n_q // tiling.Br), steps, tiles, per_sm,
-                flat=lambda: swapped_flat.forward_flat(pb, tiling, downwards))
+                flat=lambda: swapped_flat.forward_flat(pb, tiling, downwards, tiles.tensors))
 
 
 def downward_forward(pb: Problem, tiling: Tiling, per_sm: int | SharedMemoryBound,

@@ -21,15 +21,8 @@ import numpy as np
 from iosim.core.problem import Problem
 from iosim.core.tiling import Tiling
 from iosim.core.visits import visits
-from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE
+from iosim.gpu.l2 import READ, READ_WRITE, SECTOR, WRITE, sectors
 from iosim.gpu.timed_engine import FlatGrid
-
-TENSORS = ("Q", "K", "V", "O", "lse")  # flash_swapped.FORWARD_TENSORS, in its order
-Q, K, V, O, LSE = range(len(TENSORS))
-
-
-def _sectors(nbytes: np.ndarray) -> np.ndarray:
-    return -(-nbytes // SECTOR) * SECTOR
 
 
 def _written(nbytes: np.ndarray) -> np.ndarray:
@@ -37,10 +30,12 @@ def _written(nbytes: np.ndarray) -> np.ndarray:
     return np.where(nbytes % SECTOR != 0, READ_WRITE, WRITE)
 
 
-def forward_flat(pb: Problem, tiling: Tiling, downwards: Callable[[int], bool]) -> FlatGrid:
-    """``ordered_forward(pb, tiling, _, downwards)``'s grid as ``timed_engine.flatten`` would give it."""
+def forward_flat(pb: Problem, tiling: Tiling, downwards: Callable[[int], bool], tensors: tuple[str, ...]) -> FlatGrid:
+    """``ordered_forward(pb, tiling, _, downwards)``'s grid, whose tiles' ``tensors`` are Q, K, V, O and lse in some
+    order, as ``timed_engine.flatten`` would give it."""
     s, Br, Bc = pb.shape, tiling.Br, tiling.Bc
-    Tr, Tc, n = -(-s.n_q // Br), -(-s.n_k // Bc), len(TENSORS)
+    Tr, Tc, n = -(-s.n_q // Br), -(-s.n_k // Bc), len(tensors)
+    Q, K, V, O, LSE = (tensors.index(name) for name in ("Q", "K", "V", "O", "lse"))
     data, stat = pb.itemsize("data"), pb.itemsize("stat")
     met = visits(pb, tiling, skips_hidden=True)
     runs = [met.key_run(i) for i in range(Tr)]
@@ -61,7 +56,7 @@ def forward_flat(pb: Problem, tiling: Tiling, downwards: Callable[[int], bool]) 
     # the shared steps: (K_j, V_j) of K/V head h is step h·T_c + j; the keys of a tile: index·n + tensor
     j = np.arange(Tc, dtype=np.int64)
     cols = np.minimum(Bc, s.n_k - j * Bc)
-    k_bytes, v_bytes = _sectors(cols * s.d * data), _sectors(cols * s.d_v * data)
+    k_bytes, v_bytes = sectors(cols * s.d * data), sectors(cols * s.d_v * data)
     kv_index = (np.arange(kv_heads, dtype=np.int64)[:, None] * Tc + j).ravel()
     body_keys = np.stack((kv_index * n + K, kv_index * n + V), axis=1).ravel()
     body_bytes = np.stack((np.tile(k_bytes, kv_heads), np.tile(v_bytes, kv_heads)), axis=1).ravel()
@@ -69,11 +64,11 @@ def forward_flat(pb: Problem, tiling: Tiling, downwards: Callable[[int], bool]) 
     shared = kv_heads * Tc
 
     # each block's own first step: Q, then K, V of its first key block, then O, lse where it has no other step
-    q_bytes, o_bytes, l_bytes = _sectors(rows * s.d * data), rows * s.d * data, rows * stat
+    q_bytes, o_bytes, l_bytes = sectors(rows * s.d * data), rows * s.d * data, rows * stat
     first_kv = kvh * Tc + jf
     one = cnt <= 1  # the block's only step
     head = np.stack((b * n + Q, first_kv * n + K, first_kv * n + V, b * n + O, b * n + LSE), axis=1)
-    head_bytes = np.stack((q_bytes, k_bytes[jf], v_bytes[jf], _sectors(o_bytes), _sectors(l_bytes)), axis=1)
+    head_bytes = np.stack((q_bytes, k_bytes[jf], v_bytes[jf], sectors(o_bytes), sectors(l_bytes)), axis=1)
     head_modes = np.stack((np.full(blocks, READ), np.full(blocks, READ), np.full(blocks, READ), _written(o_bytes),
                            _written(l_bytes)), axis=1)
     head_use = np.stack((np.ones(blocks, bool), cnt > 0, cnt > 0, one, one), axis=1)
@@ -83,8 +78,8 @@ def forward_flat(pb: Problem, tiling: Tiling, downwards: Callable[[int], bool]) 
     last_kv = kvh[tailed] * Tc + jl[tailed]
     bt = b[tailed]
     tail = np.stack((last_kv * n + K, last_kv * n + V, bt * n + O, bt * n + LSE), axis=1)
-    tail_bytes = np.stack((k_bytes[jl[tailed]], v_bytes[jl[tailed]], _sectors(o_bytes[tailed]),
-                           _sectors(l_bytes[tailed])), axis=1)
+    tail_bytes = np.stack((k_bytes[jl[tailed]], v_bytes[jl[tailed]], sectors(o_bytes[tailed]),
+                           sectors(l_bytes[tailed])), axis=1)
     tail_modes = np.stack((np.full(tailed.size, READ), np.full(tailed.size, READ), _written(o_bytes[tailed]),
                            _written(l_bytes[tailed])), axis=1)
 
